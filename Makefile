@@ -1,0 +1,37 @@
+# Thin front for CMake. `make test` and `make demo` install what is missing first.
+BUILD ?= build
+JOBS ?= $(shell nproc)
+CMAKE_FLAGS ?=
+
+.PHONY: all deps configure build test demo bench asan clean
+
+all: build
+
+deps:
+	@bash scripts/install-deps.sh
+
+$(BUILD)/build.ninja:
+	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS)
+
+configure: $(BUILD)/build.ninja
+
+build: configure
+	cmake --build $(BUILD) -j $(JOBS)
+
+test: deps
+	$(MAKE) build
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+demo: deps
+	$(MAKE) build
+	bash scripts/demo.sh $(BUILD)
+
+bench: build
+	bash bench/run_all.sh $(BUILD)
+
+# Debug build with AddressSanitizer and UBSan, tests included.
+asan: deps
+	$(MAKE) build test BUILD=build-asan CMAKE_FLAGS="-DCMAKE_BUILD_TYPE=Debug -DLT_SANITIZE=ON"
+
+clean:
+	rm -rf $(BUILD)

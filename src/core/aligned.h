@@ -1,0 +1,53 @@
+// core/aligned.h — owning, aligned host buffers.
+//
+// Layer slabs are 4 KiB-aligned so one layer moves as one copy and O_DIRECT I/O can use them as is.
+#pragma once
+
+#include <cstddef>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <utility>
+
+#include "core/error.h"
+
+namespace lt {
+
+constexpr size_t kPageAlign = 4096;
+
+inline size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
+struct FreeDeleter {
+  void operator()(void* p) const { std::free(p); }
+};
+
+// A zero-initialised buffer of `count` T's aligned to `align` bytes.
+template <typename T>
+class AlignedBuffer {
+ public:
+  AlignedBuffer() = default;
+  explicit AlignedBuffer(size_t count, size_t align = kPageAlign) : count_(count) {
+    size_t bytes = align_up(count * sizeof(T), align);
+    if (bytes == 0) return;
+    void* p = std::aligned_alloc(align, bytes);
+    LT_CHECK(p != nullptr, "out of host memory allocating {} bytes", bytes);
+    std::memset(p, 0, bytes);
+    data_.reset(static_cast<T*>(p));
+  }
+  T* data() { return data_.get(); }
+  const T* data() const { return data_.get(); }
+  size_t size() const { return count_; }
+  size_t bytes() const { return count_ * sizeof(T); }
+  T& operator[](size_t i) { return data_.get()[i]; }
+  const T& operator[](size_t i) const { return data_.get()[i]; }
+  T* begin() { return data(); }
+  T* end() { return data() + count_; }
+  const T* begin() const { return data(); }
+  const T* end() const { return data() + count_; }
+
+ private:
+  std::unique_ptr<T, FreeDeleter> data_;
+  size_t count_ = 0;
+};
+
+}  // namespace lt

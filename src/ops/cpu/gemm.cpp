@@ -1,0 +1,175 @@
+// ops/cpu/gemm.cpp — row-major GEMM on oneDNN matmul primitives, cut into fixed blocks of C.
+#include "ops/gemm.h"
+
+#include <omp.h>
+
+#include <dnnl.hpp>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
+#include <vector>
+
+#include "core/error.h"
+
+namespace lt {
+namespace {
+
+using dnnl::memory;
+
+// Everything that determines a primitive. Leading dimensions are part of it because oneDNN bakes
+// strides into the primitive.
+struct GemmKey {
+  memory::data_type dt;
+  Trans ta, tb;
+  int64_t M, N, K, lda, ldb, ldc;
+  Accumulate acc;
+  auto tie() const { return std::tie(dt, ta, tb, M, N, K, lda, ldb, ldc, acc); }
+  bool operator<(const GemmKey& o) const { return tie() < o.tie(); }
+};
+
+struct GemmPrimitive {
+  dnnl::matmul prim;
+  memory::desc a, b, c;
+  size_t scratch_bytes;
+};
+
+dnnl::engine& cpu_engine() {
+  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  return engine;
+}
+
+// Primitives are created once per shape and shared; creation is serialised, execution is concurrent
+// (user-managed scratchpad, one stream per thread).
+const GemmPrimitive& get_primitive(const GemmKey& key) {
+  static std::mutex mutex;
+  static std::map<GemmKey, std::unique_ptr<GemmPrimitive>> cache;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = cache.find(key);
+  if (it != cache.end()) return *it->second;
+
+  // A is [M,K] with row stride lda, or stored [K,M] (transposed view: strides {1, lda}).
+  memory::dims a_strides = key.ta == Trans::no ? memory::dims{key.lda, 1} : memory::dims{1, key.lda};
+  memory::dims b_strides = key.tb == Trans::no ? memory::dims{key.ldb, 1} : memory::dims{1, key.ldb};
+  memory::desc a({key.M, key.K}, key.dt, a_strides);
+  memory::desc b({key.K, key.N}, key.dt, b_strides);
+  memory::desc c({key.M, key.N}, memory::data_type::f32, memory::dims{key.ldc, 1});
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  if (key.acc == Accumulate::yes) {
+    dnnl::post_ops ops;
+    ops.append_sum(1.0f);
+    attr.set_post_ops(ops);
+  }
+  dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, cpu_engine());
+  auto p = std::make_unique<GemmPrimitive>(
+      GemmPrimitive{dnnl::matmul(pd), a, b, c, pd.scratchpad_desc().get_size()});
+  return *cache.emplace(key, std::move(p)).first->second;
+}
+
+void run_block(const GemmKey& key, const void* A, const void* B, float* C) {
+  const GemmPrimitive& p = get_primitive(key);
+  thread_local dnnl::stream stream(cpu_engine());
+  thread_local std::vector<uint8_t> scratch;
+  if (scratch.size() < p.scratch_bytes) scratch.resize(p.scratch_bytes);
+  dnnl::engine& eng = cpu_engine();
+  memory a(p.a, eng, const_cast<void*>(A)), b(p.b, eng, const_cast<void*>(B)), c(p.c, eng, C);
+  memory s(dnnl::memory::desc({int64_t(p.scratch_bytes)}, memory::data_type::u8, memory::format_tag::a), eng,
+           scratch.data());
+  p.prim.execute(stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}, {DNNL_ARG_SCRATCHPAD, s}});
+  stream.wait();
+}
+
+// Fixed blocking from the shape alone: cut the longer of M and N into at most 8 blocks of at least
+// 64 (multiples of 16), so two threads stay busy and each block is still a large GEMM.
+struct Blocking {
+  bool along_m;
+  int64_t block, count;
+};
+
+Blocking choose_blocking(int64_t M, int64_t N) {
+  Blocking b;
+  b.along_m = M >= N;
+  int64_t extent = b.along_m ? M : N;
+  int64_t block = (extent + 7) / 8;
+  block = (block + 15) / 16 * 16;
+  if (block < 64) block = 64;
+  b.block = block;
+  b.count = (extent + block - 1) / block;
+  return b;
+}
+
+template <typename T>
+void gemm_blocked(memory::data_type dt, Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, const T* A,
+                  int64_t lda, const T* B, int64_t ldb, float* C, int64_t ldc, Accumulate acc) {
+  LT_CHECK(M >= 0 && N >= 0 && K >= 0, "gemm sizes must be non-negative (M={}, N={}, K={})", M, N, K);
+  if (M == 0 || N == 0) return;
+  if (K == 0) {
+    if (acc == Accumulate::no)
+      for (int64_t i = 0; i < M; ++i)
+        for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = 0.f;
+    return;
+  }
+  const Blocking bl = choose_blocking(M, N);
+  auto run = [&](int64_t t) {
+    int64_t begin = t * bl.block;
+    int64_t len = std::min(bl.block, (bl.along_m ? M : N) - begin);
+    GemmKey key{dt, ta, tb, bl.along_m ? len : M, bl.along_m ? N : len, K, lda, ldb, ldc, acc};
+    const T* a = A;
+    const T* b = B;
+    float* c = C;
+    if (bl.along_m) {
+      a += ta == Trans::no ? begin * lda : begin;
+      c += begin * ldc;
+    } else {
+      b += tb == Trans::no ? begin : begin * ldb;
+      c += begin;
+    }
+    run_block(key, a, b, c);
+  };
+  // Always inside a parallel region (even for one block) so oneDNN never threads internally: its own
+  // threading could split K and make the bits depend on the thread count.
+  if (omp_in_parallel()) {
+    for (int64_t t = 0; t < bl.count; ++t) run(t);
+    return;
+  }
+  std::exception_ptr error;
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t t = 0; t < bl.count; ++t) {
+    try {
+      run(t);
+    } catch (...) {
+#pragma omp critical
+      if (!error) error = std::current_exception();
+    }
+  }
+  if (error) std::rethrow_exception(error);
+}
+
+}  // namespace
+
+void gemm_f32(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
+              int64_t ldb, float* C, int64_t ldc, Accumulate acc) {
+  gemm_blocked(memory::data_type::f32, ta, tb, M, N, K, A, lda, B, ldb, C, ldc, acc);
+}
+
+void gemm_bf16(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, const bf16_t* A, int64_t lda, const bf16_t* B,
+               int64_t ldb, float* C, int64_t ldc, Accumulate acc) {
+  gemm_blocked(memory::data_type::bf16, ta, tb, M, N, K, A, lda, B, ldb, C, ldc, acc);
+}
+
+void gemm_reference(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
+                    const float* B, int64_t ldb, float* C, int64_t ldc, Accumulate acc) {
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < N; ++j) {
+      double s = acc == Accumulate::yes ? C[i * ldc + j] : 0.0;
+      for (int64_t k = 0; k < K; ++k) {
+        double a = ta == Trans::no ? A[i * lda + k] : A[k * lda + i];
+        double b = tb == Trans::no ? B[k * ldb + j] : B[j * ldb + k];
+        s += a * b;
+      }
+      C[i * ldc + j] = float(s);
+    }
+}
+
+}  // namespace lt

@@ -1,0 +1,33 @@
+// ops/linear.h — y = x · Wᵀ + b, the HF nn.Linear, on ops/gemm.h.
+#pragma once
+
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace lt {
+
+enum class ComputeType : uint8_t { f32, bf16 };
+
+// A weight matrix as the op receives it: f32 master data, or its bf16 copy in bf16 mode.
+struct WeightRef {
+  const void* data = nullptr;
+  DType dtype = DType::f32;  // f32 or bf16
+  const float* f32() const;
+  const bf16_t* bf16() const;
+};
+
+// out[N, out_f] = in[N, in_f] · W[out_f, in_f]ᵀ + bias[out_f] (bias may be null).
+// W.dtype == bf16 selects the bf16 GEMM: `in` is rounded to bf16 first.
+void linear_forward(float* out, const float* in, WeightRef W, const float* bias,
+                    int64_t N, int64_t in_f, int64_t out_f);
+
+// din[N, in_f]  = dout · W          (written; skipped when din is null)
+// dW[out_f, in_f] += doutᵀ · in      (accumulated; f32 master gradient)
+// dbias[out_f]  += Σ_rows dout       (accumulated; skipped when null)
+// In bf16 mode dout and in are rounded to bf16 as GEMM operands.
+void linear_backward(float* din, float* dW, float* dbias,
+                     const float* dout, const float* in, WeightRef W,
+                     int64_t N, int64_t in_f, int64_t out_f);
+
+}  // namespace lt

@@ -1,0 +1,85 @@
+// GEMM: oneDNN fast path against the double-accumulation reference; determinism across thread counts.
+#include <omp.h>
+
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/parallel.h"
+#include "ops/gemm.h"
+#include "testing/grad_check.h"
+
+namespace lt {
+namespace {
+
+struct Case {
+  Trans ta, tb;
+  int64_t M, N, K;
+  Accumulate acc;
+};
+
+// Stores op(X)[rows, cols] with the given transpose and a padded leading dimension (odd on purpose).
+std::vector<float> make_operand(Trans t, int64_t rows, int64_t cols, int64_t* ld, uint64_t seed) {
+  int64_t stored_rows = t == Trans::no ? rows : cols, stored_cols = t == Trans::no ? cols : rows;
+  *ld = stored_cols + 3;
+  return testing::random_vector(size_t(stored_rows * *ld), seed);
+}
+
+class GemmTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(GemmTest, F32MatchesReference) {
+  Case c = GetParam();
+  int64_t lda, ldb, ldc = c.N + 5;
+  auto A = make_operand(c.ta, c.M, c.K, &lda, 1), B = make_operand(c.tb, c.K, c.N, &ldb, 2);
+  auto C0 = testing::random_vector(size_t(c.M * ldc), 3);
+  auto C = C0, R = C0;
+  gemm_f32(c.ta, c.tb, c.M, c.N, c.K, A.data(), lda, B.data(), ldb, C.data(), ldc, c.acc);
+  gemm_reference(c.ta, c.tb, c.M, c.N, c.K, A.data(), lda, B.data(), ldb, R.data(), ldc, c.acc);
+  // f32 accumulation of K products of O(1) terms: error ~ sqrt(K) * 6e-8 * |terms|; 1e-5 relative L2
+  // leaves a wide margin for K <= 1000.
+  EXPECT_LT(testing::rel_l2(C.data(), R.data(), C.size()), 1e-5);
+  // Padding columns between rows are never written.
+  for (int64_t i = 0; i < c.M; ++i)
+    for (int64_t j = c.N; j < ldc; ++j) ASSERT_EQ(C[i * ldc + j], C0[i * ldc + j]);
+}
+
+TEST_P(GemmTest, Bf16MatchesReferenceOnRoundedOperands) {
+  Case c = GetParam();
+  int64_t lda, ldb, ldc = c.N + 5;
+  auto A = make_operand(c.ta, c.M, c.K, &lda, 4), B = make_operand(c.tb, c.K, c.N, &ldb, 5);
+  std::vector<bf16_t> Ab(A.size()), Bb(B.size());
+  convert_f32_to_bf16(Ab.data(), A.data(), A.size());
+  convert_f32_to_bf16(Bb.data(), B.data(), B.size());
+  for (size_t i = 0; i < A.size(); ++i) A[i] = bf16_to_f32(Ab[i]);
+  for (size_t i = 0; i < B.size(); ++i) B[i] = bf16_to_f32(Bb[i]);
+  auto C0 = testing::random_vector(size_t(c.M * ldc), 6);
+  auto C = C0, R = C0;
+  gemm_bf16(c.ta, c.tb, c.M, c.N, c.K, Ab.data(), lda, Bb.data(), ldb, C.data(), ldc, c.acc);
+  gemm_reference(c.ta, c.tb, c.M, c.N, c.K, A.data(), lda, B.data(), ldb, R.data(), ldc, c.acc);
+  // Products of bf16 values are exact in f32; only the f32 accumulation differs: same bound as f32.
+  EXPECT_LT(testing::rel_l2(C.data(), R.data(), C.size()), 1e-5);
+}
+
+TEST_P(GemmTest, BitsIndependentOfThreadCount) {
+  Case c = GetParam();
+  int64_t lda, ldb, ldc = c.N;
+  auto A = make_operand(c.ta, c.M, c.K, &lda, 7), B = make_operand(c.tb, c.K, c.N, &ldb, 8);
+  std::vector<float> C1(size_t(c.M * ldc), 0.5f), C2 = C1;
+  int saved = num_threads();
+  set_num_threads(1);
+  gemm_f32(c.ta, c.tb, c.M, c.N, c.K, A.data(), lda, B.data(), ldb, C1.data(), ldc, c.acc);
+  set_num_threads(2);
+  gemm_f32(c.ta, c.tb, c.M, c.N, c.K, A.data(), lda, B.data(), ldb, C2.data(), ldc, c.acc);
+  set_num_threads(saved);
+  EXPECT_EQ(0, std::memcmp(C1.data(), C2.data(), C1.size() * 4));
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, GemmTest,
+                         ::testing::Values(Case{Trans::no, Trans::yes, 37, 53, 29, Accumulate::no},
+                                           Case{Trans::no, Trans::no, 37, 53, 29, Accumulate::yes},
+                                           Case{Trans::yes, Trans::no, 101, 17, 37, Accumulate::yes},
+                                           Case{Trans::yes, Trans::yes, 7, 300, 41, Accumulate::no},
+                                           Case{Trans::no, Trans::yes, 611, 96, 130, Accumulate::no},
+                                           Case{Trans::no, Trans::no, 1, 1, 1, Accumulate::no}));
+
+}  // namespace
+}  // namespace lt
