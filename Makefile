@@ -26,12 +26,14 @@ demo: deps
 	$(MAKE) build
 	bash scripts/demo.sh $(BUILD)
 
-bench: build
-	bash bench/run_all.sh $(BUILD)
+bench: deps
+	$(MAKE) build
+	bash bench/run_layer.sh $(BUILD)
 
-# Debug build with AddressSanitizer and UBSan, tests included.
+# Debug build with AddressSanitizer and UBSan; runs the C++ tests.
 asan: deps
-	$(MAKE) build test BUILD=build-asan CMAKE_FLAGS="-DCMAKE_BUILD_TYPE=Debug -DLT_SANITIZE=ON"
+	$(MAKE) build BUILD=build-asan CMAKE_FLAGS="-DCMAKE_BUILD_TYPE=Debug -DLT_SANITIZE=ON -DLT_BUILD_BENCH=OFF"
+	cd build-asan && ctest --output-on-failure -j $(JOBS) -E model_vs_torch
 
 clean:
 	rm -rf $(BUILD)

@@ -8,5 +8,6 @@ class App;
 namespace lt::cli {
 
 void register_grad(CLI::App& app);
+void register_init(CLI::App& app);
 
 }  // namespace lt::cli

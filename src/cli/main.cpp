@@ -9,6 +9,7 @@ int main(int argc, char** argv) {
   CLI::App app{"LazyTrain: train and fine-tune LLMs on hardware with far less memory than the model"};
   app.require_subcommand(1);
   lt::cli::register_grad(app);
+  lt::cli::register_init(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

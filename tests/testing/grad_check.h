@@ -70,6 +70,13 @@ inline GradCheckResult grad_check(std::vector<float>& x, const std::vector<float
   return r;
 }
 
+// Σ x² in double.
+inline double dot_self(const float* x, int64_t n) {
+  double s = 0;
+  for (int64_t i = 0; i < n; ++i) s += double(x[i]) * double(x[i]);
+  return s;
+}
+
 // Relative L2 error ||a - b|| / ||b||.
 inline double rel_l2(const float* a, const float* b, size_t n) {
   double num = 0, den = 0;

@@ -1,0 +1,103 @@
+#include "model/layout.h"
+
+#include <fmt/format.h>
+
+#include "core/aligned.h"
+#include "core/error.h"
+
+namespace lt {
+namespace {
+
+class Builder {
+ public:
+  Builder(DType matrix_dtype) : matrix_dtype_(matrix_dtype) {}
+  void add(std::string name, Shape shape) {
+    DType dt = shape.size() == 2 ? matrix_dtype_ : DType::f32;
+    offset_ = align_up(offset_, 64);
+    int64_t bytes = shape_numel(shape) * int64_t(dtype_size(dt));
+    entries.push_back({std::move(name), std::move(shape), dt, int64_t(offset_)});
+    offset_ += size_t(bytes);
+  }
+  size_t bytes() const { return align_up(offset_, kPageAlign); }
+  std::vector<SlabEntry> entries;
+
+ private:
+  DType matrix_dtype_;
+  size_t offset_ = 0;
+};
+
+}  // namespace
+
+SlabLayout SlabLayout::make(const ModelConfig& cfg, SlabKind kind, DType matrix_dtype) {
+  LT_CHECK(matrix_dtype == DType::f32 || matrix_dtype == DType::bf16,
+           "slab matrices are f32 or bf16, not {}", dtype_name(matrix_dtype));
+  const int64_t C = cfg.hidden_size, I = cfg.intermediate_size, V = cfg.vocab_size, D = cfg.head_dim;
+  const int64_t QD = cfg.q_dim(), KVD = cfg.kv_dim();
+  Builder b(matrix_dtype);
+  switch (kind) {
+    case SlabKind::embedding:
+      b.add("embed_tokens.weight", {V, C});
+      break;
+    case SlabKind::head:
+      b.add("norm.weight", {C});
+      if (!cfg.tie_word_embeddings) b.add("lm_head.weight", {V, C});
+      break;
+    case SlabKind::layer:
+      // Order follows the forward pass, so a reader of a slab dump sees the computation in order.
+      b.add("input_layernorm.weight", {C});
+      b.add("self_attn.q_proj.weight", {QD, C});
+      if (cfg.qkv_bias) b.add("self_attn.q_proj.bias", {QD});
+      b.add("self_attn.k_proj.weight", {KVD, C});
+      if (cfg.qkv_bias) b.add("self_attn.k_proj.bias", {KVD});
+      b.add("self_attn.v_proj.weight", {KVD, C});
+      if (cfg.qkv_bias) b.add("self_attn.v_proj.bias", {KVD});
+      if (cfg.qk_norm) {
+        b.add("self_attn.q_norm.weight", {D});
+        b.add("self_attn.k_norm.weight", {D});
+      }
+      b.add("self_attn.o_proj.weight", {C, QD});
+      if (cfg.o_bias) b.add("self_attn.o_proj.bias", {C});
+      b.add("post_attention_layernorm.weight", {C});
+      b.add("mlp.gate_proj.weight", {I, C});
+      if (cfg.mlp_bias) b.add("mlp.gate_proj.bias", {I});
+      b.add("mlp.up_proj.weight", {I, C});
+      if (cfg.mlp_bias) b.add("mlp.up_proj.bias", {I});
+      b.add("mlp.down_proj.weight", {C, I});
+      if (cfg.mlp_bias) b.add("mlp.down_proj.bias", {C});
+      break;
+  }
+  SlabLayout layout;
+  layout.kind_ = kind;
+  layout.entries_ = std::move(b.entries);
+  layout.bytes_ = b.bytes();
+  return layout;
+}
+
+const SlabEntry* SlabLayout::find(const std::string& name) const {
+  for (const auto& e : entries_)
+    if (e.name == name) return &e;
+  return nullptr;
+}
+
+const SlabEntry& SlabLayout::entry(const std::string& name) const {
+  const SlabEntry* e = find(name);
+  LT_CHECK(e != nullptr, "no tensor '{}' in this slab layout", name);
+  return *e;
+}
+
+int64_t SlabLayout::num_parameters() const {
+  int64_t n = 0;
+  for (const auto& e : entries_) n += e.numel();
+  return n;
+}
+
+std::string SlabLayout::hf_name(SlabKind kind, int64_t layer, const std::string& entry_name) {
+  switch (kind) {
+    case SlabKind::embedding: return "model." + entry_name;
+    case SlabKind::head: return entry_name == "lm_head.weight" ? entry_name : "model." + entry_name;
+    case SlabKind::layer: return fmt::format("model.layers.{}.{}", layer, entry_name);
+  }
+  LT_FAIL("unknown slab kind");
+}
+
+}  // namespace lt

@@ -1,0 +1,55 @@
+// model/layout.h — where every parameter lives in host memory.
+//
+// Each decoder layer's parameters lie in ONE contiguous slab, 4 KiB-aligned, in a fixed order with
+// named offsets, so a whole layer moves host->device (or to NVMe) as one copy. The same layout, with the
+// same element offsets, serves the f32 master weights, the f32 gradients and the optimizer states.
+// The embedding and the head (final norm + lm_head when untied) are slabs of their own.
+//
+// A "compute copy" layout stores the matrices in the compute dtype (bf16 in bf16 mode) and the vectors
+// (norm weights, biases) in f32: it is what the executor streams to the device.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/tensor.h"
+#include "model/config.h"
+
+namespace lt {
+
+enum class SlabKind : uint8_t { embedding, layer, head };
+
+struct SlabEntry {
+  std::string name;   // HF suffix within the slab, e.g. "self_attn.q_proj.weight"
+  Shape shape;        // e.g. [Hq*D, C]
+  DType dtype;        // f32, or the compute dtype for matrices in a compute-copy layout
+  int64_t offset;     // bytes from the slab start, 64-byte aligned
+  bool is_matrix() const { return shape.size() == 2; }
+  int64_t numel() const { return shape_numel(shape); }
+};
+
+class SlabLayout {
+ public:
+  // matrix_dtype: f32 for master/grad/optimizer slabs; bf16 for the bf16 compute copy.
+  static SlabLayout make(const ModelConfig& cfg, SlabKind kind, DType matrix_dtype = DType::f32);
+
+  SlabKind kind() const { return kind_; }
+  const std::vector<SlabEntry>& entries() const { return entries_; }
+  const SlabEntry& entry(const std::string& name) const;  // error naming the tensor if absent
+  const SlabEntry* find(const std::string& name) const;   // nullptr if absent
+  size_t bytes() const { return bytes_; }                   // padded to 4 KiB
+  int64_t num_parameters() const;                           // Σ numel, padding excluded
+
+  // HF name of an entry in layer `layer` ("model.layers.3.self_attn.q_proj.weight"), or of the
+  // embedding / head entries ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight").
+  static std::string hf_name(SlabKind kind, int64_t layer, const std::string& entry_name);
+
+ private:
+  SlabKind kind_ = SlabKind::layer;
+  std::vector<SlabEntry> entries_;
+  size_t bytes_ = 0;
+};
+
+}  // namespace lt

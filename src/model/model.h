@@ -1,0 +1,27 @@
+// model/model.h — the in-memory reference path: the whole model's forward and backward for one
+// batch with every activation kept. Every streaming plan must reproduce its bits.
+#pragma once
+
+#include <cstdint>
+
+#include "model/batch.h"
+#include "model/weights.h"
+#include "ops/linear.h"
+
+namespace lt {
+
+struct LossResult {
+  double loss_sum = 0;  // Σ cross-entropy over counted tokens
+  int64_t tokens = 0;   // counted tokens
+  double loss() const { return tokens ? loss_sum / double(tokens) : 0.0; }
+};
+
+// Loss only (evaluation).
+LossResult model_forward(const ModelSlabs& params, const Batch& batch, ComputeType compute);
+
+// Loss and every parameter gradient, accumulated (+=) into `grads` (f32 slabs of the same config).
+// The gradient is of the mean loss over the batch's counted tokens. Errors if no token is counted.
+LossResult model_forward_backward(ModelSlabs& grads, const ModelSlabs& params, const Batch& batch,
+                                  ComputeType compute);
+
+}  // namespace lt

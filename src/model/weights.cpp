@@ -1,0 +1,175 @@
+#include "model/weights.h"
+
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <set>
+
+#include "core/error.h"
+#include "core/rng.h"
+#include "io/json_file.h"
+#include "io/safetensors.h"
+
+namespace lt {
+
+ModelSlabs::ModelSlabs(const ModelConfig& cfg, DType matrix_dtype)
+    : cfg_(cfg),
+      matrix_dtype_(matrix_dtype),
+      embed_layout_(SlabLayout::make(cfg, SlabKind::embedding, matrix_dtype)),
+      layer_layout_(SlabLayout::make(cfg, SlabKind::layer, matrix_dtype)),
+      head_layout_(SlabLayout::make(cfg, SlabKind::head, matrix_dtype)),
+      embed_(embed_layout_.bytes()),
+      head_(head_layout_.bytes()) {
+  layers_.reserve(size_t(cfg.num_layers));
+  for (int64_t i = 0; i < cfg.num_layers; ++i) layers_.emplace_back(layer_layout_.bytes());
+}
+
+const SlabLayout& ModelSlabs::layout(SlabKind kind) const {
+  switch (kind) {
+    case SlabKind::embedding: return embed_layout_;
+    case SlabKind::layer: return layer_layout_;
+    case SlabKind::head: return head_layout_;
+  }
+  LT_FAIL("unknown slab kind");
+}
+
+uint8_t* ModelSlabs::slab(SlabKind kind, int64_t layer) {
+  return const_cast<uint8_t*>(static_cast<const ModelSlabs*>(this)->slab(kind, layer));
+}
+
+const uint8_t* ModelSlabs::slab(SlabKind kind, int64_t layer) const {
+  switch (kind) {
+    case SlabKind::embedding: return embed_.data();
+    case SlabKind::head: return head_.data();
+    case SlabKind::layer:
+      LT_CHECK(layer >= 0 && layer < num_layers(), "layer {} out of range (model has {})", layer, num_layers());
+      return layers_[size_t(layer)].data();
+  }
+  LT_FAIL("unknown slab kind");
+}
+
+TensorView ModelSlabs::tensor(SlabKind kind, int64_t layer, const std::string& name) const {
+  const SlabEntry& e = layout(kind).entry(name);
+  return TensorView::contiguous(const_cast<uint8_t*>(slab(kind, layer)) + e.offset, e.dtype, e.shape);
+}
+
+TensorView ModelSlabs::lm_head() const {
+  if (cfg_.tie_word_embeddings) return tensor(SlabKind::embedding, 0, "embed_tokens.weight");
+  return tensor(SlabKind::head, 0, "lm_head.weight");
+}
+
+std::vector<ModelSlabs::Named> ModelSlabs::named_tensors() const {
+  std::vector<Named> out;
+  auto add_slab = [&](SlabKind kind, int64_t layer) {
+    for (const SlabEntry& e : layout(kind).entries())
+      out.push_back({SlabLayout::hf_name(kind, layer, e.name), tensor(kind, layer, e.name)});
+  };
+  add_slab(SlabKind::embedding, 0);
+  for (int64_t i = 0; i < num_layers(); ++i) add_slab(SlabKind::layer, i);
+  add_slab(SlabKind::head, 0);
+  return out;
+}
+
+void ModelSlabs::zero() {
+  std::memset(embed_.data(), 0, embed_.bytes());
+  std::memset(head_.data(), 0, head_.bytes());
+  for (auto& l : layers_) std::memset(l.data(), 0, l.bytes());
+}
+
+size_t ModelSlabs::total_bytes() const {
+  size_t n = embed_.bytes() + head_.bytes();
+  for (const auto& l : layers_) n += l.bytes();
+  return n;
+}
+
+LoadedModel load_hf_model(const std::string& dir) {
+  LoadedModel m{load_model_config(dir), {}};
+  m.params = ModelSlabs(m.config, DType::f32);
+  SafetensorsModel files = SafetensorsModel::open_dir(dir);
+
+  std::set<std::string> expected;
+  std::vector<std::string> missing;
+  for (const auto& t : m.params.named_tensors()) {
+    expected.insert(t.hf_name);
+    if (!files.contains(t.hf_name)) {
+      missing.push_back(t.hf_name);
+      continue;
+    }
+    files.read_f32(t.hf_name, t.view.ptr<float>(), t.view.shape);
+  }
+  LT_CHECK(missing.empty(), "{}: missing tensor{} {} (model_type {}, {} layers)", dir, missing.size() > 1 ? "s" : "",
+           fmt::join(missing, ", "), model_type_name(m.config.type), m.config.num_layers);
+
+  std::vector<std::string> unexpected;
+  for (const auto& name : files.names()) {
+    if (expected.count(name)) continue;
+    // Some tied checkpoints still carry lm_head.weight; accept it only if it is the embedding.
+    if (name == "lm_head.weight" && m.config.tie_word_embeddings) {
+      TensorView emb = m.params.lm_head();
+      std::vector<float> head(size_t(emb.numel()));
+      files.read_f32(name, head.data(), emb.shape);
+      LT_CHECK(std::memcmp(head.data(), emb.data, emb.bytes()) == 0,
+               "{}: lm_head.weight differs from model.embed_tokens.weight but config.json says "
+               "tie_word_embeddings: true",
+               dir);
+      continue;
+    }
+    unexpected.push_back(name);
+  }
+  LT_CHECK(unexpected.empty(), "{}: unexpected tensor{} {} (not part of a {} model with this config.json)", dir,
+           unexpected.size() > 1 ? "s" : "", fmt::join(unexpected, ", "), model_type_name(m.config.type));
+  return m;
+}
+
+void init_random(ModelSlabs& params, uint64_t seed, float std) {
+  Rng rng(seed);
+  for (auto& t : params.named_tensors()) {
+    float* p = t.view.ptr<float>();
+    int64_t n = t.view.numel();
+    bool is_norm = t.hf_name.find("norm") != std::string::npos;
+    bool is_bias = t.hf_name.ends_with(".bias");
+    for (int64_t i = 0; i < n; ++i) p[i] = is_norm ? 1.f : is_bias ? 0.f : float(rng.normal() * std);
+  }
+}
+
+void make_compute_copy(ModelSlabs& dst, const ModelSlabs& master) {
+  auto src = master.named_tensors();
+  auto out = dst.named_tensors();
+  LT_CHECK_EQ(src.size(), out.size(), "compute copy must have the master's tensors");
+  for (size_t i = 0; i < src.size(); ++i)
+    convert_from_f32(out[i].view.data, out[i].view.dtype, src[i].view.ptr<float>(), size_t(src[i].view.numel()));
+}
+
+namespace {
+
+// Converts slabs to `dtype` buffers owned by `storage`, keyed by HF name.
+NamedTensors export_tensors(const ModelSlabs& slabs, DType dtype, std::vector<std::vector<uint8_t>>& storage) {
+  LT_CHECK(dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16,
+           "model files are written as f32, bf16 or f16, not {}", dtype_name(dtype));
+  NamedTensors out;
+  for (const auto& t : slabs.named_tensors()) {
+    LT_CHECK(t.view.dtype == DType::f32, "export expects f32 slabs ({} is {})", t.hf_name, dtype_name(t.view.dtype));
+    storage.emplace_back(size_t(t.view.numel()) * dtype_size(dtype));
+    convert_from_f32(storage.back().data(), dtype, t.view.ptr<float>(), size_t(t.view.numel()));
+    out[t.hf_name] = TensorView::contiguous(storage.back().data(), dtype, t.view.shape);
+  }
+  return out;
+}
+
+}  // namespace
+
+void save_safetensors(const ModelSlabs& slabs, const std::string& path, DType dtype) {
+  std::vector<std::vector<uint8_t>> storage;
+  write_safetensors(path, export_tensors(slabs, dtype, storage));
+}
+
+void save_hf_model(const ModelSlabs& params, const std::string& dir, DType dtype, size_t max_shard_bytes) {
+  std::filesystem::create_directories(dir);
+  std::vector<std::vector<uint8_t>> storage;
+  write_safetensors_model(dir, export_tensors(params, dtype, storage), max_shard_bytes);
+  ModelConfig cfg = params.config();
+  cfg.torch_dtype = dtype;
+  write_file_atomic(dir + "/config.json", model_config_to_json(cfg).dump(2) + "\n");
+}
+
+}  // namespace lt

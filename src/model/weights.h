@@ -1,0 +1,77 @@
+// model/weights.h — a model's parameters (or gradients, or any per-parameter state) as host slabs.
+//
+// ModelSlabs holds one slab per layer plus the embedding and head slabs, each laid out by
+// model/layout.h. The same type holds the f32 master weights, the f32 gradients and (with a bf16
+// matrix layout) the compute copy streamed to the device.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/aligned.h"
+#include "model/config.h"
+#include "model/layout.h"
+
+namespace lt {
+
+class ModelSlabs {
+ public:
+  ModelSlabs() = default;
+  // Zero-filled slabs for `cfg`, matrices stored as `matrix_dtype` (f32 or bf16).
+  ModelSlabs(const ModelConfig& cfg, DType matrix_dtype = DType::f32);
+
+  const ModelConfig& config() const { return cfg_; }
+  DType matrix_dtype() const { return matrix_dtype_; }
+  int64_t num_layers() const { return int64_t(layers_.size()); }
+
+  const SlabLayout& layout(SlabKind kind) const;
+  uint8_t* slab(SlabKind kind, int64_t layer = 0);
+  const uint8_t* slab(SlabKind kind, int64_t layer = 0) const;
+  uint8_t* layer(int64_t i) { return slab(SlabKind::layer, i); }
+  const uint8_t* layer(int64_t i) const { return slab(SlabKind::layer, i); }
+
+  // An entry of a slab as a view (e.g. tensor(SlabKind::layer, 3, "mlp.up_proj.weight")).
+  TensorView tensor(SlabKind kind, int64_t layer, const std::string& name) const;
+  // Every parameter with its HF name, in a fixed order (embedding, layers 0..L-1, head).
+  struct Named {
+    std::string hf_name;
+    TensorView view;
+  };
+  std::vector<Named> named_tensors() const;
+  // The embedding table doubles as lm_head when tied: the head's lm_head view resolves to it.
+  TensorView lm_head() const;
+
+  void zero();
+  size_t total_bytes() const;
+
+ private:
+  ModelConfig cfg_;
+  DType matrix_dtype_ = DType::f32;
+  SlabLayout embed_layout_, layer_layout_, head_layout_;
+  AlignedBuffer<uint8_t> embed_, head_;
+  std::vector<AlignedBuffer<uint8_t>> layers_;
+};
+
+// Loads an HF model directory (config.json + model.safetensors or a sharded index) into f32 slabs.
+// Weights on disk may be f32, bf16 or f16. Missing and unexpected tensors are errors naming them.
+struct LoadedModel {
+  ModelConfig config;
+  ModelSlabs params;
+};
+LoadedModel load_hf_model(const std::string& dir);
+
+// Random initialisation for training from scratch: matrices N(0, std), norm weights 1, biases 0.
+void init_random(ModelSlabs& params, uint64_t seed, float std = 0.02f);
+
+// The bf16 (or f32) compute copy of f32 master slabs: matrices converted, vectors copied.
+void make_compute_copy(ModelSlabs& dst, const ModelSlabs& master);
+
+// Writes slabs as one safetensors file of HF names in `dtype` (f32 or bf16). Used for model files
+// and for gradient dumps (`lazytrain grad`).
+void save_safetensors(const ModelSlabs& slabs, const std::string& path, DType dtype);
+
+// Writes an HF model directory: config.json and model.safetensors (sharded beyond max_shard_bytes).
+void save_hf_model(const ModelSlabs& params, const std::string& dir, DType dtype, size_t max_shard_bytes);
+
+}  // namespace lt

@@ -1,0 +1,80 @@
+// ops/cpu/embedding.cpp — token embedding lookup and its scatter-add backward.
+//
+// Legend: N tokens, C hidden size, V vocabulary size.
+//
+// Backward order (the contract the tests check bit for bit): tokens are grouped by id with a stable counting
+// sort, so each id's rows keep token order; for every id the rows are summed in double and added to dtable
+// ONCE in f32. So an id seen once adds exactly dout's row, the sum over repeats does not drift with many
+// repeats, and two calls on the same input add exactly twice one call. Work is split over fixed column
+// blocks (each task owns columns [c0, c1) of every row), never over tokens, so no two tasks touch the same
+// element and the bits do not depend on the thread count (nor on the block width).
+// Measured on one core of the shared 2-core AMD EPYC dev box, N = 2048, C = 4096, V = 32000: forward
+// 2.2 ms (30 GB/s), backward 6 ms (17 GB/s).
+#include "ops/embedding.h"
+
+#include <cstring>
+#include <vector>
+
+#include "core/error.h"
+#include "core/parallel.h"
+
+namespace lt {
+namespace {
+
+constexpr int64_t kRowChunk = 64;   // rows per forward task
+constexpr int64_t kColChunk = 128;  // columns per backward task
+
+// Checks sizes and every id, in token order, so the error names the first bad position.
+void check_ids(const char* op, const int32_t* ids, int64_t N, int64_t C, int64_t V) {
+  LT_CHECK(N >= 0 && C > 0 && V > 0, "{}: bad sizes N={}, C={}, V={}", op, N, C, V);
+  for (int64_t n = 0; n < N; ++n)
+    LT_CHECK(ids[n] >= 0 && ids[n] < V, "{}: token id {} at position {} is outside the vocabulary [0, {})", op,
+             ids[n], n, V);
+}
+
+}  // namespace
+
+void embedding_forward(float* out, const int32_t* ids, const float* table, int64_t N, int64_t C, int64_t V) {
+  check_ids("embedding_forward", ids, N, C, V);
+  // out[N, C] = table[V, C][ids[N]]
+  parallel_chunks(N, kRowChunk, [&](int64_t r0, int64_t r1) {
+    for (int64_t n = r0; n < r1; ++n) std::memcpy(out + n * C, table + int64_t(ids[n]) * C, size_t(C) * 4);
+  });
+}
+
+void embedding_backward(float* dtable, const float* dout, const int32_t* ids, int64_t N, int64_t C, int64_t V) {
+  check_ids("embedding_backward", ids, N, C, V);
+  // Stable counting sort of token positions by id: order[start[v] .. start[v+1]) are id v's tokens in order.
+  std::vector<int64_t> start(size_t(V) + 1, 0);
+  for (int64_t n = 0; n < N; ++n) ++start[size_t(ids[n]) + 1];
+  for (int64_t v = 0; v < V; ++v) start[size_t(v) + 1] += start[size_t(v)];
+  std::vector<int64_t> order(static_cast<size_t>(N)), fill(start.begin(), start.end() - 1);
+  for (int64_t n = 0; n < N; ++n) order[size_t(fill[size_t(ids[n])]++)] = n;
+  // The ids present, in increasing order, with their token ranges.
+  std::vector<int64_t> present;
+  for (int64_t v = 0; v < V; ++v)
+    if (start[size_t(v) + 1] > start[size_t(v)]) present.push_back(v);
+
+  // dtable[V, C] += Σ_{n: ids[n] = v} dout[n, :]
+  parallel_chunks(C, kColChunk, [&](int64_t c0, int64_t c1) {
+    const int64_t w = c1 - c0;
+    double acc[kColChunk];
+    for (int64_t v : present) {
+      const int64_t k0 = start[size_t(v)], k1 = start[size_t(v) + 1];
+      float* dst = dtable + v * C + c0;
+      if (k1 - k0 == 1) {  // the common case: float(double(x)) == x, so add the row directly
+        const float* g = dout + order[size_t(k0)] * C + c0;
+        for (int64_t j = 0; j < w; ++j) dst[j] += g[j];
+        continue;
+      }
+      for (int64_t j = 0; j < w; ++j) acc[j] = 0.0;
+      for (int64_t k = k0; k < k1; ++k) {
+        const float* g = dout + order[size_t(k)] * C + c0;
+        for (int64_t j = 0; j < w; ++j) acc[j] += double(g[j]);
+      }
+      for (int64_t j = 0; j < w; ++j) dst[j] += float(acc[j]);
+    }
+  });
+}
+
+}  // namespace lt

@@ -1,0 +1,79 @@
+// ops/cpu/rope.cpp — rotary position embedding, rotate-half layout (HF Llama/Qwen), forward and backward.
+//
+// Legend: N tokens, H heads (Hq or Hkv at the call site), D head dimension, h = D/2.
+//
+// Frequencies follow HF's `1.0 / (base ** (torch.arange(0, D, 2).float() / D))` in f32:
+//   e_j        = f32(2j) / f32(D)                f32 division, as torch
+//   inv_freq_j = 1.0f / f32(pow(theta, e_j))     torch takes powf in f32; we take pow in double of the same
+//                                                f32 operands and round once, so at most 1 ulp apart
+//   angle      = f32(pos) · inv_freq_j           one f32 multiply (HF's [h,1]@[1,T] matmul with K = 1)
+//   cos, sin   = f32(cos/sin(double(angle)))     of the f32 angle, correctly rounded up to libm's 1 ulp
+// Rotation of each pair (a, b) = (x_j, x_{j+h}), with the f32 roundings HF's x·cos + rotate_half(x)·sin has:
+//   a' = a·cos - b·sin,  b' = b·cos + a·sin
+// The backward applies the transpose (sin → -sin). cos/sin are computed once per token for all H heads.
+// Measured on one core of the shared 2-core AMD EPYC dev box, N = 2048, D = 128: 2.6 ms for H = 32
+// (26 GB/s), 1.7 ms for H = 8, where the N·D/2 double cos/sin (~1 ms) dominate.
+#include "ops/rope.h"
+
+#include <cmath>
+#include <vector>
+
+#include "core/error.h"
+#include "core/parallel.h"
+
+namespace lt {
+namespace {
+
+constexpr int64_t kTokenChunk = 16;  // tokens per task
+
+std::vector<float> inv_freq(int64_t D, double theta) {
+  std::vector<float> f(size_t(D / 2));
+  for (int64_t j = 0; j < D / 2; ++j) {
+    const float e = float(2 * j) / float(D);
+    f[size_t(j)] = 1.0f / float(std::pow(double(float(theta)), double(e)));
+  }
+  return f;
+}
+
+// sign = +1 rotates by +angle (forward), -1 by -angle (backward: the transpose).
+void rope_apply(float* x, const int32_t* pos, int64_t N, int64_t H, int64_t D, double theta, float sign) {
+  LT_CHECK(D > 0 && D % 2 == 0, "rope: head dimension D must be even and positive, got {}", D);
+  LT_CHECK(N >= 0 && H > 0, "rope: bad sizes N={}, H={}", N, H);
+  LT_CHECK(theta > 0, "rope: theta must be positive, got {}", theta);
+  const int64_t h = D / 2;
+  const std::vector<float> freq = inv_freq(D, theta);  // [h]
+  parallel_chunks(N, kTokenChunk, [&](int64_t n0, int64_t n1) {
+    std::vector<float> cs(static_cast<size_t>(D));  // cos [h] then sign·sin [h]
+    float* cos_t = cs.data();
+    float* sin_t = cs.data() + h;
+    for (int64_t n = n0; n < n1; ++n) {
+      const float p = float(pos[n]);
+      for (int64_t j = 0; j < h; ++j) {
+        const double angle = double(p * freq[size_t(j)]);
+        cos_t[j] = float(std::cos(angle));
+        sin_t[j] = sign * float(std::sin(angle));
+      }
+      for (int64_t head = 0; head < H; ++head) {
+        float* a = x + (n * H + head) * D;  // [h]
+        float* b = a + h;                   // [h]
+        for (int64_t j = 0; j < h; ++j) {
+          const float aj = a[j], bj = b[j];
+          a[j] = aj * cos_t[j] - bj * sin_t[j];
+          b[j] = bj * cos_t[j] + aj * sin_t[j];
+        }
+      }
+    }
+  });
+}
+
+}  // namespace
+
+void rope_forward(float* x, const int32_t* pos, int64_t N, int64_t H, int64_t D, double theta) {
+  rope_apply(x, pos, N, H, D, theta, 1.0f);
+}
+
+void rope_backward(float* dx, const int32_t* pos, int64_t N, int64_t H, int64_t D, double theta) {
+  rope_apply(dx, pos, N, H, D, theta, -1.0f);
+}
+
+}  // namespace lt

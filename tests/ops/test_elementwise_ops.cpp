@@ -1,0 +1,460 @@
+// Embedding, RMSNorm, RoPE, SwiGLU: forward against plain double references on odd shapes, every gradient by
+// finite differences, the gradient contract (parameter grads +=, activation grads =), determinism across
+// thread counts, and bad input.
+//
+// Legend: N tokens, C channels, V vocabulary, H heads, D head dimension, I MLP width.
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/cpu_features.h"
+#include "core/error.h"
+#include "core/parallel.h"
+#include "core/rng.h"
+#include "ops/embedding.h"
+#include "ops/rmsnorm.h"
+#include "ops/rope.h"
+#include "ops/swiglu.h"
+#include "testing/grad_check.h"
+
+namespace lt {
+namespace {
+
+using testing::dot;
+using testing::grad_check;
+using testing::random_vector;
+using Vec = std::vector<float>;
+
+bool bits_equal(const Vec& a, const Vec& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
+}
+
+// Runs fn() with 1 and then 2 threads and returns both results.
+template <typename Fn>
+std::pair<Vec, Vec> with_1_and_2_threads(Fn fn) {
+  const int saved = num_threads();
+  set_num_threads(1);
+  Vec a = fn();
+  set_num_threads(2);
+  Vec b = fn();
+  set_num_threads(saved);
+  return {a, b};
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Embedding
+// ---------------------------------------------------------------------------------------------------------
+
+constexpr int64_t kEmbN = 74, kEmbC = 67, kEmbV = 101;
+
+// N ids in [0, V), with repeats guaranteed (ids 7 and 3 appear several times).
+std::vector<int32_t> random_ids(int64_t N, int64_t V, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<int32_t> ids(static_cast<size_t>(N));
+  for (auto& id : ids) id = int32_t(rng.below(uint64_t(V)));
+  for (int64_t n = 0; n < N; n += 9) ids[size_t(n)] = n % 2 ? 7 : 3;
+  return ids;
+}
+
+TEST(Embedding, ForwardCopiesRows) {
+  auto ids = random_ids(kEmbN, kEmbV, 1);
+  Vec table = random_vector(size_t(kEmbV * kEmbC), 2), out(size_t(kEmbN * kEmbC), NAN);
+  embedding_forward(out.data(), ids.data(), table.data(), kEmbN, kEmbC, kEmbV);
+  for (int64_t n = 0; n < kEmbN; ++n)
+    ASSERT_EQ(0, std::memcmp(&out[size_t(n * kEmbC)], &table[size_t(ids[size_t(n)] * kEmbC)], kEmbC * 4)) << n;
+}
+
+TEST(Embedding, BackwardMatchesReferenceBitwise) {
+  auto ids = random_ids(kEmbN, kEmbV, 3);
+  Vec dout = random_vector(size_t(kEmbN * kEmbC), 4), start = random_vector(size_t(kEmbV * kEmbC), 5);
+  Vec dtable = start;
+  embedding_backward(dtable.data(), dout.data(), ids.data(), kEmbN, kEmbC, kEmbV);
+  // The documented order: per id, its rows summed in double in token order, added once in f32. So the
+  // match is exact; rows of ids never seen stay untouched.
+  for (int64_t v = 0; v < kEmbV; ++v)
+    for (int64_t c = 0; c < kEmbC; ++c) {
+      double s = 0;
+      for (int64_t n = 0; n < kEmbN; ++n)
+        if (ids[size_t(n)] == v) s += double(dout[size_t(n * kEmbC + c)]);
+      ASSERT_EQ(dtable[size_t(v * kEmbC + c)], start[size_t(v * kEmbC + c)] + float(s)) << "id " << v << " c " << c;
+    }
+}
+
+TEST(Embedding, GradientMatchesFiniteDifferences) {
+  auto ids = random_ids(kEmbN, kEmbV, 6);
+  Vec table = random_vector(size_t(kEmbV * kEmbC), 7), proj = random_vector(size_t(kEmbN * kEmbC), 8);
+  Vec out(size_t(kEmbN * kEmbC)), dtable(size_t(kEmbV * kEmbC), 0.f);
+  auto loss = [&] {
+    embedding_forward(out.data(), ids.data(), table.data(), kEmbN, kEmbC, kEmbV);
+    return dot(out, proj);
+  };
+  embedding_backward(dtable.data(), proj.data(), ids.data(), kEmbN, kEmbC, kEmbV);
+  // A copy is linear and exact: the difference quotient is exact up to the double loss sum (~1e-15); 1e-6
+  // only leaves room for that. Probes 200 elements so repeated ids and unused rows (gradient 0) are hit.
+  EXPECT_GRAD_OK(grad_check(table, dtable, loss, 9, 200), 1e-6, "dtable");
+}
+
+TEST(Embedding, BackwardAccumulatesExactly) {
+  auto ids = random_ids(kEmbN, kEmbV, 10);
+  Vec dout = random_vector(size_t(kEmbN * kEmbC), 11), d1(size_t(kEmbV * kEmbC), 0.f);
+  embedding_backward(d1.data(), dout.data(), ids.data(), kEmbN, kEmbC, kEmbV);
+  Vec d2 = d1;
+  embedding_backward(d2.data(), dout.data(), ids.data(), kEmbN, kEmbC, kEmbV);
+  for (auto& v : d1) v += v;  // each call adds one f32 value per element: twice is exactly 2x
+  EXPECT_TRUE(bits_equal(d1, d2));
+}
+
+TEST(Embedding, IdOutOfRangeIsAnErrorNamingIt) {
+  Vec table = random_vector(size_t(kEmbV * kEmbC), 12), out(size_t(kEmbN * kEmbC));
+  for (int32_t bad : {int32_t(kEmbV), int32_t(-1), int32_t(1 << 30)}) {
+    auto ids = random_ids(kEmbN, kEmbV, 13);
+    ids[41] = bad;
+    Vec dtable = table;
+    for (int pass = 0; pass < 2; ++pass) {
+      try {
+        if (pass == 0) embedding_forward(out.data(), ids.data(), table.data(), kEmbN, kEmbC, kEmbV);
+        else embedding_backward(dtable.data(), out.data(), ids.data(), kEmbN, kEmbC, kEmbV);
+        ADD_FAILURE() << "no error for id " << bad;
+      } catch (const Error& e) {
+        std::string msg = e.what();
+        EXPECT_NE(msg.find(std::to_string(bad)), std::string::npos) << msg;
+        EXPECT_NE(msg.find("position 41"), std::string::npos) << msg;
+        EXPECT_NE(msg.find(std::to_string(kEmbV)), std::string::npos) << msg;
+      }
+    }
+    EXPECT_TRUE(bits_equal(dtable, table)) << "ids are checked before anything is written";
+  }
+}
+
+TEST(Embedding, BitsIndependentOfThreadCount) {
+  const int64_t N = 500, C = 1000, V = 50;  // many repeats, several column blocks
+  auto ids = random_ids(N, V, 14);
+  Vec dout = random_vector(size_t(N * C), 15);
+  auto [a, b] = with_1_and_2_threads([&] {
+    Vec d(size_t(V * C), 0.5f);
+    embedding_backward(d.data(), dout.data(), ids.data(), N, C, V);
+    return d;
+  });
+  EXPECT_TRUE(bits_equal(a, b));
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// RMSNorm
+// ---------------------------------------------------------------------------------------------------------
+
+struct NormShape {
+  int64_t rows, C;
+};
+
+class RmsNormTest : public ::testing::TestWithParam<NormShape> {};
+constexpr float kEps = 1e-6f;
+
+TEST_P(RmsNormTest, ForwardMatchesReference) {
+  auto [rows, C] = GetParam();
+  Vec x = random_vector(size_t(rows * C), 21, -2.f, 2.f), w = random_vector(size_t(C), 22, 0.5f, 1.5f);
+  std::fill(x.begin() + 3 * C, x.begin() + 4 * C, 0.f);  // an all-zero row: rstd = 1/sqrt(eps), out = 0
+  Vec y(size_t(rows * C), NAN), rstd(size_t(rows), NAN);
+  rmsnorm_forward(y.data(), rstd.data(), x.data(), w.data(), rows, C, kEps);
+  // Error budget (f32, u = 2^-24 ≈ 6e-8): the sum of squares adds positive terms in 16 lanes of ceil(C/16)
+  // terms and a 4-level tree, relative error <= (C/16 + 5)·u; mean, +eps, sqrt, 1/x add ~4u and sqrt halves
+  // the sum's error. For C <= 1000 that is <= 3e-6 on rstd; out adds two roundings. Bound: 5e-6 relative.
+  for (int64_t r = 0; r < rows; ++r) {
+    double ss = 0;
+    for (int64_t c = 0; c < C; ++c) ss += double(x[size_t(r * C + c)]) * x[size_t(r * C + c)];
+    const double s = 1.0 / std::sqrt(ss / double(C) + double(kEps));
+    ASSERT_NEAR(rstd[size_t(r)], s, 5e-6 * s) << "row " << r;
+    for (int64_t c = 0; c < C; ++c) {
+      const double ref = double(x[size_t(r * C + c)]) * s * w[size_t(c)];
+      ASSERT_NEAR(y[size_t(r * C + c)], ref, 5e-6 * std::fabs(ref)) << "row " << r << " c " << c;
+    }
+  }
+}
+
+TEST_P(RmsNormTest, GradientsMatchFiniteDifferencesAndReference) {
+  auto [rows, C] = GetParam();
+  Vec x = random_vector(size_t(rows * C), 23, -2.f, 2.f), w = random_vector(size_t(C), 24, 0.5f, 1.5f);
+  Vec proj = random_vector(size_t(rows * C), 25);
+  Vec y(size_t(rows * C)), rstd(static_cast<size_t>(rows));
+  auto loss = [&] {
+    rmsnorm_forward(y.data(), rstd.data(), x.data(), w.data(), rows, C, kEps);
+    return dot(y, proj);
+  };
+  loss();
+  Vec dx(size_t(rows * C), NAN), dw(size_t(C), 0.f);
+  rmsnorm_backward(dx.data(), dw.data(), proj.data(), x.data(), w.data(), rstd.data(), rows, C);
+  // Against the closed form in double: din = r (w g - x r² mean(w g x)), dw = Σ g x r. f32 evaluation
+  // (a C-term dot, a few roundings; din can cancel, so it is measured in L2 over the whole tensor).
+  Vec dx_ref(dx.size()), dw_ref(static_cast<size_t>(C));
+  std::vector<double> dw_acc(size_t(C), 0.0);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = &x[size_t(r * C)];
+    const float* g = &proj[size_t(r * C)];
+    double ss = 0, m = 0;
+    for (int64_t c = 0; c < C; ++c) ss += double(xr[c]) * xr[c];
+    const double s = 1.0 / std::sqrt(ss / double(C) + double(kEps));
+    for (int64_t c = 0; c < C; ++c) m += double(w[size_t(c)]) * g[c] * xr[c] / double(C);
+    for (int64_t c = 0; c < C; ++c) {
+      dx_ref[size_t(r * C + c)] = float(s * (double(w[size_t(c)]) * g[c] - double(xr[c]) * s * s * m));
+      dw_acc[size_t(c)] += double(g[c]) * xr[c] * s;
+    }
+  }
+  for (int64_t c = 0; c < C; ++c) dw_ref[size_t(c)] = float(dw_acc[size_t(c)]);
+  EXPECT_LT(testing::rel_l2(dx.data(), dx_ref.data(), dx.size()), 1e-5);
+  EXPECT_LT(testing::rel_l2(dw.data(), dw_ref.data(), dw.size()), 1e-5);
+  // Finite differences (h = 1e-2). dweight: the loss is linear in w (no truncation error); only the f32
+  // rounding of the `rows` outputs one weight touches, measured <= 7e-5. din: a perturbation moves rstd by
+  // ~x·h/(ms·C) relative while rstd's own f32 rounding is ~sqrt(C/16)·u and coherent over the row's C
+  // outputs, so the noise grows with C: measured max 6e-4 at C <= 67 and 5e-3 at C = 1000 with the default
+  // 1e-2 floor. Gradients here are O(0.3..1), so din uses a 0.1 floor (absolute error <= 3e-4 on small
+  // elements); measured then <= 1.3e-3. Bound 3e-3. A wrong term in the formula gives O(0.1..1).
+  EXPECT_GRAD_OK(grad_check(x, dx, loss, 26, 128, 1e-2f, 0.1), 3e-3, "din");
+  EXPECT_GRAD_OK(grad_check(w, dw, loss, 27), 1e-3, "dweight");
+}
+
+TEST_P(RmsNormTest, WeightGradAccumulatesInputGradOverwrites) {
+  auto [rows, C] = GetParam();
+  Vec x = random_vector(size_t(rows * C), 28), w = random_vector(size_t(C), 29), g = random_vector(size_t(rows * C), 30);
+  Vec y(size_t(rows * C)), rstd(static_cast<size_t>(rows));
+  rmsnorm_forward(y.data(), rstd.data(), x.data(), w.data(), rows, C, kEps);
+  Vec dx(size_t(rows * C), NAN), dw(size_t(C), 0.f);
+  rmsnorm_backward(dx.data(), dw.data(), g.data(), x.data(), w.data(), rstd.data(), rows, C);
+  for (float v : dx) ASSERT_FALSE(std::isnan(v)) << "din not fully written";
+  Vec dx1 = dx, dw2 = dw;
+  std::fill(dx.begin(), dx.end(), NAN);
+  rmsnorm_backward(dx.data(), dw.data(), g.data(), x.data(), w.data(), rstd.data(), rows, C);
+  for (auto& v : dw2) v += v;  // one f32 add per call: exactly 2x
+  EXPECT_TRUE(bits_equal(dw, dw2));
+  EXPECT_TRUE(bits_equal(dx, dx1));
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, RmsNormTest,
+                         ::testing::Values(NormShape{74, 67}, NormShape{37, 48}, NormShape{37 * 6, 16},
+                                           NormShape{5, 1000}));
+
+TEST(RmsNorm, BitsIndependentOfThreadCount) {
+  const int64_t rows = 5000, C = 67;  // several row chunks in both directions
+  Vec x = random_vector(size_t(rows * C), 31), w = random_vector(size_t(C), 32), g = random_vector(size_t(rows * C), 33);
+  auto [a, b] = with_1_and_2_threads([&] {
+    Vec y(size_t(rows * C)), rstd(static_cast<size_t>(rows)), dx(size_t(rows * C)), dw(size_t(C), 0.25f);
+    rmsnorm_forward(y.data(), rstd.data(), x.data(), w.data(), rows, C, kEps);
+    rmsnorm_backward(dx.data(), dw.data(), g.data(), x.data(), w.data(), rstd.data(), rows, C);
+    Vec all = y;
+    all.insert(all.end(), rstd.begin(), rstd.end());
+    all.insert(all.end(), dx.begin(), dx.end());
+    all.insert(all.end(), dw.begin(), dw.end());
+    return all;
+  });
+  EXPECT_TRUE(bits_equal(a, b));
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// RoPE
+// ---------------------------------------------------------------------------------------------------------
+
+constexpr int64_t kRopeN = 37, kRopeH = 6, kRopeD = 16;
+constexpr double kTheta = 10000.0;
+
+std::vector<int32_t> random_positions(int64_t N, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<int32_t> pos(static_cast<size_t>(N));
+  for (auto& p : pos) p = int32_t(rng.below(4096));
+  pos[0] = 0;
+  pos[1] = 1;
+  return pos;
+}
+
+TEST(Rope, ForwardMatchesReference) {
+  auto pos = random_positions(kRopeN, 41);
+  Vec x = random_vector(size_t(kRopeN * kRopeH * kRopeD), 42), y = x;
+  rope_forward(y.data(), pos.data(), kRopeN, kRopeH, kRopeD, kTheta);
+  const int64_t h = kRopeD / 2;
+  for (int64_t n = 0; n < kRopeN; ++n)
+    for (int64_t j = 0; j < h; ++j) {
+      // HF's f32 recipe for the angle (the spec, see rope.h); cos/sin and the rotation in double.
+      const float inv = 1.0f / float(std::pow(kTheta, double(float(2 * j) / float(kRopeD))));
+      const double angle = double(float(pos[size_t(n)]) * inv), c = std::cos(angle), s = std::sin(angle);
+      for (int64_t hd = 0; hd < kRopeH; ++hd) {
+        const size_t i = size_t((n * kRopeH + hd) * kRopeD + j);
+        const double a = x[i], b = x[i + size_t(h)];
+        // f32: cos, sin rounded (u each), two products and a sum (3u): <= 5u·(|a| + |b|) ≈ 3e-7; the sum
+        // may cancel, so the bound scales with the inputs, not the output.
+        const double tol = 1e-6 * (std::fabs(a) + std::fabs(b));
+        ASSERT_NEAR(y[i], a * c - b * s, tol) << "n " << n << " head " << hd << " j " << j;
+        ASSERT_NEAR(y[i + size_t(h)], b * c + a * s, tol) << "n " << n << " head " << hd << " j " << j;
+      }
+    }
+}
+
+TEST(Rope, FrequenciesAreThetaPowers) {
+  // At position 1 a unit vector (1 in the first half) turns into (cos f_j, sin f_j), f_j = theta^(-2j/D):
+  // checks the frequency formula against exact double math, independent of the f32 recipe (within 1e-6).
+  const int64_t D = 128, h = D / 2;
+  Vec x(size_t(D), 0.f);
+  for (int64_t j = 0; j < h; ++j) x[size_t(j)] = 1.f;
+  const int32_t pos = 1;
+  rope_forward(x.data(), &pos, 1, 1, D, 500000.0);
+  for (int64_t j = 0; j < h; ++j) {
+    const double f = std::pow(500000.0, -2.0 * double(j) / double(D));
+    EXPECT_NEAR(x[size_t(j)], std::cos(f), 1e-6) << j;
+    EXPECT_NEAR(x[size_t(j + h)], std::sin(f), 1e-6) << j;
+  }
+}
+
+TEST(Rope, PositionZeroIsIdentityAndBackwardInvertsForward) {
+  const size_t n = size_t(kRopeN * kRopeH * kRopeD);
+  Vec x = random_vector(n, 43), y = x;
+  std::vector<int32_t> zeros(size_t(kRopeN), 0);
+  rope_forward(y.data(), zeros.data(), kRopeN, kRopeH, kRopeD, kTheta);
+  EXPECT_TRUE(bits_equal(x, y)) << "cos 0 = 1, sin 0 = 0 must give x exactly";
+  // The rotation is orthogonal, so backward (its transpose) undoes forward up to f32 rounding (~4u).
+  auto pos = random_positions(kRopeN, 44);
+  rope_forward(y.data(), pos.data(), kRopeN, kRopeH, kRopeD, kTheta);
+  rope_backward(y.data(), pos.data(), kRopeN, kRopeH, kRopeD, kTheta);
+  for (size_t i = 0; i < n; ++i) ASSERT_NEAR(y[i], x[i], 1e-6) << i;
+}
+
+TEST(Rope, GradientMatchesFiniteDifferences) {
+  auto pos = random_positions(kRopeN, 45);
+  const size_t n = size_t(kRopeN * kRopeH * kRopeD);
+  Vec x = random_vector(n, 46), proj = random_vector(n, 47), y(n);
+  auto loss = [&] {
+    y = x;
+    rope_forward(y.data(), pos.data(), kRopeN, kRopeH, kRopeD, kTheta);
+    return dot(y, proj);
+  };
+  Vec dx = proj;  // in place: dout -> din
+  rope_backward(dx.data(), pos.data(), kRopeN, kRopeH, kRopeD, kTheta);
+  // Linear in x: no truncation error; rounding of the two outputs an element touches is ~1e-7/(2h) ≈ 1e-5.
+  // Measured max 4e-5; bound 1e-3. Forward's rotation in place of its transpose gives O(1).
+  EXPECT_GRAD_OK(grad_check(x, dx, loss, 48, 128), 1e-3, "dx");
+}
+
+TEST(Rope, BadSizesAreErrors) {
+  Vec x(30, 1.f);
+  int32_t pos[2] = {0, 1};
+  EXPECT_THROW(rope_forward(x.data(), pos, 2, 1, 15, kTheta), Error);  // odd D
+  EXPECT_THROW(rope_backward(x.data(), pos, 2, 1, 15, kTheta), Error);
+  EXPECT_THROW(rope_forward(x.data(), pos, 2, 1, 0, kTheta), Error);
+}
+
+TEST(Rope, BitsIndependentOfThreadCount) {
+  const int64_t N = 500;
+  auto pos = random_positions(N, 49);
+  Vec x = random_vector(size_t(N * kRopeH * kRopeD), 50);
+  auto [a, b] = with_1_and_2_threads([&] {
+    Vec y = x;
+    rope_forward(y.data(), pos.data(), N, kRopeH, kRopeD, kTheta);
+    rope_backward(y.data(), pos.data(), N, kRopeH, kRopeD, 1e6);
+    return y;
+  });
+  EXPECT_TRUE(bits_equal(a, b));
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// SwiGLU
+// ---------------------------------------------------------------------------------------------------------
+
+constexpr int64_t kSwiN = 37 * 67;  // N·I
+
+double sigmoid_ref(double g) { return 1.0 / (1.0 + std::exp(-g)); }
+
+// Gates: a dense sweep over [-90, 90] (all of exp's range, both signs, the clamp at 87.3) then random.
+Vec gate_values(int64_t n, uint64_t seed) {
+  Vec g = random_vector(size_t(n), seed, -8.f, 8.f);
+  for (int64_t i = 0; i < n / 2; ++i) g[size_t(i)] = -90.f + 180.f * float(i) / float(n / 2);
+  g[1] = 0.f, g[2] = -0.f, g[3] = 1e30f, g[4] = -1e30f, g[5] = 1e-30f;
+  return g;
+}
+
+TEST(SwiGLU, ForwardMatchesReference) {
+  Vec g = gate_values(kSwiN, 51), u = random_vector(size_t(kSwiN), 52), out(size_t(kSwiN), NAN);
+  swiglu_forward(out.data(), g.data(), u.data(), kSwiN);
+  for (int64_t i = 0; i < kSwiN; ++i) {
+    const double ref = double(g[size_t(i)]) * sigmoid_ref(g[size_t(i)]) * u[size_t(i)];
+    // silu (own exp, sigmoid's add and divide, g·σ) measured <= 3.7u (u = 2^-24) against double over every
+    // 64th f32 in [-87.3, 87.3]; ·up adds one rounding: <= 4.7u ≈ 2.8e-7. Bound 5e-7 relative (8u). The
+    // 1e-36 floor covers gates below -87.3, where ours is 0 and the true value is below 1e-36.
+    ASSERT_NEAR(out[size_t(i)], ref, 5e-7 * std::fabs(ref) + 1e-36) << "gate " << g[size_t(i)];
+  }
+}
+
+TEST(SwiGLU, BackwardMatchesReferenceAndFiniteDifferences) {
+  Vec g = gate_values(kSwiN, 53), u = random_vector(size_t(kSwiN), 54), d = random_vector(size_t(kSwiN), 55);
+  Vec dg(size_t(kSwiN), NAN), du(size_t(kSwiN), NAN);
+  swiglu_backward(dg.data(), du.data(), d.data(), g.data(), u.data(), kSwiN);
+  for (int64_t i = 0; i < kSwiN; ++i) {
+    const double gi = g[size_t(i)], s = sigmoid_ref(gi), du_ = double(d[size_t(i)]) * u[size_t(i)];
+    // 1 + g(1 - σ) cancels near g ≈ -1.28, so the bound scales with the size of its terms. σ(1 + g(1-σ))
+    // measured <= 4.4u of that scale (1 - σ is taken as σ(-g), never by subtraction); dout·up and the last
+    // product add 2u: bound 6e-7 ≈ 10u. dup = dout·silu: 4.7u as the forward, bound 5e-7.
+    const double scale = std::fabs(du_) * s * (1.0 + std::fabs(gi) * (1.0 - s));
+    ASSERT_NEAR(dg[size_t(i)], du_ * s * (1.0 + gi * (1.0 - s)), 6e-7 * scale + 1e-36) << "gate " << gi;
+    const double dup_ref = double(d[size_t(i)]) * gi * s;
+    ASSERT_NEAR(du[size_t(i)], dup_ref, 5e-7 * std::fabs(dup_ref) + 1e-36) << "gate " << gi;
+  }
+  // Finite differences on moderate gates (the sweep's ±90 saturates and says nothing).
+  Vec gm = random_vector(size_t(kSwiN), 56, -4.f, 4.f), out(static_cast<size_t>(kSwiN));
+  auto loss = [&] {
+    swiglu_forward(out.data(), gm.data(), u.data(), kSwiN);
+    return dot(out, d);
+  };
+  swiglu_backward(dg.data(), du.data(), d.data(), gm.data(), u.data(), kSwiN);
+  // Each element touches one output. up: linear, only f32 rounding of that output, ~6e-8·4/(2h) ≈ 1e-5
+  // absolute, ≤ 1e-3 at the 1e-2 floor. gate: plus truncation h²/6·|silu'''| ≤ 1e-4/6·0.5 ≈ 1e-5 absolute.
+  // Measured max 1.7e-4 (dgate), 2e-6 (dup). Bound 3e-3; a wrong derivative (e.g. σ in place of
+  // σ(1 + g(1-σ))) is off by O(1).
+  EXPECT_GRAD_OK(grad_check(gm, dg, loss, 57, 128), 3e-3, "dgate");
+  EXPECT_GRAD_OK(grad_check(u, du, loss, 58, 128), 3e-3, "dup");
+}
+
+TEST(SwiGLU, GradsAreWrittenNotAccumulated) {
+  Vec g = gate_values(kSwiN, 59), u = random_vector(size_t(kSwiN), 60), d = random_vector(size_t(kSwiN), 61);
+  Vec dg(size_t(kSwiN), NAN), du(size_t(kSwiN), NAN);
+  swiglu_backward(dg.data(), du.data(), d.data(), g.data(), u.data(), kSwiN);
+  for (int64_t i = 0; i < kSwiN; ++i) {
+    ASSERT_FALSE(std::isnan(dg[size_t(i)]) || std::isnan(du[size_t(i)])) << "gate " << g[size_t(i)];
+  }
+  Vec dg1 = dg, du1 = du;
+  swiglu_backward(dg.data(), du.data(), d.data(), g.data(), u.data(), kSwiN);
+  EXPECT_TRUE(bits_equal(dg, dg1));
+  EXPECT_TRUE(bits_equal(du, du1));
+}
+
+TEST(SwiGLU, VectorPathMatchesPlainPathBitwise) {
+  if (!cpu_features().avx512f) GTEST_SKIP() << "no AVX-512 on this CPU: only the plain path runs";
+  const int64_t n = kSwiN + 13;  // a ragged tail for the 16-wide loop
+  Vec g = gate_values(n, 65), u = random_vector(size_t(n), 66), d = random_vector(size_t(n), 67);
+  auto run = [&] {
+    Vec out(static_cast<size_t>(n)), dg(static_cast<size_t>(n)), du(static_cast<size_t>(n));
+    swiglu_forward(out.data(), g.data(), u.data(), n);
+    swiglu_backward(dg.data(), du.data(), d.data(), g.data(), u.data(), n);
+    out.insert(out.end(), dg.begin(), dg.end());
+    out.insert(out.end(), du.begin(), du.end());
+    return out;
+  };
+  const CpuFeatures plain{};  // everything off: the baseline build
+  cpu_features_override(&plain);
+  Vec a = run();
+  cpu_features_override(nullptr);
+  Vec b = run();
+  // Same loop bodies, FMA contraction off in the AVX-512 build: the same bits, not just close.
+  EXPECT_TRUE(bits_equal(a, b));
+}
+
+TEST(SwiGLU, BitsIndependentOfThreadCount) {
+  const int64_t n = (int64_t(1) << 17) + 37;  // several chunks and a ragged tail
+  Vec g = random_vector(size_t(n), 62, -10.f, 10.f), u = random_vector(size_t(n), 63), d = random_vector(size_t(n), 64);
+  auto [a, b] = with_1_and_2_threads([&] {
+    Vec out(static_cast<size_t>(n)), dg(static_cast<size_t>(n)), du(static_cast<size_t>(n));
+    swiglu_forward(out.data(), g.data(), u.data(), n);
+    swiglu_backward(dg.data(), du.data(), d.data(), g.data(), u.data(), n);
+    out.insert(out.end(), dg.begin(), dg.end());
+    out.insert(out.end(), du.begin(), du.end());
+    return out;
+  });
+  EXPECT_TRUE(bits_equal(a, b));
+}
+
+}  // namespace
+}  // namespace lt
