@@ -103,18 +103,8 @@ f16_t f32_to_f16(float f) {
 
 namespace {
 
-__attribute__((target("avx512f,avx512bf16,avx512vl"))) void f32_to_bf16_avx512bf16(bf16_t* dst, const float* src,
-                                                                                    size_t n) {
-  size_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    __m512 v = _mm512_loadu_ps(src + i);
-    __m256bh h = _mm512_cvtneps_pbh(v);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), reinterpret_cast<__m256i&>(h));
-  }
-  for (; i < n; ++i) dst[i] = f32_to_bf16(src[i]);
-}
-
-// AVX-512F without BF16: the same integer rounding as the scalar function, 16 lanes at a time.
+// The scalar function's integer rounding, 16 lanes at a time. Not AVX512-BF16's vcvtneps2bf16: that
+// instruction flushes subnormal inputs to zero, so it would disagree with the scalar path (and torch).
 __attribute__((target("avx512f,avx512bw"))) void f32_to_bf16_avx512(bf16_t* dst, const float* src, size_t n) {
   size_t i = 0;
   const __m512i one = _mm512_set1_epi32(1), bias = _mm512_set1_epi32(0x7fff);
@@ -144,7 +134,6 @@ __attribute__((target("avx512f"))) void bf16_to_f32_avx512(float* dst, const bf1
 
 void convert_f32_to_bf16(bf16_t* dst, const float* src, size_t n) {
   const CpuFeatures& cpu = cpu_features();
-  if (cpu.avx512bf16) return f32_to_bf16_avx512bf16(dst, src, n);
   if (cpu.avx512bw) return f32_to_bf16_avx512(dst, src, n);
   for (size_t i = 0; i < n; ++i) dst[i] = f32_to_bf16(src[i]);
 }

@@ -1,0 +1,172 @@
+// Core: dtype conversions (bf16 round-to-nearest-even, f16), their vector paths, tensor views, parallel loops.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "core/cpu_features.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/parallel.h"
+#include "core/rng.h"
+#include "core/tensor.h"
+
+namespace lt {
+namespace {
+
+uint32_t bits(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, 4);
+  return b;
+}
+float from_bits(uint32_t b) {
+  float f;
+  std::memcpy(&f, &b, 4);
+  return f;
+}
+
+TEST(Bf16, RoundsToNearestEven) {
+  // 1.0 + half an ulp of bf16 (2^-8) ties: the even neighbour (1.0) wins.
+  EXPECT_EQ(f32_to_bf16(from_bits(0x3f808000u)), 0x3f80);
+  // Just above the tie rounds up; 0x3f818000 ties between 0x3f81 (odd) and 0x3f82: up to even.
+  EXPECT_EQ(f32_to_bf16(from_bits(0x3f808001u)), 0x3f81);
+  EXPECT_EQ(f32_to_bf16(from_bits(0x3f818000u)), 0x3f82);
+  EXPECT_EQ(f32_to_bf16(-1.0f), 0xbf80);
+  EXPECT_EQ(f32_to_bf16(0.0f), 0x0000);
+  EXPECT_EQ(f32_to_bf16(-0.0f), 0x8000);
+  EXPECT_EQ(f32_to_bf16(std::numeric_limits<float>::infinity()), 0x7f80);
+  // The largest finite float rounds up to +inf, as torch does.
+  EXPECT_EQ(f32_to_bf16(std::numeric_limits<float>::max()), 0x7f80);
+  // NaN stays NaN (quiet), sign kept.
+  uint16_t nan = f32_to_bf16(from_bits(0x7f800001u));
+  EXPECT_TRUE(std::isnan(bf16_to_f32(nan)));
+  EXPECT_TRUE(std::isnan(bf16_to_f32(f32_to_bf16(from_bits(0xffc00000u)))));
+  // A subnormal float rounds like any other value.
+  EXPECT_EQ(f32_to_bf16(from_bits(0x00008000u)), 0x0000);
+  EXPECT_EQ(f32_to_bf16(from_bits(0x00018000u)), 0x0002);
+}
+
+TEST(Bf16, ScalarMatchesExactRoundingOnRandomValues) {
+  // Reference: pick the nearer of the two bf16 neighbours in double, ties to the even code.
+  Rng rng(1);
+  for (int i = 0; i < 200000; ++i) {
+    float f = from_bits(uint32_t(rng.next_u64()));
+    if (std::isnan(f) || std::isinf(f)) continue;
+    uint32_t b = bits(f);
+    uint16_t lo = uint16_t(b >> 16);
+    uint16_t hi = uint16_t(lo + 1);
+    double dlo = bf16_to_f32(lo), dhi = bf16_to_f32(hi);
+    if (std::isinf(dhi)) dhi = std::copysign(std::ldexp(1.0, 128), dlo);  // next step past max
+    double dist_lo = std::fabs(double(f) - dlo), dist_hi = std::fabs(double(f) - dhi);
+    uint16_t expect = dist_lo < dist_hi ? lo : dist_hi < dist_lo ? hi : ((lo & 1) ? hi : lo);
+    ASSERT_EQ(f32_to_bf16(f), expect) << std::hex << b;
+  }
+}
+
+class VectorPaths : public ::testing::Test {
+ protected:
+  void TearDown() override { cpu_features_override(nullptr); }
+};
+
+TEST_F(VectorPaths, Bf16ConversionsMatchScalar) {
+  // Odd length (not a multiple of 16), special values sprinkled in.
+  Rng rng(2);
+  std::vector<float> src(1037);
+  for (auto& x : src) x = from_bits(uint32_t(rng.next_u64()));
+  src[3] = std::numeric_limits<float>::quiet_NaN();
+  src[17] = -std::numeric_limits<float>::infinity();
+  src[40] = from_bits(0x3f808000u);
+  std::vector<uint16_t> expect(src.size());
+  for (size_t i = 0; i < src.size(); ++i) expect[i] = f32_to_bf16(src[i]);
+
+  const CpuFeatures probed = cpu_features();
+  CpuFeatures paths[2] = {probed, CpuFeatures{}};
+  for (const CpuFeatures& p : paths) {
+    cpu_features_override(&p);
+    std::vector<uint16_t> got(src.size());
+    convert_f32_to_bf16(got.data(), src.data(), src.size());
+    for (size_t i = 0; i < src.size(); ++i) {
+      if (std::isnan(src[i])) {
+        EXPECT_TRUE(std::isnan(bf16_to_f32(got[i])));
+        continue;
+      }
+      ASSERT_EQ(got[i], expect[i]) << "element " << i << " avx512bw=" << p.avx512bw;
+    }
+    std::vector<float> back(src.size());
+    convert_bf16_to_f32(back.data(), got.data(), got.size());
+    for (size_t i = 0; i < src.size(); ++i)
+      if (!std::isnan(src[i])) ASSERT_EQ(bits(back[i]), uint32_t(got[i]) << 16);
+  }
+}
+
+TEST(F16, EveryHalfRoundTrips) {
+  for (uint32_t h = 0; h < 65536; ++h) {
+    float f = f16_to_f32(uint16_t(h));
+    if (std::isnan(f)) {
+      EXPECT_TRUE(std::isnan(f16_to_f32(f32_to_f16(f))));
+      continue;
+    }
+    ASSERT_EQ(f32_to_f16(f), uint16_t(h)) << std::hex << h;
+  }
+}
+
+TEST(F16, MatchesCompilerConversion) {
+  // GCC's _Float16 conversion (IEEE round-to-nearest-even) is the reference.
+  Rng rng(3);
+  for (int i = 0; i < 200000; ++i) {
+    float f = float(rng.normal() * std::ldexp(1.0, int(rng.below(40)) - 24));
+    _Float16 h = static_cast<_Float16>(f);
+    uint16_t hb;
+    std::memcpy(&hb, &h, 2);
+    ASSERT_EQ(f32_to_f16(f), hb) << f;
+    ASSERT_EQ(f16_to_f32(hb), static_cast<float>(h));
+  }
+  EXPECT_EQ(f32_to_f16(65520.f), 0x7c00);  // rounds past the largest half (65504): inf
+  EXPECT_EQ(f32_to_f16(65519.f), 0x7bff);
+}
+
+TEST(DType, ParseAndNames) {
+  EXPECT_EQ(dtype_parse("BF16"), DType::bf16);
+  EXPECT_EQ(dtype_parse("f32"), DType::f32);
+  EXPECT_EQ(dtype_size(DType::i64), 8u);
+  EXPECT_EQ(dtype_safetensors_name(DType::f16), "F16");
+  EXPECT_THROW(dtype_parse("F64"), Error);
+}
+
+TEST(TensorView, CheckedAccess) {
+  std::vector<float> data(2 * 3 * 5);
+  for (size_t i = 0; i < data.size(); ++i) data[i] = float(i) + 0.5f;
+  TensorView v = TensorView::contiguous(data.data(), DType::f32, {2, 3, 5});
+  EXPECT_TRUE(v.is_contiguous());
+  EXPECT_EQ(v.numel(), 30);
+  EXPECT_EQ(v.get({1, 2, 4}), 29.5f);
+  v.set({0, 1, 0}, -1.f);
+  EXPECT_EQ(data[5], -1.f);
+  EXPECT_THROW(v.get({2, 0, 0}), Error);
+  EXPECT_THROW(v.get({0, 0}), Error);
+  EXPECT_THROW(v.ptr<uint16_t>(), Error);
+  try {
+    v.get({0, 3, 0});
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("[2, 3, 5]"), std::string::npos) << e.what();
+    EXPECT_NE(e.where().find("tensor.cpp"), std::string::npos);
+  }
+}
+
+TEST(Parallel, EveryTaskRunsOnceAndErrorsPropagate) {
+  std::vector<std::atomic<int>> hits(1000);
+  parallel_for(1000, [&](int64_t t) { hits[size_t(t)]++; });
+  for (auto& h : hits) EXPECT_EQ(h.load(), 1);
+  std::vector<int64_t> ends;
+  std::vector<int64_t> seen(10, -1);
+  parallel_chunks(10, 3, [&](int64_t b, int64_t e) { seen[size_t(b)] = e; });
+  EXPECT_EQ(seen[0], 3);
+  EXPECT_EQ(seen[9], 10);
+  EXPECT_THROW(parallel_for(8, [](int64_t t) { LT_CHECK(t != 5, "task {} failed", t); }), Error);
+}
+
+}  // namespace
+}  // namespace lt
