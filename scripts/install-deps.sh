@@ -9,7 +9,7 @@ packages=(
   build-essential cmake ninja-build pkg-config
   libopenblas-dev libdnnl-dev
   nlohmann-json3-dev libfmt-dev libcli11-dev
-  libpcre2-dev libutf8proc-dev
+  libpcre2-dev libutf8proc-dev liburing-dev
   nodejs npm
   libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-numpy python3-torch

@@ -116,7 +116,9 @@ Reference reference(const Inputs& in) {
     for (int64_t h = 0; h < s.Hq; ++h) {
       const int64_t g = h / G;
       for (int64_t i = 0; i < s.T; ++i) {
-        auto allowed = [&](int64_t j) { return j <= i && (in.doc.empty() || in.doc[b * s.T + j] == in.doc[b * s.T + i]); };
+        auto allowed = [&](int64_t j) {
+          return j <= i && (in.doc.empty() || in.doc[size_t(b * s.T + j)] == in.doc[size_t(b * s.T + i)]);
+        };
         double m = -INFINITY;
         for (int64_t j = 0; j <= i; ++j) {
           if (!allowed(j)) continue;

@@ -31,9 +31,10 @@
 //
 // Measured on AMD EPYC (Zen 5, 2 cores, KVM), B=1 T=1024 Hq=16 Hkv=4 D=64, kTile = 64, counting causal
 // FLOPs (forward 2 GEMMs, backward the nominal 5, each 2·D·T(T+1)/2 per head):
-//   1 thread:  forward ~150 GFLOP/s, backward ~125 GFLOP/s (~175 counting the 7 GEMMs run);
-//   2 threads: forward ~FWD2 GFLOP/s, backward ~BWD2 GFLOP/s; the same run's gemm_f32 1024x2048x1024: GEMM2.
-// Tiles of 32 and 128 and R = 6 measured within 4% of these.
+//   1 thread:  forward ~150 GFLOP/s (14 ms), backward ~125 GFLOP/s (42 ms; ~175 counting the 7 GEMMs run);
+//   2 threads: forward ~300 GFLOP/s (7.1 ms), backward ~250 GFLOP/s (21.5 ms; ~350 counting 7 GEMMs),
+//   i.e. 0.64 and 0.53 of the same run's gemm_f32 1024x2048x1024 (~470 GFLOP/s).
+// Tiles of 32 and 128, and R = 6, measured within 4% of kTile = 64, R = 4.
 #include "ops/attention.h"
 
 // GCC 12's AVX-512 intrinsics fill "undefined" vectors by self-initialisation, which -Wmaybe-uninitialized
