@@ -107,7 +107,7 @@ nlohmann::json bench_layer(ComputeType compute, int reps) {
   Rng rng(2);
   for (auto& v : x) v = float(rng.normal());
   for (auto& v : dy) v = float(rng.normal() * 1e-3);
-  std::vector<int32_t> pos(size_t(N));
+  std::vector<int32_t> pos(static_cast<size_t>(N));
   for (int64_t i = 0; i < N; ++i) pos[size_t(i)] = int32_t(i % T);
   TokenInfo tok{pos.data(), nullptr};
   BlockActs acts = BlockActs::bind(acts_buf.data(), s);
