@@ -1,0 +1,570 @@
+// exec/executor.cpp — one step of a plan, issued as asynchronous device work ordered by events.
+//
+// The issuing thread runs ahead through the whole step, enqueuing copies and kernel launches; events
+// order them (weight ready / buffer free, boundary ready / slot free, gradients out / buffer free) and
+// the device's streams overlap uploads, compute and downloads. Host-side work (gradient accumulation)
+// runs on the host worker. Every device buffer comes from plan_working_set(), allocated at step start.
+#include "exec/executor.h"
+
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <fmt/format.h>
+#include <map>
+#include <mutex>
+
+#include "core/aligned.h"
+#include "core/error.h"
+#include "core/parallel.h"
+#include "core/timer.h"
+#include "exec/host_worker.h"
+#include "model/block.h"
+#include "ops/ops.h"
+
+namespace lt {
+namespace {
+
+constexpr StreamKind kCompute = StreamKind::compute, kH2D = StreamKind::h2d, kD2H = StreamKind::d2h;
+
+// dst += src, elementwise in fixed chunks (deterministic). Host gradients start at zero each step in
+// the exactness tests, and 0 + x == x, so the streamed gradient equals the in-memory one bit for bit.
+void accumulate_f32(float* dst, const float* src, size_t n) {
+  parallel_chunks(int64_t(n), int64_t(1) << 16, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) dst[i] += src[i];
+  });
+}
+
+// Host staging slots, each free or busy; the d2h stream blocks (in a host callback) until its slot frees.
+class HostSlots {
+ public:
+  explicit HostSlots(int n) : busy_(size_t(n), false) {}
+  void acquire(int i) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    cv_.wait(lock, [&] { return !busy_[size_t(i)]; });
+    busy_[size_t(i)] = true;
+  }
+  void release(int i) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      busy_[size_t(i)] = false;
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::vector<bool> busy_;
+};
+
+// Forwards every operation to the step's own recorder and to the caller's.
+class TeeSink : public OpSink {
+ public:
+  TeeSink(OpSink* a, OpSink* b) : a_(a), b_(b) {}
+  void record(const OpRecord& op) override {
+    if (a_) a_->record(op);
+    if (b_) b_->record(op);
+  }
+
+ private:
+  OpSink *a_, *b_;
+};
+
+}  // namespace
+
+nlohmann::json StepStats::to_json() const {
+  nlohmann::json j = summary.to_json();
+  j["loss"] = loss();
+  j["tokens"] = tokens;
+  j["step_s"] = step_s;
+  j["peak_device_bytes"] = peak_device_bytes;
+  j["predicted_device_bytes"] = predicted_device_bytes;
+  return j;
+}
+
+// Everything one step needs; destroyed (after the device is idle) when the step ends or fails.
+struct StreamingExecutor::Step {
+  struct Boundary {
+    float* ptr = nullptr;
+    Event* ready = nullptr;  // the copy that filled it (null: produced by compute, already ordered)
+    int ring = -1;           // ring slot holding it, or -1
+  };
+  struct SlotUse {
+    Event* compute = nullptr;
+    Event* copy = nullptr;
+  };
+
+  StreamingExecutor& ex;
+  Device& dev;
+  HostWorker& host;
+  const ModelConfig& cfg;
+  const ExecOptions& o;
+  ModelSlabs& grads;
+  const ModelSlabs& params;
+  const ModelSlabs& weights;
+  const Batch& batch;
+  const Plan& plan;
+  const int64_t L, N, C;
+  const size_t xbytes;
+  const BlockShape s;
+  const StepTokens tok;
+  const SlabLayout& wl;  // compute-copy layer layout (device weights)
+  const SlabLayout& gl;  // f32 layer layout (device gradients)
+  WorkingSet ws;
+
+  std::vector<void*> allocations;
+  size_t allocated_bytes = 0;
+  std::deque<std::unique_ptr<Event>> events;
+
+  std::vector<uint8_t*> wbuf;
+  std::vector<Event*> wready, wfree;
+  std::vector<int64_t> wlayer;
+  int next_w = 0, last_w = -1;
+
+  std::vector<uint8_t*> gbuf;
+  std::vector<Event*> gfree;
+  std::vector<AlignedBuffer<uint8_t>> gstage;
+  HostSlots gslots;
+  int next_g = 0;
+
+  std::vector<float*> xdev;
+  std::vector<float*> ring;
+  std::vector<SlotUse> ring_use;
+  int next_ring = 0;
+  std::vector<AlignedBuffer<float>> host_act;
+  std::vector<Event*> offloaded;  // [L] the d2h copy that filled host_act[i]; fetches wait for it
+  AlignedBuffer<float> x0_host, dx0_host;
+
+  std::vector<float*> kept;
+  float *scratch_acts = nullptr, *recompute_out = nullptr, *bscratch = nullptr, *dx[2] = {nullptr, nullptr};
+  std::vector<float*> cache;
+  std::map<int64_t, float*> cached;
+
+  int32_t *pos_dev = nullptr, *targets_dev = nullptr, *doc_dev = nullptr;
+  Event* tokens_ready = nullptr;
+  uint8_t *head_w = nullptr, *head_g = nullptr;
+  AlignedBuffer<uint8_t> head_stage;
+  double loss = 0;
+
+  Step(StreamingExecutor& e, HostWorker& hw, ModelSlabs& g, const ModelSlabs& p, const ModelSlabs& w,
+       const Batch& b, const Plan& pl)
+      : ex(e), dev(e.device_), host(hw), cfg(e.cfg_), o(e.options_), grads(g), params(p), weights(w), batch(b),
+        plan(pl), L(cfg.num_layers), N(b.N()), C(cfg.hidden_size), xbytes(size_t(N * C) * 4),
+        s(BlockShape::make(cfg, b.B, b.T)), tok(StepTokens::make(b)), wl(w.layout(SlabKind::layer)),
+        gl(g.layout(SlabKind::layer)), gslots(e.options_.grad_buffers) {}
+
+  ~Step() {
+    try {
+      dev.synchronize();
+    } catch (...) {  // the step already failed; the first error is what the caller sees
+    }
+    try {
+      host.drain();
+    } catch (...) {
+    }
+    for (void* p : allocations) dev.free(p);
+  }
+
+  // --- small helpers -------------------------------------------------------------------------------
+  Event* record(StreamKind k) {
+    events.push_back(dev.create_event());
+    dev.record(*events.back(), k);
+    return events.back().get();
+  }
+  void wait(StreamKind k, Event* e) {
+    if (e) dev.wait(k, *e);
+  }
+  template <typename T>
+  T* alloc(size_t bytes, const std::string& tag) {
+    void* p = dev.alloc(bytes, tag);
+    allocations.push_back(p);
+    allocated_bytes += align_up(bytes, kDeviceAlign);
+    return static_cast<T*>(p);
+  }
+  TokenInfo token_info() const { return TokenInfo{pos_dev, batch.doc_ids.empty() ? nullptr : doc_dev}; }
+  BlockView view(int b) const { return BlockView::bind(wl, wbuf[size_t(b)]); }
+
+  // --- set-up --------------------------------------------------------------------------------------
+  void allocate() {
+    const DeviceMemoryStats mem = dev.memory();
+    const size_t need = ws.device_bytes();
+    if (need > mem.capacity - mem.in_use) {
+      std::string parts;
+      for (const auto& b : ws.buffers)
+        parts += fmt::format("{}{} x{} = {:.1f} MiB", parts.empty() ? "" : ", ", b.tag, b.count,
+                             double(b.count) * double(align_up(b.bytes, kDeviceAlign)) / 1048576.0);
+      LT_FAIL("plan '{}' needs {:.1f} MiB of device memory for B={} T={} but {:.1f} MiB of {:.1f} MiB are free ({})",
+              plan.name, double(need) / 1048576.0, batch.B, batch.T, double(mem.capacity - mem.in_use) / 1048576.0,
+              double(mem.capacity) / 1048576.0, parts);
+    }
+    const int nw = o.weight_buffers, ng = o.grad_buffers;
+    for (int i = 0; i < nw; ++i) wbuf.push_back(alloc<uint8_t>(wl.bytes(), "weights"));
+    wready.assign(size_t(nw), nullptr);
+    wfree.assign(size_t(nw), nullptr);
+    wlayer.assign(size_t(nw), -1);
+    for (int i = 0; i < ng; ++i) {
+      gbuf.push_back(alloc<uint8_t>(gl.bytes(), "layer grads"));
+      gstage.emplace_back(gl.bytes());
+    }
+    gfree.assign(size_t(ng), nullptr);
+
+    const SlabLayout& hw_layout = weights.layout(SlabKind::head);
+    const SlabLayout& hg_layout = grads.layout(SlabKind::head);
+    size_t hw_bytes = hw_layout.bytes(), hg_bytes = hg_layout.bytes();
+    if (cfg.tie_word_embeddings) {
+      hw_bytes += weights.layout(SlabKind::embedding).bytes();
+      hg_bytes += grads.layout(SlabKind::embedding).bytes();
+    }
+    head_w = alloc<uint8_t>(hw_bytes, "head weights");
+    head_g = alloc<uint8_t>(hg_bytes, "head grads");
+    head_stage = AlignedBuffer<uint8_t>(hg_bytes);
+    int32_t* toks = alloc<int32_t>(size_t(N) * 4 * 3, "tokens");
+    pos_dev = toks;
+    targets_dev = toks + N;
+    doc_dev = toks + 2 * N;
+
+    xdev.assign(size_t(L + 1), nullptr);
+    for (int64_t i = 0; i < L; ++i)
+      if (plan.boundary[size_t(i)] == Tier::device) xdev[size_t(i)] = alloc<float>(xbytes, "boundaries (device tier)");
+    xdev[size_t(L)] = alloc<float>(xbytes, "boundaries (device tier)");
+    for (int r = 0; r < o.boundary_ring; ++r) ring.push_back(alloc<float>(xbytes, "boundary ring"));
+    ring_use.assign(ring.size(), SlotUse{});
+
+    const size_t acts_bytes = BlockActs::floats(s) * 4;
+    kept.assign(size_t(L), nullptr);
+    bool recompute_internals = false;
+    for (int64_t l = 0; l < L; ++l) {
+      if (plan.keep_internals[size_t(l)]) kept[size_t(l)] = alloc<float>(acts_bytes, "internals kept");
+      else recompute_internals = true;
+    }
+    if (recompute_internals) {
+      scratch_acts = alloc<float>(acts_bytes, "internals scratch");
+      recompute_out = alloc<float>(xbytes, "recompute output");
+    }
+    bscratch = alloc<float>(BlockScratch::floats(s) * 4, "backward scratch");
+    dx[0] = alloc<float>(xbytes, "activation grads");
+    dx[1] = alloc<float>(xbytes, "activation grads");
+    for (int64_t i = 0; i < ws.recompute_depth; ++i) cache.push_back(alloc<float>(xbytes, "recompute cache"));
+
+    offloaded.assign(size_t(L), nullptr);
+    for (int64_t i = 0; i < L; ++i)
+      if (plan.boundary[size_t(i)] == Tier::host && i > 0) host_act.emplace_back(size_t(N * C), 64);
+      else host_act.emplace_back();
+    // The memory model and the allocations must agree exactly: the planner trusts the former.
+    LT_CHECK_EQ(allocated_bytes, need, "executor allocations differ from plan_working_set()");
+  }
+
+  void upload_tokens() {
+    dev.copy_h2d(pos_dev, tok.pos.data(), size_t(N) * 4, kH2D, "h2d tokens");
+    dev.copy_h2d(targets_dev, tok.targets.data(), size_t(N) * 4, kH2D, "h2d targets");
+    if (!batch.doc_ids.empty()) dev.copy_h2d(doc_dev, batch.doc_ids.data(), size_t(N) * 4, kH2D, "h2d doc ids");
+    tokens_ready = record(kH2D);
+  }
+
+  // --- resources -----------------------------------------------------------------------------------
+  // Layer l's weights in a device buffer: reuses the buffer if l is the layer just used, else uploads
+  // into the next buffer once its previous user is done.
+  int acquire_weights(int64_t l) {
+    if (last_w >= 0 && wlayer[size_t(last_w)] == l) return last_w;
+    int b = next_w;
+    next_w = (next_w + 1) % o.weight_buffers;
+    wait(kH2D, wfree[size_t(b)]);
+    dev.copy_h2d(wbuf[size_t(b)], weights.layer(l), wl.bytes(), kH2D, fmt::format("h2d W{}", l), int(l));
+    wready[size_t(b)] = record(kH2D);
+    wlayer[size_t(b)] = l;
+    last_w = b;
+    return b;
+  }
+
+  // A ring slot for `writer` to fill, once its previous readers and writers are done.
+  int take_ring(StreamKind writer) {
+    int r = next_ring;
+    next_ring = (next_ring + 1) % int(ring.size());
+    wait(writer, ring_use[size_t(r)].compute);
+    wait(writer, ring_use[size_t(r)].copy);
+    ring_use[size_t(r)] = SlotUse{};
+    return r;
+  }
+
+  // Marks that compute work up to `done` used these boundaries (their slots can be reused after it).
+  void used_by_compute(const Boundary& b, Event* done) {
+    if (b.ring >= 0) ring_use[size_t(b.ring)].compute = done;
+  }
+
+  // Compute work on layer weights: waits for them and the inputs, launches, records the buffer free.
+  Event* launch_on(int wb, const std::vector<const Boundary*>& inputs, std::function<void()> work,
+                   const std::string& name, int64_t layer) {
+    wait(kCompute, wready[size_t(wb)]);
+    for (const Boundary* in : inputs) wait(kCompute, in->ready);
+    dev.launch(kCompute, std::move(work), name, int(layer));
+    Event* done = record(kCompute);
+    wfree[size_t(wb)] = done;
+    for (const Boundary* in : inputs) used_by_compute(*in, done);
+    return done;
+  }
+
+  // --- forward -------------------------------------------------------------------------------------
+  Boundary embed_boundary0(float* dst, int ring_slot) {
+    dev.copy_h2d(dst, x0_host.data(), xbytes, kH2D, "h2d x0", 0);
+    return Boundary{dst, record(kH2D), ring_slot};
+  }
+
+  void forward() {
+    // The embedding lookup runs on the host (the table stays there); only [N, C] moves.
+    x0_host = AlignedBuffer<float>(size_t(N * C), 64);
+    embedding_forward(x0_host.data(), batch.input_ids.data(),
+                      params.tensor(SlabKind::embedding, 0, "embed_tokens.weight").ptr<float>(), N, C,
+                      cfg.vocab_size);
+    wait(kCompute, tokens_ready);
+    Boundary in;
+    if (plan.boundary[0] == Tier::device) {
+      in = embed_boundary0(xdev[0], -1);
+    } else {
+      int r = take_ring(kH2D);
+      in = embed_boundary0(ring[size_t(r)], r);
+    }
+    for (int64_t l = 0; l < L; ++l) {
+      Boundary out;
+      const Tier t = plan.boundary[size_t(l + 1)];
+      if (l + 1 == L || t == Tier::device) {
+        out.ptr = xdev[size_t(l + 1)];
+      } else {
+        out.ring = take_ring(kCompute);
+        out.ptr = ring[size_t(out.ring)];
+      }
+      int b = acquire_weights(l);
+      float* acts_buf = plan.keep_internals[size_t(l)] ? kept[size_t(l)] : scratch_acts;
+      BlockView w = view(b);
+      float* x_out = out.ptr;
+      const float* x_in = in.ptr;
+      TokenInfo ti = token_info();
+      BlockShape sh = s;
+      Event* done = launch_on(b, {&in}, [=] {
+        BlockActs a = BlockActs::bind(acts_buf, sh);
+        block_forward(x_out, a, x_in, w, ti, sh);
+      }, fmt::format("fwd L{}", l), l);
+      used_by_compute(out, done);
+      if (l + 1 < L && t == Tier::host) {
+        wait(kD2H, done);
+        dev.copy_d2h(host_act[size_t(l + 1)].data(), out.ptr, xbytes, kD2H, fmt::format("d2h x{}", l + 1), int(l + 1));
+        offloaded[size_t(l + 1)] = record(kD2H);
+        ring_use[size_t(out.ring)].copy = offloaded[size_t(l + 1)];
+      }
+      out.ready = nullptr;
+      in = out;
+    }
+  }
+
+  // --- head ----------------------------------------------------------------------------------------
+  void head() {
+    const SlabLayout& hwl = weights.layout(SlabKind::head);
+    const SlabLayout& hgl = grads.layout(SlabKind::head);
+    dev.copy_h2d(head_w, weights.slab(SlabKind::head), hwl.bytes(), kH2D, "h2d head");
+    if (cfg.tie_word_embeddings)
+      dev.copy_h2d(head_w + hwl.bytes(), weights.slab(SlabKind::embedding), weights.layout(SlabKind::embedding).bytes(),
+                   kH2D, "h2d lm_head (tied)");
+    Event* ready = record(kH2D);
+
+    auto entry_ptr = [&](uint8_t* base, const SlabLayout& head_layout, const SlabLayout& emb_layout,
+                         const char* name) -> std::pair<uint8_t*, DType> {
+      if (std::string(name) == "lm_head.weight" && cfg.tie_word_embeddings) {
+        const SlabEntry& e = emb_layout.entry("embed_tokens.weight");
+        return {base + head_layout.bytes() + e.offset, e.dtype};
+      }
+      const SlabEntry& e = head_layout.entry(name);
+      return {base + e.offset, e.dtype};
+    };
+    auto [norm_w, norm_dt] = entry_ptr(head_w, hwl, weights.layout(SlabKind::embedding), "norm.weight");
+    auto [lm_w, lm_dt] = entry_ptr(head_w, hwl, weights.layout(SlabKind::embedding), "lm_head.weight");
+    auto [dnorm, dnorm_dt] = entry_ptr(head_g, hgl, grads.layout(SlabKind::embedding), "norm.weight");
+    auto [dlm, dlm_dt] = entry_ptr(head_g, hgl, grads.layout(SlabKind::embedding), "lm_head.weight");
+    (void)norm_dt;
+    (void)dnorm_dt;
+    (void)dlm_dt;
+    const size_t hg_bytes = head_stage.bytes();
+    uint8_t* hg = head_g;
+    float* dx0 = dx[0];
+    const float* xL = xdev[size_t(L)];
+    const int32_t* targets = targets_dev;
+    const float scale = float(1.0 / double(tok.count));
+    HeadShape hs{N, C, cfg.vocab_size, float(cfg.rms_norm_eps)};
+    double* loss_out = &loss;
+    wait(kCompute, ready);
+    dev.launch(kCompute, [=] {
+      std::memset(hg, 0, hg_bytes);
+      *loss_out = head_forward_backward(dx0, reinterpret_cast<float*>(dnorm), reinterpret_cast<float*>(dlm), xL,
+                                        targets, reinterpret_cast<const float*>(norm_w), WeightRef{lm_w, lm_dt},
+                                        scale, hs);
+    }, "head fwd+bwd");
+    Event* done = record(kCompute);
+    wait(kD2H, done);
+    dev.copy_d2h(head_stage.data(), head_g, hg_bytes, kD2H, "d2h head grads");
+    dev.host_callback(kD2H, [this] {
+      host.submit([this] {
+        const size_t head_bytes = grads.layout(SlabKind::head).bytes();
+        accumulate_f32(reinterpret_cast<float*>(grads.slab(SlabKind::head)),
+                       reinterpret_cast<const float*>(head_stage.data()), head_bytes / 4);
+        if (cfg.tie_word_embeddings)
+          accumulate_f32(reinterpret_cast<float*>(grads.slab(SlabKind::embedding)),
+                         reinterpret_cast<const float*>(head_stage.data() + head_bytes),
+                         grads.layout(SlabKind::embedding).bytes() / 4);
+      }, "accumulate head grads", -1, head_stage.bytes());
+    }, "hand off head grads");
+  }
+
+  // --- backward ------------------------------------------------------------------------------------
+  // Boundary i on the device for the backward: kept, fetched from host, rebuilt from the token ids,
+  // or recomputed from the nearest stored boundary below (filling the recompute cache).
+  Boundary get_boundary(int64_t i) {
+    if (auto it = cached.find(i); it != cached.end()) return Boundary{it->second, nullptr, -1};
+    const Tier t = plan.boundary[size_t(i)];
+    if (t == Tier::device) return Boundary{xdev[size_t(i)], nullptr, -1};
+    if (i == 0) {  // host or dropped: the embedding output is still on the host
+      int r = take_ring(kH2D);
+      return embed_boundary0(ring[size_t(r)], r);
+    }
+    if (t == Tier::host) {
+      int r = take_ring(kH2D);
+      wait(kH2D, offloaded[size_t(i)]);  // the forward's d2h must have landed in host memory
+      dev.copy_h2d(ring[size_t(r)], host_act[size_t(i)].data(), xbytes, kH2D, fmt::format("h2d x{}", i), int(i));
+      Event* ready = record(kH2D);
+      ring_use[size_t(r)].copy = ready;
+      return Boundary{ring[size_t(r)], ready, r};
+    }
+    LT_CHECK(t == Tier::drop, "boundary {}: tier {} is not supported by this executor yet", i, tier_name(t));
+    recompute_segment(i);
+    return Boundary{cached.at(i), nullptr, -1};
+  }
+
+  void recompute_segment(int64_t i) {
+    const int64_t j = plan.source_below(i);
+    cached.clear();  // earlier segments are consumed: the compute stream runs in order
+    Boundary in = get_boundary(j);
+    for (int64_t m = j; m < i; ++m) {
+      float* out = cache[size_t(m - j)];
+      int b = acquire_weights(m);
+      BlockView w = view(b);
+      const float* x_in = in.ptr;
+      float* acts_buf = scratch_acts;
+      TokenInfo ti = token_info();
+      BlockShape sh = s;
+      launch_on(b, {&in}, [=] {
+        BlockActs a = BlockActs::bind(acts_buf, sh);
+        block_forward(out, a, x_in, w, ti, sh);
+      }, fmt::format("recompute L{}", m), m);
+      cached[m + 1] = out;
+      in = Boundary{out, nullptr, -1};
+    }
+  }
+
+  void backward() {
+    int cur = 0;  // dx[cur] holds the gradient of the current layer's output
+    for (int64_t l = L - 1; l >= 0; --l) {
+      Boundary xin = get_boundary(l);
+      const float* x_in = xin.ptr;
+      TokenInfo ti = token_info();
+      BlockShape sh = s;
+      float* acts_buf = kept[size_t(l)];
+      if (!plan.keep_internals[size_t(l)]) {
+        acts_buf = scratch_acts;
+        int b = acquire_weights(l);
+        BlockView w = view(b);
+        float* out = recompute_out;
+        launch_on(b, {&xin}, [=] {
+          BlockActs a = BlockActs::bind(acts_buf, sh);
+          block_forward(out, a, x_in, w, ti, sh);
+        }, fmt::format("recompute internals L{}", l), l);
+      }
+      int b = acquire_weights(l);
+      BlockView w = view(b);
+      const int g = next_g;
+      next_g = (next_g + 1) % o.grad_buffers;
+      wait(kCompute, gfree[size_t(g)]);
+      uint8_t* gb = gbuf[size_t(g)];
+      const SlabLayout* glp = &gl;
+      float* dscratch = bscratch;
+      float* dx_out = dx[cur];
+      float* dx_in = dx[1 - cur];
+      Event* done = launch_on(b, {&xin}, [=] {
+        std::memset(gb, 0, glp->bytes());
+        BlockGrads gr = BlockGrads::bind(*glp, gb);
+        BlockScratch sc = BlockScratch::bind(dscratch, sh);
+        BlockActs a = BlockActs::bind(acts_buf, sh);
+        block_backward(dx_in, gr, sc, dx_out, x_in, a, w, ti, sh);
+      }, fmt::format("bwd L{}", l), l);
+      cur = 1 - cur;
+      // Gradients out: d2h into a host staging slab (once the host worker has emptied it), then the
+      // host worker adds them into the f32 host gradients.
+      wait(kD2H, done);
+      dev.host_callback(kD2H, [this, g] { gslots.acquire(g); }, "wait staging slab");
+      dev.copy_d2h(gstage[size_t(g)].data(), gb, gl.bytes(), kD2H, fmt::format("d2h dW{}", l), int(l));
+      gfree[size_t(g)] = record(kD2H);
+      dev.host_callback(kD2H, [this, g, l] {
+        host.submit([this, g, l] {
+          accumulate_f32(reinterpret_cast<float*>(grads.layer(l)), reinterpret_cast<const float*>(gstage[size_t(g)].data()),
+                         gl.bytes() / 4);
+          gslots.release(g);
+        }, fmt::format("accumulate dW{}", l), int(l), gl.bytes());
+      }, "hand off grads");
+    }
+    // Embedding gradient: the activation gradient of boundary 0 goes to the host, where the table is.
+    dx0_host = AlignedBuffer<float>(size_t(N * C), 64);
+    dev.copy_d2h(dx0_host.data(), dx[cur], xbytes, kD2H, "d2h dx0", 0);
+    dev.host_callback(kD2H, [this] {
+      host.submit([this] {
+        embedding_backward(grads.tensor(SlabKind::embedding, 0, "embed_tokens.weight").ptr<float>(), dx0_host.data(),
+                           batch.input_ids.data(), N, C, cfg.vocab_size);
+      }, "embedding backward", 0, xbytes);
+    }, "hand off dx0");
+  }
+};
+
+StreamingExecutor::StreamingExecutor(const ModelConfig& cfg, Device& device, ExecOptions options, NvmeStore* nvme)
+    : cfg_(cfg), device_(device), options_(options), nvme_(nvme) {
+  LT_CHECK(options_.weight_buffers >= 1 && options_.grad_buffers >= 1 && options_.boundary_ring >= 2,
+           "executor needs at least 1 weight buffer, 1 gradient buffer and 2 ring slots");
+}
+
+StreamingExecutor::~StreamingExecutor() = default;
+
+StepStats StreamingExecutor::step(ModelSlabs& grads, const ModelSlabs& params, const ModelSlabs& weights,
+                                  const Batch& batch, const Plan& plan, TraceRecorder* trace) {
+  plan.validate(cfg_.num_layers);
+  LT_CHECK(!plan.uses(Tier::nvme) || nvme_ != nullptr,
+           "plan '{}' offloads to NVMe but no NVMe directory was given (--nvme-dir)", plan.name);
+  LT_CHECK(!plan.uses(Tier::nvme), "plan '{}': the nvme tier is not wired into the executor yet", plan.name);
+  const DType want = options_.compute == ComputeType::bf16 ? DType::bf16 : DType::f32;
+  LT_CHECK(weights.matrix_dtype() == want, "the streamed weights are {} but the compute type needs {}",
+           dtype_name(weights.matrix_dtype()), dtype_name(want));
+
+  TraceRecorder recorder;
+  TeeSink tee(&recorder, trace);
+  HostWorker host("host", &device_);
+  host.set_sink(&tee);
+  device_.set_sink(&tee);
+  StepStats stats;
+  Timer timer;
+  {
+    Step st(*this, host, grads, params, weights, batch, plan);
+    st.ws = plan_working_set(cfg_, batch.B, batch.T, plan, options_);
+    LT_CHECK(st.tok.count > 0, "the batch has no counted token: every label after the first position of each row is -100");
+    device_.reset_peak();
+    st.allocate();
+    st.upload_tokens();
+    st.forward();
+    st.head();
+    st.backward();
+    device_.synchronize();
+    host.drain();
+    stats.loss_sum = st.loss;
+    stats.tokens = st.tok.count;
+    stats.predicted_device_bytes = st.ws.device_bytes();
+  }
+  stats.step_s = timer.seconds();
+  stats.peak_device_bytes = device_.memory().peak;
+  device_.set_sink(nullptr);
+  stats.summary = recorder.summarize();
+  return stats;
+}
+
+}  // namespace lt

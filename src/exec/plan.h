@@ -1,0 +1,52 @@
+// exec/plan.h — what the streaming executor does with each activation: the policy of one step.
+//
+// Boundaries 0..L: boundary i is the input of layer i (boundary 0 = the embedding output, boundary L =
+// the final hidden state fed to the head). For each boundary the plan picks a tier:
+//   device   kept in device memory from its forward until its layer's backward
+//   host     copied to host memory in the forward, fetched back for the backward
+//   nvme     copied to host, written to the NVMe store, read back and fetched for the backward
+//   drop     freed after use; rebuilt in the backward by recomputing forward from the nearest stored
+//            boundary below (boundary 0 is rebuilt from the token ids by the embedding lookup)
+// Boundary L is consumed by the head right after the forward, so it is always "device".
+// Per layer, keep_internals keeps every activation the layer's backward needs, so that layer does no
+// recompute; it requires the layer's input boundary not to be dropped.
+//
+// Built-in policies: keep-all, every:K, host:K, nvme:K (boundaries i % K == 0 stored on that tier,
+// the rest dropped); or a JSON plan file (docs/plan-format.md).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace lt {
+
+enum class Tier : uint8_t { device, host, nvme, drop };
+const char* tier_name(Tier t);
+Tier tier_parse(const std::string& s, const std::string& where);
+
+struct Plan {
+  std::string name;                 // "keep-all", "every:4", "lazytrain", a file name
+  std::vector<Tier> boundary;       // [L + 1]
+  std::vector<bool> keep_internals; // [L]
+
+  int64_t num_layers() const { return int64_t(keep_internals.size()); }
+  bool stored(int64_t i) const { return boundary[size_t(i)] != Tier::drop; }
+  // Nearest stored boundary at or below i (boundary 0 counts as stored: the embedding rebuilds it).
+  int64_t source_below(int64_t i) const;
+  // Throws naming the offending boundary or layer if the plan is inconsistent for L layers.
+  void validate(int64_t L) const;
+  bool uses(Tier t) const;
+
+  static Plan keep_all(int64_t L);
+  static Plan every(int64_t L, int64_t K, Tier tier = Tier::device);
+  // "keep-all", "every:K", "host:K", "nvme:K", or a path to a plan JSON file.
+  static Plan parse(const std::string& name_or_file, int64_t L);
+  static Plan from_json(const nlohmann::json& j, const std::string& source, int64_t L);
+  nlohmann::json to_json() const;
+};
+
+}  // namespace lt
