@@ -1,12 +1,15 @@
 // cli/cmd_grad.cpp — `lazytrain grad`: loss and every parameter gradient of an HF model for one batch,
-// on the in-memory reference path. Gradients go to an f32 safetensors file under the HF tensor names.
+// on the in-memory reference path or (with --policy) streamed through a device by the executor.
+// Gradients go to an f32 safetensors file under the HF tensor names.
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <memory>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/device_options.h"
 #include "core/error.h"
 #include "core/parallel.h"
 #include "core/timer.h"
@@ -18,6 +21,7 @@ namespace {
 struct GradOptions {
   std::string model_dir, batch_path, out_path, dtype = "f32";
   int threads = 0;
+  DeviceOptions dev;
 };
 
 void run_grad(const GradOptions& o) {
@@ -26,11 +30,33 @@ void run_grad(const GradOptions& o) {
   LoadedModel m = load_hf_model(o.model_dir);
   Batch batch = Batch::load(o.batch_path, m.config.vocab_size);
   ModelSlabs grads(m.config, DType::f32);
-  Timer timer;
-  LossResult r = model_forward_backward(grads, m.params, batch, compute);
-  double seconds = timer.seconds();
+  nlohmann::json line;
+  if (o.dev.policy.empty()) {
+    Timer timer;
+    LossResult r = model_forward_backward(grads, m.params, batch, compute);
+    line = {{"loss", r.loss()}, {"tokens", r.tokens}, {"seconds", timer.seconds()}};
+  } else {
+    Plan plan = Plan::parse(o.dev.policy, m.config.num_layers);
+    std::unique_ptr<Device> device = o.dev.make_device();
+    ExecOptions eo;
+    eo.compute = compute;
+    eo.weight_buffers = o.dev.weight_buffers;
+    std::optional<ModelSlabs> copy;
+    const ModelSlabs* weights = &m.params;
+    if (compute == ComputeType::bf16) {
+      copy.emplace(m.config, DType::bf16);
+      make_compute_copy(*copy, m.params);
+      weights = &*copy;
+    }
+    StreamingExecutor ex(m.config, *device, eo);
+    TraceRecorder trace;
+    StepStats st = ex.step(grads, m.params, *weights, batch, plan, o.dev.trace_path.empty() ? nullptr : &trace);
+    if (!o.dev.trace_path.empty()) trace.write_chrome_trace(o.dev.trace_path);
+    line = st.to_json();
+    line["seconds"] = st.step_s;
+    line["policy"] = plan.name;
+  }
   save_safetensors(grads, o.out_path, DType::f32);
-  nlohmann::json line = {{"loss", r.loss()}, {"tokens", r.tokens}, {"seconds", seconds}};
   std::printf("%s\n", line.dump().c_str());
 }
 
@@ -44,6 +70,7 @@ void register_grad(CLI::App& app) {
   cmd->add_option("--out", o->out_path, "where to write the f32 gradients (.safetensors)")->required();
   cmd->add_option("--dtype", o->dtype, "compute dtype of the GEMMs")->check(CLI::IsMember({"f32", "bf16"}));
   cmd->add_option("--threads", o->threads, "CPU threads (default: all cores)")->check(CLI::PositiveNumber);
+  o->dev.add_to(*cmd);
   cmd->callback([o]() { run_grad(*o); });
 }
 

@@ -170,3 +170,31 @@ TEST(Parallel, EveryTaskRunsOnceAndErrorsPropagate) {
 
 }  // namespace
 }  // namespace lt
+
+#include "core/units.h"
+
+namespace lt {
+namespace {
+
+TEST(Units, ParseSizes) {
+  EXPECT_EQ(parse_size("4096"), 4096u);
+  EXPECT_EQ(parse_size("512MiB"), size_t(512) << 20);
+  EXPECT_EQ(parse_size("1.5 GiB"), size_t(3) << 29);
+  EXPECT_EQ(parse_size("80GB"), size_t(80000000000));
+  EXPECT_EQ(parse_size("2TiB"), size_t(2) << 40);
+  EXPECT_EQ(parse_size(" 10 KB "), 10000u);
+  EXPECT_EQ(parse_size("64B"), 64u);
+  for (const char* bad : {"", "GiB", "-5MiB", "12 parsecs", "1.5", "1e9", "5 MiBs", "1..2GB"}) {
+    try {
+      parse_size(bad, "--device-memory");
+      ADD_FAILURE() << "accepted '" << bad << "'";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("--device-memory"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(format_bytes(1536), "1.5 KiB");
+  EXPECT_EQ(format_bytes(100), "100 B");
+}
+
+}  // namespace
+}  // namespace lt

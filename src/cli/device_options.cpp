@@ -1,0 +1,39 @@
+#include "cli/device_options.h"
+
+#include <CLI/CLI.hpp>
+
+#include "core/error.h"
+#include "core/units.h"
+
+namespace lt::cli {
+
+void DeviceOptions::add_to(CLI::App& cmd) {
+  cmd.add_option("--policy", policy,
+                 "run on the streaming executor with this activation policy: keep-all, every:K, host:K, nvme:K or a "
+                 "plan JSON file (default: the in-memory reference path)");
+  cmd.add_option("--device", device, "device to stream through")->check(CLI::IsMember({"cpu"}));
+  cmd.add_option("--device-memory", device_memory, "device memory budget (bytes or with a unit: 512MiB, 8GiB, 80GB)");
+  cmd.add_option("--link-gbps", link_gbps, "emulated host<->device bandwidth per direction, GB/s (0 = unlimited)")
+      ->check(CLI::NonNegativeNumber);
+  cmd.add_option("--h2d-gbps", h2d_gbps, "emulated host-to-device bandwidth, GB/s (overrides --link-gbps)")
+      ->check(CLI::NonNegativeNumber);
+  cmd.add_option("--d2h-gbps", d2h_gbps, "emulated device-to-host bandwidth, GB/s (overrides --link-gbps)")
+      ->check(CLI::NonNegativeNumber);
+  cmd.add_option("--link-latency-us", latency_us, "emulated latency added to every copy, microseconds")
+      ->check(CLI::NonNegativeNumber);
+  cmd.add_option("--nvme-dir", nvme_dir, "directory for the NVMe activation tier");
+  cmd.add_option("--trace", trace_path, "write the step's Chrome trace JSON here (chrome://tracing, Perfetto)");
+  cmd.add_option("--weight-buffers", weight_buffers, "layer weight buffers on the device (2 = double buffering)")
+      ->check(CLI::Range(1, 8));
+}
+
+LinkSpec DeviceOptions::link() const {
+  return LinkSpec{h2d_gbps > 0 ? h2d_gbps : link_gbps, d2h_gbps > 0 ? d2h_gbps : link_gbps, latency_us * 1e-6};
+}
+
+std::unique_ptr<Device> DeviceOptions::make_device() const {
+  LT_CHECK(device == "cpu", "--device {}: only the emulated 'cpu' device is built", device);
+  return make_cpu_device(parse_size(device_memory, "--device-memory"), link());
+}
+
+}  // namespace lt::cli

@@ -1,0 +1,31 @@
+// cli/device_options.h — the options every command that runs the streaming executor shares:
+// --policy, --device, --device-memory, --link-gbps (or per direction), --nvme-dir, --trace.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "device/device.h"
+#include "exec/executor.h"
+
+namespace CLI {
+class App;
+}
+
+namespace lt::cli {
+
+struct DeviceOptions {
+  std::string policy;            // empty: the in-memory reference path
+  std::string device = "cpu";
+  std::string device_memory = "8GiB";
+  double link_gbps = 0, h2d_gbps = 0, d2h_gbps = 0, latency_us = 0;
+  std::string nvme_dir;
+  std::string trace_path;
+  int weight_buffers = 2;
+
+  void add_to(CLI::App& cmd);
+  LinkSpec link() const;
+  std::unique_ptr<Device> make_device() const;
+};
+
+}  // namespace lt::cli
