@@ -7,7 +7,11 @@ class App;
 
 namespace lt::cli {
 
+void register_bench(CLI::App& app);
 void register_grad(CLI::App& app);
 void register_init(CLI::App& app);
+void register_tokenize(CLI::App& app);
+// Adds `step` to the `bench` command group.
+void add_bench_step(CLI::App& bench);
 
 }  // namespace lt::cli

@@ -8,8 +8,17 @@
 int main(int argc, char** argv) {
   CLI::App app{"LazyTrain: train and fine-tune LLMs on hardware with far less memory than the model"};
   app.require_subcommand(1);
+  lt::cli::register_bench(app);
   lt::cli::register_grad(app);
   lt::cli::register_init(app);
+  lt::cli::register_tokenize(app);
+  // `bench` groups the benchmarks; each module adds its own subcommand.
+  CLI::App* bench = nullptr;
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; }))
+    if (sub->get_name() == "bench") bench = sub;
+  if (!bench) bench = app.add_subcommand("bench", "benchmarks, each against a baseline in the same run");
+  bench->require_subcommand(1);
+  lt::cli::add_bench_step(*bench);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

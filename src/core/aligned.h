@@ -6,6 +6,8 @@
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <string>
 #include <memory>
 #include <utility>
 
@@ -21,17 +23,21 @@ struct FreeDeleter {
   void operator()(void* p) const { std::free(p); }
 };
 
-// A zero-initialised buffer of `count` T's aligned to `align` bytes.
+// Whether a new buffer is zero-filled. Fill::none skips the pass (and, for large buffers, the page
+// faults land where the data is first written) — for buffers that are fully written before being read.
+enum class Fill : uint8_t { zero, none };
+
+// A buffer of `count` T's aligned to `align` bytes, zero-filled unless Fill::none.
 template <typename T>
 class AlignedBuffer {
  public:
   AlignedBuffer() = default;
-  explicit AlignedBuffer(size_t count, size_t align = kPageAlign) : count_(count) {
+  explicit AlignedBuffer(size_t count, size_t align = kPageAlign, Fill fill = Fill::zero) : count_(count) {
     size_t bytes = align_up(count * sizeof(T), align);
     if (bytes == 0) return;
     void* p = std::aligned_alloc(align, bytes);
     LT_CHECK(p != nullptr, "out of host memory allocating {} bytes", bytes);
-    std::memset(p, 0, bytes);
+    if (fill == Fill::zero) std::memset(p, 0, bytes);
     data_.reset(static_cast<T*>(p));
   }
   T* data() { return data_.get(); }
@@ -48,6 +54,30 @@ class AlignedBuffer {
  private:
   std::unique_ptr<T, FreeDeleter> data_;
   size_t count_ = 0;
+};
+
+// Named buffers kept across calls (grow-only), so a loop of steps allocates and faults its pages once.
+// Not thread-safe: one owner at a time.
+class Workspace {
+ public:
+  // A buffer of at least `bytes`, 4 KiB-aligned; its contents are unspecified.
+  uint8_t* get(const std::string& name, size_t bytes) {
+    AlignedBuffer<uint8_t>& b = buffers_[name];
+    if (b.size() < bytes) b = AlignedBuffer<uint8_t>(bytes, kPageAlign, Fill::none);
+    return b.data();
+  }
+  template <typename T>
+  T* get(const std::string& name, size_t count) {
+    return reinterpret_cast<T*>(get(name, count * sizeof(T)));
+  }
+  size_t bytes() const {
+    size_t n = 0;
+    for (const auto& [name, b] : buffers_) n += b.size();
+    return n;
+  }
+
+ private:
+  std::map<std::string, AlignedBuffer<uint8_t>> buffers_;
 };
 
 }  // namespace lt

@@ -123,7 +123,7 @@ struct StreamingExecutor::Step {
 
   std::vector<uint8_t*> gbuf;
   std::vector<Event*> gfree;
-  std::vector<AlignedBuffer<uint8_t>> gstage;
+  std::vector<uint8_t*> gstage;  // host staging slabs (the executor's workspace: kept across steps)
   HostSlots gslots;
   int next_g = 0;
 
@@ -131,9 +131,9 @@ struct StreamingExecutor::Step {
   std::vector<float*> ring;
   std::vector<SlotUse> ring_use;
   int next_ring = 0;
-  std::vector<AlignedBuffer<float>> host_act;
+  std::vector<float*> host_act;  // [L] host-tier boundaries
   std::vector<Event*> offloaded;  // [L] the d2h copy that filled host_act[i]; fetches wait for it
-  AlignedBuffer<float> x0_host, dx0_host;
+  float *x0_host = nullptr, *dx0_host = nullptr;
 
   std::vector<float*> kept;
   float *scratch_acts = nullptr, *recompute_out = nullptr, *bscratch = nullptr, *dx[2] = {nullptr, nullptr};
@@ -143,7 +143,8 @@ struct StreamingExecutor::Step {
   int32_t *pos_dev = nullptr, *targets_dev = nullptr, *doc_dev = nullptr;
   Event* tokens_ready = nullptr;
   uint8_t *head_w = nullptr, *head_g = nullptr;
-  AlignedBuffer<uint8_t> head_stage;
+  uint8_t* head_stage = nullptr;
+  size_t head_stage_bytes = 0;
   double loss = 0;
 
   Step(StreamingExecutor& e, HostWorker& hw, ModelSlabs& g, const ModelSlabs& p, const ModelSlabs& w,
@@ -204,7 +205,7 @@ struct StreamingExecutor::Step {
     wlayer.assign(size_t(nw), -1);
     for (int i = 0; i < ng; ++i) {
       gbuf.push_back(alloc<uint8_t>(gl.bytes(), "layer grads"));
-      gstage.emplace_back(gl.bytes());
+      gstage.push_back(ex.host_ws_.get(fmt::format("grad staging {}", i), gl.bytes()));
     }
     gfree.assign(size_t(ng), nullptr);
 
@@ -217,7 +218,8 @@ struct StreamingExecutor::Step {
     }
     head_w = alloc<uint8_t>(hw_bytes, "head weights");
     head_g = alloc<uint8_t>(hg_bytes, "head grads");
-    head_stage = AlignedBuffer<uint8_t>(hg_bytes);
+    head_stage = ex.host_ws_.get("head grad staging", hg_bytes);
+    head_stage_bytes = hg_bytes;
     int32_t* toks = alloc<int32_t>(size_t(N) * 4 * 3, "tokens");
     pos_dev = toks;
     targets_dev = toks + N;
@@ -247,9 +249,10 @@ struct StreamingExecutor::Step {
     for (int64_t i = 0; i < ws.recompute_depth; ++i) cache.push_back(alloc<float>(xbytes, "recompute cache"));
 
     offloaded.assign(size_t(L), nullptr);
-    for (int64_t i = 0; i < L; ++i)
-      if (plan.boundary[size_t(i)] == Tier::host && i > 0) host_act.emplace_back(size_t(N * C), 64);
-      else host_act.emplace_back();
+    host_act.assign(size_t(L), nullptr);
+    for (int64_t i = 1; i < L; ++i)
+      if (plan.boundary[size_t(i)] == Tier::host)
+        host_act[size_t(i)] = ex.host_ws_.get<float>(fmt::format("boundary {}", i), size_t(N * C));
     // The memory model and the allocations must agree exactly: the planner trusts the former.
     LT_CHECK_EQ(allocated_bytes, need, "executor allocations differ from plan_working_set()");
   }
@@ -305,14 +308,14 @@ struct StreamingExecutor::Step {
 
   // --- forward -------------------------------------------------------------------------------------
   Boundary embed_boundary0(float* dst, int ring_slot) {
-    dev.copy_h2d(dst, x0_host.data(), xbytes, kH2D, "h2d x0", 0);
+    dev.copy_h2d(dst, x0_host, xbytes, kH2D, "h2d x0", 0);
     return Boundary{dst, record(kH2D), ring_slot};
   }
 
   void forward() {
     // The embedding lookup runs on the host (the table stays there); only [N, C] moves.
-    x0_host = AlignedBuffer<float>(size_t(N * C), 64);
-    embedding_forward(x0_host.data(), batch.input_ids.data(),
+    x0_host = ex.host_ws_.get<float>("x0", size_t(N * C));
+    embedding_forward(x0_host, batch.input_ids.data(),
                       params.tensor(SlabKind::embedding, 0, "embed_tokens.weight").ptr<float>(), N, C,
                       cfg.vocab_size);
     wait(kCompute, tokens_ready);
@@ -346,7 +349,7 @@ struct StreamingExecutor::Step {
       used_by_compute(out, done);
       if (l + 1 < L && t == Tier::host) {
         wait(kD2H, done);
-        dev.copy_d2h(host_act[size_t(l + 1)].data(), out.ptr, xbytes, kD2H, fmt::format("d2h x{}", l + 1), int(l + 1));
+        dev.copy_d2h(host_act[size_t(l + 1)], out.ptr, xbytes, kD2H, fmt::format("d2h x{}", l + 1), int(l + 1));
         offloaded[size_t(l + 1)] = record(kD2H);
         ring_use[size_t(out.ring)].copy = offloaded[size_t(l + 1)];
       }
@@ -381,7 +384,7 @@ struct StreamingExecutor::Step {
     (void)norm_dt;
     (void)dnorm_dt;
     (void)dlm_dt;
-    const size_t hg_bytes = head_stage.bytes();
+    const size_t hg_bytes = head_stage_bytes;
     uint8_t* hg = head_g;
     float* dx0 = dx[0];
     const float* xL = xdev[size_t(L)];
@@ -398,17 +401,17 @@ struct StreamingExecutor::Step {
     }, "head fwd+bwd");
     Event* done = record(kCompute);
     wait(kD2H, done);
-    dev.copy_d2h(head_stage.data(), head_g, hg_bytes, kD2H, "d2h head grads");
+    dev.copy_d2h(head_stage, head_g, hg_bytes, kD2H, "d2h head grads");
     dev.host_callback(kD2H, [this] {
       host.submit([this] {
         const size_t head_bytes = grads.layout(SlabKind::head).bytes();
         accumulate_f32(reinterpret_cast<float*>(grads.slab(SlabKind::head)),
-                       reinterpret_cast<const float*>(head_stage.data()), head_bytes / 4);
+                       reinterpret_cast<const float*>(head_stage), head_bytes / 4);
         if (cfg.tie_word_embeddings)
           accumulate_f32(reinterpret_cast<float*>(grads.slab(SlabKind::embedding)),
-                         reinterpret_cast<const float*>(head_stage.data() + head_bytes),
+                         reinterpret_cast<const float*>(head_stage + head_bytes),
                          grads.layout(SlabKind::embedding).bytes() / 4);
-      }, "accumulate head grads", -1, head_stage.bytes());
+      }, "accumulate head grads", -1, head_stage_bytes);
     }, "hand off head grads");
   }
 
@@ -426,7 +429,7 @@ struct StreamingExecutor::Step {
     if (t == Tier::host) {
       int r = take_ring(kH2D);
       wait(kH2D, offloaded[size_t(i)]);  // the forward's d2h must have landed in host memory
-      dev.copy_h2d(ring[size_t(r)], host_act[size_t(i)].data(), xbytes, kH2D, fmt::format("h2d x{}", i), int(i));
+      dev.copy_h2d(ring[size_t(r)], host_act[size_t(i)], xbytes, kH2D, fmt::format("h2d x{}", i), int(i));
       Event* ready = record(kH2D);
       ring_use[size_t(r)].copy = ready;
       return Boundary{ring[size_t(r)], ready, r};
@@ -497,22 +500,22 @@ struct StreamingExecutor::Step {
       // host worker adds them into the f32 host gradients.
       wait(kD2H, done);
       dev.host_callback(kD2H, [this, g] { gslots.acquire(g); }, "wait staging slab");
-      dev.copy_d2h(gstage[size_t(g)].data(), gb, gl.bytes(), kD2H, fmt::format("d2h dW{}", l), int(l));
+      dev.copy_d2h(gstage[size_t(g)], gb, gl.bytes(), kD2H, fmt::format("d2h dW{}", l), int(l));
       gfree[size_t(g)] = record(kD2H);
       dev.host_callback(kD2H, [this, g, l] {
         host.submit([this, g, l] {
-          accumulate_f32(reinterpret_cast<float*>(grads.layer(l)), reinterpret_cast<const float*>(gstage[size_t(g)].data()),
+          accumulate_f32(reinterpret_cast<float*>(grads.layer(l)), reinterpret_cast<const float*>(gstage[size_t(g)]),
                          gl.bytes() / 4);
           gslots.release(g);
         }, fmt::format("accumulate dW{}", l), int(l), gl.bytes());
       }, "hand off grads");
     }
     // Embedding gradient: the activation gradient of boundary 0 goes to the host, where the table is.
-    dx0_host = AlignedBuffer<float>(size_t(N * C), 64);
-    dev.copy_d2h(dx0_host.data(), dx[cur], xbytes, kD2H, "d2h dx0", 0);
+    dx0_host = ex.host_ws_.get<float>("dx0", size_t(N * C));
+    dev.copy_d2h(dx0_host, dx[cur], xbytes, kD2H, "d2h dx0", 0);
     dev.host_callback(kD2H, [this] {
       host.submit([this] {
-        embedding_backward(grads.tensor(SlabKind::embedding, 0, "embed_tokens.weight").ptr<float>(), dx0_host.data(),
+        embedding_backward(grads.tensor(SlabKind::embedding, 0, "embed_tokens.weight").ptr<float>(), dx0_host,
                            batch.input_ids.data(), N, C, cfg.vocab_size);
       }, "embedding backward", 0, xbytes);
     }, "hand off dx0");

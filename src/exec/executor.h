@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "core/aligned.h"
 #include "device/device.h"
 #include "exec/plan.h"
 #include "exec/trace.h"
@@ -56,6 +57,7 @@ class StreamingExecutor {
  private:
   struct Step;
   ModelConfig cfg_;
+  Workspace host_ws_;  // host staging and host-tier activations, kept across steps
   Device& device_;
   ExecOptions options_;
   NvmeStore* nvme_;

@@ -35,28 +35,28 @@ struct ForwardState {
   BlockShape shape;
   StepTokens tok;
   TokenInfo info;
-  AlignedBuffer<float> boundaries;  // (L+1) x [N, C]
-  AlignedBuffer<float> acts;        // L x BlockActs
+  float* boundaries = nullptr;  // (L+1) x [N, C]
+  float* acts = nullptr;        // L x BlockActs
   std::vector<BlockActs> layer_acts;
-  float* boundary(int64_t i) { return boundaries.data() + size_t(i * shape.N() * shape.C); }
+  float* boundary(int64_t i) { return boundaries + size_t(i * shape.N() * shape.C); }
 };
 
-void run_forward(ForwardState& st, const ModelSlabs& params, const ModelSlabs& cw, const Batch& batch) {
+void run_forward(ForwardState& st, const ModelSlabs& params, const ModelSlabs& cw, const Batch& batch, Workspace& ws) {
   const ModelConfig& cfg = params.config();
   const int64_t L = cfg.num_layers, N = batch.N(), C = cfg.hidden_size;
   st.shape = BlockShape::make(cfg, batch.B, batch.T);
   st.tok = StepTokens::make(batch);
   st.info = TokenInfo{st.tok.pos.data(), batch.doc_ids.empty() ? nullptr : batch.doc_ids.data()};
-  st.boundaries = AlignedBuffer<float>(size_t((L + 1) * N * C), 64);
+  st.boundaries = ws.get<float>("boundaries", size_t((L + 1) * N * C));
   const size_t per_layer = BlockActs::floats(st.shape);
-  st.acts = AlignedBuffer<float>(per_layer * size_t(L), 64);
+  st.acts = ws.get<float>("activations", per_layer * size_t(L));
 
   embedding_forward(st.boundary(0), batch.input_ids.data(),
                     params.tensor(SlabKind::embedding, 0, "embed_tokens.weight").ptr<float>(), N, C,
                     cfg.vocab_size);
   const SlabLayout& layout = cw.layout(SlabKind::layer);
   for (int64_t l = 0; l < L; ++l) {
-    st.layer_acts.push_back(BlockActs::bind(st.acts.data() + per_layer * size_t(l), st.shape));
+    st.layer_acts.push_back(BlockActs::bind(st.acts + per_layer * size_t(l), st.shape));
     BlockView w = BlockView::bind(layout, cw.layer(l));
     block_forward(st.boundary(l + 1), st.layer_acts.back(), st.boundary(l), w, st.info, st.shape);
   }
@@ -64,10 +64,12 @@ void run_forward(ForwardState& st, const ModelSlabs& params, const ModelSlabs& c
 
 }  // namespace
 
-LossResult model_forward(const ModelSlabs& params, const Batch& batch, ComputeType compute) {
+LossResult model_forward(const ModelSlabs& params, const Batch& batch, ComputeType compute, Workspace* ws) {
+  Workspace local;
+  Workspace& w = ws ? *ws : local;
   ComputeWeights cw(params, compute);
   ForwardState st;
-  run_forward(st, params, *cw.w, batch);
+  run_forward(st, params, *cw.w, batch, w);
   const ModelConfig& cfg = params.config();
   double loss = head_forward(st.boundary(cfg.num_layers), st.tok.targets.data(),
                              cw.w->tensor(SlabKind::head, 0, "norm.weight").ptr<float>(),
@@ -76,37 +78,39 @@ LossResult model_forward(const ModelSlabs& params, const Batch& batch, ComputeTy
 }
 
 LossResult model_forward_backward(ModelSlabs& grads, const ModelSlabs& params, const Batch& batch,
-                                  ComputeType compute) {
+                                  ComputeType compute, Workspace* ws) {
+  Workspace local;
+  Workspace& w = ws ? *ws : local;
   const ModelConfig& cfg = params.config();
   LT_CHECK(grads.num_layers() == cfg.num_layers && grads.matrix_dtype() == DType::f32,
            "gradient slabs must be f32 slabs of the same model");
   ComputeWeights cw(params, compute);
   ForwardState st;
-  run_forward(st, params, *cw.w, batch);
+  run_forward(st, params, *cw.w, batch, w);
   LT_CHECK(st.tok.count > 0,
            "the batch has no counted token: every label after the first position of each row is -100");
 
   const int64_t L = cfg.num_layers, N = batch.N(), C = cfg.hidden_size;
-  AlignedBuffer<float> dx(size_t(N * C), 64), dx_prev(size_t(N * C), 64);
+  float* dx = w.get<float>("dx", size_t(N * C));
+  float* dx_prev = w.get<float>("dx_prev", size_t(N * C));
   TensorView dlm = grads.lm_head();
-  double loss = head_forward_backward(dx.data(), grads.tensor(SlabKind::head, 0, "norm.weight").ptr<float>(),
+  double loss = head_forward_backward(dx, grads.tensor(SlabKind::head, 0, "norm.weight").ptr<float>(),
                                       dlm.ptr<float>(), st.boundary(L), st.tok.targets.data(),
                                       cw.w->tensor(SlabKind::head, 0, "norm.weight").ptr<float>(),
                                       weight_ref(cw.w->lm_head()), float(1.0 / double(st.tok.count)),
                                       head_shape(cfg, N));
 
-  AlignedBuffer<float> scratch_buf(BlockScratch::floats(st.shape), 64);
-  BlockScratch scratch = BlockScratch::bind(scratch_buf.data(), st.shape);
+  BlockScratch scratch = BlockScratch::bind(w.get<float>("scratch", BlockScratch::floats(st.shape)), st.shape);
   const SlabLayout& layout = cw.w->layout(SlabKind::layer);
   const SlabLayout& glayout = grads.layout(SlabKind::layer);
   for (int64_t l = L - 1; l >= 0; --l) {
     BlockView w = BlockView::bind(layout, cw.w->layer(l));
     BlockGrads g = BlockGrads::bind(glayout, grads.layer(l));
-    block_backward(dx_prev.data(), g, scratch, dx.data(), st.boundary(l), st.layer_acts[size_t(l)], w, st.info,
+    block_backward(dx_prev, g, scratch, dx, st.boundary(l), st.layer_acts[size_t(l)], w, st.info,
                    st.shape);
     std::swap(dx, dx_prev);
   }
-  embedding_backward(grads.tensor(SlabKind::embedding, 0, "embed_tokens.weight").ptr<float>(), dx.data(),
+  embedding_backward(grads.tensor(SlabKind::embedding, 0, "embed_tokens.weight").ptr<float>(), dx,
                      batch.input_ids.data(), N, C, cfg.vocab_size);
   return LossResult{loss, st.tok.count};
 }

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "core/aligned.h"
 #include "model/batch.h"
 #include "model/weights.h"
 #include "ops/linear.h"
@@ -16,12 +17,13 @@ struct LossResult {
   double loss() const { return tokens ? loss_sum / double(tokens) : 0.0; }
 };
 
-// Loss only (evaluation).
-LossResult model_forward(const ModelSlabs& params, const Batch& batch, ComputeType compute);
+// Loss only (evaluation). `ws` (optional) keeps the activation buffers across calls.
+LossResult model_forward(const ModelSlabs& params, const Batch& batch, ComputeType compute,
+                         Workspace* ws = nullptr);
 
 // Loss and every parameter gradient, accumulated (+=) into `grads` (f32 slabs of the same config).
 // The gradient is of the mean loss over the batch's counted tokens. Errors if no token is counted.
 LossResult model_forward_backward(ModelSlabs& grads, const ModelSlabs& params, const Batch& batch,
-                                  ComputeType compute);
+                                  ComputeType compute, Workspace* ws = nullptr);
 
 }  // namespace lt

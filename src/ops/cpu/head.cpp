@@ -273,8 +273,8 @@ double head_run(float* dx, float* dnorm_w, float* dlm_w, const float* x, const i
   const bf16_t* Wb = bf16 ? static_cast<const bf16_t*>(lm_w.data) : nullptr;  // [V, C]
   const RowKernels kernels = row_kernels();
 
-  AlignedBuffer<float> logits{size_t(nc * V)};          // [nc, V]; dlogits in place
-  AlignedBuffer<float> xn{size_t(nc * C)};              // [nc, C]
+  AlignedBuffer<float> logits{size_t(nc * V), kPageAlign, Fill::none};          // [nc, V]; dlogits in place
+  AlignedBuffer<float> xn{size_t(nc * C), kPageAlign, Fill::none};              // [nc, C]
   AlignedBuffer<bf16_t> xb{bf16 ? size_t(nc * C) : 0};  // [nc, C]
   AlignedBuffer<float> rstd{size_t(nc)};                // [nc]
   AlignedBuffer<double> row_loss{size_t(nc)};           // [nc]

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The streaming executor on the emulated CPU device (issue 4's performance checks), all in one run:
+#   overhead  unlimited link: keep-all and every:1 against the in-memory path (every:1's recompute
+#             time, measured from its trace, is taken out: that cost is the policy's, not the executor's)
+#   overlap   link bandwidth set so each direction's transfer time is close to the compute time: step
+#             time against max(compute, h2d time, d2h time)
+#   peer      tokens/s of the same ~26M-parameter model (T=256) in PyTorch, f32 forward+backward
+# Usage: bench/run_exec.sh [BUILD_DIR] [STEPS]
+set -euo pipefail
+build=${1:-build}
+steps=${2:-3}
+lt="$build/lazytrain"
+work=runs/bench
+model=$work/model-26m
+batch=$work/batch-8x256.json
+mkdir -p "$work"
+[ -f "$model/config.json" ] || "$lt" init --config examples/bench-25m/config.json --out "$model" --seed 1 >/dev/null
+[ -f "$batch" ] || /usr/bin/python3 -c "
+import json, random
+random.seed(1)
+rows = [[random.randrange(8192) for _ in range(256)] for _ in range(8)]
+json.dump({'input_ids': rows, 'labels': rows}, open('$batch', 'w'))"
+run() { "$lt" bench step --model "$model" --batch "$batch" --steps "$steps" --device-memory 8GiB --json "$@"; }
+mem=$(run --policy in-memory)
+keep=$(run --policy keep-all)
+e1=$(run --policy every:1)
+# Bandwidth so that the heavier direction's transfer time equals the keep-all compute time.
+gbps=$(/usr/bin/python3 -c "
+import json; k = json.loads('''$keep''')
+print(max(k['h2d_bytes'], k['d2h_bytes']) / k['compute_s'] / 1e9)")
+keep_l=$(run --policy keep-all --link-gbps "$gbps")
+e1_l=$(run --policy every:1 --link-gbps "$gbps")
+e4_l=$(run --policy every:4 --link-gbps "$gbps")
+torch=$(/usr/bin/python3 bench/torch_train_step.py "$model" "$batch" "$steps" "$(nproc)")
+printf '%s\n' "$mem" "$keep" "$e1" "$keep_l" "$e1_l" "$e4_l" "$torch"
+/usr/bin/python3 - "$mem" "$keep" "$e1" "$keep_l" "$e1_l" "$e4_l" "$torch" "$gbps" <<'PY'
+import json, sys
+mem, keep, e1, keep_l, e1_l, e4_l, torch = (json.loads(a) for a in sys.argv[1:8])
+gbps = float(sys.argv[8])
+cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+print(f"\nmachine: {cpu}; model ~26M parameters, B=8 T=256, f32")
+print("overhead (unlimited link):")
+print(f"  in-memory {mem['step_s']:.4f} s   keep-all {keep['step_s']:.4f} s "
+      f"({keep['step_s'] / mem['step_s'] - 1:+.1%}, target <= +5%)")
+base = mem['step_s'] + e1['recompute_s']
+print(f"  every:1 {e1['step_s']:.4f} s vs in-memory + its recompute ({e1['recompute_s']:.4f} s) = {base:.4f} s "
+      f"({e1['step_s'] / base - 1:+.1%}, target <= +10%)")
+print(f"overlap (link {gbps:.2f} GB/s per direction):")
+for name, r in (("keep-all", keep_l), ("every:1", e1_l), ("every:4", e4_l)):
+    bound = max(r['compute_s'], r['h2d_bytes'] / (gbps * 1e9), r['d2h_bytes'] / (gbps * 1e9))
+    print(f"  {name:8} step {r['step_s']:.4f} s, compute {r['compute_s']:.4f} s, h2d {r['h2d_bytes'] / 1e6:.1f} MB, "
+          f"d2h {r['d2h_bytes'] / 1e6:.1f} MB, exposed {r['exposed_s']:.4f} s: {r['step_s'] / bound:.2f} x max(compute, "
+          f"transfer) (target <= 1.15)")
+print(f"tokens/s: LazyTrain in-memory {mem['tokens_per_s']:.0f}, keep-all {keep['tokens_per_s']:.0f}, "
+      f"every:1 {e1['tokens_per_s']:.0f}; PyTorch {torch['tokens_per_s']:.0f} "
+      f"({keep['tokens_per_s'] / torch['tokens_per_s']:.2f}x)")
+PY

@@ -1,0 +1,130 @@
+// cli/cmd_bench_step.cpp — `lazytrain bench step`: time training steps of a plan on the device.
+//
+// Runs --steps steps (after one warm-up) of the streaming executor (or, with --policy in-memory, the
+// reference path) on one batch and prints one JSON line of the best step's measurements:
+//   step_s, compute_s, h2d_bytes, d2h_bytes, h2d_s, d2h_s, nvme_read_bytes, nvme_write_bytes,
+//   exposed_s, optimizer_s, peak_device_bytes, recompute_s, tokens_per_s.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <memory>
+#include <optional>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "cli/device_options.h"
+#include "core/error.h"
+#include "core/parallel.h"
+#include "core/timer.h"
+#include "model/model.h"
+
+namespace lt::cli {
+namespace {
+
+struct BenchStepOptions {
+  std::string model_dir, batch_path, dtype = "f32";
+  int steps = 3, threads = 0;
+  bool json = false;
+  DeviceOptions dev;
+};
+
+// Seconds the compute stream spent recomputing (forward work done again in the backward).
+double recompute_seconds(const TraceRecorder& trace) {
+  double s = 0;
+  for (const OpRecord& op : trace.ops())
+    if (op.lane == "compute" && op.waited_on.empty() && op.name.rfind("recompute", 0) == 0) s += op.end - op.start;
+  return s;
+}
+
+void run_bench_step(const BenchStepOptions& o) {
+  if (o.threads > 0) set_num_threads(o.threads);
+  LT_CHECK(o.steps >= 1, "--steps must be at least 1");
+  const ComputeType compute = o.dtype == "bf16" ? ComputeType::bf16 : ComputeType::f32;
+  LoadedModel m = load_hf_model(o.model_dir);
+  Batch batch = Batch::load(o.batch_path, m.config.vocab_size);
+  ModelSlabs grads(m.config, DType::f32);
+  std::optional<ModelSlabs> copy;
+  const ModelSlabs* weights = &m.params;
+  if (compute == ComputeType::bf16) {
+    copy.emplace(m.config, DType::bf16);
+    make_compute_copy(*copy, m.params);
+    weights = &*copy;
+  }
+  const std::string policy = o.dev.policy.empty() ? "in-memory" : o.dev.policy;
+  nlohmann::json best;
+  double best_s = 1e300;
+  // One device and one executor (or one workspace) for all steps, as in training: buffers and their
+  // pages are set up once.
+  Workspace ws;
+  std::unique_ptr<Device> device;
+  std::unique_ptr<StreamingExecutor> ex;
+  std::optional<Plan> plan;
+  if (policy != "in-memory") {
+    plan = Plan::parse(policy, m.config.num_layers);
+    device = o.dev.make_device();
+    ExecOptions eo;
+    eo.compute = compute;
+    eo.weight_buffers = o.dev.weight_buffers;
+    ex = std::make_unique<StreamingExecutor>(m.config, *device, eo);
+  }
+  for (int i = 0; i <= o.steps; ++i) {  // step 0 warms up (primitive creation, page faults)
+    grads.zero();
+    nlohmann::json line;
+    double step_s;
+    if (policy == "in-memory") {
+      Timer t;
+      LossResult r = model_forward_backward(grads, m.params, batch, compute, &ws);
+      step_s = t.seconds();
+      line = {{"loss", r.loss()}, {"step_s", step_s}, {"compute_s", step_s}, {"h2d_bytes", 0}, {"d2h_bytes", 0},
+              {"h2d_s", 0}, {"d2h_s", 0}, {"nvme_read_bytes", 0}, {"nvme_write_bytes", 0}, {"exposed_s", 0},
+              {"peak_device_bytes", 0}, {"recompute_s", 0}};
+    } else {
+      TraceRecorder trace;
+      StepStats st = ex->step(grads, m.params, *weights, batch, *plan, &trace);
+      step_s = st.step_s;
+      line = st.to_json();
+      line["recompute_s"] = recompute_seconds(trace);
+      if (i == o.steps && !o.dev.trace_path.empty()) trace.write_chrome_trace(o.dev.trace_path);
+    }
+    if (i > 0 && step_s < best_s) {
+      best_s = step_s;
+      best = line;
+    }
+  }
+  best["bench"] = "step";
+  best["policy"] = policy;
+  best["dtype"] = o.dtype;
+  best["steps"] = o.steps;
+  best["threads"] = num_threads();
+  best["tokens_per_s"] = double(batch.N()) / best_s;
+  best["optimizer_s"] = 0.0;  // the optimizer joins the step with the training loop
+  const LinkSpec link = o.dev.link();
+  best["h2d_gbps"] = link.h2d_gbps;
+  best["d2h_gbps"] = link.d2h_gbps;
+  if (o.json) {
+    std::printf("%s\n", best.dump().c_str());
+  } else {
+    std::printf("policy %s: step %.4f s, compute %.4f s, exposed %.4f s, h2d %.1f MB, d2h %.1f MB, peak device %.1f MiB, "
+                "%.0f tokens/s\n",
+                policy.c_str(), best_s, best["compute_s"].get<double>(), best["exposed_s"].get<double>(),
+                best["h2d_bytes"].get<double>() / 1e6, best["d2h_bytes"].get<double>() / 1e6,
+                best["peak_device_bytes"].get<double>() / 1048576.0, double(batch.N()) / best_s);
+  }
+}
+
+}  // namespace
+
+void add_bench_step(CLI::App& bench) {
+  auto o = std::make_shared<BenchStepOptions>();
+  auto* cmd = bench.add_subcommand("step", "time training steps of an activation policy on the device");
+  cmd->add_option("--model", o->model_dir, "Hugging Face model directory")->required();
+  cmd->add_option("--batch", o->batch_path, "batch JSON")->required();
+  cmd->add_option("--dtype", o->dtype, "compute dtype of the GEMMs")->check(CLI::IsMember({"f32", "bf16"}));
+  cmd->add_option("--steps", o->steps, "timed steps (best reported), after one warm-up");
+  cmd->add_option("--threads", o->threads, "CPU threads (default: all cores)")->check(CLI::PositiveNumber);
+  cmd->add_flag("--json", o->json, "one JSON line");
+  o->dev.add_to(*cmd);
+  cmd->callback([o]() { run_bench_step(*o); });
+}
+
+}  // namespace lt::cli
