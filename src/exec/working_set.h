@@ -34,8 +34,13 @@ struct WorkingSet {
   std::vector<DeviceBuffer> buffers;
   // Longest run of consecutive dropped boundaries a backward recompute must rebuild at once.
   int64_t recompute_depth = 0;
-  // Bytes the device hands out for all of them (each allocation rounded to the device's 256 B).
+  // Bytes the device hands out for all of them (each allocation rounded to the device's 256 B): the
+  // peak, max over window_bytes.
   size_t device_bytes() const;
+  // Device bytes alive in each window of the step: forward windows F0..F(L-1) (index 0..L-1), the head
+  // window (index L), backward windows B(L-1)..B0 (index L+1..2L). Today every buffer lives for the
+  // whole step, so every window holds the same total; lifetime-aware reuse will make them differ.
+  std::vector<size_t> window_bytes;
   // Host memory for activations (host tier) and staging; NVMe bytes for the nvme tier.
   size_t host_activation_bytes = 0;
   size_t nvme_bytes = 0;
