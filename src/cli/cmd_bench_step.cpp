@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "core/parallel.h"
 #include "core/timer.h"
+#include "io/nvme.h"
 #include "model/model.h"
 
 namespace lt::cli {
@@ -58,6 +59,7 @@ void run_bench_step(const BenchStepOptions& o) {
   Workspace ws;
   std::unique_ptr<Device> device;
   std::unique_ptr<StreamingExecutor> ex;
+  std::unique_ptr<NvmeStore> nvme;
   std::optional<Plan> plan;
   if (policy != "in-memory") {
     plan = Plan::parse(policy, m.config.num_layers);
@@ -65,7 +67,8 @@ void run_bench_step(const BenchStepOptions& o) {
     ExecOptions eo;
     eo.compute = compute;
     eo.weight_buffers = o.dev.weight_buffers;
-    ex = std::make_unique<StreamingExecutor>(m.config, *device, eo);
+    nvme = o.dev.open_nvme(plan_working_set(m.config, batch.B, batch.T, *plan, eo).nvme_bytes);
+    ex = std::make_unique<StreamingExecutor>(m.config, *device, eo, nvme.get());
   }
   for (int i = 0; i <= o.steps; ++i) {  // step 0 warms up (primitive creation, page faults)
     grads.zero();

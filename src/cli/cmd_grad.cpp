@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "core/parallel.h"
 #include "core/timer.h"
+#include "io/nvme.h"
 #include "model/model.h"
 
 namespace lt::cli {
@@ -48,7 +49,9 @@ void run_grad(const GradOptions& o) {
       make_compute_copy(*copy, m.params);
       weights = &*copy;
     }
-    StreamingExecutor ex(m.config, *device, eo);
+    std::unique_ptr<NvmeStore> nvme =
+        o.dev.open_nvme(plan_working_set(m.config, batch.B, batch.T, plan, eo).nvme_bytes);
+    StreamingExecutor ex(m.config, *device, eo, nvme.get());
     TraceRecorder trace;
     StepStats st = ex.step(grads, m.params, *weights, batch, plan, o.dev.trace_path.empty() ? nullptr : &trace);
     if (!o.dev.trace_path.empty()) trace.write_chrome_trace(o.dev.trace_path);

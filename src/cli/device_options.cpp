@@ -4,6 +4,10 @@
 
 #include "core/error.h"
 #include "core/units.h"
+#include "io/nvme.h"
+
+#include <algorithm>
+#include <cstdio>
 
 namespace lt::cli {
 
@@ -34,6 +38,19 @@ LinkSpec DeviceOptions::link() const {
 std::unique_ptr<Device> DeviceOptions::make_device() const {
   LT_CHECK(device == "cpu", "--device {}: only the emulated 'cpu' device is built", device);
   return make_cpu_device(parse_size(device_memory, "--device-memory"), link());
+}
+
+std::unique_ptr<NvmeStore> DeviceOptions::open_nvme(size_t bytes) const {
+  if (bytes == 0) return nullptr;
+  LT_CHECK(!nvme_dir.empty(), "policy '{}' puts {} of activations on NVMe: give a directory with --nvme-dir",
+           policy, format_bytes(double(bytes)));
+  NvmeOptions o;
+  o.dir = nvme_dir;
+  o.capacity_bytes = bytes + (size_t(64) << 20);  // + room for the start-up probe
+  std::unique_ptr<NvmeStore> store = NvmeStore::open(o);
+  NvmeProbe probe = store->probe(std::min<size_t>(size_t(64) << 20, o.capacity_bytes));
+  std::fprintf(stderr, "nvme: %s; probe: %s\n", store->describe().c_str(), probe.describe().c_str());
+  return store;
 }
 
 }  // namespace lt::cli

@@ -12,6 +12,10 @@ namespace CLI {
 class App;
 }
 
+namespace lt {
+class NvmeStore;
+}
+
 namespace lt::cli {
 
 struct DeviceOptions {
@@ -26,6 +30,9 @@ struct DeviceOptions {
   void add_to(CLI::App& cmd);
   LinkSpec link() const;
   std::unique_ptr<Device> make_device() const;
+  // The NVMe store for a plan that needs `bytes` of it (null when bytes == 0); refuses a plan that
+  // needs one without --nvme-dir. Logs the I/O path in use and its probed bandwidth to stderr.
+  std::unique_ptr<NvmeStore> open_nvme(size_t bytes) const;
 };
 
 }  // namespace lt::cli

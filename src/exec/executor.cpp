@@ -9,15 +9,18 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <future>
 #include <fmt/format.h>
 #include <map>
 #include <mutex>
+#include <optional>
 
 #include "core/aligned.h"
 #include "core/error.h"
 #include "core/parallel.h"
 #include "core/timer.h"
 #include "exec/host_worker.h"
+#include "io/nvme.h"
 #include "model/block.h"
 #include "ops/ops.h"
 
@@ -132,6 +135,14 @@ struct StreamingExecutor::Step {
   std::vector<SlotUse> ring_use;
   int next_ring = 0;
   std::vector<float*> host_act;  // [L] host-tier boundaries
+  // NVMe tier: a region of the store per nvme-tier boundary; host staging slots for writes and reads.
+  HostWorker* nvme_lane = nullptr;
+  std::vector<uint64_t> nvme_offset;  // [L]
+  std::vector<bool> nvme_region;      // [L] a region was allocated (freed at the end of the step)
+  std::vector<uint8_t*> nvme_wstage, nvme_rstage;
+  HostSlots nvme_wslots{2}, nvme_rslots{2};
+  int next_nvme_w = 0, next_nvme_r = 0;
+  size_t xbytes_io = 0;  // xbytes rounded up to the NVMe alignment
   std::vector<Event*> offloaded;  // [L] the d2h copy that filled host_act[i]; fetches wait for it
   float *x0_host = nullptr, *dx0_host = nullptr;
 
@@ -159,11 +170,16 @@ struct StreamingExecutor::Step {
       dev.synchronize();
     } catch (...) {  // the step already failed; the first error is what the caller sees
     }
-    try {
-      host.drain();
-    } catch (...) {
+    for (HostWorker* w : {&host, nvme_lane}) {
+      if (!w) continue;
+      try {
+        w->drain();
+      } catch (...) {
+      }
     }
     for (void* p : allocations) dev.free(p);
+    for (size_t i = 0; i < nvme_region.size(); ++i)
+      if (nvme_region[i]) ex.nvme_->free(nvme_offset[i]);
   }
 
   // --- small helpers -------------------------------------------------------------------------------
@@ -253,6 +269,20 @@ struct StreamingExecutor::Step {
     for (int64_t i = 1; i < L; ++i)
       if (plan.boundary[size_t(i)] == Tier::host)
         host_act[size_t(i)] = ex.host_ws_.get<float>(fmt::format("boundary {}", i), size_t(N * C));
+    nvme_offset.assign(size_t(L), 0);
+    nvme_region.assign(size_t(L), false);
+    if (plan.uses(Tier::nvme)) {
+      xbytes_io = align_up(xbytes, kPageAlign);
+      for (int64_t i = 1; i < L; ++i)
+        if (plan.boundary[size_t(i)] == Tier::nvme) {
+          nvme_offset[size_t(i)] = ex.nvme_->alloc(xbytes_io, fmt::format("boundary {}", i));
+          nvme_region[size_t(i)] = true;
+        }
+      for (int k = 0; k < 2; ++k) {
+        nvme_wstage.push_back(ex.host_ws_.get(fmt::format("nvme write staging {}", k), xbytes_io));
+        nvme_rstage.push_back(ex.host_ws_.get(fmt::format("nvme read staging {}", k), xbytes_io));
+      }
+    }
     // The memory model and the allocations must agree exactly: the planner trusts the former.
     LT_CHECK_EQ(allocated_bytes, need, "executor allocations differ from plan_working_set()");
   }
@@ -347,6 +377,7 @@ struct StreamingExecutor::Step {
         block_forward(x_out, a, x_in, w, ti, sh);
       }, fmt::format("fwd L{}", l), l);
       used_by_compute(out, done);
+      if (l + 1 < L && t == Tier::nvme) offload_to_nvme(l + 1, out, done);
       if (l + 1 < L && t == Tier::host) {
         wait(kD2H, done);
         dev.copy_d2h(host_act[size_t(l + 1)], out.ptr, xbytes, kD2H, fmt::format("d2h x{}", l + 1), int(l + 1));
@@ -356,6 +387,60 @@ struct StreamingExecutor::Step {
       out.ready = nullptr;
       in = out;
     }
+  }
+
+  // --- NVMe tier -----------------------------------------------------------------------------------
+  // Forward: d2h into a host staging slot, then the nvme lane writes it to the boundary's region and
+  // frees the slot. The write job is queued on the lane now, from the issuing thread, so every later
+  // read of the region (queued later on the same in-order lane) comes after it; the job itself waits
+  // until the d2h copy has landed.
+  void offload_to_nvme(int64_t i, const Boundary& out, Event* produced) {
+    const int k = next_nvme_w;
+    next_nvme_w = (next_nvme_w + 1) % int(nvme_wstage.size());
+    auto copied = std::make_shared<std::promise<void>>();
+    std::shared_future<void> landed = copied->get_future().share();
+    nvme_lane->submit([this, k, i, landed] {
+      struct Release {  // the slot frees even when the write fails, so the d2h stream never waits forever
+        HostSlots& slots;
+        int k;
+        ~Release() { slots.release(k); }
+      } release{nvme_wslots, k};
+      landed.get();
+      NvmeStore& store = *ex.nvme_;
+      store.wait(store.write(nvme_offset[size_t(i)], nvme_wstage[size_t(k)], xbytes_io));
+    }, fmt::format("write x{}", i), int(i), xbytes_io);
+    wait(kD2H, produced);
+    dev.host_callback(kD2H, [this, k] { nvme_wslots.acquire(k); }, "wait nvme staging");
+    dev.copy_d2h(nvme_wstage[size_t(k)], out.ptr, xbytes, kD2H, fmt::format("d2h x{} (nvme)", i), int(i));
+    ring_use[size_t(out.ring)].copy = record(kD2H);
+    dev.host_callback(kD2H, [copied] { copied->set_value(); }, "hand off to nvme");
+  }
+
+  // Backward: the nvme lane reads the region into a staging slot (started as soon as the lane is free,
+  // i.e. well ahead of use); the h2d stream waits for the read, copies, and frees the slot.
+  Boundary fetch_from_nvme(int64_t i) {
+    const int k = next_nvme_r;
+    next_nvme_r = (next_nvme_r + 1) % int(nvme_rstage.size());
+    auto done = std::make_shared<std::promise<void>>();
+    std::shared_future<void> landed = done->get_future().share();
+    nvme_lane->submit([this, k, i, done] {
+      try {
+        nvme_rslots.acquire(k);
+        NvmeStore& store = *ex.nvme_;
+        store.wait(store.read(nvme_offset[size_t(i)], nvme_rstage[size_t(k)], xbytes_io));
+        done->set_value();
+      } catch (...) {
+        done->set_exception(std::current_exception());
+        throw;
+      }
+    }, fmt::format("read x{}", i), int(i), xbytes_io);
+    int r = take_ring(kH2D);
+    dev.host_callback(kH2D, [landed] { landed.get(); }, fmt::format("wait nvme read x{}", i));
+    dev.copy_h2d(ring[size_t(r)], nvme_rstage[size_t(k)], xbytes, kH2D, fmt::format("h2d x{} (nvme)", i), int(i));
+    Event* ready = record(kH2D);
+    dev.host_callback(kH2D, [this, k] { nvme_rslots.release(k); }, "free nvme staging");
+    ring_use[size_t(r)].copy = ready;
+    return Boundary{ring[size_t(r)], ready, r};
   }
 
   // --- head ----------------------------------------------------------------------------------------
@@ -434,7 +519,8 @@ struct StreamingExecutor::Step {
       ring_use[size_t(r)].copy = ready;
       return Boundary{ring[size_t(r)], ready, r};
     }
-    LT_CHECK(t == Tier::drop, "boundary {}: tier {} is not supported by this executor yet", i, tier_name(t));
+    if (t == Tier::nvme) return fetch_from_nvme(i);
+    LT_CHECK(t == Tier::drop, "boundary {}: unknown tier", i);
     recompute_segment(i);
     return Boundary{cached.at(i), nullptr, -1};
   }
@@ -535,7 +621,6 @@ StepStats StreamingExecutor::step(ModelSlabs& grads, const ModelSlabs& params, c
   plan.validate(cfg_.num_layers);
   LT_CHECK(!plan.uses(Tier::nvme) || nvme_ != nullptr,
            "plan '{}' offloads to NVMe but no NVMe directory was given (--nvme-dir)", plan.name);
-  LT_CHECK(!plan.uses(Tier::nvme), "plan '{}': the nvme tier is not wired into the executor yet", plan.name);
   const DType want = options_.compute == ComputeType::bf16 ? DType::bf16 : DType::f32;
   LT_CHECK(weights.matrix_dtype() == want, "the streamed weights are {} but the compute type needs {}",
            dtype_name(weights.matrix_dtype()), dtype_name(want));
@@ -544,11 +629,17 @@ StepStats StreamingExecutor::step(ModelSlabs& grads, const ModelSlabs& params, c
   TeeSink tee(&recorder, trace);
   HostWorker host("host", &device_);
   host.set_sink(&tee);
+  std::optional<HostWorker> nvme_lane;
+  if (plan.uses(Tier::nvme)) {
+    nvme_lane.emplace("nvme", &device_);
+    nvme_lane->set_sink(&tee);
+  }
   device_.set_sink(&tee);
   StepStats stats;
   Timer timer;
   {
     Step st(*this, host, grads, params, weights, batch, plan);
+    st.nvme_lane = nvme_lane ? &*nvme_lane : nullptr;
     st.ws = plan_working_set(cfg_, batch.B, batch.T, plan, options_);
     LT_CHECK(st.tok.count > 0, "the batch has no counted token: every label after the first position of each row is -100");
     device_.reset_peak();
@@ -559,6 +650,7 @@ StepStats StreamingExecutor::step(ModelSlabs& grads, const ModelSlabs& params, c
     st.backward();
     device_.synchronize();
     host.drain();
+    if (nvme_lane) nvme_lane->drain();
     stats.loss_sum = st.loss;
     stats.tokens = st.tok.count;
     stats.predicted_device_bytes = st.ws.device_bytes();

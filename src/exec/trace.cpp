@@ -44,9 +44,11 @@ StepSummary TraceRecorder::summarize() const {
       else s.exposed_other_s += d;
       continue;
     }
+    // On the copy lanes only copies (bytes > 0) are link time; host callbacks there (waiting for a
+    // staging slot or an NVMe read) are not.
     if (op.lane == "compute") s.compute_s += d;
-    else if (op.lane == "h2d") { s.h2d_s += d; s.h2d_bytes += op.bytes; }
-    else if (op.lane == "d2h") { s.d2h_s += d; s.d2h_bytes += op.bytes; }
+    else if (op.lane == "h2d" && op.bytes > 0) { s.h2d_s += d; s.h2d_bytes += op.bytes; }
+    else if (op.lane == "d2h" && op.bytes > 0) { s.d2h_s += d; s.d2h_bytes += op.bytes; }
     else if (op.lane == "nvme") {
       s.nvme_s += d;
       if (op.name.rfind("read", 0) == 0) s.nvme_read_bytes += op.bytes;

@@ -59,7 +59,8 @@ WorkingSet plan_working_set(const ModelConfig& cfg, int64_t B, int64_t T, const 
   add("recompute cache", boundary, int(ws.recompute_depth));
 
   ws.window_bytes.assign(size_t(2 * L + 1), ws.device_bytes());
-  for (int64_t i = 0; i < L; ++i) {
+  // Boundary 0 never needs a copy: the embedding output stays on the host all step.
+  for (int64_t i = 1; i < L; ++i) {
     if (plan.boundary[size_t(i)] == Tier::host) ws.host_activation_bytes += boundary;
     if (plan.boundary[size_t(i)] == Tier::nvme) ws.nvme_bytes += align_up(boundary, kPageAlign);
   }

@@ -6,6 +6,7 @@
 #include "core/rng.h"
 #include "device/device.h"
 #include "exec/executor.h"
+#include "io/nvme.h"
 #include "model/model.h"
 #include "ops/head.h"
 #include "testing/grad_check.h"
@@ -70,8 +71,8 @@ Plan random_plan(int64_t L, Rng& rng) {
   Plan p;
   p.name = "random";
   for (int64_t i = 0; i <= L; ++i) {
-    const Tier tiers[] = {Tier::device, Tier::host, Tier::drop};
-    p.boundary.push_back(tiers[rng.below(3)]);
+    const Tier tiers[] = {Tier::device, Tier::host, Tier::nvme, Tier::drop};
+    p.boundary.push_back(tiers[rng.below(4)]);
   }
   p.boundary[size_t(L)] = Tier::device;
   for (int64_t l = 0; l < L; ++l) p.keep_internals.push_back(p.stored(l) && rng.below(3) == 0);
@@ -97,7 +98,14 @@ void check_plan(const ModelConfig& cfg, const ModelSlabs& params, const ModelSla
   const size_t predicted = predict_peak_device_bytes(cfg, batch.B, batch.T, plan, o);
   const size_t budget = size_t(double(predicted) * budget_slack) + 4096;
   auto dev = make_cpu_device(budget, link);
-  StreamingExecutor ex(cfg, *dev, o);
+  std::unique_ptr<NvmeStore> nvme;
+  if (plan.uses(Tier::nvme)) {
+    NvmeOptions no;
+    no.dir = ::testing::TempDir();
+    no.capacity_bytes = plan_working_set(cfg, batch.B, batch.T, plan, o).nvme_bytes + 4096;
+    nvme = NvmeStore::open(no);
+  }
+  StreamingExecutor ex(cfg, *dev, o, nvme.get());
   ModelSlabs grads(cfg);
   StepStats st = ex.step(grads, params, weights, batch, plan);
   EXPECT_EQ(st.loss_sum, ref.loss.loss_sum) << what;
@@ -124,7 +132,8 @@ TEST(Executor, EveryPolicyMatchesInMemoryPathBitwise) {
     ref.loss = model_forward_backward(ref.grads, params, batch, ct);
     const int64_t L = cfg.num_layers;
     std::vector<Plan> plans = {Plan::keep_all(L), Plan::every(L, 1), Plan::every(L, 2), Plan::every(L, 4),
-                               Plan::every(L, 3, Tier::host), random_plan(L, rng), random_plan(L, rng)};
+                               Plan::every(L, 3, Tier::host), Plan::every(L, 2, Tier::nvme), random_plan(L, rng),
+                               random_plan(L, rng)};
     for (const Plan& plan : plans) {
       std::string what = "seed " + std::to_string(seed) + " plan " + plan.to_json().dump();
       // A budget that just fits, and a generous one; a slow link on some cases so transfers and
