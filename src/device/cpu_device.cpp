@@ -16,22 +16,31 @@
 //   thread that launched it (libgomp gives a new thread the default count, not what lt::set_num_threads set).
 //   Device calls that block the host (synchronize) are refused from a stream thread, since that can deadlock.
 //
-// Copies and the link. A copy is a memcpy between the host buffer and the arena. With a bandwidth set it
-//   then waits until start + latency + bytes / bandwidth (sleep, then spin the last ~0.2 ms, so durations are
-//   accurate to a few µs on an idle machine). Each direction is one link: copies in the same direction on
-//   different streams share it (the second starts its transfer when the first ends); h2d and d2h overlap
-//   freely (the full-duplex slowdown of real PCIe is not modelled). Bandwidth 0 = a plain memcpy, plus the
-//   latency if any.
+// Copies and the link: an emulated timeline. A copy is eligible once it is queued and its stream's earlier
+//   work is done (emulated); its transfer begins at max(eligible, the link free) and ends at
+//   max(begin + bytes / bandwidth, the real memcpy's end), plus the latency. The memcpy itself runs as soon
+//   as the stream thread reaches the copy (possibly well before the emulated end). Each direction is one
+//   link: copies in the same direction on different streams take turns; h2d and d2h overlap freely (the
+//   full-duplex slowdown of real PCIe is not modelled). Bandwidth 0 = unlimited: the memcpy's time, plus
+//   the latency if any. Every consumer respects the emulated end: a later op on the stream starts after
+//   it, an event recorded after it completes at it (query() is false before), and synchronize(event) /
+//   synchronize() return after it. So nothing can observe a copy early, and, like a DMA engine, the timing
+//   does not depend on when a copy thread happens to be scheduled: on a loaded machine (OpenMP compute on
+//   every core, exactly when the executor hides transfers) a copy thread that slept through its delay
+//   would wake milliseconds late and fake exposed transfer time. Whoever must wait for a future time (a
+//   launch, the host) sleeps to ~0.2 ms before it and spins the rest: accurate to a few µs when idle.
 //
-// Events. Each record() makes a fresh marker, queued on the stream; the event points at its latest marker,
-//   so re-recording moves the event and a wait() captures the record current when wait() is called (CUDA's
+// Events. Each record() makes a fresh marker, queued on the stream; when the stream reaches it, it takes the
+//   time the stream's earlier work completes (see above). The event points at its latest marker, so
+//   re-recording moves the event and a wait() captures the record current when wait() is called (CUDA's
 //   rule). A never-recorded event is complete. wait() on a marker already complete enqueues nothing.
 //
-// Wait records. When a stream reaches a wait whose event is not yet complete it blocks, and the sink gets an
-//   OpRecord {name "wait <lane>", lane = the waiting stream, waited_on = the lane that recorded the event,
-//   layer = the layer of the last copy/launch enqueued on that lane before the record}. Only waits that
-//   found the event incomplete are reported (however short); a wait that did not block emits nothing. The
-//   executor sums these to get exposed transfer time.
+// Wait records. When a stream reaches a wait whose event is not yet complete, it is blocked from the time it
+//   got there (the wait queued and its earlier work done, emulated) until the event's completion time, and
+//   the sink gets an OpRecord {name "wait <lane>", lane = the waiting stream, waited_on = the lane that
+//   recorded the event, layer = the layer of the last copy/launch enqueued on that lane before the record}
+//   covering exactly that interval. Only waits that blocked are reported (however briefly); a wait on a
+//   complete event emits nothing. The executor sums these to get exposed transfer time.
 //
 // Errors. An exception from a launched function, a callback or the sink is caught and kept (the first one
 //   wins), wrapped as an lt::Error that names the operation and stream. From then on every stream skips its
@@ -40,13 +49,14 @@
 //   drain the work queued before the call, then clears the error, so the device is usable again after it.
 //
 // Destruction cancels: queued work that has not started is dropped (markers still complete, so events read
-//   complete); a running launch or callback finishes; an emulated copy's remaining delay is cut short. Then
-//   the threads are joined. Destroy the device only after synchronize() if the queued work matters.
+//   complete); a running launch or callback finishes; pending emulated delays are cut short. Then the
+//   threads are joined. Destroy the device only after synchronize() if the queued work matters.
 //
-// Observability. Each completed copy, launch, callback and blocking wait goes to the sink with start/end on
-//   now() (steady clock seconds since the device was created). Sink calls are serialised by a mutex, and
-//   set_sink() returns only once no call into the old sink is in flight, so a sink may be destroyed after
-//   set_sink(nullptr).
+// Observability. Each copy, launch, callback and blocking wait goes to the sink with start/end on now()
+//   (steady clock seconds since the device was created). A copy or wait is reported when its stream has
+//   processed it, so its (emulated) end may still lie a little in the future when the sink sees it. Sink
+//   calls are serialised by a mutex, and set_sink() returns only once no call into the old sink is in
+//   flight, so a sink may be destroyed after set_sink(nullptr).
 #include <pthread.h>
 #include <sys/mman.h>
 
@@ -77,22 +87,29 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// The last stretch of an emulated copy's delay is spun, not slept: Linux sleeps overshoot by 50-100 µs.
+// Waits for a future time sleep until this long before it, then spin: Linux sleeps overshoot by 50-100 µs.
 constexpr double kSpinSeconds = 200e-6;
 
-// One record() of an event: complete once its stream reaches it.
+double seconds_since(Clock::time_point epoch) {
+  return std::chrono::duration<double>(Clock::now() - epoch).count();
+}
+
+// One record() of an event.
 struct Marker {
-  std::atomic<bool> done{false};
+  std::atomic<bool> reached{false};  // its stream has processed it: the work before it has really run
+  double done_at = 0;                // and completes (emulated) at this device time; written before `reached`
   StreamKind lane = StreamKind::compute;
   int layer = -1;
+  bool complete(double now) const { return reached.load(std::memory_order_acquire) && now >= done_at; }
 };
 
 class CpuEvent final : public Event {
  public:
-  explicit CpuEvent(const void* owner) : owner_(owner) {}
+  CpuEvent(const void* owner, Clock::time_point epoch, std::shared_ptr<const std::atomic<bool>> device_gone)
+      : owner_(owner), epoch_(epoch), device_gone_(std::move(device_gone)) {}
   bool query() const override {
     std::shared_ptr<Marker> m = latest();
-    return !m || m->done.load(std::memory_order_acquire);
+    return !m || device_gone_->load(std::memory_order_acquire) || m->complete(seconds_since(epoch_));
   }
   std::shared_ptr<Marker> latest() const {
     std::lock_guard<std::mutex> lock(mu_);
@@ -106,6 +123,8 @@ class CpuEvent final : public Event {
 
  private:
   const void* owner_;  // the device that created it
+  Clock::time_point epoch_;  // its clock (a copy: the event may outlive the device)
+  std::shared_ptr<const std::atomic<bool>> device_gone_;  // set when the device is destroyed: all complete
   mutable std::mutex mu_;
   std::shared_ptr<Marker> latest_;  // held by the queued op too, so the event may die before it runs
 };
@@ -121,7 +140,8 @@ struct Op {
   size_t bytes = 0;
   std::function<void()> fn;
   std::shared_ptr<Marker> marker;
-  int omp_threads = 0;  // of the launching host thread
+  int omp_threads = 0;     // of the launching host thread
+  double enqueued_at = 0;  // device time of the call that queued it
 };
 
 struct Stream {
@@ -132,6 +152,8 @@ struct Stream {
   std::deque<Op> queue;
   uint64_t submitted = 0, completed = 0;
   int last_layer = -1;  // of the last copy/launch enqueued, for the layer of wait records
+  double ready_at = 0;  // when the ops processed so far complete (emulated); the stream thread's own
+  double published_ready_at = 0;  // ready_at as of `completed`, under mu, for synchronize()
   std::thread thread;
 };
 
@@ -171,6 +193,7 @@ class CpuDevice final : public Device {
 
   ~CpuDevice() override {
     shutdown();
+    gone_->store(true, std::memory_order_release);
     ::munmap(map_base_, map_bytes_);
   }
 
@@ -212,7 +235,7 @@ class CpuDevice final : public Device {
     enqueue(stream, std::move(op));
   }
 
-  std::unique_ptr<Event> create_event() override { return std::make_unique<CpuEvent>(this); }
+  std::unique_ptr<Event> create_event() override { return std::make_unique<CpuEvent>(this, epoch_, gone_); }
 
   void record(Event& event, StreamKind stream) override {
     CpuEvent& e = own(event, "record");
@@ -231,7 +254,7 @@ class CpuDevice final : public Device {
   void wait(StreamKind stream, Event& event) override {
     std::shared_ptr<Marker> m = own(event, "wait").latest();
     Stream& s = stream_of(stream);
-    if (!m || m->done.load(std::memory_order_acquire)) return;  // complete already: nothing to wait for
+    if (!m || m->complete(now())) return;  // complete already: nothing to wait for
     Op op;
     op.kind = OpKind::wait;
     op.marker = std::move(m);
@@ -243,9 +266,12 @@ class CpuDevice final : public Device {
     LT_CHECK(t_stream_owner != this, "synchronize(event) called from a stream thread (a launch or callback); "
                                      "that can deadlock: order the work with record/wait instead");
     std::shared_ptr<Marker> m = own(event, "synchronize").latest();
-    if (m && !m->done.load(std::memory_order_acquire)) {
-      std::unique_lock<std::mutex> lock(ev_mu_);
-      ev_cv_.wait(lock, [&] { return m->done.load(std::memory_order_acquire); });
+    if (m) {
+      if (!m->reached.load(std::memory_order_acquire)) {
+        std::unique_lock<std::mutex> lock(ev_mu_);
+        ev_cv_.wait(lock, [&] { return m->reached.load(std::memory_order_acquire); });
+      }
+      wait_until(m->done_at);
     }
     std::lock_guard<std::mutex> lock(err_mu_);
     if (error_) std::rethrow_exception(error_);
@@ -259,11 +285,14 @@ class CpuDevice final : public Device {
       std::lock_guard<std::mutex> lock(streams_[i].mu);
       target[i] = streams_[i].submitted;
     }
+    double done_at = 0;
     for (int i = 0; i < kNumStreams; ++i) {
       Stream& s = streams_[i];
       std::unique_lock<std::mutex> lock(s.mu);
       s.idle_cv.wait(lock, [&] { return s.completed >= target[i]; });
+      done_at = std::max(done_at, s.published_ready_at);
     }
+    wait_until(done_at);
     std::exception_ptr error;
     {
       std::lock_guard<std::mutex> lock(err_mu_);
@@ -278,7 +307,7 @@ class CpuDevice final : public Device {
     sink_.store(sink, std::memory_order_release);
   }
 
-  double now() const override { return std::chrono::duration<double>(Clock::now() - epoch_).count(); }
+  double now() const override { return seconds_since(epoch_); }
 
  private:
   Stream& stream_of(StreamKind k) {
@@ -311,6 +340,7 @@ class CpuDevice final : public Device {
   }
 
   void push_locked(Stream& s, Op op) {
+    op.enqueued_at = now();
     s.queue.push_back(std::move(op));
     ++s.submitted;
     s.work_cv.notify_one();
@@ -334,6 +364,7 @@ class CpuDevice final : public Device {
       {
         std::lock_guard<std::mutex> lock(s.mu);
         ++s.completed;
+        s.published_ready_at = s.ready_at;
       }
       s.idle_cv.notify_all();
     }
@@ -345,9 +376,11 @@ class CpuDevice final : public Device {
 
   void execute(Stream& s, Op& op) {
     if (op.kind == OpKind::record) {
+      Marker& m = *op.marker;
+      m.done_at = stopping_.load(std::memory_order_acquire) ? 0 : s.ready_at;
       {
         std::lock_guard<std::mutex> lock(ev_mu_);
-        op.marker->done.store(true, std::memory_order_release);
+        m.reached.store(true, std::memory_order_release);
       }
       ev_cv_.notify_all();
       return;
@@ -367,41 +400,53 @@ class CpuDevice final : public Device {
     }
   }
 
+  // The transfer starts when it is eligible (queued, and the stream's earlier work done), not when this
+  // thread got to it, as a DMA engine would; only a memcpy slower than the link pushes the end later.
   void run_copy(Stream& s, const Op& op) {
-    Link& link = links_[op.kind == OpKind::copy_h2d ? 0 : 1];
-    double start = now();
-    double done_at = start + link_spec_.latency_s;
-    if (link.gbps > 0) {
-      std::lock_guard<std::mutex> lock(link.mu);
-      double begin = std::max(start, link.free_at);
-      link.free_at = begin + double(op.bytes) / (link.gbps * 1e9);
-      done_at = link.free_at + link_spec_.latency_s;
-    }
+    double eligible = std::max(op.enqueued_at, s.ready_at);
     if (op.bytes > 0) std::memcpy(op.dst, op.src, op.bytes);
-    wait_until(done_at);
-    report(s, op, start, now(), "");
+    double copied = now();
+    Link& link = links_[op.kind == OpKind::copy_h2d ? 0 : 1];
+    double wire = link.gbps > 0 ? double(op.bytes) / (link.gbps * 1e9) : 0;
+    double begin, end;
+    {
+      std::lock_guard<std::mutex> lock(link.mu);
+      begin = std::max(eligible, link.free_at);
+      end = std::max(begin + wire, copied);
+      link.free_at = end;
+    }
+    s.ready_at = end + link_spec_.latency_s;
+    report(s, op, begin, s.ready_at, "");
   }
 
   void run_function(Stream& s, const Op& op) {
+    wait_until(s.ready_at);  // earlier copies on this stream have landed (emulated)
+    if (stopping_.load(std::memory_order_acquire)) return;
     if (op.omp_threads > 0 && num_threads() != op.omp_threads) set_num_threads(op.omp_threads);
     double start = now();
     op.fn();
-    report(s, op, start, now(), "");
+    s.ready_at = now();
+    report(s, op, start, s.ready_at, "");
   }
 
+  // The stream is blocked from when it got there (the wait queued, its earlier work done) until the event's
+  // completion time. The recording stream stamps that time when it reaches the record; until then this
+  // thread really blocks.
   void run_wait(Stream& s, const Op& op) {
     Marker& m = *op.marker;
-    if (m.done.load(std::memory_order_acquire)) return;
-    double start = now();
-    {
+    double arrived = std::max(op.enqueued_at, s.ready_at);
+    if (!m.reached.load(std::memory_order_acquire)) {
       std::unique_lock<std::mutex> lock(ev_mu_);
-      ev_cv_.wait(lock, [&] { return m.done.load(std::memory_order_acquire) || stopping_.load(); });
+      ev_cv_.wait(lock, [&] { return m.reached.load(std::memory_order_acquire) || stopping_.load(); });
     }
+    if (stopping_.load(std::memory_order_acquire)) return;
+    if (m.done_at <= arrived) return;  // complete by the time the stream got there: no wait
+    s.ready_at = m.done_at;
     Op labelled;
     labelled.kind = OpKind::wait;
     labelled.name = fmt::format("wait {}", stream_kind_name(m.lane));
     labelled.layer = m.layer;
-    report(s, labelled, start, now(), stream_kind_name(m.lane));
+    report(s, labelled, arrived, m.done_at, stream_kind_name(m.lane));
   }
 
   // Sleeps until `target` (device seconds) less kSpinSeconds, then spins; cut short by shutdown.
@@ -431,17 +476,16 @@ class CpuDevice final : public Device {
 
   void fail(Stream& s, const Op& op, std::exception_ptr e) {
     std::string context = fmt::format("'{}' on the {} stream", op.name, stream_kind_name(s.kind));
+    std::string where = fmt::format("device stream {}", stream_kind_name(s.kind));
     std::exception_ptr wrapped;
     try {
       std::rethrow_exception(e);
-    } catch (const Error& err) {
+    } catch (const Error& err) {  // keep the origin: file:line of the failed check
       wrapped = std::make_exception_ptr(Error(fmt::format("{} (in {})", err.what(), context), err.where()));
     } catch (const std::exception& err) {
-      wrapped = std::make_exception_ptr(
-          Error(fmt::format("{} failed: {}", context, err.what()), fmt::format("device stream {}", stream_kind_name(s.kind))));
+      wrapped = std::make_exception_ptr(Error(fmt::format("{} failed: {}", context, err.what()), where));
     } catch (...) {
-      wrapped = std::make_exception_ptr(
-          Error(fmt::format("{} failed with a non-standard exception", context), fmt::format("device stream {}", stream_kind_name(s.kind))));
+      wrapped = std::make_exception_ptr(Error(fmt::format("{} failed with a non-standard exception", context), where));
     }
     std::lock_guard<std::mutex> lock(err_mu_);
     if (!error_) error_ = wrapped;
@@ -477,6 +521,7 @@ class CpuDevice final : public Device {
   std::mutex stop_mu_;  // emulated copy delays sleep on stop_cv_, so shutdown cuts them short
   std::condition_variable stop_cv_;
   std::atomic<bool> stopping_{false};
+  std::shared_ptr<std::atomic<bool>> gone_ = std::make_shared<std::atomic<bool>>(false);
 
   std::mutex err_mu_;
   std::exception_ptr error_;  // the first failure, until synchronize() takes it

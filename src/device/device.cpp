@@ -29,9 +29,10 @@ std::string format_bytes(size_t bytes) {
 
 std::string format_memory_report(const Device& device) {
   DeviceMemoryStats s = device.memory();
-  std::string out = fmt::format("device memory ({}): {} in use of {} in {} allocations, peak {}, largest free block {}\n",
-                                device.name(), format_bytes(s.in_use), format_bytes(s.capacity), s.allocations,
-                                format_bytes(s.peak), format_bytes(s.largest_free));
+  std::string out =
+      fmt::format("device memory ({}): {} in use of {} in {} allocations, peak {}, largest free block {}\n",
+                  device.name(), format_bytes(s.in_use), format_bytes(s.capacity), s.allocations,
+                  format_bytes(s.peak), format_bytes(s.largest_free));
   for (const auto& u : device.live_allocations())
     out += fmt::format("  {:<32} {:>10}  {:>5.1f}%  in {} block{}\n", u.tag.empty() ? "(untagged)" : u.tag,
                        format_bytes(u.bytes), s.capacity ? 100.0 * double(u.bytes) / double(s.capacity) : 0.0,

@@ -109,11 +109,12 @@ class Device {
   // Seconds since the device's epoch, on the clock the OpRecords use.
   virtual double now() const = 0;
   // A fatal error in any stream's work (e.g. an exception from a launched function) is rethrown by the
-  // next synchronize().
+  // next synchronize() (the CPU device: also by synchronize(event); synchronize() then clears it).
 };
 
 // The CPU device: an emulated accelerator. Its memory is a separate arena of `capacity` bytes; each
 // stream is a thread running its queue in order; copies take the time the given link would take.
+// Its exact semantics (emulated copy timeline, wait records, errors, shutdown) are in cpu_device.cpp.
 std::unique_ptr<Device> make_cpu_device(size_t capacity, LinkSpec link = {});
 
 // A few lines for users: capacity, in use, peak, largest free block, then live memory per tag.

@@ -1,0 +1,325 @@
+#include "optim/adamw.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "core/error.h"
+#include "core/parallel.h"
+
+namespace lt {
+namespace {
+
+constexpr int64_t kTaskElems = 32768;  // elements per task of one slab update (8-bit: whole blocks)
+
+// Sets the pool size for the calling thread's parallel loops (an OpenMP per-thread setting) and restores it.
+class ScopedThreads {
+ public:
+  explicit ScopedThreads(int n) : saved_(num_threads()), active_(n > 0) {
+    if (active_) set_num_threads(n);
+  }
+  ~ScopedThreads() {
+    if (active_) set_num_threads(saved_);
+  }
+  ScopedThreads(const ScopedThreads&) = delete;
+  ScopedThreads& operator=(const ScopedThreads&) = delete;
+
+ private:
+  int saved_;
+  bool active_;
+};
+
+int64_t blocks_of(int64_t n, int64_t block) { return (n + block - 1) / block; }
+
+}  // namespace
+
+std::string_view state_precision_name(StatePrecision p) { return p == StatePrecision::q8 ? "q8" : "f32"; }
+
+bool glob_match(std::string_view pattern, std::string_view name) {
+  size_t p = 0, n = 0, star = std::string_view::npos, resume = 0;
+  while (n < name.size()) {
+    if (p < pattern.size() && (pattern[p] == '?' || pattern[p] == name[n])) {
+      ++p;
+      ++n;
+    } else if (p < pattern.size() && pattern[p] == '*') {
+      star = p++;
+      resume = n;
+    } else if (star != std::string_view::npos) {
+      p = star + 1;
+      n = ++resume;
+    } else {
+      return false;
+    }
+  }
+  while (p < pattern.size() && pattern[p] == '*') ++p;
+  return p == pattern.size();
+}
+
+StatePrecision choose_state_precision(const AdamWConfig& cfg, const std::string& hf_name, const Shape& shape) {
+  for (const PrecisionRule& r : cfg.rules)
+    if (glob_match(r.pattern, hf_name)) return r.precision;
+  if (shape.size() == 2 && shape_numel(shape) >= cfg.min_q8_numel) return cfg.matrix_states;
+  return StatePrecision::f32;
+}
+
+StateReport& StateReport::operator+=(const StateReport& o) {
+  parameters += o.parameters;
+  q8_parameters += o.q8_parameters;
+  state_bytes += o.state_bytes;
+  return *this;
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// AdamWSlab
+// ---------------------------------------------------------------------------------------------------------
+
+AdamWSlab::AdamWSlab(std::vector<OptimTensor> tensors, const AdamWConfig& cfg)
+    : tensors_(std::move(tensors)), cfg_(cfg), block_(cfg.block_size) {
+  LT_CHECK(block_ >= 16 && block_ <= kMaxBlock && block_ % 16 == 0,
+           "optimizer block_size must be a multiple of 16 in [16, {}], got {}", kMaxBlock, block_);
+  size_t offset = 0;
+  for (const OptimTensor& t : tensors_) {
+    LT_CHECK(t.param_offset % 4 == 0, "tensor '{}': parameter offset {} is not f32-aligned", t.name, t.param_offset);
+    offset = align_up(offset, 64);
+    state_offset_.push_back(int64_t(offset));
+    const size_t n = size_t(t.numel());
+    if (t.precision == StatePrecision::f32) offset += 2 * n * sizeof(float);
+    else offset += 2 * align_up(n, 64) + 2 * size_t(blocks_of(t.numel(), block_)) * sizeof(float);
+  }
+  state_ = AlignedBuffer<uint8_t>(align_up(offset, kPageAlign));
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    const OptimTensor& t = tensors_[i];
+    if (t.precision == StatePrecision::q8) {  // m = v = 0: the maps' zero codes (absmax 0 already)
+      TensorState s = state(i);
+      std::memset(s.qm, quant_zero_code(QuantMapKind::signed_dynamic), size_t(t.numel()));
+      std::memset(s.qv, quant_zero_code(QuantMapKind::unsigned_dynamic), size_t(t.numel()));
+    }
+    const int64_t chunk = t.precision == StatePrecision::q8 ? block_ * std::max<int64_t>(1, kTaskElems / block_)
+                                                            : kTaskElems;
+    for (int64_t b = 0; b < t.numel(); b += chunk) tasks_.push_back({i, b, std::min(t.numel(), b + chunk)});
+  }
+}
+
+AdamWSlab::TensorState AdamWSlab::state(size_t i) const {
+  LT_CHECK(i < tensors_.size(), "optimizer state: tensor index {} out of range", i);
+  const OptimTensor& t = tensors_[i];
+  uint8_t* base = const_cast<uint8_t*>(state_.data()) + state_offset_[i];
+  const size_t n = size_t(t.numel());
+  TensorState s;
+  if (t.precision == StatePrecision::f32) {
+    s.m = reinterpret_cast<float*>(base);
+    s.v = s.m + n;
+  } else {
+    s.blocks = blocks_of(t.numel(), block_);
+    s.qm = base;
+    s.qv = base + align_up(n, 64);
+    s.absmax_m = reinterpret_cast<float*>(base + 2 * align_up(n, 64));
+    s.absmax_v = s.absmax_m + s.blocks;
+  }
+  return s;
+}
+
+void AdamWSlab::update(uint8_t* param, const uint8_t* grad, const StepArgs& args, uint8_t* copy, VectorPath path) {
+  LT_CHECK(param != nullptr && grad != nullptr, "optimizer update: parameter or gradient slab missing");
+  const ScopedThreads threads(cfg_.threads);
+  const AdamWScalars decayed =
+      adamw_scalars(args.lr, cfg_.beta1, cfg_.beta2, cfg_.eps, cfg_.weight_decay, args.step, args.clip);
+  const AdamWScalars undecayed = adamw_scalars(args.lr, cfg_.beta1, cfg_.beta2, cfg_.eps, 0.0, args.step, args.clip);
+  parallel_for(int64_t(tasks_.size()), [&](int64_t k) {
+    const Task& task = tasks_[size_t(k)];
+    const OptimTensor& t = tensors_[task.tensor];
+    const TensorState s = state(task.tensor);
+    const int64_t b = task.begin, n = task.end - task.begin;
+    float* p = reinterpret_cast<float*>(param + t.param_offset) + b;
+    const float* g = reinterpret_cast<const float*>(grad + t.param_offset) + b;
+    uint8_t* c = copy && t.copy_offset >= 0 ? copy + t.copy_offset : nullptr;
+    bf16_t* c16 = c && t.copy_dtype == DType::bf16 ? reinterpret_cast<bf16_t*>(c) + b : nullptr;
+    const AdamWScalars& sc = t.decay ? decayed : undecayed;
+    if (t.precision == StatePrecision::f32) {
+      adamw32(path, {p, g, s.m + b, s.v + b, c16, n}, sc);
+    } else {
+      adamw8(path, {p, g, s.qm + b, s.absmax_m + b / block_, s.qv + b, s.absmax_v + b / block_, c16, n, block_}, sc);
+    }
+    if (c && t.copy_dtype == DType::f32) std::memcpy(reinterpret_cast<float*>(c) + b, p, size_t(n) * sizeof(float));
+  });
+}
+
+StateReport AdamWSlab::report() const {
+  StateReport r;
+  for (const OptimTensor& t : tensors_) {
+    r.parameters += t.numel();
+    if (t.precision == StatePrecision::q8) {
+      r.q8_parameters += t.numel();
+      r.state_bytes += 2 * size_t(t.numel()) + 2 * size_t(blocks_of(t.numel(), block_)) * sizeof(float);
+    } else {
+      r.state_bytes += 2 * size_t(t.numel()) * sizeof(float);
+    }
+  }
+  return r;
+}
+
+void AdamWSlab::collect_state(NamedTensors& out) const {
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    const OptimTensor& t = tensors_[i];
+    const TensorState s = state(i);
+    if (t.precision == StatePrecision::f32) {
+      out[t.name + ".exp_avg"] = TensorView::contiguous(s.m, DType::f32, t.shape);
+      out[t.name + ".exp_avg_sq"] = TensorView::contiguous(s.v, DType::f32, t.shape);
+    } else {
+      out[t.name + ".exp_avg.q8"] = TensorView::contiguous(s.qm, DType::u8, t.shape);
+      out[t.name + ".exp_avg.absmax"] = TensorView::contiguous(s.absmax_m, DType::f32, {s.blocks});
+      out[t.name + ".exp_avg_sq.q8"] = TensorView::contiguous(s.qv, DType::u8, t.shape);
+      out[t.name + ".exp_avg_sq.absmax"] = TensorView::contiguous(s.absmax_v, DType::f32, {s.blocks});
+    }
+  }
+}
+
+void AdamWSlab::restore_state(const SafetensorsFile& file) {
+  NamedTensors mine;
+  collect_state(mine);
+  for (const auto& [name, dst] : mine) {
+    if (!file.contains(name)) {
+      const bool q8 = name.size() > 3 && (name.ends_with(".q8") || name.ends_with(".absmax"));
+      LT_FAIL("optimizer state {} has no tensor '{}': the checkpoint was saved with {} states for this tensor "
+              "or for another model; the current configuration keeps {} states",
+              file.path(), name, q8 ? "f32 (or no)" : "8-bit (or no)", q8 ? "8-bit" : "f32");
+    }
+    const SafetensorsTensorInfo& info = file.info(name);
+    LT_CHECK(info.dtype == dst.dtype && info.shape == dst.shape,
+             "optimizer state {}: '{}' is {} {} in the file but {} {} here (different block size or model?)",
+             file.path(), name, dtype_name(info.dtype), shape_str(info.shape), dtype_name(dst.dtype),
+             shape_str(dst.shape));
+    std::memcpy(dst.data, file.view(name).data, dst.bytes());
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// HybridAdamW
+// ---------------------------------------------------------------------------------------------------------
+
+std::vector<OptimTensor> optim_tensors(const ModelConfig& model, SlabKind kind, int64_t layer,
+                                       const AdamWConfig& cfg) {
+  const SlabLayout master = SlabLayout::make(model, kind, DType::f32);
+  const SlabLayout copy = SlabLayout::make(model, kind, DType::bf16);
+  std::vector<OptimTensor> out;
+  for (size_t i = 0; i < master.entries().size(); ++i) {
+    const SlabEntry& e = master.entries()[i];
+    OptimTensor t;
+    t.name = SlabLayout::hf_name(kind, layer, e.name);
+    t.shape = e.shape;
+    t.param_offset = e.offset;
+    t.copy_offset = copy.entries()[i].offset;
+    t.copy_dtype = copy.entries()[i].dtype;
+    t.precision = choose_state_precision(cfg, t.name, e.shape);
+    t.decay = std::none_of(cfg.no_decay.begin(), cfg.no_decay.end(),
+                           [&](const std::string& pattern) { return glob_match(pattern, t.name); });
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+HybridAdamW::HybridAdamW(ModelSlabs& params, const ModelSlabs& grads, AdamWConfig cfg)
+    : params_(params), grads_(grads), cfg_(std::move(cfg)) {
+  LT_CHECK(params.config() == grads.config(), "optimizer: parameters and gradients are of different models");
+  LT_CHECK(params.matrix_dtype() == DType::f32 && grads.matrix_dtype() == DType::f32,
+           "optimizer: master weights and gradients must be f32 slabs");
+  LT_CHECK(cfg_.max_consecutive_skips >= 1, "max_consecutive_skips must be at least 1, got {}",
+           cfg_.max_consecutive_skips);
+  const ModelConfig& m = params.config();
+  embedding_ = AdamWSlab(optim_tensors(m, SlabKind::embedding, 0, cfg_), cfg_);
+  head_ = AdamWSlab(optim_tensors(m, SlabKind::head, 0, cfg_), cfg_);
+  for (int64_t i = 0; i < params.num_layers(); ++i)
+    layers_.emplace_back(optim_tensors(m, SlabKind::layer, i, cfg_), cfg_);
+}
+
+AdamWSlab& HybridAdamW::slab_state(SlabKind kind, int64_t layer) {
+  switch (kind) {
+    case SlabKind::embedding: return embedding_;
+    case SlabKind::head: return head_;
+    case SlabKind::layer:
+      LT_CHECK(layer >= 0 && layer < int64_t(layers_.size()), "optimizer: layer {} out of range (model has {})",
+               layer, layers_.size());
+      return layers_[size_t(layer)];
+  }
+  LT_FAIL("unknown slab kind");
+}
+
+StepPlan HybridAdamW::plan_step(double grad_sum_of_squares) {
+  StepPlan plan;
+  plan.grad_norm = std::sqrt(grad_sum_of_squares);
+  if (!std::isfinite(plan.grad_norm)) {
+    ++consecutive_skips_;
+    LT_CHECK(consecutive_skips_ < cfg_.max_consecutive_skips,
+             "the gradient norm was not finite ({}) for {} steps in a row; parameters and optimizer state are "
+             "those of step {}. Lower the learning rate, check the data, or resume from a checkpoint",
+             plan.grad_norm, consecutive_skips_, step_);
+    plan.skip = true;
+    plan.step = step_;
+    return plan;
+  }
+  consecutive_skips_ = 0;
+  plan.step = ++step_;
+  plan.clip = clip_coefficient(plan.grad_norm, cfg_.max_grad_norm);
+  return plan;
+}
+
+void HybridAdamW::update(SlabKind kind, int64_t layer, const StepArgs& args, uint8_t* compute_copy) {
+  slab_state(kind, layer).update(params_.slab(kind, layer), grads_.slab(kind, layer), args, compute_copy);
+}
+
+StepPlan HybridAdamW::step(const GradNormPartials& partials, double lr, ModelSlabs* compute_copy) {
+  LT_CHECK(!compute_copy || compute_copy->matrix_dtype() == DType::bf16,
+           "optimizer: the compute copy written during the update must be a bf16 layout");
+  const StepPlan plan = plan_step(partials.sum_of_squares());
+  if (plan.skip) return plan;
+  const StepArgs args{plan.step, lr, plan.clip};
+  auto copy_of = [&](SlabKind kind, int64_t layer) { return compute_copy ? compute_copy->slab(kind, layer) : nullptr; };
+  update(SlabKind::embedding, 0, args, copy_of(SlabKind::embedding, 0));
+  for (int64_t i = 0; i < int64_t(layers_.size()); ++i) update(SlabKind::layer, i, args, copy_of(SlabKind::layer, i));
+  update(SlabKind::head, 0, args, copy_of(SlabKind::head, 0));
+  return plan;
+}
+
+StateReport HybridAdamW::state_report() const {
+  StateReport r = embedding_.report();
+  for (const AdamWSlab& l : layers_) r += l.report();
+  r += head_.report();
+  return r;
+}
+
+void HybridAdamW::save_state(const std::string& path) const {
+  NamedTensors tensors;
+  embedding_.collect_state(tensors);
+  for (const AdamWSlab& l : layers_) l.collect_state(tensors);
+  head_.collect_state(tensors);
+  const SafetensorsMetadata meta = {
+      {"lazytrain", "optimizer_state"},      {"optimizer", "adamw"},
+      {"step", std::to_string(step_)},       {"consecutive_skips", std::to_string(consecutive_skips_)},
+      {"block_size", std::to_string(cfg_.block_size)}, {"beta1", fmt::format("{}", cfg_.beta1)},
+      {"beta2", fmt::format("{}", cfg_.beta2)}, {"eps", fmt::format("{}", cfg_.eps)},
+      {"weight_decay", fmt::format("{}", cfg_.weight_decay)}};
+  write_safetensors(path, tensors, meta);
+}
+
+void HybridAdamW::load_state(const std::string& path) {
+  const SafetensorsFile file = SafetensorsFile::open(path);
+  const SafetensorsMetadata& meta = file.metadata();
+  auto field = [&](const char* key) -> const std::string& {
+    auto it = meta.find(key);
+    LT_CHECK(it != meta.end() && meta.count("lazytrain") && meta.at("lazytrain") == "optimizer_state",
+             "{} is not a LazyTrain optimizer state file (metadata '{}' missing)", path, key);
+    return it->second;
+  };
+  LT_CHECK(field("block_size") == std::to_string(cfg_.block_size),
+           "optimizer state {} uses 8-bit blocks of {}, the configuration {}", path, field("block_size"),
+           cfg_.block_size);
+  const int64_t step = std::stoll(field("step"));
+  const int skips = std::stoi(field("consecutive_skips"));
+  embedding_.restore_state(file);
+  for (AdamWSlab& l : layers_) l.restore_state(file);
+  head_.restore_state(file);
+  step_ = step;
+  consecutive_skips_ = skips;
+}
+
+}  // namespace lt
