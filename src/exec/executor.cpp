@@ -8,6 +8,7 @@
 
 #include <condition_variable>
 #include <cstring>
+#include <array>
 #include <deque>
 #include <future>
 #include <fmt/format.h>
@@ -116,7 +117,8 @@ struct StreamingExecutor::Step {
   WorkingSet ws;
 
   std::vector<void*> allocations;
-  size_t allocated_bytes = 0;
+  uint8_t* block = nullptr;                          // the packed working set (ws.peak_bytes)
+  std::vector<std::array<Event*, 3>> fences;         // [window][stream]: where each window began
   std::deque<std::unique_ptr<Event>> events;
 
   std::vector<uint8_t*> wbuf;
@@ -191,13 +193,27 @@ struct StreamingExecutor::Step {
   void wait(StreamKind k, Event* e) {
     if (e) dev.wait(k, *e);
   }
+  // A buffer of the step's packed working set, checked against the size the code expects.
   template <typename T>
-  T* alloc(size_t bytes, const std::string& tag) {
-    void* p = dev.alloc(bytes, tag);
-    allocations.push_back(p);
-    allocated_bytes += align_up(bytes, kDeviceAlign);
-    return static_cast<T*>(p);
+  T* buf(const std::string& tag, size_t bytes) {
+    const DeviceBuffer& b = ws.buffer(tag);
+    LT_CHECK(b.bytes >= bytes, "working set buffer '{}' has {} bytes, the executor needs {}", tag, b.bytes, bytes);
+    return reinterpret_cast<T*>(block + b.offset);
   }
+
+  // Window w begins: fence each stream here, and make every buffer that starts now in memory an
+  // earlier buffer used wait until all work issued before that buffer's last window ended is done.
+  void begin_window(int w) {
+    for (StreamKind k : {kCompute, kH2D, kD2H}) fences[size_t(w)][size_t(k)] = record(k);
+    int after = -1;
+    for (const DeviceBuffer& b : ws.buffers)
+      if (b.first_window == w) after = std::max(after, b.reuse_after);
+    if (after < 0) return;
+    for (StreamKind waiter : {kCompute, kH2D, kD2H})
+      for (StreamKind k : {kCompute, kH2D, kD2H})
+        if (k != waiter) wait(waiter, fences[size_t(after + 1)][size_t(k)]);
+  }
+
   TokenInfo token_info() const { return TokenInfo{pos_dev, batch.doc_ids.empty() ? nullptr : doc_dev}; }
   BlockView view(int b) const { return BlockView::bind(wl, wbuf[size_t(b)]); }
 
@@ -208,19 +224,21 @@ struct StreamingExecutor::Step {
     if (need > mem.capacity - mem.in_use) {
       std::string parts;
       for (const auto& b : ws.buffers)
-        parts += fmt::format("{}{} x{} = {:.1f} MiB", parts.empty() ? "" : ", ", b.tag, b.count,
-                             double(b.count) * double(align_up(b.bytes, kDeviceAlign)) / 1048576.0);
+        parts += fmt::format("{}{} {:.1f} MiB", parts.empty() ? "" : ", ", b.tag, double(b.bytes) / 1048576.0);
       LT_FAIL("plan '{}' needs {:.1f} MiB of device memory for B={} T={} but {:.1f} MiB of {:.1f} MiB are free ({})",
               plan.name, double(need) / 1048576.0, batch.B, batch.T, double(mem.capacity - mem.in_use) / 1048576.0,
               double(mem.capacity) / 1048576.0, parts);
     }
+    block = static_cast<uint8_t*>(dev.alloc(need, "step working set"));
+    allocations.push_back(block);
+    fences.assign(size_t(2 * L + 1), {nullptr, nullptr, nullptr});
     const int nw = o.weight_buffers, ng = o.grad_buffers;
-    for (int i = 0; i < nw; ++i) wbuf.push_back(alloc<uint8_t>(wl.bytes(), "weights"));
+    for (int i = 0; i < nw; ++i) wbuf.push_back(buf<uint8_t>(fmt::format("weights {}", i), wl.bytes()));
     wready.assign(size_t(nw), nullptr);
     wfree.assign(size_t(nw), nullptr);
     wlayer.assign(size_t(nw), -1);
     for (int i = 0; i < ng; ++i) {
-      gbuf.push_back(alloc<uint8_t>(gl.bytes(), "layer grads"));
+      gbuf.push_back(buf<uint8_t>(fmt::format("layer grads {}", i), gl.bytes()));
       gstage.push_back(ex.host_ws_.get(fmt::format("grad staging {}", i), gl.bytes()));
     }
     gfree.assign(size_t(ng), nullptr);
@@ -232,37 +250,37 @@ struct StreamingExecutor::Step {
       hw_bytes += weights.layout(SlabKind::embedding).bytes();
       hg_bytes += grads.layout(SlabKind::embedding).bytes();
     }
-    head_w = alloc<uint8_t>(hw_bytes, "head weights");
-    head_g = alloc<uint8_t>(hg_bytes, "head grads");
+    head_w = buf<uint8_t>("head weights", hw_bytes);
+    head_g = buf<uint8_t>("head grads", hg_bytes);
     head_stage = ex.host_ws_.get("head grad staging", hg_bytes);
     head_stage_bytes = hg_bytes;
-    int32_t* toks = alloc<int32_t>(size_t(N) * 4 * 3, "tokens");
+    int32_t* toks = buf<int32_t>("tokens", size_t(N) * 4 * 3);
     pos_dev = toks;
     targets_dev = toks + N;
     doc_dev = toks + 2 * N;
 
     xdev.assign(size_t(L + 1), nullptr);
     for (int64_t i = 0; i < L; ++i)
-      if (plan.boundary[size_t(i)] == Tier::device) xdev[size_t(i)] = alloc<float>(xbytes, "boundaries (device tier)");
-    xdev[size_t(L)] = alloc<float>(xbytes, "boundaries (device tier)");
-    for (int r = 0; r < o.boundary_ring; ++r) ring.push_back(alloc<float>(xbytes, "boundary ring"));
+      if (plan.boundary[size_t(i)] == Tier::device) xdev[size_t(i)] = buf<float>(fmt::format("boundary {}", i), xbytes);
+    xdev[size_t(L)] = buf<float>(fmt::format("boundary {}", L), xbytes);
+    for (int r = 0; r < o.boundary_ring; ++r) ring.push_back(buf<float>(fmt::format("boundary ring {}", r), xbytes));
     ring_use.assign(ring.size(), SlotUse{});
 
     const size_t acts_bytes = BlockActs::floats(s) * 4;
     kept.assign(size_t(L), nullptr);
     bool recompute_internals = false;
     for (int64_t l = 0; l < L; ++l) {
-      if (plan.keep_internals[size_t(l)]) kept[size_t(l)] = alloc<float>(acts_bytes, "internals kept");
+      if (plan.keep_internals[size_t(l)]) kept[size_t(l)] = buf<float>(fmt::format("internals {}", l), acts_bytes);
       else recompute_internals = true;
     }
     if (recompute_internals) {
-      scratch_acts = alloc<float>(acts_bytes, "internals scratch");
-      recompute_out = alloc<float>(xbytes, "recompute output");
+      scratch_acts = buf<float>("internals scratch", acts_bytes);
+      recompute_out = buf<float>("recompute output", xbytes);
     }
-    bscratch = alloc<float>(BlockScratch::floats(s) * 4, "backward scratch");
-    dx[0] = alloc<float>(xbytes, "activation grads");
-    dx[1] = alloc<float>(xbytes, "activation grads");
-    for (int64_t i = 0; i < ws.recompute_depth; ++i) cache.push_back(alloc<float>(xbytes, "recompute cache"));
+    bscratch = buf<float>("backward scratch", BlockScratch::floats(s) * 4);
+    dx[0] = buf<float>("activation grads 0", xbytes);
+    dx[1] = buf<float>("activation grads 1", xbytes);
+    for (int64_t i = 0; i < ws.recompute_depth; ++i) cache.push_back(buf<float>(fmt::format("recompute cache {}", i), xbytes));
 
     offloaded.assign(size_t(L), nullptr);
     host_act.assign(size_t(L), nullptr);
@@ -283,8 +301,6 @@ struct StreamingExecutor::Step {
         nvme_rstage.push_back(ex.host_ws_.get(fmt::format("nvme read staging {}", k), xbytes_io));
       }
     }
-    // The memory model and the allocations must agree exactly: the planner trusts the former.
-    LT_CHECK_EQ(allocated_bytes, need, "executor allocations differ from plan_working_set()");
   }
 
   void upload_tokens() {
@@ -357,6 +373,7 @@ struct StreamingExecutor::Step {
       in = embed_boundary0(ring[size_t(r)], r);
     }
     for (int64_t l = 0; l < L; ++l) {
+      if (l > 0) begin_window(forward_window(l));
       Boundary out;
       const Tier t = plan.boundary[size_t(l + 1)];
       if (l + 1 == L || t == Tier::device) {
@@ -445,6 +462,7 @@ struct StreamingExecutor::Step {
 
   // --- head ----------------------------------------------------------------------------------------
   void head() {
+    begin_window(head_window(L));
     const SlabLayout& hwl = weights.layout(SlabKind::head);
     const SlabLayout& hgl = grads.layout(SlabKind::head);
     dev.copy_h2d(head_w, weights.slab(SlabKind::head), hwl.bytes(), kH2D, "h2d head");
@@ -549,6 +567,7 @@ struct StreamingExecutor::Step {
   void backward() {
     int cur = 0;  // dx[cur] holds the gradient of the current layer's output
     for (int64_t l = L - 1; l >= 0; --l) {
+      begin_window(backward_window(L, l));
       Boundary xin = get_boundary(l);
       const float* x_in = xin.ptr;
       TokenInfo ti = token_info();
@@ -644,6 +663,7 @@ StepStats StreamingExecutor::step(ModelSlabs& grads, const ModelSlabs& params, c
     LT_CHECK(st.tok.count > 0, "the batch has no counted token: every label after the first position of each row is -100");
     device_.reset_peak();
     st.allocate();
+    st.begin_window(forward_window(0));
     st.upload_tokens();
     st.forward();
     st.head();

@@ -1,14 +1,59 @@
 #include "exec/working_set.h"
 
+#include <algorithm>
+#include <fmt/format.h>
+#include <numeric>
+
 #include "core/aligned.h"
+#include "core/error.h"
 #include "model/layout.h"
 
 namespace lt {
+namespace {
 
-size_t WorkingSet::device_bytes() const {
-  size_t total = 0;
-  for (const auto& b : buffers) total += size_t(b.count) * align_up(b.bytes, kDeviceAlign);
-  return total;
+// First-fit packing of buffers with lifetimes, largest first (ties by tag order of creation): each buffer
+// goes at the lowest offset where it overlaps no placed buffer whose lifetime overlaps its own.
+void pack(std::vector<DeviceBuffer>& bufs, size_t* peak) {
+  std::vector<size_t> order(bufs.size());
+  std::iota(order.begin(), order.end(), size_t(0));
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return bufs[a].bytes > bufs[b].bytes; });
+  std::vector<size_t> placed;
+  *peak = 0;
+  for (size_t idx : order) {
+    DeviceBuffer& x = bufs[idx];
+    // Ranges of placed buffers alive at the same time, sorted by offset.
+    std::vector<std::pair<size_t, size_t>> busy;
+    for (size_t p : placed) {
+      const DeviceBuffer& y = bufs[p];
+      if (y.last_window < x.first_window || x.last_window < y.first_window) continue;
+      busy.push_back({y.offset, y.offset + y.bytes});
+    }
+    std::sort(busy.begin(), busy.end());
+    size_t offset = 0;
+    for (auto [b, e] : busy) {
+      if (offset + x.bytes <= b) break;
+      offset = std::max(offset, e);
+    }
+    x.offset = offset;
+    placed.push_back(idx);
+    *peak = std::max(*peak, offset + x.bytes);
+  }
+  // Memory reuse: the latest-ending earlier buffer that overlaps x's range.
+  for (DeviceBuffer& x : bufs) {
+    for (const DeviceBuffer& y : bufs) {
+      if (&x == &y || y.last_window >= x.first_window) continue;
+      if (y.offset < x.offset + x.bytes && x.offset < y.offset + y.bytes)
+        x.reuse_after = std::max(x.reuse_after, y.last_window);
+    }
+  }
+}
+
+}  // namespace
+
+const DeviceBuffer& WorkingSet::buffer(const std::string& tag) const {
+  for (const auto& b : buffers)
+    if (b.tag == tag) return b;
+  LT_FAIL("working set has no buffer '{}'", tag);
 }
 
 WorkingSet plan_working_set(const ModelConfig& cfg, int64_t B, int64_t T, const Plan& plan, const ExecOptions& o) {
@@ -25,40 +70,53 @@ WorkingSet plan_working_set(const ModelConfig& cfg, int64_t B, int64_t T, const 
     head_w += SlabLayout::make(cfg, SlabKind::embedding, mdt).bytes();
     head_g += SlabLayout::make(cfg, SlabKind::embedding, DType::f32).bytes();
   }
+  const int first = 0, last = int(2 * L), H = head_window(L), first_bwd = backward_window(L, L - 1);
 
   WorkingSet ws;
-  auto add = [&](std::string tag, size_t bytes, int count = 1) {
-    if (count > 0 && bytes > 0) ws.buffers.push_back({std::move(tag), bytes, count});
+  auto add = [&](std::string tag, size_t bytes, int from, int to) {
+    ws.buffers.push_back(DeviceBuffer{std::move(tag), align_up(bytes, kDeviceAlign), from, to});
   };
-  add("weights", layer_w, o.weight_buffers);
-  add("layer grads", layer_g, o.grad_buffers);
-  add("head weights", head_w);
-  add("head grads", head_g);
-  add("tokens", size_t(N) * 4 * 3);  // positions, targets, document ids
-  int device_boundaries = 0, kept = 0;
-  bool any_recompute_internals = false;
-  for (int64_t i = 0; i < L; ++i) {
-    if (plan.boundary[size_t(i)] == Tier::device) ++device_boundaries;
-    if (plan.keep_internals[size_t(i)]) ++kept;
-    else any_recompute_internals = true;
+  // Weights: every window streams layers. Gradient buffers and backward scratch: backward windows.
+  for (int i = 0; i < o.weight_buffers; ++i) add(fmt::format("weights {}", i), layer_w, first, last);
+  for (int i = 0; i < o.grad_buffers; ++i) add(fmt::format("layer grads {}", i), layer_g, first_bwd, last);
+  add("head weights", head_w, H, H);
+  add("head grads", head_g, H, H);
+  add("tokens", size_t(N) * 4 * 3, first, last);  // positions, targets, document ids
+  for (int r = 0; r < o.boundary_ring; ++r) add(fmt::format("boundary ring {}", r), boundary, first, last);
+  // Device-tier boundary i: written by F(i-1) (the embedding upload for i = 0), last read by B(i)
+  // (as input of layer i, or before that as the source of a recompute segment above it).
+  for (int64_t i = 0; i < L; ++i)
+    if (plan.boundary[size_t(i)] == Tier::device)
+      add(fmt::format("boundary {}", i), boundary, forward_window(std::max<int64_t>(i - 1, 0)),
+          backward_window(L, i));
+  add(fmt::format("boundary {}", L), boundary, forward_window(L - 1), H);  // the head's input
+  bool recompute_internals = false;
+  for (int64_t l = 0; l < L; ++l) {
+    if (plan.keep_internals[size_t(l)])
+      add(fmt::format("internals {}", l), BlockActs::floats(s) * 4, forward_window(l), backward_window(L, l));
+    else
+      recompute_internals = true;
   }
-  add("boundaries (device tier)", boundary, device_boundaries + 1);  // + boundary L, the head's input
-  add("boundary ring", boundary, o.boundary_ring);
-  add("internals kept", BlockActs::floats(s) * 4, kept);
-  add("internals scratch", BlockActs::floats(s) * 4, any_recompute_internals ? 1 : 0);
-  add("recompute output", boundary, any_recompute_internals ? 1 : 0);
-  add("backward scratch", BlockScratch::floats(s) * 4);
-  add("activation grads", boundary, 2);
+  if (recompute_internals) {
+    add("internals scratch", BlockActs::floats(s) * 4, first, last);
+    add("recompute output", boundary, first_bwd, last);
+  }
+  add("backward scratch", BlockScratch::floats(s) * 4, first_bwd, last);
+  add("activation grads 0", boundary, H, last);
+  add("activation grads 1", boundary, H, last);
   // Recompute cache: a backward that meets a dropped boundary rebuilds every boundary between the
   // nearest stored one below and it, and keeps them until their layers' backward.
   for (int64_t i = 0; i < L; ++i) {
     if (plan.stored(i)) continue;
-    int64_t j = plan.source_below(i);
-    ws.recompute_depth = std::max(ws.recompute_depth, i - j);
+    ws.recompute_depth = std::max(ws.recompute_depth, i - plan.source_below(i));
   }
-  add("recompute cache", boundary, int(ws.recompute_depth));
+  for (int64_t i = 0; i < ws.recompute_depth; ++i) add(fmt::format("recompute cache {}", i), boundary, first_bwd, last);
 
-  ws.window_bytes.assign(size_t(2 * L + 1), ws.device_bytes());
+  pack(ws.buffers, &ws.peak_bytes);
+  ws.window_bytes.assign(size_t(2 * L + 1), 0);
+  for (const auto& b : ws.buffers)
+    for (int w = b.first_window; w <= b.last_window; ++w) ws.window_bytes[size_t(w)] += b.bytes;
+
   // Boundary 0 never needs a copy: the embedding output stays on the host all step.
   for (int64_t i = 1; i < L; ++i) {
     if (plan.boundary[size_t(i)] == Tier::host) ws.host_activation_bytes += boundary;

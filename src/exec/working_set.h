@@ -1,6 +1,13 @@
-// exec/working_set.h — every device buffer one step of a plan needs, by name; the executor's memory
-// model. The executor allocates exactly these buffers (and nothing else) on the device, so the
-// planner's memory prediction and the executor's real usage come from one function.
+// exec/working_set.h — every device buffer one step of a plan needs, by name, with its lifetime and
+// its place in device memory: the executor's memory model.
+//
+// The step's timeline is cut into windows: forward windows F0..F(L-1) (index l), the head window H
+// (index L), backward windows B(L-1)..B0 (index 2L - l). Each buffer lives from the window whose work
+// first writes it to the window whose work last reads it. Buffers whose lifetimes do not overlap share
+// memory: an offline first-fit packing (largest first, deterministic) gives every buffer an offset in one
+// device block, and the block's size is the peak. The executor allocates exactly that block and uses
+// exactly these offsets, so predict_peak_device_bytes() — what the planner and the refusal use — is the
+// device's measured peak, and the packing is the memory plan the planner's per-window model bounds.
 //
 // Legend: N = B*T tokens, C hidden, L layers, V vocab.
 #pragma once
@@ -25,28 +32,37 @@ struct ExecOptions {
 };
 
 struct DeviceBuffer {
-  std::string tag;   // "weights", "boundary 3", "internals 5", ...
-  size_t bytes;
-  int count = 1;
+  std::string tag;           // "weights 1", "boundary 3", "internals 5", "recompute cache 0", ...
+  size_t bytes = 0;          // rounded up to kDeviceAlign
+  int first_window = 0;      // the window whose work first writes it
+  int last_window = 0;       // the window whose work last reads it
+  size_t offset = 0;         // in the step's device block
+  // Buffers that occupied this memory earlier end by this window (-1: fresh memory). The executor makes
+  // the first writer wait for all work issued before window reuse_after + 1.
+  int reuse_after = -1;
+  int count = 1;             // always 1 (kept for readers that sum count * bytes)
 };
 
 struct WorkingSet {
   std::vector<DeviceBuffer> buffers;
+  size_t peak_bytes = 0;               // the packed block: max over buffers of offset + bytes
+  // Device bytes alive in each window (Σ of the live buffers; index as above). The packed peak is at
+  // least their max (packing can leave holes), and equals it in the common cases.
+  std::vector<size_t> window_bytes;
   // Longest run of consecutive dropped boundaries a backward recompute must rebuild at once.
   int64_t recompute_depth = 0;
-  // Bytes the device hands out for all of them (each allocation rounded to the device's 256 B): the
-  // peak, max over window_bytes.
-  size_t device_bytes() const;
-  // Device bytes alive in each window of the step: forward windows F0..F(L-1) (index 0..L-1), the head
-  // window (index L), backward windows B(L-1)..B0 (index L+1..2L). Today every buffer lives for the
-  // whole step, so every window holds the same total; lifetime-aware reuse will make them differ.
-  std::vector<size_t> window_bytes;
-  // Host memory for activations (host tier) and staging; NVMe bytes for the nvme tier.
-  size_t host_activation_bytes = 0;
-  size_t nvme_bytes = 0;
+  size_t host_activation_bytes = 0;    // host-tier boundaries
+  size_t nvme_bytes = 0;               // nvme-tier boundaries
+  size_t device_bytes() const { return peak_bytes; }
+  const DeviceBuffer& buffer(const std::string& tag) const;  // error naming the tag if absent
 };
 
 constexpr size_t kDeviceAlign = 256;
+
+// Window indices of the step timeline.
+inline int forward_window(int64_t l) { return int(l); }
+inline int head_window(int64_t L) { return int(L); }
+inline int backward_window(int64_t L, int64_t l) { return int(2 * L - l); }
 
 WorkingSet plan_working_set(const ModelConfig& cfg, int64_t B, int64_t T, const Plan& plan, const ExecOptions& o);
 

@@ -195,3 +195,36 @@ TEST(Plan, ParseBuiltinsAndFiles) {
 
 }  // namespace
 }  // namespace lt
+
+namespace lt {
+namespace {
+
+TEST(WorkingSet, PackingNeverOverlapsLiveBuffersAndReusesDeadOnes) {
+  for (uint64_t seed = 1; seed <= 30; ++seed) {
+    Rng rng(seed);
+    ModelConfig cfg = random_config(rng);
+    cfg.vocab_size = 2000;  // a large head, live only in the head window, so its memory is reused
+    const int64_t L = cfg.num_layers;
+    for (const Plan& plan : {Plan::keep_all(L), Plan::every(L, 2), random_plan(L, rng)}) {
+      WorkingSet ws = plan_working_set(cfg, 2, 16, plan, ExecOptions{});
+      size_t static_sum = 0, max_window = 0;
+      for (size_t w : ws.window_bytes) max_window = std::max(max_window, w);
+      for (const auto& a : ws.buffers) {
+        static_sum += a.bytes;
+        EXPECT_LE(a.offset + a.bytes, ws.peak_bytes) << a.tag;
+        EXPECT_EQ(a.offset % kDeviceAlign, 0u) << a.tag;
+        for (const auto& b : ws.buffers) {
+          if (&a == &b) continue;
+          bool live_together = !(a.last_window < b.first_window || b.last_window < a.first_window);
+          bool share_memory = a.offset < b.offset + b.bytes && b.offset < a.offset + a.bytes;
+          EXPECT_FALSE(live_together && share_memory) << a.tag << " and " << b.tag << " overlap";
+        }
+      }
+      EXPECT_GE(ws.peak_bytes, max_window);
+      EXPECT_LT(ws.peak_bytes, static_sum) << "nothing was reused for plan " << plan.name;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace lt
