@@ -30,13 +30,23 @@ namespace {
 
 constexpr StreamKind kCompute = StreamKind::compute, kH2D = StreamKind::h2d, kD2H = StreamKind::d2h;
 
-// dst += src, elementwise in fixed chunks (deterministic). Host gradients start at zero each step in
-// the exactness tests, and 0 + x == x, so the streamed gradient equals the in-memory one bit for bit.
-void accumulate_f32(float* dst, const float* src, size_t n) {
-  parallel_chunks(int64_t(n), int64_t(1) << 16, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) dst[i] += src[i];
+}  // namespace
+
+double grad_sum_of_squares(const float* x, int64_t n) {
+  constexpr int64_t kChunk = 32768;
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  std::vector<double> part(static_cast<size_t>(chunks), 0.0);
+  parallel_for(chunks, [&](int64_t c) {
+    double acc = 0;
+    for (int64_t i = c * kChunk, e = std::min(n, (c + 1) * kChunk); i < e; ++i) acc += double(x[i]) * double(x[i]);
+    part[size_t(c)] = acc;
   });
+  double total = 0;
+  for (double p : part) total += p;
+  return total;
 }
+
+namespace {
 
 // Host staging slots, each free or busy; the d2h stream blocks (in a host callback) until its slot frees.
 class HostSlots {
@@ -101,6 +111,10 @@ struct StreamingExecutor::Step {
   StreamingExecutor& ex;
   Device& dev;
   HostWorker& host;
+  const PendingUpdate* update = nullptr;
+  GradTarget target;
+  std::vector<std::shared_future<void>> updated;  // [L + 2]: embedding, layers, head — the pending update
+  std::vector<bool> upload_gated;                 // [L] the h2d stream already waited for layer l's update
   const ModelConfig& cfg;
   const ExecOptions& o;
   ModelSlabs& grads;
@@ -310,6 +324,44 @@ struct StreamingExecutor::Step {
     tokens_ready = record(kH2D);
   }
 
+  // --- the previous step's optimizer update, pipelined into this forward --------------------------------
+  size_t gate_index(SlabKind kind, int64_t layer) const {
+    return kind == SlabKind::embedding ? 0 : kind == SlabKind::layer ? size_t(1 + layer) : size_t(L + 1);
+  }
+  void start_update() {
+    upload_gated.assign(size_t(L), false);
+    if (!update) return;
+    updated.resize(size_t(L + 2));
+    auto submit = [&](SlabKind kind, int64_t layer, std::string name) {
+      auto done = std::make_shared<std::promise<void>>();
+      updated[gate_index(kind, layer)] = done->get_future().share();
+      host.submit([this, kind, layer, done] {
+        try {
+          uint8_t* copy = update->compute_copy ? update->compute_copy->slab(kind, layer) : nullptr;
+          update->optimizer->update(kind, layer, update->args, copy);
+          done->set_value();
+        } catch (...) {
+          done->set_exception(std::current_exception());
+          throw;
+        }
+      }, std::move(name), kind == SlabKind::layer ? int(layer) : -1);
+    };
+    submit(SlabKind::embedding, 0, "update embedding");
+    for (int64_t l = 0; l < L; ++l) submit(SlabKind::layer, l, fmt::format("update L{}", l));
+    submit(SlabKind::head, 0, "update head");
+  }
+  // The h2d stream waits (once per slab) until that slab's update has been written.
+  void gate_upload(SlabKind kind, int64_t layer) {
+    if (!update) return;
+    if (kind == SlabKind::layer) {
+      if (upload_gated[size_t(layer)]) return;
+      upload_gated[size_t(layer)] = true;
+    }
+    std::shared_future<void> f = updated[gate_index(kind, layer)];
+    dev.host_callback(kH2D, [f] { f.get(); }, kind == SlabKind::layer ? fmt::format("wait update L{}", layer)
+                                                                      : std::string("wait update head"));
+  }
+
   // --- resources -----------------------------------------------------------------------------------
   // Layer l's weights in a device buffer: reuses the buffer if l is the layer just used, else uploads
   // into the next buffer once its previous user is done.
@@ -318,6 +370,7 @@ struct StreamingExecutor::Step {
     int b = next_w;
     next_w = (next_w + 1) % o.weight_buffers;
     wait(kH2D, wfree[size_t(b)]);
+    gate_upload(SlabKind::layer, l);
     dev.copy_h2d(wbuf[size_t(b)], weights.layer(l), wl.bytes(), kH2D, fmt::format("h2d W{}", l), int(l));
     wready[size_t(b)] = record(kH2D);
     wlayer[size_t(b)] = l;
@@ -360,6 +413,7 @@ struct StreamingExecutor::Step {
 
   void forward() {
     // The embedding lookup runs on the host (the table stays there); only [N, C] moves.
+    if (update) updated[gate_index(SlabKind::embedding, 0)].get();
     x0_host = ex.host_ws_.get<float>("x0", size_t(N * C));
     embedding_forward(x0_host, batch.input_ids.data(),
                       params.tensor(SlabKind::embedding, 0, "embed_tokens.weight").ptr<float>(), N, C,
@@ -465,6 +519,7 @@ struct StreamingExecutor::Step {
     begin_window(head_window(L));
     const SlabLayout& hwl = weights.layout(SlabKind::head);
     const SlabLayout& hgl = grads.layout(SlabKind::head);
+    gate_upload(SlabKind::head, 0);
     dev.copy_h2d(head_w, weights.slab(SlabKind::head), hwl.bytes(), kH2D, "h2d head");
     if (cfg.tie_word_embeddings)
       dev.copy_h2d(head_w + hwl.bytes(), weights.slab(SlabKind::embedding), weights.layout(SlabKind::embedding).bytes(),
@@ -507,13 +562,13 @@ struct StreamingExecutor::Step {
     dev.copy_d2h(head_stage, head_g, hg_bytes, kD2H, "d2h head grads");
     dev.host_callback(kD2H, [this] {
       host.submit([this] {
-        const size_t head_bytes = grads.layout(SlabKind::head).bytes();
-        accumulate_f32(reinterpret_cast<float*>(grads.slab(SlabKind::head)),
-                       reinterpret_cast<const float*>(head_stage), head_bytes / 4);
-        if (cfg.tie_word_embeddings)
-          accumulate_f32(reinterpret_cast<float*>(grads.slab(SlabKind::embedding)),
-                         reinterpret_cast<const float*>(head_stage + head_bytes),
-                         grads.layout(SlabKind::embedding).bytes() / 4);
+        const SlabLayout& hl = grads.layout(SlabKind::head);
+        double p = accumulate_grad_slab(grads.slab(SlabKind::head), hl, head_stage, hl, target.mode);
+        if (target.partials) target.partials->set(SlabKind::head, 0, p);
+        if (cfg.tie_word_embeddings) {  // lm_head's part of the embedding gradient; its norm comes later
+          const SlabLayout& el = grads.layout(SlabKind::embedding);
+          accumulate_grad_slab(grads.slab(SlabKind::embedding), el, head_stage + hl.bytes(), el, target.mode);
+        }
       }, "accumulate head grads", -1, head_stage_bytes);
     }, "hand off head grads");
   }
@@ -609,8 +664,8 @@ struct StreamingExecutor::Step {
       gfree[size_t(g)] = record(kD2H);
       dev.host_callback(kD2H, [this, g, l] {
         host.submit([this, g, l] {
-          accumulate_f32(reinterpret_cast<float*>(grads.layer(l)), reinterpret_cast<const float*>(gstage[size_t(g)]),
-                         gl.bytes() / 4);
+          double p = accumulate_grad_slab(grads.layer(l), gl, gstage[size_t(g)], gl, target.mode);
+          if (target.partials) target.partials->set(SlabKind::layer, l, p);
           gslots.release(g);
         }, fmt::format("accumulate dW{}", l), int(l), gl.bytes());
       }, "hand off grads");
@@ -620,8 +675,12 @@ struct StreamingExecutor::Step {
     dev.copy_d2h(dx0_host, dx[cur], xbytes, kD2H, "d2h dx0", 0);
     dev.host_callback(kD2H, [this] {
       host.submit([this] {
-        embedding_backward(grads.tensor(SlabKind::embedding, 0, "embed_tokens.weight").ptr<float>(), dx0_host,
-                           batch.input_ids.data(), N, C, cfg.vocab_size);
+        float* table = grads.tensor(SlabKind::embedding, 0, "embed_tokens.weight").ptr<float>();
+        const int64_t n = cfg.vocab_size * C;
+        // Overwrite mode and untied: the head did not write the table this step, so start from zero.
+        if (target.mode == GradMode::overwrite && !cfg.tie_word_embeddings) std::memset(table, 0, size_t(n) * 4);
+        embedding_backward(table, dx0_host, batch.input_ids.data(), N, C, cfg.vocab_size);
+        if (target.partials) target.partials->set(SlabKind::embedding, 0, grad_sum_of_squares(table, n));
       }, "embedding backward", 0, xbytes);
     }, "hand off dx0");
   }
@@ -636,7 +695,8 @@ StreamingExecutor::StreamingExecutor(const ModelConfig& cfg, Device& device, Exe
 StreamingExecutor::~StreamingExecutor() = default;
 
 StepStats StreamingExecutor::step(ModelSlabs& grads, const ModelSlabs& params, const ModelSlabs& weights,
-                                  const Batch& batch, const Plan& plan, TraceRecorder* trace) {
+                                  const Batch& batch, const Plan& plan, TraceRecorder* trace,
+                                  const PendingUpdate* update, GradTarget target) {
   plan.validate(cfg_.num_layers);
   LT_CHECK(!plan.uses(Tier::nvme) || nvme_ != nullptr,
            "plan '{}' offloads to NVMe but no NVMe directory was given (--nvme-dir)", plan.name);
@@ -659,10 +719,13 @@ StepStats StreamingExecutor::step(ModelSlabs& grads, const ModelSlabs& params, c
   {
     Step st(*this, host, grads, params, weights, batch, plan);
     st.nvme_lane = nvme_lane ? &*nvme_lane : nullptr;
+    st.update = update && update->optimizer ? update : nullptr;
+    st.target = target;
     st.ws = plan_working_set(cfg_, batch.B, batch.T, plan, options_);
     LT_CHECK(st.tok.count > 0, "the batch has no counted token: every label after the first position of each row is -100");
     device_.reset_peak();
     st.allocate();
+    st.start_update();
     st.begin_window(forward_window(0));
     st.upload_tokens();
     st.forward();

@@ -22,6 +22,8 @@
 #include "exec/working_set.h"
 #include "model/batch.h"
 #include "model/weights.h"
+#include "optim/adamw.h"
+#include "optim/clip.h"
 
 namespace lt {
 
@@ -38,6 +40,27 @@ struct StepStats {
   nlohmann::json to_json() const;
 };
 
+// Where the step's gradients go. The executor adds each slab's gradient into the f32 host gradients with
+// the optimizer's accumulate (which returns that slab's Σ g² in the same pass) and records the partials.
+struct GradTarget {
+  GradNormPartials* partials = nullptr;  // per slab Σ g² of the accumulated gradient (null: not needed)
+  GradMode mode = GradMode::add;         // overwrite: the first micro-batch of a step (saves zeroing)
+};
+
+// The previous step's optimizer update, run slab by slab on the host worker while this step's forward
+// streams: the embedding before the lookup, layer l before layer l's upload, the head before the head's.
+// Each slab is updated with the gradient of the previous step before this step's gradient touches it,
+// so the pipeline is exact (the same bits as updating everything, then stepping), not stale.
+struct PendingUpdate {
+  HybridAdamW* optimizer = nullptr;
+  StepArgs args;
+  ModelSlabs* compute_copy = nullptr;  // the bf16 weights the device streams, rewritten in the same pass
+};
+
+// Σ x² in double over fixed chunks combined in order: the embedding gradient's partial norm (it arrives by
+// scatter-add, not through accumulate_grad). Deterministic whatever the thread count.
+double grad_sum_of_squares(const float* x, int64_t n);
+
 class StreamingExecutor {
  public:
   // `nvme` may be null; plans using the nvme tier then are refused.
@@ -50,7 +73,8 @@ class StreamingExecutor {
   // A plan whose working set does not fit in the device's free memory is refused before any work,
   // with the predicted need in the message. `trace` (optional) receives every operation.
   StepStats step(ModelSlabs& grads, const ModelSlabs& params, const ModelSlabs& weights, const Batch& batch,
-                 const Plan& plan, TraceRecorder* trace = nullptr);
+                 const Plan& plan, TraceRecorder* trace = nullptr, const PendingUpdate* update = nullptr,
+                 GradTarget target = {});
 
   const ExecOptions& options() const { return options_; }
 
