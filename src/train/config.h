@@ -1,0 +1,73 @@
+// train/config.h — `lazytrain train CONFIG.yaml [key=value ...]`: the run's configuration.
+//
+// Keys follow LLaMA-Factory where it has one, so configs users already have mostly work; LazyTrain's own
+// keys configure the device, memory tiers, the plan and the optimizer. Unknown keys are errors that name
+// the key and suggest the closest known one; wrong types and bad values name the key and what was
+// expected. Overrides on the command line (key=value) are parsed as YAML scalars and win over the file.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace lt {
+
+struct TrainConfig {
+  // --- model and data (LLaMA-Factory names) ---
+  std::string model_name_or_path;       // an HF model directory (fine-tune) or a config.json (from scratch)
+  std::vector<std::string> dataset;     // names in dataset_dir/dataset_info.json, or file paths
+  std::string dataset_dir = "data";
+  std::vector<std::string> eval_dataset;
+  std::string template_name = "auto";   // `template`: qwen2_5 | qwen3 | plain | auto (from the model)
+  int64_t cutoff_len = 1024;
+  bool packing = false;
+  std::string on_bad_example = "stop";  // stop | skip
+  // --- optimisation ---
+  int64_t per_device_train_batch_size = 1;
+  int64_t per_device_eval_batch_size = 8;
+  int64_t gradient_accumulation_steps = 1;
+  double learning_rate = 5e-5;
+  std::string lr_scheduler_type = "linear";  // cosine | linear | constant
+  double warmup_ratio = 0;
+  int64_t warmup_steps = 0;                  // wins over warmup_ratio when > 0
+  int64_t max_steps = -1;                    // > 0 wins over num_train_epochs
+  double num_train_epochs = 3.0;
+  double max_grad_norm = 1.0;
+  double weight_decay = 0.0;
+  double adam_beta1 = 0.9, adam_beta2 = 0.999, adam_epsilon = 1e-8;
+  int64_t seed = 42;
+  // --- output ---
+  std::string output_dir;
+  int64_t logging_steps = 10;
+  int64_t save_steps = 500;                  // 0: only at the end
+  int64_t save_total_limit = 3;              // checkpoints kept (oldest removed); <= 0 keeps all
+  int64_t eval_steps = 0;                    // 0: no evaluation during training (still at the end if eval data)
+  std::string resume_from_checkpoint;        // "" | "true" (latest in output_dir) | a checkpoint path
+  std::string save_dtype = "bf16";           // model files: bf16 | f32
+  // --- LazyTrain ---
+  std::string device = "cpu";
+  std::string device_memory = "8GiB";
+  std::string host_act_memory = "auto";      // host memory for activations; auto: from MemAvailable
+  std::string nvme_dir;                      // empty: no NVMe tier
+  std::string nvme_size = "0";
+  double link_gbps = 0;                      // emulated link of the cpu device; 0 = unlimited
+  std::string plan = "auto";                 // auto | keep-all | every:K | host:K | nvme:K | a plan file
+  int64_t optimizer_state_bits = 8;          // 8 (Hybrid 8-bit AdamW) | 32
+  std::string compute_dtype = "bf16";        // bf16 | f32
+  int64_t threads = 0;                       // 0: all cores
+
+  std::string source;                        // the file it came from (messages)
+  nlohmann::json to_json() const;            // every key, as it would be written in YAML
+  // Keys whose change makes a resumed run differ from an uninterrupted one (resume refuses them).
+  static const std::vector<std::string>& result_keys();
+};
+
+// Reads CONFIG.yaml and applies `overrides` ("key=value"); validates everything.
+TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides = {});
+
+// The known key closest to `key` by edit distance ("" when nothing is close): for "did you mean".
+std::string closest_key(const std::string& key, const std::vector<std::string>& known);
+
+}  // namespace lt

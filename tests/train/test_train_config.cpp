@@ -1,0 +1,90 @@
+// Training configs: LLaMA-Factory keys, LazyTrain keys, overrides, and every kind of mistake named.
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "core/error.h"
+#include "train/config.h"
+
+namespace lt {
+namespace {
+
+std::string write_yaml(const std::string& name, const std::string& text) {
+  std::string path = ::testing::TempDir() + name;
+  std::ofstream(path) << text;
+  return path;
+}
+
+const char* kGood = R"(### model
+model_name_or_path: runs/model
+### data
+dataset: arith_train, extra
+template: qwen3
+cutoff_len: 128
+### train
+per_device_train_batch_size: 16
+gradient_accumulation_steps: 2
+learning_rate: 1.0e-3
+lr_scheduler_type: cosine
+warmup_ratio: 0.05
+num_train_epochs: 2.0
+max_grad_norm: 1.0
+output_dir: runs/demo
+logging_steps: 5
+save_steps: 100
+### lazytrain
+device_memory: 256MiB
+plan: every:2
+optimizer_state_bits: 8
+)";
+
+TEST(TrainConfig, ReadsKeysAndOverrides) {
+  TrainConfig c = load_train_config(write_yaml("good.yaml", kGood), {"learning_rate=5e-4", "plan=keep-all", "seed=7"});
+  EXPECT_EQ(c.model_name_or_path, "runs/model");
+  EXPECT_EQ(c.dataset, (std::vector<std::string>{"arith_train", "extra"}));
+  EXPECT_EQ(c.template_name, "qwen3");
+  EXPECT_EQ(c.per_device_train_batch_size, 16);
+  EXPECT_DOUBLE_EQ(c.learning_rate, 5e-4);
+  EXPECT_EQ(c.lr_scheduler_type, "cosine");
+  EXPECT_EQ(c.plan, "keep-all");
+  EXPECT_EQ(c.seed, 7);
+  EXPECT_EQ(c.device_memory, "256MiB");
+  EXPECT_EQ(c.to_json()["cutoff_len"], 128);
+}
+
+void expect_error(const std::string& yaml, const std::vector<std::string>& overrides,
+                  const std::vector<std::string>& needles) {
+  std::string path = write_yaml("bad.yaml", yaml);
+  try {
+    load_train_config(path, overrides);
+    ADD_FAILURE() << "accepted:\n" << yaml;
+  } catch (const Error& e) {
+    for (const auto& n : needles) EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << e.what();
+  }
+}
+
+TEST(TrainConfig, MistakesAreNamed) {
+  std::string base = "model_name_or_path: m\ndataset: d\noutput_dir: o\n";
+  expect_error(base + "learning_rat: 1e-4\n", {}, {"bad.yaml:4", "unknown key 'learning_rat'", "did you mean 'learning_rate'"});
+  expect_error(base + "per_device_train_batch_size: many\n", {}, {"per_device_train_batch_size", "an integer", "many"});
+  expect_error(base + "lr_scheduler_type: exponential\n", {}, {"lr_scheduler_type", "cosine, linear, constant"});
+  expect_error(base + "device_memory: 12 parsecs\n", {}, {"device_memory", "unknown unit"});
+  expect_error(base + "optimizer_state_bits: 16\n", {}, {"optimizer_state_bits must be 8 or 32"});
+  expect_error(base + "cutoff_len: 1\n", {}, {"cutoff_len", "at least 2"});
+  expect_error("dataset: d\noutput_dir: o\n", {}, {"model_name_or_path is required"});
+  expect_error(base + "learning_rate: [1, 2]\n", {}, {"learning_rate", "a number"});
+  expect_error(base + "key: [unclosed\n", {}, {"invalid YAML"});
+  expect_error(base, {"seeed=3"}, {"unknown key 'seeed'", "did you mean 'seed'"});
+  expect_error(base, {"no_equals_sign"}, {"expected key=value"});
+  EXPECT_THROW(load_train_config(::testing::TempDir() + "absent.yaml"), Error);
+}
+
+TEST(TrainConfig, ClosestKey) {
+  std::vector<std::string> k = {"learning_rate", "seed", "save_steps"};
+  EXPECT_EQ(closest_key("learnig_rate", k), "learning_rate");
+  EXPECT_EQ(closest_key("save_step", k), "save_steps");
+  EXPECT_EQ(closest_key("completely_different", k), "");
+}
+
+}  // namespace
+}  // namespace lt
