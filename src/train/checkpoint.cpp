@@ -1,0 +1,115 @@
+#include "train/checkpoint.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fmt/format.h>
+#include <regex>
+
+#include "core/error.h"
+#include "io/json_file.h"
+#include "io/safetensors.h"
+#include "model/weights.h"
+#include "optim/adamw.h"
+
+namespace fs = std::filesystem;
+
+namespace lt {
+namespace {
+
+void fsync_path(const fs::path& p, bool directory) {
+  int fd = ::open(p.c_str(), directory ? (O_RDONLY | O_DIRECTORY) : O_RDONLY);
+  LT_CHECK(fd >= 0, "{}: cannot open to sync: {}", p.string(), std::strerror(errno));
+  int rc = ::fsync(fd);
+  ::close(fd);
+  LT_CHECK(rc == 0, "{}: fsync failed: {}", p.string(), std::strerror(errno));
+}
+
+// Every file under dir, then every directory bottom-up: all of it is on disk before the rename.
+void fsync_tree(const fs::path& dir) {
+  std::vector<fs::path> dirs{dir};
+  for (const auto& e : fs::recursive_directory_iterator(dir)) {
+    if (e.is_directory()) dirs.push_back(e.path());
+    else fsync_path(e.path(), false);
+  }
+  std::reverse(dirs.begin(), dirs.end());
+  for (const auto& d : dirs) fsync_path(d, true);
+}
+
+int64_t checkpoint_step(const std::string& name) {
+  static const std::regex re("checkpoint-([0-9]+)");
+  std::smatch m;
+  return std::regex_match(name, m, re) ? std::stoll(m[1].str()) : -1;
+}
+
+}  // namespace
+
+std::string save_checkpoint(const CheckpointWriter& w, int64_t step, const ModelSlabs& params,
+                            const HybridAdamW& optimizer, const nlohmann::json& state) {
+  const fs::path out(w.output_dir);
+  fs::create_directories(out);
+  for (const auto& e : fs::directory_iterator(out))  // torn leftovers of a killed save
+    if (e.path().filename().string().ends_with(".partial")) fs::remove_all(e.path());
+
+  const std::string name = fmt::format("checkpoint-{}", step);
+  const fs::path tmp = out / ("." + name + ".partial");
+  const fs::path final_dir = out / name;
+  fs::create_directories(tmp / "resume");
+  save_hf_model(params, tmp.string(), dtype_parse(w.save_dtype), w.max_shard_bytes);
+  if (!w.tokenizer_dir.empty()) {
+    for (const char* f : {"tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",
+                          "special_tokens_map.json", "generation_config.json"}) {
+      fs::path src = fs::path(w.tokenizer_dir) / f;
+      if (fs::exists(src)) fs::copy_file(src, tmp / f, fs::copy_options::overwrite_existing);
+    }
+  }
+  save_safetensors(params, (tmp / "resume" / "params.safetensors").string(), DType::f32);
+  optimizer.save_state((tmp / "resume" / "optimizer.safetensors").string());
+  nlohmann::json st = state;
+  st["step"] = step;
+  write_json_file((tmp / "resume" / "state.json").string(), st);
+  fsync_tree(tmp);
+  if (fs::exists(final_dir)) fs::remove_all(final_dir);  // a re-save of the same step after a resume
+  fs::rename(tmp, final_dir);
+  fsync_path(out, true);
+  write_file_atomic((out / "latest").string(), name + "\n");
+
+  if (w.keep > 0) {  // prune the oldest complete checkpoints beyond the limit
+    std::vector<std::pair<int64_t, fs::path>> all;
+    for (const auto& e : fs::directory_iterator(out))
+      if (e.is_directory() && checkpoint_step(e.path().filename().string()) >= 0)
+        all.push_back({checkpoint_step(e.path().filename().string()), e.path()});
+    std::sort(all.begin(), all.end());
+    for (size_t i = 0; i + size_t(w.keep) < all.size(); ++i) fs::remove_all(all[i].second);
+  }
+  return final_dir.string();
+}
+
+std::string latest_checkpoint(const std::string& output_dir) {
+  const fs::path p = fs::path(output_dir) / "latest";
+  if (!fs::exists(p)) return "";
+  std::string name = read_file(p.string());
+  while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
+  const fs::path dir = fs::path(output_dir) / name;
+  LT_CHECK(checkpoint_step(name) >= 0 && fs::is_directory(dir), "{}: names '{}', which is not a checkpoint in {}",
+           p.string(), name, output_dir);
+  return dir.string();
+}
+
+nlohmann::json load_checkpoint(const std::string& dir, ModelSlabs& params, HybridAdamW& optimizer) {
+  const fs::path resume = fs::path(dir) / "resume";
+  for (const char* f : {"params.safetensors", "optimizer.safetensors", "state.json"})
+    LT_CHECK(fs::exists(resume / f), "{}: not a resumable checkpoint (missing resume/{})", dir, f);
+  SafetensorsFile file = SafetensorsFile::open((resume / "params.safetensors").string());
+  for (const auto& t : params.named_tensors()) {
+    LT_CHECK(file.contains(t.hf_name), "{}: resume/params.safetensors has no {}", dir, t.hf_name);
+    file.read_f32(t.hf_name, t.view.ptr<float>(), t.view.shape);
+  }
+  optimizer.load_state((resume / "optimizer.safetensors").string());
+  return read_json_file((resume / "state.json").string());
+}
+
+}  // namespace lt

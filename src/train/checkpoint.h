@@ -1,0 +1,46 @@
+// train/checkpoint.h — checkpoints that Hugging Face tools load and that resume bit for bit.
+//
+// output_dir/checkpoint-STEP/
+//   config.json, model.safetensors (or model-0000k-of-0000N.safetensors + index) in the save dtype,
+//   the tokenizer files copied from the model directory (tokenizer.json, tokenizer_config.json, ...)
+//   resume/params.safetensors     f32 master weights (the model files may be bf16: resume needs f32)
+//   resume/optimizer.safetensors  optimizer states (8-bit codes and absmax, or f32), step and skip counts
+//   resume/state.json             step, data cursor, RNG state, loss history, the result-affecting config
+// output_dir/latest               the name of the newest complete checkpoint
+//
+// Crash safety: a checkpoint is written into output_dir/.checkpoint-STEP.partial, every file fsynced,
+// then renamed into place and the directory fsynced; `latest` is replaced atomically last. A run killed
+// at any moment leaves either the previous checkpoint or the new one, never a torn one; leftovers
+// (*.partial) are removed by the next save. Older checkpoints beyond save_total_limit are then removed.
+#pragma once
+
+#include <functional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace lt {
+
+class ModelSlabs;
+class HybridAdamW;
+
+struct CheckpointWriter {
+  std::string output_dir;
+  int64_t keep = 3;                   // checkpoints kept; <= 0 keeps all
+  std::string save_dtype = "bf16";    // model files
+  size_t max_shard_bytes = size_t(5) << 30;
+  std::string tokenizer_dir;          // copy tokenizer files from here ("" = none)
+};
+
+// Writes checkpoint-STEP atomically and returns its path. `state` is resume/state.json's content.
+std::string save_checkpoint(const CheckpointWriter& w, int64_t step, const ModelSlabs& params,
+                            const HybridAdamW& optimizer, const nlohmann::json& state);
+
+// The checkpoint `latest` names in output_dir, or "" when there is none.
+std::string latest_checkpoint(const std::string& output_dir);
+
+// Restores params (f32 masters) and the optimizer from a checkpoint directory; returns its state.json.
+// Errors name the checkpoint and what is missing or inconsistent.
+nlohmann::json load_checkpoint(const std::string& dir, ModelSlabs& params, HybridAdamW& optimizer);
+
+}  // namespace lt
