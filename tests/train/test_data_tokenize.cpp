@@ -1,0 +1,385 @@
+// Tokenised datasets with the real Qwen3 tokenizer: which tokens are trained for every template, every
+// format end to end through load_datasets, mixing, the cutoff policies, bad records (stop / skip), and
+// the cache (hit, rebuilt when corrupt, a new key when anything that matters changes).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+
+#include "core/error.h"
+#include "io/json_file.h"
+#include "text/text_testing.h"
+#include "train/data_loader.h"
+#include "train/data_tokenize.h"
+
+namespace lt {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::qwen3_tokenizer;
+
+std::string temp_dir() {
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  fs::path dir = fs::path(::testing::TempDir()) / ("lt_data_tok_" + std::to_string(::getpid())) / info->name();
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir.string();
+}
+
+void write(const std::string& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+// The decoded text of each maximal run of tokens whose flag is `flag`.
+std::vector<std::string> runs(std::span<const int32_t> ids, std::span<const uint8_t> trainable, uint8_t flag = 1) {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < ids.size();) {
+    if (trainable[i] != flag) {
+      ++i;
+      continue;
+    }
+    size_t j = i;
+    while (j < ids.size() && trainable[j] == flag) ++j;
+    out.push_back(qwen3_tokenizer().decode(ids.subspan(i, j - i)));
+    i = j;
+  }
+  return out;
+}
+
+using Strings = std::vector<std::string>;
+
+const std::vector<ChatMessage> kTwoTurns = {{"system", "You are terse."}, {"user", "Hi there"},
+                                            {"assistant", "Hello!"},        {"user", "2+2?"},
+                                            {"assistant", "4, as 2+2=4."}};
+
+TEST(DataTokenize, Qwen25TrainsOnlyAssistantTurnsAndTheirImEnd) {
+  LT_REQUIRE_QWEN3();
+  ChatTemplate tpl(ChatTemplateKind::qwen2_5, qwen3_tokenizer());
+  TokenizedChat t = tokenize_conversation(qwen3_tokenizer(), tpl, kTwoTurns);
+  EXPECT_EQ(qwen3_tokenizer().decode(t.ids), tpl.render(kTwoTurns));
+  EXPECT_EQ(runs(t.ids, t.trainable), (Strings{"Hello!<|im_end|>", "4, as 2+2=4.<|im_end|>"}));
+  EXPECT_EQ(runs(t.ids, t.trainable, 0),
+            (Strings{"<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nHi there<|im_end|>\n"
+                     "<|im_start|>assistant\n",
+                     "\n<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n", "\n"}));
+}
+
+TEST(DataTokenize, Qwen3LeavesTheEmptyThinkBlockUntrainedAndTrainsReasoning) {
+  LT_REQUIRE_QWEN3();
+  ChatTemplate tpl(ChatTemplateKind::qwen3, qwen3_tokenizer());
+  TokenizedChat t = tokenize_conversation(qwen3_tokenizer(), tpl, kTwoTurns);
+  EXPECT_EQ(runs(t.ids, t.trainable), (Strings{"Hello!<|im_end|>", "4, as 2+2=4.<|im_end|>"}));
+  EXPECT_EQ(runs(t.ids, t.trainable, 0).at(1), "\n<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
+  std::vector<ChatMessage> thinking = {{"user", "2+2?"}, {"assistant", "<think>\nadd them\n</think>\n\n4"}};
+  TokenizedChat r = tokenize_conversation(qwen3_tokenizer(), tpl, thinking);
+  EXPECT_EQ(runs(r.ids, r.trainable), (Strings{"<think>\nadd them\n</think>\n\n4<|im_end|>"}));
+}
+
+TEST(DataTokenize, PlainTemplateTrainsTheAnswerAndEos) {
+  LT_REQUIRE_QWEN3();
+  ChatTemplate tpl(ChatTemplateKind::plain, qwen3_tokenizer());
+  std::vector<ChatMessage> m = {{"user", "Capital of France?"}, {"assistant", "Paris."}};
+  TokenizedChat t = tokenize_conversation(qwen3_tokenizer(), tpl, m);
+  EXPECT_EQ(runs(t.ids, t.trainable), (Strings{"Paris.<|im_end|>"}));
+  EXPECT_EQ(runs(t.ids, t.trainable, 0), (Strings{"Capital of France?\n"}));
+}
+
+TEST(DataTokenize, ApplyCutoffTruncatesDropsAndRefusesExamplesWithoutTargets) {
+  TokenizedChat t{{1, 2, 3, 4, 5, 6}, {0, 0, 1, 1, 1, 1}};
+  TokenizedChat a = t;
+  EXPECT_EQ(apply_cutoff(a, 6, Overlong::truncate), CutoffResult::kept);
+  EXPECT_EQ(apply_cutoff(a, 4, Overlong::truncate), CutoffResult::truncated);
+  EXPECT_EQ(a.ids, (std::vector<int32_t>{1, 2, 3, 4}));
+  EXPECT_EQ(a.trainable, (std::vector<uint8_t>{0, 0, 1, 1}));
+  TokenizedChat b = t;
+  EXPECT_EQ(apply_cutoff(b, 4, Overlong::drop), CutoffResult::dropped_overlong);
+  TokenizedChat c = t;
+  EXPECT_EQ(apply_cutoff(c, 2, Overlong::truncate), CutoffResult::dropped_no_target);
+  TokenizedChat first_only{{1, 2}, {1, 0}};  // position 0 is never a target
+  EXPECT_EQ(apply_cutoff(first_only, 8, Overlong::truncate), CutoffResult::dropped_no_target);
+  EXPECT_NE(error_of([&] { apply_cutoff(a, 1, Overlong::truncate); }).find("cutoff_len must be at least 2"),
+            std::string::npos);
+}
+
+// Five datasets, one per format, three of them registered.
+std::vector<DatasetSpec> write_mix(const std::string& dir) {
+  write(dir + "/alpaca.json", R"([
+  {"instruction": "Translate to English.", "input": "Bonjour", "output": "Hello", "system": "You translate."},
+  {"instruction": "Name a colour.", "input": "", "output": "Blue",
+   "history": [["Hi", "Hello! How can I help?"]]}
+])");
+  write(dir + "/chat.jsonl",
+        R"({"conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hey."}, {"from": "human", "value": "Bye"}, {"from": "gpt", "value": "Bye!"}]})"
+        "\n");
+  write(dir + "/oa.jsonl",
+        R"({"messages": [{"role": "system", "content": "Be kind."}, {"role": "user", "content": "Thanks"}, {"role": "assistant", "content": "You're welcome."}]})"
+        "\n");
+  write(dir + "/gsm8k.jsonl",
+        R"({"question": "Ann has 2 cats and gets 3 more. How many cats?", "answer": "2+3=<<2+3=5>>5\n#### 5"})"
+        "\n");
+  write(dir + "/mm.json", R"([{"query": "What is 3*4?", "response": "3*4=12. The answer is: 12", "type": "MATH_AnsAug"}])");
+  write(dir + "/dataset_info.json", R"({
+  "chat": {"file_name": "chat.jsonl", "formatting": "sharegpt"},
+  "oa": {"file_name": "oa.jsonl", "formatting": "sharegpt", "columns": {"messages": "messages"},
+         "tags": {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant",
+                  "system_tag": "system"}},
+  "metamath": {"file_name": "mm.json", "columns": {"prompt": "query", "response": "response"}}
+})");
+  return resolve_datasets(split_dataset_list("alpaca.json,chat,oa,gsm8k.jsonl,metamath"), dir);
+}
+
+TEST(DataTokenize, LoadsAndMixesEveryFormatInOrder) {
+  LT_REQUIRE_QWEN3();
+  const Tokenizer& tok = qwen3_tokenizer();
+  std::string dir = temp_dir();
+  ChatTemplate tpl(ChatTemplateKind::qwen2_5, tok);
+  TokenizedDataset data = load_datasets(write_mix(dir), tok, tpl, {});
+  ASSERT_EQ(data.size(), 6);
+  ASSERT_EQ(data.reports().size(), 5u);
+  const std::vector<std::vector<ChatMessage>> expected = {
+      {{"system", "You translate."}, {"user", "Translate to English.\nBonjour"}, {"assistant", "Hello"}},
+      {{"user", "Hi"}, {"assistant", "Hello! How can I help?"}, {"user", "Name a colour."}, {"assistant", "Blue"}},
+      {{"user", "Hi"}, {"assistant", "Hey."}, {"user", "Bye"}, {"assistant", "Bye!"}},
+      {{"system", "Be kind."}, {"user", "Thanks"}, {"assistant", "You're welcome."}},
+      {{"user", "Ann has 2 cats and gets 3 more. How many cats?"}, {"assistant", "2+3=<<2+3=5>>5\n#### 5"}},
+      {{"user", "What is 3*4?"}, {"assistant", "3*4=12. The answer is: 12"}},
+  };
+  for (int64_t i = 0; i < data.size(); ++i) {
+    TokenizedChat want = tokenize_conversation(tok, tpl, expected[size_t(i)]);
+    EXPECT_EQ(std::vector<int32_t>(data.ids(i).begin(), data.ids(i).end()), want.ids) << "example " << i;
+    EXPECT_EQ(std::vector<uint8_t>(data.trainable(i).begin(), data.trainable(i).end()), want.trainable) << "example " << i;
+  }
+  EXPECT_EQ(runs(data.ids(2), data.trainable(2)), (Strings{"Hey.<|im_end|>", "Bye!<|im_end|>"}));
+  EXPECT_EQ(data.reports()[1].name, "chat");
+  EXPECT_EQ(data.reports()[0].examples, 2);
+  EXPECT_EQ(data.reports()[0].records, 2);
+  EXPECT_EQ(data.reports()[0].cache, CacheUse::none);
+  EXPECT_NE(data.summary().find("data: 6 examples from 5 dataset(s)"), std::string::npos) << data.summary();
+}
+
+TEST(DataTokenize, LabelsInABatchAreMinus100OutsideAssistantTokens) {
+  LT_REQUIRE_QWEN3();
+  const Tokenizer& tok = qwen3_tokenizer();
+  ChatTemplate tpl(ChatTemplateKind::qwen3, tok);
+  TokenizedDataset data = TokenizedDataset::from_examples({tokenize_conversation(tok, tpl, kTwoTurns)});
+  DataLoader loader(data, {.batch_size = 1, .order = Order::sequential, .pad_to_multiple = 8, .pad_id = default_pad_id(tok)});
+  Batch b = loader.next();
+  ASSERT_EQ(b.B, 1);
+  EXPECT_EQ(b.T % 8, 0);
+  EXPECT_EQ(default_pad_id(tok), *tok.token_to_id("<|endoftext|>"));
+  std::vector<int32_t> trained;
+  for (int64_t t = 0; t < b.T; ++t) {
+    if (b.labels[size_t(t)] != -100) {
+      EXPECT_EQ(b.labels[size_t(t)], b.input_ids[size_t(t)]);
+      trained.push_back(b.labels[size_t(t)]);
+    }
+  }
+  EXPECT_EQ(tok.decode(trained), "Hello!<|im_end|>4, as 2+2=4.<|im_end|>");
+  EXPECT_EQ(b.input_ids.back(), *tok.token_to_id("<|endoftext|>"));
+}
+
+// A file with every kind of bad record between two good ones.
+std::string write_bad_file(const std::string& dir) {
+  std::string path = dir + "/mixed.jsonl";
+  write(path,
+        "{\"instruction\": \"Q1\", \"output\": \"A1\"}\n"
+        "{\"instruction\": \"Q2\", \"output\": \"A2\"\n"          // 2: invalid JSON
+        "{\"instruction\": \"Q3\"}\n"                              // 3: missing field
+        "{\"instruction\": \"Q4\", \"output\": [\"A4\"]}\n"        // 4: wrong type
+        "{\"instruction\": \"Q5\", \"output\": \"\"}\n"            // 5: empty response
+        "[\"not\", \"an object\"]\n"                               // 6: not an object
+        "{\"instruction\": \"Q7\", \"output\": \"A7\"}\n");
+  return path;
+}
+
+TEST(DataTokenize, BadRecordStopsTheLoadWithFileLineAndField) {
+  LT_REQUIRE_QWEN3();
+  std::string path = write_bad_file(temp_dir());
+  ChatTemplate tpl(ChatTemplateKind::qwen2_5, qwen3_tokenizer());
+  std::vector<DatasetSpec> specs = resolve_datasets({path}, "");
+  std::string e = error_of([&] { load_datasets(specs, qwen3_tokenizer(), tpl, {}); });
+  EXPECT_EQ(e.rfind(path + ":2: invalid JSON (syntax error while parsing object", 0), 0u) << e;
+  EXPECT_NE(e.find("(set on_bad_example: skip to skip such records)"), std::string::npos) << e;
+  // Fixing line 2 moves the error to line 3.
+  std::string text = read_file(path);
+  text.replace(text.find("\"A2\"\n"), 5, "\"A2\"}\n");
+  write(path, text);
+  e = error_of([&] { load_datasets(specs, qwen3_tokenizer(), tpl, {}); });
+  EXPECT_EQ(e.rfind(path + ":3: missing field 'output'", 0), 0u) << e;
+}
+
+TEST(DataTokenize, BadRecordsAreSkippedAndCountedWithSkip) {
+  LT_REQUIRE_QWEN3();
+  std::string path = write_bad_file(temp_dir());
+  ChatTemplate tpl(ChatTemplateKind::qwen2_5, qwen3_tokenizer());
+  TokenizedDataset data = load_datasets(resolve_datasets({path}, ""), qwen3_tokenizer(), tpl,
+                                        {.on_bad_example = OnBadExample::skip});
+  ASSERT_EQ(data.size(), 2);
+  EXPECT_EQ(runs(data.ids(1), data.trainable(1)), (Strings{"A7<|im_end|>"}));
+  const DatasetReport& r = data.reports()[0];
+  EXPECT_EQ(r.records, 7);
+  EXPECT_EQ(r.bad, 5);
+  EXPECT_EQ(r.examples, 2);
+  ASSERT_EQ(r.bad_messages.size(), 5u);
+  EXPECT_EQ(r.bad_messages[0].rfind(path + ":2: invalid JSON (", 0), 0u);
+  EXPECT_EQ(r.bad_messages[1], path + ":3: missing field 'output'");
+  EXPECT_EQ(r.bad_messages[2], path + ":4: field 'output': expected a string, got array");
+  EXPECT_EQ(r.bad_messages[3], path + ":5: field 'output': empty response");
+  EXPECT_EQ(r.bad_messages[4], path + ":6: expected a JSON object, got array");
+  EXPECT_NE(r.summary().find("5 bad, skipped"), std::string::npos) << r.summary();
+}
+
+TEST(DataTokenize, SkippedRecordsKeepOnlyTheFirstMessages) {
+  LT_REQUIRE_QWEN3();
+  std::string dir = temp_dir();
+  std::string text = "{\"instruction\": \"Q\", \"output\": \"A\"}\n";
+  for (int i = 0; i < 25; ++i) text += "{\"instruction\": \"Q\"}\n";
+  write(dir + "/d.jsonl", text);
+  ChatTemplate tpl(ChatTemplateKind::qwen2_5, qwen3_tokenizer());
+  TokenizedDataset data = load_datasets(resolve_datasets({dir + "/d.jsonl"}, ""), qwen3_tokenizer(), tpl,
+                                        {.on_bad_example = OnBadExample::skip});
+  EXPECT_EQ(data.reports()[0].bad, 25);
+  EXPECT_EQ(data.reports()[0].bad_messages.size(), DatasetReport::kMaxBadMessages);
+}
+
+TEST(DataTokenize, CutoffPoliciesAreCountedAndReported) {
+  LT_REQUIRE_QWEN3();
+  std::string dir = temp_dir();
+  std::string long_answer;
+  for (int i = 0; i < 40; ++i) long_answer += "word ";
+  std::string long_prompt = long_answer + long_answer;
+  write(dir + "/d.jsonl", "{\"instruction\": \"short\", \"output\": \"ok\"}\n"
+                          "{\"instruction\": \"q\", \"output\": \"" + long_answer + "\"}\n"
+                          "{\"instruction\": \"" + long_prompt + "\", \"output\": \"a\"}\n");
+  ChatTemplate tpl(ChatTemplateKind::qwen3, qwen3_tokenizer());
+  auto specs = resolve_datasets({dir + "/d.jsonl"}, "");
+  TokenizedDataset trunc = load_datasets(specs, qwen3_tokenizer(), tpl, {.cutoff_len = 32});
+  EXPECT_EQ(trunc.size(), 2);
+  EXPECT_EQ(trunc.length(1), 32);
+  EXPECT_EQ(trunc.max_length(), 32);
+  EXPECT_EQ(trunc.reports()[0].truncated, 1);
+  EXPECT_EQ(trunc.reports()[0].dropped_no_target, 1);
+  TokenizedDataset drop = load_datasets(specs, qwen3_tokenizer(), tpl, {.cutoff_len = 32, .overlong = Overlong::drop});
+  EXPECT_EQ(drop.size(), 1);
+  EXPECT_EQ(drop.reports()[0].dropped_overlong, 2);
+  EXPECT_NE(drop.reports()[0].summary().find("2 longer than cutoff_len, dropped"), std::string::npos);
+  std::string e = error_of([&] { load_datasets(specs, qwen3_tokenizer(), tpl, {.cutoff_len = 4, .overlong = Overlong::drop}); });
+  EXPECT_NE(e.find("no examples left to train on"), std::string::npos) << e;
+}
+
+// Every example's ids and flags, for comparing loads.
+std::vector<TokenizedChat> all(const TokenizedDataset& d) {
+  std::vector<TokenizedChat> out;
+  for (int64_t i = 0; i < d.size(); ++i)
+    out.push_back({{d.ids(i).begin(), d.ids(i).end()}, {d.trainable(i).begin(), d.trainable(i).end()}});
+  return out;
+}
+
+bool same(const std::vector<TokenizedChat>& a, const std::vector<TokenizedChat>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (a[i].ids != b[i].ids || a[i].trainable != b[i].trainable) return false;
+  return true;
+}
+
+TEST(DataTokenize, CacheIsHitOnRestartAndGivesTheSameExamples) {
+  LT_REQUIRE_QWEN3();
+  std::string dir = temp_dir();
+  std::vector<DatasetSpec> specs = write_mix(dir);
+  ChatTemplate tpl(ChatTemplateKind::qwen3, qwen3_tokenizer());
+  TokenizeOptions opt{.cutoff_len = 64, .cache_dir = dir + "/cache"};
+  TokenizedDataset first = load_datasets(specs, qwen3_tokenizer(), tpl, opt);
+  for (const DatasetReport& r : first.reports()) {
+    EXPECT_EQ(r.cache, CacheUse::built) << r.summary();
+    EXPECT_TRUE(fs::exists(r.cache_path)) << r.cache_path;
+  }
+  TokenizedDataset second = load_datasets(specs, qwen3_tokenizer(), tpl, opt);
+  for (const DatasetReport& r : second.reports()) EXPECT_EQ(r.cache, CacheUse::hit) << r.summary();
+  EXPECT_TRUE(same(all(first), all(second)));
+  EXPECT_EQ(first.key(), second.key());
+  EXPECT_EQ(second.reports()[0].examples, first.reports()[0].examples);
+  EXPECT_EQ(second.reports()[0].trainable_tokens, first.reports()[0].trainable_tokens);
+  EXPECT_NE(second.summary().find("cache hit"), std::string::npos);
+
+  // What changes the result changes the key: the data, the cutoff, the template, the policies.
+  auto path_of = [&](const TokenizeOptions& o, const ChatTemplate& t) {
+    return load_datasets({specs[3]}, qwen3_tokenizer(), t, o).reports()[0];
+  };
+  DatasetReport base = path_of(opt, tpl);
+  EXPECT_EQ(base.cache, CacheUse::hit);
+  TokenizeOptions other_cutoff = opt;
+  other_cutoff.cutoff_len = 65;
+  EXPECT_EQ(path_of(other_cutoff, tpl).cache, CacheUse::built);
+  TokenizeOptions other_policy = opt;
+  other_policy.on_bad_example = OnBadExample::skip;
+  EXPECT_EQ(path_of(other_policy, tpl).cache, CacheUse::built);
+  EXPECT_EQ(path_of(opt, ChatTemplate(ChatTemplateKind::qwen2_5, qwen3_tokenizer())).cache, CacheUse::built);
+  write(dir + "/gsm8k.jsonl", R"({"question": "Q?", "answer": "A"})" "\n");
+  DatasetReport changed = path_of(opt, tpl);
+  EXPECT_EQ(changed.cache, CacheUse::built);
+  EXPECT_NE(changed.cache_path, base.cache_path);
+}
+
+TEST(DataTokenize, CorruptOrTruncatedCacheIsRebuiltNeverTrusted) {
+  LT_REQUIRE_QWEN3();
+  std::string dir = temp_dir();
+  write(dir + "/d.jsonl", "{\"instruction\": \"Q1\", \"output\": \"A1\"}\n{\"instruction\": \"Q2\", \"output\": \"A2\"}\n");
+  auto specs = resolve_datasets({dir + "/d.jsonl"}, "");
+  ChatTemplate tpl(ChatTemplateKind::qwen2_5, qwen3_tokenizer());
+  TokenizeOptions opt{.cache_dir = dir + "/cache"};
+  TokenizedDataset fresh = load_datasets(specs, qwen3_tokenizer(), tpl, opt);
+  const std::string cache = fresh.reports()[0].cache_path;
+  const std::string good = read_file(cache);
+
+  struct Case {
+    std::string name, bytes, why;
+  };
+  std::string flipped = good;
+  flipped[64 + 8 * 3 + 5] ^= 0x40;  // a byte of the token ids
+  std::string wrong_key = good;
+  wrong_key[16] ^= 1;
+  std::string wrong_version = good;
+  wrong_version[8] = 9;
+  const std::vector<Case> cases = {
+      {"flipped", flipped, "payload checksum mismatch"},
+      {"truncated", good.substr(0, good.size() - 3), "(truncated?)"},
+      {"header only", good.substr(0, 40), "shorter than the 64-byte header"},
+      {"wrong key", wrong_key, "key "},
+      {"wrong version", wrong_version, "format version 9"},
+      {"not ours", std::string(100, 'x'), "bad magic"},
+  };
+  for (const Case& c : cases) {
+    write(cache, c.bytes);
+    TokenizedDataset again = load_datasets(specs, qwen3_tokenizer(), tpl, opt);
+    const DatasetReport& r = again.reports()[0];
+    EXPECT_EQ(r.cache, CacheUse::rebuilt) << c.name;
+    EXPECT_NE(r.cache_note.find(c.why), std::string::npos) << c.name << ": " << r.cache_note;
+    EXPECT_TRUE(same(all(again), all(fresh))) << c.name;
+    EXPECT_EQ(read_file(cache), good) << c.name << ": the rebuilt cache is written back";
+  }
+}
+
+TEST(DataTokenize, TokenizerNotFromAFileIsNeverCached) {
+  LT_REQUIRE_QWEN3();
+  std::string dir = temp_dir();
+  write(dir + "/d.jsonl", "{\"instruction\": \"Q1\", \"output\": \"A1\"}\n");
+  Tokenizer mem = Tokenizer::from_json(read_json_file(testing::qwen3_dir() + "/tokenizer.json"),
+                                       read_json_file(testing::qwen3_dir() + "/tokenizer_config.json"), "in memory");
+  ChatTemplate tpl(ChatTemplateKind::qwen2_5, mem);
+  TokenizedDataset d = load_datasets(resolve_datasets({dir + "/d.jsonl"}, ""), mem, tpl, {.cache_dir = dir + "/cache"});
+  EXPECT_EQ(d.reports()[0].cache, CacheUse::none);
+  EXPECT_NE(d.reports()[0].cache_note.find("not loaded from a file"), std::string::npos) << d.reports()[0].cache_note;
+  EXPECT_FALSE(fs::exists(dir + "/cache") && !fs::is_empty(dir + "/cache"));
+}
+
+}  // namespace
+}  // namespace lt
