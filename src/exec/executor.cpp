@@ -547,7 +547,7 @@ struct StreamingExecutor::Step {
     float* dx0 = dx[0];
     const float* xL = xdev[size_t(L)];
     const int32_t* targets = targets_dev;
-    const float scale = float(1.0 / double(tok.count));
+    const float scale = float(1.0 / double(target.tokens_in_step > 0 ? target.tokens_in_step : tok.count));
     HeadShape hs{N, C, cfg.vocab_size, float(cfg.rms_norm_eps)};
     double* loss_out = &loss;
     wait(kCompute, ready);

@@ -45,6 +45,9 @@ struct StepStats {
 struct GradTarget {
   GradNormPartials* partials = nullptr;  // per slab Σ g² of the accumulated gradient (null: not needed)
   GradMode mode = GradMode::add;         // overwrite: the first micro-batch of a step (saves zeroing)
+  // The loss is the mean over this many counted tokens (all micro-batches of the optimizer step, so the
+  // loss is weighted by tokens across them); 0: this batch's own count.
+  int64_t tokens_in_step = 0;
 };
 
 // The previous step's optimizer update, run slab by slab on the host worker while this step's forward

@@ -1,0 +1,78 @@
+// Greedy decoding with the KV cache equals argmax of a full forward over the same sequence.
+#include <gtest/gtest.h>
+
+#include "core/rng.h"
+#include "model/block.h"
+#include "model/generate.h"
+#include "ops/ops.h"
+
+namespace lt {
+namespace {
+
+// Argmax of the logits at every position of `seq`, by the training kernels on the whole sequence.
+std::vector<int32_t> full_forward_argmax(const ModelSlabs& p, const std::vector<int32_t>& seq) {
+  const ModelConfig& cfg = p.config();
+  const int64_t T = int64_t(seq.size()), C = cfg.hidden_size, V = cfg.vocab_size;
+  BlockShape s = BlockShape::make(cfg, 1, T);
+  std::vector<float> x(static_cast<size_t>(T * C)), y(static_cast<size_t>(T * C));
+  std::vector<float> acts(BlockActs::floats(s));
+  std::vector<int32_t> pos(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; ++t) pos[size_t(t)] = int32_t(t);
+  embedding_forward(x.data(), seq.data(), p.tensor(SlabKind::embedding, 0, "embed_tokens.weight").ptr<float>(), T, C, V);
+  for (int64_t l = 0; l < cfg.num_layers; ++l) {
+    BlockActs a = BlockActs::bind(acts.data(), s);
+    block_forward(y.data(), a, x.data(), BlockView::bind(p.layout(SlabKind::layer), p.layer(l)),
+                  TokenInfo{pos.data(), nullptr}, s);
+    std::swap(x, y);
+  }
+  std::vector<float> xn(static_cast<size_t>(T * C)), rstd(static_cast<size_t>(T)), logits(static_cast<size_t>(T * V));
+  rmsnorm_forward(xn.data(), rstd.data(), x.data(), p.tensor(SlabKind::head, 0, "norm.weight").ptr<float>(), T, C,
+                  float(cfg.rms_norm_eps));
+  TensorView lm = p.lm_head();
+  linear_forward(logits.data(), xn.data(), WeightRef{lm.data, lm.dtype}, nullptr, T, C, V);
+  std::vector<int32_t> out;
+  for (int64_t t = 0; t < T; ++t)
+    out.push_back(int32_t(std::max_element(logits.begin() + t * V, logits.begin() + (t + 1) * V) - (logits.begin() + t * V)));
+  return out;
+}
+
+class GenerateTest : public ::testing::TestWithParam<ModelType> {};
+
+TEST_P(GenerateTest, KvCacheDecodeEqualsFullForward) {
+  ModelConfig c;
+  c.type = GetParam();
+  c.vocab_size = 97;
+  c.hidden_size = 48;
+  c.intermediate_size = 64;
+  c.num_layers = 3;
+  c.num_heads = 6;
+  c.num_kv_heads = 2;
+  c.head_dim = c.type == ModelType::qwen3 ? 16 : 8;
+  c.qkv_bias = c.type == ModelType::qwen2;
+  c.qk_norm = c.type == ModelType::qwen3;
+  c.tie_word_embeddings = c.type == ModelType::qwen3;
+  c.max_position_embeddings = 128;
+  ModelSlabs p(c);
+  init_random(p, 5, 0.3f);  // large weights: sharp, varied predictions rather than one repeated token
+  Rng rng(6);
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 13; ++i) prompt.push_back(int32_t(rng.below(97)));
+  GenerateOptions o;
+  o.max_new_tokens = 12;
+  std::vector<int32_t> out = generate_greedy(p, prompt, o);
+  ASSERT_EQ(out.size(), 12u);
+  std::vector<int32_t> seq = prompt;
+  seq.insert(seq.end(), out.begin(), out.end() - 1);
+  std::vector<int32_t> ref = full_forward_argmax(p, seq);
+  for (size_t i = 0; i < out.size(); ++i) EXPECT_EQ(out[i], ref[prompt.size() - 1 + i]) << "token " << i;
+  // Stopping: generation ends right after a stop id.
+  o.stop_ids = {out[3]};
+  std::vector<int32_t> stopped = generate_greedy(p, prompt, o);
+  EXPECT_LE(stopped.size(), 4u);
+  EXPECT_EQ(stopped.back(), out[3]);
+}
+
+INSTANTIATE_TEST_SUITE_P(Arch, GenerateTest, ::testing::Values(ModelType::qwen2, ModelType::qwen3, ModelType::llama));
+
+}  // namespace
+}  // namespace lt
