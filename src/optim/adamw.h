@@ -47,6 +47,7 @@ struct AdamWConfig {
   StatePrecision matrix_states = StatePrecision::q8;   // for 2-D weights of >= min_q8_numel elements
   int64_t min_q8_numel = 4096;
   int64_t block_size = 256;                            // B: a multiple of 16, at most kMaxBlock
+  // Assigning `rules` replaces this default; push_back keeps the embedding at f32.
   std::vector<PrecisionRule> rules = {{"model.embed_tokens.weight", StatePrecision::f32}};
   std::vector<std::string> no_decay;                   // globs of tensors without weight decay
   int threads = 0;                                     // threads per slab update; 0: the process pool

@@ -52,24 +52,42 @@ double accumulate_grad_slab(uint8_t* dst, const SlabLayout& dst_layout, const ui
   const auto& de = dst_layout.entries();
   const auto& se = src_layout.entries();
   LT_CHECK_EQ(de.size(), se.size(), "accumulate_grad_slab: the two layouts hold different tensor counts");
-  double sum = 0.0;
+  // One parallel loop over every entry's chunks (one fork-join per slab, not per tensor).
+  struct Task {
+    size_t entry;
+    int64_t begin, len;
+  };
+  std::vector<Task> tasks;
   for (size_t i = 0; i < de.size(); ++i) {
     LT_CHECK(de[i].name == se[i].name && de[i].numel() == se[i].numel(),
              "accumulate_grad_slab: tensor {} is '{}' ({} elements) in the gradient layout but '{}' ({}) in the "
              "source layout", i, de[i].name, de[i].numel(), se[i].name, se[i].numel());
     LT_CHECK(de[i].dtype == DType::f32, "accumulate_grad_slab: gradients are f32, '{}' is {}", de[i].name,
              dtype_name(de[i].dtype));
-    float* d = reinterpret_cast<float*>(dst + de[i].offset);
-    switch (se[i].dtype) {
-      case DType::f32:
-        sum += accumulate_grad(d, reinterpret_cast<const float*>(src + se[i].offset), de[i].numel(), mode);
-        break;
-      case DType::bf16:
-        sum += accumulate_grad(d, reinterpret_cast<const bf16_t*>(src + se[i].offset), de[i].numel(), mode);
-        break;
-      default:
-        LT_FAIL("accumulate_grad_slab: source gradient '{}' is {}; expected f32 or bf16", se[i].name,
-                dtype_name(se[i].dtype));
+    LT_CHECK(se[i].dtype == DType::f32 || se[i].dtype == DType::bf16,
+             "accumulate_grad_slab: source gradient '{}' is {}; expected f32 or bf16", se[i].name,
+             dtype_name(se[i].dtype));
+    for (int64_t b = 0; b < de[i].numel(); b += kAccumulateChunk)
+      tasks.push_back({i, b, std::min(kAccumulateChunk, de[i].numel() - b)});
+  }
+  const VectorPath path = best_vector_path();
+  const bool overwrite = mode == GradMode::overwrite;
+  std::vector<double> partial(tasks.size());
+  parallel_for(int64_t(tasks.size()), [&](int64_t k) {
+    const Task& t = tasks[size_t(k)];
+    float* d = reinterpret_cast<float*>(dst + de[t.entry].offset) + t.begin;
+    const uint8_t* s = src + se[t.entry].offset;
+    partial[size_t(k)] = se[t.entry].dtype == DType::f32
+                             ? accumulate_chunk(path, d, reinterpret_cast<const float*>(s) + t.begin, t.len, overwrite)
+                             : accumulate_chunk(path, d, reinterpret_cast<const bf16_t*>(s) + t.begin, t.len, overwrite);
+  });
+  // Each entry's chunks in order, then the entries in order: the sum accumulate_grad gives entry by entry.
+  double sum = 0.0, entry_sum = 0.0;
+  for (size_t k = 0; k < tasks.size(); ++k) {
+    entry_sum += partial[k];
+    if (k + 1 == tasks.size() || tasks[k + 1].entry != tasks[k].entry) {
+      sum += entry_sum;
+      entry_sum = 0.0;
     }
   }
   return sum;
@@ -100,8 +118,10 @@ void GradNormPartials::set(SlabKind kind, int64_t layer, double partial) {
 double GradNormPartials::sum_of_squares() const {
   double sum = 0.0;
   for (size_t s = 0; s < partial_.size(); ++s) {
-    LT_CHECK(set_[s], "gradient norm: no partial sum for slab {} (0 = embedding, then layers, last = head) "
-             "this step; every slab's gradient must be accumulated before the update", s);
+    LT_CHECK(set_[s], "gradient norm: no partial sum for the {} this step; every slab's gradient must be "
+             "accumulated before the update",
+             s == 0 ? std::string("embedding") : s + 1 == partial_.size() ? std::string("head")
+                                                                        : fmt::format("layer {}", s - 1));
     sum += partial_[s];
   }
   return sum;

@@ -112,51 +112,57 @@ QuantArith build_arith(QuantMapKind kind) {
   const int U = 255 - zero;  // the positive side P[u] = q[zero + u], u = 0..U; P[U] = 1.0
   auto P = [&](int u) { return double(q[size_t(zero + u)]); };
   QuantArith a{};
+  const double scale = double(1 << QuantArith::kFracBits);
   for (int r = 0; r < 16; ++r) {  // regions without a decade: t = 0.5, never near an integer
+    const int c = zero + (r == 0 ? 0 : U);
     a.A[r] = 0.0f;
-    a.B[r] = 0.5f;
-    a.base[r] = r == 0 ? 0 : U;
-    a.kmax[r] = 0;
-    a.T[r] = INFINITY;
-    a.tie[r] = NAN;
+    a.B[r] = float((c + 0.5) * scale);
+    a.hi[r] = c;
   }
+  for (float& t : a.T) t = INFINITY;
   auto add_boundary = [&](int i, double mid) {
     a.T[i] = round_down_f32(mid);
-    if (double(a.T[i]) == mid) a.tie[i] = a.T[i];
+    a.T[16 + i] = double(a.T[i]) == mid ? std::nextafter(a.T[i], 0.0f) : a.T[i];
   };
+  auto s_of = [&](float x, int r) { return int32_t(std::lrint(std::fma(x, a.A[r], a.B[r]))); };
   int base = 1;
   for (int d = 0; d < 7; ++d) {
     const int k = kind == QuantMapKind::signed_dynamic ? 1 << d : 1 << (d + 1);
     add_boundary(d, (P(base - 1) + P(base)) / 2);
-    const int r = d + 1;
-    a.A[r] = float(k / (0.9 * kScale[d]));
-    a.B[r] = float(-0.1 * k / 0.9);
-    a.base[r] = base;
-    a.kmax[r] = k - 1;
-    // Every midpoint inside the decade must leave both its f32 neighbours within kAmbiguity of j + 1; as t
-    // is monotone in a, every f32 on the wrong side of the midpoint is then flagged too.
+    const int r = d + 1, c0 = zero + base;
+    a.A[r] = float(scale * k / (0.9 * kScale[d]));
+    a.B[r] = float(scale * (c0 - 0.1 * k / 0.9));
+    a.hi[r] = c0 + k - 1;
+    // Both f32 neighbours of every midpoint inside the decade must be flagged, with s in [2048 (c0 + j + 1) - 2,
+    // 2048 (c0 + j + 1) + 1]; lrint rounds to nearest even as the vector conversion does.
     for (int j = 0; j + 1 < k; ++j) {
       const double mid = (P(base + j) + P(base + j + 1)) / 2;
       const float below = round_down_f32(mid), above = std::nextafter(below, INFINITY);
       for (float x : {below, above}) {
-        const float t = std::fma(x, a.A[r], a.B[r]);
-        LT_CHECK(std::fabs(double(t) - (j + 1)) < QuantArith::kAmbiguity,
-                 "quantisation arithmetic: midpoint {} of decade {} gives t = {}, not within {} of {}", mid, d, t,
-                 QuantArith::kAmbiguity, j + 1);
+        const int32_t si = s_of(x, r), want = (c0 + j + 1) << QuantArith::kFracBits;
+        LT_CHECK(si >= want - 2 && si <= want + 1 && QuantArith::ambiguous(si),
+                 "quantisation arithmetic: midpoint {} of decade {} gives s = {}, not within the flagged window "
+                 "around {}", mid, d, si, want);
       }
     }
+    // The smallest magnitude of the region (either sign's threshold) must not fall below the decade.
+    LT_CHECK(s_of(std::nextafter(a.T[16 + d], INFINITY), r) >> QuantArith::kFracBits >= c0,
+             "quantisation arithmetic: region {} starts below its decade", r);
     base += k;
   }
   LT_CHECK_EQ(base, U, "dynamic map decades");
   add_boundary(7, (P(U - 1) + P(U)) / 2);
-  // region_lo: the regions wholly below each binade [2^(e-127), 2^(e-126)); at most one midpoint inside it.
+  // region_lo: the regions wholly below each binade [2^(e-127), 2^(e-126)), at most one midpoint inside it
+  // (for either sign's thresholds).
   for (int i = 0; i < 32; ++i) {
     const int e = QuantArith::kExpBase + i;
     const double lo = i == 0 ? 0.0 : std::ldexp(1.0, e - 127), hi = i == 31 ? INFINITY : std::ldexp(1.0, e - 126);
     int below = 0, inside = 0;
     for (int t = 0; t < 8; ++t) {
-      below += double(a.T[t]) < lo;
-      inside += double(a.T[t]) >= lo && double(a.T[t]) < hi;
+      const double tp = a.T[t], tn = a.T[16 + t];
+      LT_CHECK((tp < lo) == (tn < lo), "quantisation arithmetic: a midpoint sits on a binade edge");
+      below += tp < lo;
+      inside += std::max(int(tp >= lo && tp < hi), int(tn >= lo && tn < hi));
     }
     LT_CHECK(inside <= 1, "quantisation arithmetic: binade 2^{} holds {} region boundaries", e - 127, inside);
     a.region_lo[i] = below;
@@ -170,6 +176,20 @@ const QuantArith& quant_arith(QuantMapKind kind) {
   static const QuantArith s = build_arith(QuantMapKind::signed_dynamic);
   static const QuantArith u = build_arith(QuantMapKind::unsigned_dynamic);
   return kind == QuantMapKind::signed_dynamic ? s : u;
+}
+
+uint8_t quant_arith_lookup(QuantMapKind kind, float x) {
+  const QuantArith& q = quant_arith(kind);
+  const float a = std::fabs(x);
+  uint32_t bits;
+  std::memcpy(&bits, &a, 4);
+  const bool negative = kind == QuantMapKind::signed_dynamic && x < 0;
+  const int32_t lo = q.region_lo[std::max<int32_t>(int32_t(bits >> 23) - QuantArith::kExpBase, 0) & 31];
+  const int32_t r = lo + (a > q.T[lo + (negative ? 16 : 0)]);
+  const int32_t s = int32_t(std::lrint(std::fma(a, q.A[r], q.B[r])));
+  if (QuantArith::ambiguous(s)) return quant_lookup(quant_table(kind), x);
+  const int32_t c = std::min(s >> QuantArith::kFracBits, q.hi[r]);
+  return uint8_t(negative ? 254 - std::min(c, 254) : c);
 }
 
 std::vector<float> linspace_f32_torch(float start, float end, int64_t steps) {

@@ -44,7 +44,7 @@ Ours run_ours(const TorchCase& c, const std::vector<float>& input, VectorPath pa
   int64_t at = 0;
   for (size_t i = 0; i < c.sizes.size(); ++i) {
     OptimTensor t;
-    t.name = "p" + std::to_string(i);
+    t.name = fmt::format("p{}", i);
     t.shape = {c.sizes[i]};
     t.param_offset = at * 4;
     t.precision = StatePrecision::f32;
@@ -60,7 +60,9 @@ Ours run_ours(const TorchCase& c, const std::vector<float>& input, VectorPath pa
     for (const OptimTensor& t : tensors)
       sumsq += accumulate_grad(grad.data() + t.param_offset / 4, g + t.param_offset / 4, t.numel(), GradMode::overwrite);
     const float clip = clip_coefficient(std::sqrt(sumsq), c.max_grad_norm);
-    if (c.max_grad_norm > 0) EXPECT_LT(clip, 0.1f) << "the case should clip";
+    if (c.max_grad_norm > 0) {
+      EXPECT_LT(clip, 0.1f) << "the case should clip";
+    }
     clips.push_back(clip);
     slab.update(reinterpret_cast<uint8_t*>(p.data()), reinterpret_cast<const uint8_t*>(grad.data()),
                 {s + 1, c.lr(s), clip}, nullptr, path);

@@ -87,7 +87,9 @@ TEST(HybridAdamW, WhichTensorsGet8BitStates) {
   for (const OptimTensor& t : ruled.slab_state(SlabKind::layer, 0).tensors())
     EXPECT_EQ(t.precision, StatePrecision::f32) << t.name;
   for (const OptimTensor& t : ruled.slab_state(SlabKind::layer, 2).tensors())
-    if (t.name.ends_with("k_proj.weight")) EXPECT_EQ(t.precision, StatePrecision::q8);
+    if (t.name.ends_with("k_proj.weight")) {
+      EXPECT_EQ(t.precision, StatePrecision::q8);
+    }
   EXPECT_EQ(ruled.slab_state(SlabKind::embedding).tensors()[0].precision, StatePrecision::q8);
 
   EXPECT_TRUE(glob_match("model.layers.*.mlp.*", "model.layers.12.mlp.up_proj.weight"));

@@ -1,6 +1,8 @@
 // The dynamic quantisation maps against bitsandbytes' construction run on Debian's torch, and the nearest-code
 // lookup (definition and bucket table) against brute force over all 256 codes, on values of every magnitude.
+#include <algorithm>
 #include <cfloat>
+#include <cstdio>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -105,6 +107,40 @@ TEST(QuantMap, NearestCodeIsBruteForceNearest) {
     }
     EXPECT_EQ(bad_exact, 0);
     EXPECT_EQ(bad_table, 0);
+  }
+}
+
+TEST(QuantMap, ArithmeticMethodIsBruteForceNearest) {
+  // The vector paths' method (region, one FMA, exact lookup of ambiguous lanes) on every probe below 2 in
+  // magnitude (its precondition; non-negative for the unsigned map, as v is), and how often it falls back.
+  const std::vector<float> xs = probe_values(12);
+  for (QuantMapKind kind : kKinds) {
+    const QuantMap& q = quant_map(kind);
+    const QuantArith& qa = quant_arith(kind);
+    int64_t bad = 0, checked = 0, fallbacks = 0, random_lanes = 0;
+    for (size_t k = 0; k < xs.size(); ++k) {
+      const float x = xs[k];
+      if (!(std::fabs(x) < 2.0f) || (kind == QuantMapKind::unsigned_dynamic && std::signbit(x))) continue;
+      ++checked;
+      const uint8_t want = brute_force_nearest(q, x), got = quant_arith_lookup(kind, x);
+      if (got != want && bad++ < 5)
+        ADD_FAILURE() << kind_name(kind) << " x=" << x << ": arithmetic gives " << int(got) << ", brute force "
+                      << int(want);
+      if (k < 200000) {  // the log-uniform part: the fallback rate
+        ++random_lanes;
+        const float a = std::fabs(x);
+        uint32_t bits;
+        std::memcpy(&bits, &a, 4);
+        const int32_t lo = qa.region_lo[std::max<int32_t>(int32_t(bits >> 23) - QuantArith::kExpBase, 0) & 31];
+        const int32_t r = lo + (a > qa.T[lo + (x < 0 ? 16 : 0)]);
+        fallbacks += QuantArith::ambiguous(int32_t(std::lrint(std::fma(a, qa.A[r], qa.B[r]))));
+      }
+    }
+    EXPECT_EQ(bad, 0);
+    EXPECT_GT(checked, 90000);
+    std::printf("  %s: %lld values, %.3f%% of the random ones looked up exactly\n", kind_name(kind),
+                static_cast<long long>(checked), 100.0 * double(fallbacks) / double(random_lanes));
+    EXPECT_LT(double(fallbacks) / double(random_lanes), 0.01);
   }
 }
 
