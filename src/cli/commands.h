@@ -11,6 +11,12 @@ void register_bench(CLI::App& app);
 void register_grad(CLI::App& app);
 void register_init(CLI::App& app);
 void register_tokenize(CLI::App& app);
+void register_plan(CLI::App& app);
+void register_profile(CLI::App& app);
+void register_simulate(CLI::App& app);
+void register_train(CLI::App& app);
+void register_eval(CLI::App& app);
+void register_generate(CLI::App& app);
 // Adds `step` to the `bench` command group.
 void add_bench_step(CLI::App& bench);
 

@@ -12,6 +12,12 @@ int main(int argc, char** argv) {
   lt::cli::register_grad(app);
   lt::cli::register_init(app);
   lt::cli::register_tokenize(app);
+  lt::cli::register_plan(app);
+  lt::cli::register_profile(app);
+  lt::cli::register_simulate(app);
+  lt::cli::register_train(app);
+  lt::cli::register_eval(app);
+  lt::cli::register_generate(app);
   // `bench` groups the benchmarks; each module adds its own subcommand.
   CLI::App* bench = nullptr;
   for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; }))

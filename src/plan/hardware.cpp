@@ -1,0 +1,163 @@
+#include "plan/hardware.h"
+
+#include <filesystem>
+#include <fmt/format.h>
+
+#include "core/error.h"
+
+#include "model/layout.h"
+
+namespace lt {
+namespace {
+
+constexpr double kGB = 1e9;
+
+std::vector<Hardware> make_builtin() {
+  std::vector<Hardware> v;
+  {
+    Hardware h;
+    h.name = "h800";
+    h.description = "NVIDIA H800 80 GB, PCIe Gen5 host link (the LazyTrain paper's machine)";
+    h.device_memory_bytes = size_t(80e9);  // REFERENCES.md §1: "H800 80 GB"
+    h.peak_tflops = 989;                   // H800 SXM = H100 SXM tensor cores: 989 TFLOPS dense BF16 (NVIDIA H100 datasheet)
+    // Calibrated, not the peak: the rate at which this cost model reproduces MegaTrain's measured 171.92
+    // TFLOPS (6·N·tokens convention) for Qwen2.5-14B, batch 96, seq 1024, every:4 on this machine
+    // (REFERENCES.md §1; with the paper's bf16 activations): 265 gives 172.15 (docs/planner.md has the run).
+    // The paper's PyTorch executor's per-layer kernels reach ~27% of peak.
+    h.sustained_tflops = 265;
+    h.link.h2d_gbps = 12;  // REFERENCES.md §1: "PCIe Gen5 x16 (measured 12 GB/s per direction)"
+    h.link.d2h_gbps = 12;
+    h.link.h2d_duplex_gbps = 12;  // the paper's figure is per direction with both in use (its windows share both)
+    h.link.d2h_duplex_gbps = 12;
+    h.link.latency_s = 10e-6;     // assumption: typical cudaMemcpyAsync launch + DMA set-up, not measured
+    h.nvme_read_gbps = 2.83;      // REFERENCES.md §1: "NVMe 2.83 GB/s read / 3.35 GB/s write"
+    h.nvme_write_gbps = 3.35;
+    // Assumption (no published figure): 2x Xeon 6448Y with DDR5-4800, ~300 GB/s STREAM; accumulation
+    // reads dst and src and writes dst, on the few threads the host worker gets: 50 GB/s of gradient.
+    h.host_accumulate_gbps = 50;
+    h.optimizer_params_per_s = 1.4e9;  // REFERENCES.md §5: DeepSpeed CPU Adam ~1.4 G params/s
+    h.host_copy_gbps = 50;             // same assumption as accumulation (embedding gather / scatter)
+    v.push_back(h);
+  }
+  {
+    Hardware h;
+    h.name = "h200";
+    h.description = "NVIDIA H200 141 GB, PCIe Gen5 host link";
+    h.device_memory_bytes = size_t(141e9);  // NVIDIA H200 datasheet: 141 GB HBM3e
+    h.peak_tflops = 989;                    // NVIDIA H200 datasheet: 989 TFLOPS dense BF16 (same tensor cores as H100)
+    h.sustained_tflops = 265;               // same GH100 compute as the H800: the H800's calibrated rate
+    h.link.h2d_gbps = 53;   // REFERENCES.md §6: "PCIe 5.0 ~35–53 GB/s (asymmetric)": the faster end up
+    h.link.d2h_gbps = 35;   // and the slower end down (assumption on which direction is which)
+    h.link.h2d_duplex_gbps = 26;  // assumption: about half of h2d when both directions are busy (REFERENCES.md
+    h.link.d2h_duplex_gbps = 26;  // §6 reports 11–16 GB/s each on Gen4 under duplex load, ~half of alone)
+    h.link.latency_s = 10e-6;     // assumption, as h800
+    h.nvme_read_gbps = 7;         // REFERENCES.md §6: "NVMe Gen4 ~7 / 5 GB/s read/write" (a typical drive)
+    h.nvme_write_gbps = 5;
+    h.host_accumulate_gbps = 50;  // assumption, as h800
+    h.optimizer_params_per_s = 1.4e9;  // REFERENCES.md §5 (DeepSpeed CPU Adam)
+    h.host_copy_gbps = 50;
+    v.push_back(h);
+  }
+  {
+    Hardware h;
+    h.name = "rtx3090";
+    h.description = "NVIDIA RTX 3090 24 GB, PCIe Gen4 x16 host link";
+    h.device_memory_bytes = size_t(24e9);  // 24 GB GDDR6X (NVIDIA GA102 whitepaper, appendix A)
+    h.peak_tflops = 71;                    // GA102 whitepaper: RTX 3090 BF16 tensor with FP32 accumulate, dense
+    // Derived from MegaTrain's measured 33.18 TFLOPS (6·N·tokens) for Qwen2.5-3B at batch 7 on this card
+    // (REFERENCES.md §1): every:4 runs 4.75/3 of the 6·N·tokens FLOPs, so the card sustained ~52.5 TFLOPS
+    // (74% of peak). End to end this model predicts less (docs/planner.md): the host optimizer at §5's
+    // 1.4 G params/s does not hide under a batch-7 forward.
+    h.sustained_tflops = 52.5;
+    h.link.h2d_gbps = 25;         // REFERENCES.md §6: "PCIe 4.0 x16 pinned 24–27 GB/s"
+    h.link.d2h_gbps = 25;
+    h.link.h2d_duplex_gbps = 13.5;  // REFERENCES.md §6: "both directions busy at once can drop to 11–16 GB/s each"
+    h.link.d2h_duplex_gbps = 13.5;
+    h.link.latency_s = 10e-6;
+    h.nvme_read_gbps = 7;         // REFERENCES.md §6: "NVMe Gen4 ~7 / 5 GB/s read/write"
+    h.nvme_write_gbps = 5;
+    // Assumption: a desktop with dual-channel DDR4, ~40 GB/s STREAM: a third of it for accumulation.
+    h.host_accumulate_gbps = 13;
+    h.optimizer_params_per_s = 1.4e9;  // REFERENCES.md §5: DeepSpeed CPU Adam ~1.4 G params/s (hardware unstated)
+    h.host_copy_gbps = 13;
+    v.push_back(h);
+  }
+  return v;
+}
+
+}  // namespace
+
+const std::vector<Hardware>& builtin_hardware() {
+  static const std::vector<Hardware> hw = make_builtin();
+  return hw;
+}
+
+const Hardware* find_hardware(const std::string& name) {
+  for (const Hardware& h : builtin_hardware())
+    if (h.name == name) return &h;
+  return nullptr;
+}
+
+std::string hardware_names() {
+  std::string s;
+  for (const Hardware& h : builtin_hardware()) s += (s.empty() ? "" : ", ") + h.name;
+  return s;
+}
+
+int64_t layer_parameters(const ModelConfig& cfg) { return SlabLayout::make(cfg, SlabKind::layer).num_parameters(); }
+
+double layer_forward_flops(const ModelConfig& cfg, int64_t B, int64_t T) {
+  const double N = double(B) * double(T), C = double(cfg.hidden_size), I = double(cfg.intermediate_size);
+  const double QD = double(cfg.q_dim()), KVD = double(cfg.kv_dim());
+  const double gemm = 2.0 * N * (C * QD + 2.0 * C * KVD + QD * C + 3.0 * C * I);
+  // Causal attention: Q·Kᵀ and P·V each 2·T·T·D per head and row, half of it under the mask.
+  const double attention = 2.0 * double(B) * double(cfg.num_heads) * double(T) * double(T) * double(cfg.head_dim);
+  return gemm + attention;
+}
+
+double head_flops(const ModelConfig& cfg, int64_t B, int64_t T) {
+  return 6.0 * double(B) * double(T) * double(cfg.hidden_size) * double(cfg.vocab_size);
+}
+
+Profile hardware_profile(const Hardware& hw, const ModelConfig& cfg, int64_t B, int64_t T) {
+  Profile p;
+  p.name = hw.name;
+  p.source = fmt::format("built-in {}: compute = FLOPs / {:g} TFLOPS sustained (peak {:g}); links and disks from "
+                         "published figures (src/plan/hardware.cpp)",
+                         hw.name, hw.sustained_tflops, hw.peak_tflops);
+  p.batch = B;
+  p.seq = T;
+  p.compute = "bf16";
+  const double rate = hw.sustained_tflops * 1e12;
+  const double fwd = layer_forward_flops(cfg, B, T) / rate;
+  p.forward_s.assign(size_t(cfg.num_layers), fwd);
+  p.recompute_s.assign(size_t(cfg.num_layers), fwd);
+  p.backward_s.assign(size_t(cfg.num_layers), 2.0 * fwd);
+  p.head_s = head_flops(cfg, B, T) / rate;
+  const double act_bytes = double(B) * double(T) * double(cfg.hidden_size) * 4.0;
+  p.embed_forward_s = act_bytes / (hw.host_copy_gbps * kGB);
+  p.embed_backward_s = act_bytes / (hw.host_copy_gbps * kGB);
+  p.accumulate_gbps = hw.host_accumulate_gbps;
+  p.optimizer_params_per_s = hw.optimizer_params_per_s;
+  p.optimizer_note = "built-in figure (src/plan/hardware.cpp)";
+  p.link = hw.link;
+  p.nvme_read_gbps = hw.nvme_read_gbps;
+  p.nvme_write_gbps = hw.nvme_write_gbps;
+  p.nvme_note = "built-in figure (src/plan/hardware.cpp)";
+  p.device_memory_bytes = hw.device_memory_bytes;
+  p.sustained_tflops = hw.sustained_tflops;
+  return p;
+}
+
+Profile resolve_profile(const std::string& spec, const ModelConfig& cfg, int64_t B, int64_t T) {
+  if (const Hardware* hw = find_hardware(spec)) return hardware_profile(*hw, cfg, B, T);
+  LT_CHECK(std::filesystem::exists(spec),
+           "--hardware '{}' is neither a built-in machine ({}) nor a profile file (make one with `lazytrain profile`)",
+           spec, hardware_names());
+  Profile p = Profile::load(spec);
+  LT_CHECK(p.num_layers() == cfg.num_layers, "profile {} has {} layers, the model has {}: profile this model", spec,
+           p.num_layers(), cfg.num_layers);
+  return scale_profile(p, B, T);
+}
+
+}  // namespace lt

@@ -1,0 +1,145 @@
+#include "plan/instance.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/aligned.h"
+#include "core/error.h"
+#include "model/block.h"
+#include "model/layout.h"
+#include "plan/hardware.h"
+
+namespace lt {
+
+const char* memory_model_name(MemoryModel m) {
+  return m == MemoryModel::executor ? "executor" : "lifetime";
+}
+
+std::string Instance::window_name(int w) const {
+  if (w < L) return "F" + std::to_string(w);
+  if (w == L) return "H";
+  return "B" + std::to_string(2 * L - w);
+}
+
+int Instance::window_from_name(const std::string& s) const {
+  if (s == "H") return int(L);
+  if (s.size() < 2 || (s[0] != 'F' && s[0] != 'B')) return -1;
+  int64_t v = 0;
+  for (size_t i = 1; i < s.size(); ++i) {
+    if (s[i] < '0' || s[i] > '9') return -1;
+    v = v * 10 + (s[i] - '0');
+    if (v >= L) return -1;
+  }
+  return s[0] == 'F' ? fwd(v) : bwd(v);
+}
+
+double Instance::fixed_window(int w) const {
+  // The executor's lifetimes (exec/working_set.cpp): weight buffers, tokens and the ring for the whole step;
+  // the head's input from F(L-1) to H; the head's weights and gradients in H; activation gradients from H on;
+  // gradient buffers and backward scratch over the backward.
+  const ExecOptions& e = opt.exec;
+  double m = double(e.weight_buffers) * W + tokens + double(e.boundary_ring) * A;
+  if (w == L - 1) m += A;
+  if (w == L) m += A + HW + HG + 2 * A;
+  if (w > L) m += double(e.grad_buffers) * G + BS + 2 * A;
+  return m;
+}
+
+double Instance::fixed_peak() const {
+  double m = 0;
+  for (int w = 0; w < num_windows(); ++w) m = std::max(m, fixed_window(w));
+  return m;
+}
+
+double Instance::prologue() const { return std::max(embed_f, token_upload / bw_h2d) + (A + W) / bw_h2d; }
+
+double Instance::epilogue() const { return G / bw_d2h + std::max(acc_layer, A / bw_d2h) + embed_b; }
+
+Plan normalize_plan(const Plan& p) {
+  Plan q = p;
+  if (!q.boundary.empty() && q.boundary[0] == Tier::drop) q.boundary[0] = Tier::host;
+  if (!q.boundary.empty() && q.boundary[0] == Tier::nvme) q.boundary[0] = Tier::host;
+  return q;
+}
+
+Instance make_instance(const ModelConfig& cfg, int64_t B, int64_t T, const Profile& profile0, const Budgets& budget,
+                       const InstanceOptions& o) {
+  LT_CHECK(B >= 1 && T >= 1, "batch {} x seq {}: both must be >= 1", B, T);
+  LT_CHECK(cfg.num_layers >= 1, "the model has no layers");
+  LT_CHECK(o.activation_scale > 0 && o.activation_scale <= 1, "activation scale must be in (0, 1], got {}",
+           o.activation_scale);
+  Profile profile = scale_profile(profile0, B, T);
+  profile.validate(cfg.num_layers);
+  Instance in;
+  in.cfg = cfg;
+  in.L = cfg.num_layers;
+  in.B = B;
+  in.T = T;
+  in.opt = o;
+  in.budget = budget;
+  in.restricted = o.restricted;
+  in.profile_name = profile.name;
+  const int64_t N = B * T, C = cfg.hidden_size;
+  const DType mdt = o.exec.compute == ComputeType::bf16 ? DType::bf16 : DType::f32;
+  const BlockShape s = BlockShape::make(cfg, B, T);
+  auto al = [](double bytes) { return double(align_up(size_t(std::ceil(bytes)), kDeviceAlign)); };
+  const double act = o.activation_scale;
+  in.A = al(double(N * C) * 4 * act);
+  in.A_nvme = double(align_up(size_t(in.A), kPageAlign));
+  in.I = al(double(BlockActs::floats(s)) * 4 * act);
+  in.BS = al(double(BlockScratch::floats(s)) * 4 * act);
+  in.W = al(double(SlabLayout::make(cfg, SlabKind::layer, mdt).bytes()));
+  in.G = al(double(SlabLayout::make(cfg, SlabKind::layer, DType::f32).bytes()));
+  double hw = double(SlabLayout::make(cfg, SlabKind::head, mdt).bytes());
+  double hg = double(SlabLayout::make(cfg, SlabKind::head, DType::f32).bytes());
+  if (cfg.tie_word_embeddings) {
+    hw += double(SlabLayout::make(cfg, SlabKind::embedding, mdt).bytes());
+    hg += double(SlabLayout::make(cfg, SlabKind::embedding, DType::f32).bytes());
+  }
+  in.HW = al(hw);
+  in.HG = al(hg);
+  in.tokens = al(double(N) * 4 * 3);
+  in.token_upload = double(N) * 4 * 2;
+
+  in.f = profile.forward_s;
+  in.b = profile.backward_s;
+  in.r = profile.recompute_s;
+  in.head = profile.head_s;
+  in.embed_f = profile.embed_forward_s;
+  in.embed_b = profile.embed_backward_s;
+  in.acc_layer = in.G / (profile.accumulate_gbps * 1e9);
+  in.acc_head = in.HG / (profile.accumulate_gbps * 1e9);
+  in.bw_h2d = profile.link.h2d_gbps * 1e9;
+  in.bw_d2h = profile.link.d2h_gbps * 1e9;
+  const double hd = profile.link.h2d_duplex_gbps > 0 ? profile.link.h2d_duplex_gbps : profile.link.h2d_gbps;
+  const double dd = profile.link.d2h_duplex_gbps > 0 ? profile.link.d2h_duplex_gbps : profile.link.d2h_gbps;
+  in.bw_sum = (hd + dd) * 1e9 < in.bw_h2d + in.bw_d2h - 1.0 ? (hd + dd) * 1e9 : 0.0;
+  in.latency = profile.link.latency_s;
+  in.bw_nvme_r = profile.nvme_read_gbps * 1e9;
+  in.bw_nvme_w = profile.nvme_write_gbps * 1e9;
+  if (o.include_optimizer && !o.restricted && profile.optimizer_params_per_s > 0) {
+    const double rate = profile.optimizer_params_per_s;
+    in.opt_layer = double(layer_parameters(cfg)) / rate;
+    in.opt_embed = double(cfg.vocab_size * C) / rate;
+    in.opt_head = double(C + (cfg.tie_word_embeddings ? 0 : cfg.vocab_size * C)) / rate;
+  }
+  in.parameters = cfg.num_parameters();
+  in.head_fence = true;  // what-if sizes: assume the executor's usual packing
+  if (o.activation_scale == 1.0 && in.L >= 1) {
+    const WorkingSet ws = plan_working_set(cfg, B, T, Plan::every(in.L, 1), o.exec);
+    in.head_fence = false;
+    for (const DeviceBuffer& b : ws.buffers)
+      if (b.first_window == in.bwd(in.L - 1) && b.reuse_after >= 0) in.head_fence = true;
+  }
+  in.layer_flops = layer_forward_flops(cfg, B, T);
+  in.head_flops = head_flops(cfg, B, T);
+
+  in.allow_host = o.allow_host;
+  in.allow_nvme = o.allow_nvme && !o.restricted && budget.nvme_bytes > 0 && in.bw_nvme_r > 0 && in.bw_nvme_w > 0 &&
+                  in.L >= 2;
+  in.memory = o.memory;
+  LT_CHECK(o.offload_span >= 1 && o.reload_span >= 1 && o.nvme_span >= 1, "transfer window spans must be >= 1");
+  return in;
+}
+
+}  // namespace lt

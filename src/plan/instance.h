@@ -1,0 +1,123 @@
+// plan/instance.h — one planning problem: a model at a batch shape, a profile, memory budgets, and the
+// executor's buffer sizes, reduced to the numbers the cost model, the MILP, the DP and the simulator use.
+//
+// The step's timeline is cut into 2L + 1 windows, in the order the executor runs them (the same indices
+// as WorkingSet::window_bytes):
+//   F0 .. F(L-1)   forward of layer l          window l
+//   H              head forward + backward     window L
+//   B(L-1) .. B0   backward of layer k         window 2L - k
+// Legend: L layers, B batch rows, T tokens per row, N = B*T, C hidden.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "exec/plan.h"
+#include "exec/working_set.h"
+#include "model/config.h"
+#include "plan/profile.h"
+
+namespace lt {
+
+// Which device-memory model the planner constrains, per window.
+enum class MemoryModel : uint8_t {
+  // The executor's: plan_working_set()'s buffers with their lifetimes (window_bytes), replicated as linear
+  // functions of the plan: the internals scratch over the whole step and the recompute output and cache
+  // (at the deepest run) over the whole backward whenever any layer needs them.
+  executor,
+  // Finer lifetimes (what an executor that frees per window could reach): the scratch and recompute output
+  // only in windows that recompute, the recompute cache only as deep as the run being rebuilt.
+  lifetime,
+};
+const char* memory_model_name(MemoryModel m);
+
+struct Budgets {
+  size_t device_bytes = 0;     // device memory the plan may use
+  size_t host_act_bytes = 0;   // host memory for host-tier activations (and NVMe staging)
+  size_t nvme_bytes = 0;       // NVMe space for the nvme tier
+};
+
+struct InstanceOptions {
+  ExecOptions exec;
+  MemoryModel memory = MemoryModel::executor;
+  bool allow_host = true;
+  bool allow_nvme = true;          // needs a budget and a profile with NVMe bandwidth as well
+  bool include_optimizer = true;   // add the host optimizer's exposed part to the objective
+  // Windows a transfer may use. An offload of boundary i may spread over F(i) .. F(i + offload_span - 1),
+  // a reload over the reload_span windows before B(i); NVMe writes and reads over nvme_span windows.
+  // The executor's boundary ring (3 slots) holds exactly the boundaries in flight for spans of 2.
+  int offload_span = 2;
+  int reload_span = 2;
+  int nvme_span = 8;
+  // The restricted chain problem the DP solves exactly: device and host tiers only, each transfer in its
+  // natural window (offload in F(i), reload in the window before B(i)), no optimizer term.
+  bool restricted = false;
+  // What-if: bytes per stored activation element relative to the executor's f32 (0.5 = bf16, as the paper's
+  // PyTorch executor stores them). Anything but 1 is not the executor's memory model and is reported so.
+  double activation_scale = 1.0;
+};
+
+struct Instance {
+  ModelConfig cfg;
+  int64_t L = 0, B = 0, T = 0;
+  InstanceOptions opt;
+  MemoryModel memory = MemoryModel::executor;
+  bool allow_host = true, allow_nvme = false, restricted = false;
+  Budgets budget;
+
+  // Bytes (each rounded up to the device's 256-byte allocation unit, as the working set counts them).
+  double A = 0;        // one boundary [N, C] f32
+  double A_nvme = 0;   // one boundary on NVMe (4 KiB pages)
+  double I = 0;        // one layer's internals (BlockActs)
+  double W = 0;        // one layer's weights (compute copy)
+  double G = 0;        // one layer's gradients (f32)
+  double HW = 0, HG = 0;  // head weights / gradients (lm_head counted here when tied)
+  double tokens = 0;   // device buffer: positions, targets, document ids
+  double token_upload = 0;  // uploaded each step: positions and targets (unpacked batches)
+  double BS = 0;       // backward scratch
+  // Times (seconds).
+  std::vector<double> f, b, r;  // [L] forward, backward, recompute
+  double head = 0, embed_f = 0, embed_b = 0;
+  double acc_layer = 0, acc_head = 0;  // host accumulation of one layer's / the head's gradients
+  double bw_h2d = 0, bw_d2h = 0;       // bytes/s
+  double bw_sum = 0;                   // h2d + d2h bytes/s with both busy; 0 = no joint limit
+  double latency = 0;
+  double bw_nvme_r = 0, bw_nvme_w = 0; // bytes/s; 0 = no NVMe
+  double opt_layer = 0, opt_embed = 0, opt_head = 0;  // host optimizer seconds per slab; 0 = off
+  // The executor's window fence at B(L-1): when its working set packs a backward buffer into memory the head
+  // used, every stream waits there for the others' earlier work. The head's gradient download and the first
+  // backward fetches then run after the head, not under it (cost_model.h: the fence term).
+  bool head_fence = false;
+  int64_t parameters = 0;
+  double layer_flops = 0, head_flops = 0;  // forward FLOPs of one layer; head forward + backward
+  std::string profile_name;
+
+  int num_windows() const { return int(2 * L + 1); }
+  int fwd(int64_t l) const { return int(l); }
+  int head_window() const { return int(L); }
+  int bwd(int64_t k) const { return int(2 * L - k); }
+  std::string window_name(int w) const;  // "F3", "H", "B5"
+  int window_from_name(const std::string& name) const;  // -1 if not a window
+
+  // Device bytes of window w that do not depend on the plan (weights, gradient buffers, tokens, the ring,
+  // the head's buffers, backward scratch, activation gradients), with the executor's lifetimes.
+  double fixed_window(int w) const;
+  // The largest of them (for messages).
+  double fixed_peak() const;
+  // Host time of the step's prologue (embedding lookup, first uploads) and epilogue (last gradients out,
+  // embedding backward).
+  double prologue() const;
+  double epilogue() const;
+};
+
+// Builds the instance; checks the profile matches the model (layer count) and the budgets are usable.
+Instance make_instance(const ModelConfig& cfg, int64_t B, int64_t T, const Profile& profile, const Budgets& budget,
+                       const InstanceOptions& options);
+
+// Boundary 0 is the embedding output, which stays on the host: "drop" there means "host" (the executor
+// uploads it again). Returns the plan with that spelled out.
+Plan normalize_plan(const Plan& p);
+
+}  // namespace lt

@@ -1,0 +1,33 @@
+// plan/measure.h — `lazytrain profile`: measure a Profile on the device at the real shapes.
+//
+// Everything runs through the paths the executor uses: block_forward / block_backward and the fused head
+// launched on the device's compute stream (times from the device's own operation records), copies through
+// the device's copy engine (on the CPU device: the emulated link, so what is measured is that link), gradient
+// accumulation on a HostWorker, the host optimizer's fused update (optim/adamw.h) and NVMe through the
+// executor's NvmeStore (its probe).
+#pragma once
+
+#include <string>
+
+#include "device/device.h"
+#include "model/config.h"
+#include "ops/linear.h"
+#include "plan/profile.h"
+
+namespace lt {
+
+struct MeasureOptions {
+  size_t device_memory = size_t(8) << 30;  // the emulated device's capacity (and the profile's default budget)
+  LinkSpec link;                           // the emulated link (0 = unlimited)
+  ComputeType compute = ComputeType::f32;
+  int reps = 3;                            // repetitions per measurement (the fastest is kept)
+  std::string nvme_dir;                    // empty: NVMe not measured
+  size_t nvme_probe_bytes = size_t(256) << 20;
+  bool optimizer = true;                   // measure the host optimizer on one layer slab
+  uint64_t seed = 1;
+  std::string model_name;                  // for the profile's "model" field
+};
+
+Profile measure_profile(const ModelConfig& cfg, int64_t B, int64_t T, const MeasureOptions& o);
+
+}  // namespace lt

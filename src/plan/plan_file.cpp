@@ -1,0 +1,41 @@
+#include "plan/plan_file.h"
+
+#include <filesystem>
+
+#include "io/json_file.h"
+
+namespace lt {
+
+nlohmann::json plan_file_json(const Instance& in, const Plan& plan, const TransferWindows& windows,
+                              const Prediction* pred) {
+  nlohmann::json j = normalize_plan(plan).to_json();
+  j["windows"] = windows.to_json(in);
+  j["shape"] = {{"batch", in.B}, {"seq", in.T}, {"profile", in.profile_name}};
+  if (pred)
+    j["predicted"] = {{"step_s", pred->step_s},
+                      {"iteration_s", pred->iteration_s},
+                      {"tokens_per_s", pred->tokens_per_s(in)},
+                      {"peak_device_bytes", pred->model_device_bytes},
+                      {"executor_device_bytes", pred->executor_device_bytes},
+                      {"host_act_bytes", pred->host_act_bytes},
+                      {"nvme_bytes", pred->nvme_bytes}};
+  return j;
+}
+
+void write_plan_file(const std::string& path, const Instance& in, const Plan& plan, const TransferWindows& windows,
+                     const Prediction* pred) {
+  write_json_file(path, plan_file_json(in, plan, windows, pred), 2);
+}
+
+PolicyWithWindows load_policy(const std::string& spec, const Instance& in) {
+  PolicyWithWindows p;
+  p.plan = normalize_plan(Plan::parse(spec, in.L));
+  p.windows = TransferWindows::natural(in, p.plan);
+  if (std::filesystem::exists(spec)) {
+    const nlohmann::json j = read_json_file(spec);
+    if (j.is_object() && j.contains("windows")) p.windows = TransferWindows::from_json(j["windows"], in, spec);
+  }
+  return p;
+}
+
+}  // namespace lt

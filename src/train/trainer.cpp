@@ -1,0 +1,368 @@
+// train/trainer.cpp — the training loop. Reads top to bottom as the steps of a run.
+#include "train/trainer.h"
+
+#include <sys/statvfs.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fmt/format.h>
+#include <fstream>
+#include <optional>
+
+#include "core/error.h"
+#include "core/parallel.h"
+#include "core/timer.h"
+#include "core/units.h"
+#include "device/device.h"
+#include "exec/executor.h"
+#include "io/json_file.h"
+#include "io/nvme.h"
+#include "model/model.h"
+#include "optim/adamw.h"
+#include "plan/measure.h"
+#include "plan/planner.h"
+#include "text/chat_template.h"
+#include "text/tokenizer.h"
+#include "train/checkpoint.h"
+#include "train/data.h"
+#include "train/evaluate.h"
+#include "train/run_log.h"
+#include "train/schedule.h"
+
+namespace fs = std::filesystem;
+
+namespace lt {
+namespace {
+
+size_t mem_available_bytes() {
+  std::ifstream f("/proc/meminfo");
+  std::string key;
+  size_t kb = 0;
+  std::string unit;
+  while (f >> key >> kb >> unit)
+    if (key == "MemAvailable:") return kb * 1024;
+  return 0;
+}
+
+// The model: an HF directory to fine-tune, or a config.json to train from scratch (seeded init).
+struct ModelSource {
+  ModelConfig config;
+  ModelSlabs params;
+  std::string dir;  // where config.json (and the tokenizer) live
+  bool from_scratch = false;
+};
+
+ModelSource load_model_source(const TrainConfig& c) {
+  ModelSource m;
+  fs::path p(c.model_name_or_path);
+  if (fs::is_regular_file(p)) {  // a config.json alone: train from scratch
+    m.config = load_model_config(p.string());
+    m.params = ModelSlabs(m.config);
+    init_random(m.params, uint64_t(c.seed), 0.02f);
+    m.dir = p.parent_path().string();
+    m.from_scratch = true;
+  } else {
+    LoadedModel lm = load_hf_model(p.string());
+    m.config = lm.config;
+    m.params = std::move(lm.params);
+    m.dir = p.string();
+  }
+  return m;
+}
+
+nlohmann::json result_config(const TrainConfig& c) {
+  nlohmann::json all = c.to_json(), out;
+  for (const auto& k : TrainConfig::result_keys()) out[k] = all[k];
+  return out;
+}
+
+// Sum of the per-step measurements between two logging steps.
+struct Window {
+  double loss_sum = 0;
+  int64_t counted = 0, tokens = 0, steps = 0;
+  double seconds = 0, grad_norm = 0;
+  StepSummary time;
+  double optimizer_s = 0;
+  void add(const StepStats& st) {
+    time.compute_s += st.summary.compute_s;
+    time.h2d_s += st.summary.h2d_s;
+    time.d2h_s += st.summary.d2h_s;
+    time.nvme_s += st.summary.nvme_s;
+    time.host_s += st.summary.host_s;
+    time.exposed_s += st.summary.exposed_s;
+  }
+};
+
+}  // namespace
+
+TrainResult run_training(const TrainConfig& c) {
+  Timer run_timer;
+  if (c.threads > 0) set_num_threads(int(c.threads));
+  const ComputeType compute = c.compute_dtype == "bf16" ? ComputeType::bf16 : ComputeType::f32;
+  fs::create_directories(c.output_dir);
+
+  // --- resume? ---
+  std::string resume_dir;
+  if (c.resume_from_checkpoint == "true" || c.resume_from_checkpoint == "latest") {
+    resume_dir = latest_checkpoint(c.output_dir);
+  } else if (!c.resume_from_checkpoint.empty() && c.resume_from_checkpoint != "false") {
+    resume_dir = c.resume_from_checkpoint;
+    LT_CHECK(fs::is_directory(resume_dir), "resume_from_checkpoint: {} is not a directory", resume_dir);
+  }
+
+  // --- model, tokenizer, template, data ---
+  ModelSource model = load_model_source(c);
+  const ModelConfig& mc = model.config;
+  Tokenizer tok = Tokenizer::load(model.dir);
+  ChatTemplateKind kind = c.template_name == "auto" ? default_chat_template(model_type_name(mc.type))
+                                                    : parse_chat_template_kind(c.template_name);
+  ChatTemplate tpl(kind, tok);
+  TokenizeOptions topt;
+  topt.cutoff_len = c.cutoff_len;
+  topt.on_bad_example = parse_on_bad_example(c.on_bad_example);
+  topt.cache_dir = c.output_dir + "/data_cache";
+  TokenizedDataset data = load_datasets(resolve_datasets(c.dataset, c.dataset_dir), tok, tpl, topt);
+  LoaderOptions lopt;
+  lopt.batch_size = c.per_device_train_batch_size;
+  lopt.seed = uint64_t(c.seed);
+  lopt.packing = c.packing ? Packing::on : Packing::off;
+  lopt.row_len = c.cutoff_len;
+  lopt.pad_id = default_pad_id(tok);
+  DataLoader loader(std::move(data), lopt);
+  const int64_t steps_per_epoch =
+      std::max<int64_t>(1, loader.steps_per_epoch() / c.gradient_accumulation_steps);
+  const int64_t total_steps =
+      c.max_steps > 0 ? c.max_steps : int64_t(std::ceil(c.num_train_epochs * double(steps_per_epoch)));
+  const int64_t warmup = c.warmup_steps > 0 ? c.warmup_steps : int64_t(std::ceil(c.warmup_ratio * double(total_steps)));
+  const LrSchedule schedule{c.lr_scheduler_type, c.learning_rate, warmup, total_steps};
+
+  RunLog log(c.output_dir, total_steps, !resume_dir.empty());
+  log.message(fmt::format("model: {} ({}, {} layers, {:.1f}M parameters{})", c.model_name_or_path,
+                          model_type_name(mc.type), mc.num_layers, double(mc.num_parameters()) / 1e6,
+                          model.from_scratch ? ", random init" : ""));
+  log.message(loader.data().summary());
+
+  // --- the plan, and the memory check before any work ---
+  const int64_t B = c.per_device_train_batch_size, T = c.cutoff_len;  // the largest batch shape
+  const size_t device_bytes = parse_size(c.device_memory, "device_memory");
+  ExecOptions eo;
+  eo.compute = compute;
+  Plan plan;
+  if (c.plan == "auto") {
+    MeasureOptions mo;
+    mo.device_memory = device_bytes;
+    mo.link = LinkSpec{c.link_gbps, c.link_gbps, 0};
+    mo.compute = compute;
+    mo.nvme_dir = c.nvme_dir;
+    mo.reps = 1;
+    PlanRequest req;
+    req.cfg = mc;
+    req.model_name = c.model_name_or_path;
+    req.B = B;
+    req.T = T;
+    req.profile = measure_profile(mc, B, T, mo);
+    req.budget.device_bytes = device_bytes;
+    req.budget.host_act_bytes =
+        c.host_act_memory == "auto" ? mem_available_bytes() / 4 : parse_size(c.host_act_memory, "host_act_memory");
+    req.budget.nvme_bytes = c.nvme_dir.empty() ? 0 : parse_size(c.nvme_size, "nvme_size");
+    req.options.exec = eo;
+    req.options.allow_nvme = !c.nvme_dir.empty();
+    PlanReport report = make_plan(req);
+    LT_CHECK(report.found, "plan: auto found no plan that fits: {}", report.message);
+    plan = report.best.plan;
+    log.message(report.table());
+  } else {
+    plan = Plan::parse(c.plan, mc.num_layers);
+  }
+  const WorkingSet ws = plan_working_set(mc, B, T, plan, eo);
+  LT_CHECK(ws.device_bytes() <= device_bytes,
+           "plan '{}' needs {} of device memory at batch {} x {} but device_memory is {}", plan.name,
+           format_bytes(double(ws.device_bytes())), B, T, format_bytes(double(device_bytes)));
+  {
+    ModelSlabs probe_grads;  // host memory: masters + grads + bf16 copy + states + host activations
+    const double states = c.optimizer_state_bits == 8 ? 2.05 : 8.0;
+    const double host_need = double(mc.num_parameters()) * (4 + 4 + (compute == ComputeType::bf16 ? 2 : 0) + states) +
+                             double(ws.host_activation_bytes);
+    const size_t avail = mem_available_bytes();
+    LT_CHECK(avail == 0 || host_need < double(avail),
+             "host memory: the run needs about {} (weights, gradients, optimizer states, host activations) but "
+             "MemAvailable is {}",
+             format_bytes(host_need), format_bytes(double(avail)));
+    if (ws.nvme_bytes > 0) {
+      struct statvfs sv {};
+      LT_CHECK(statvfs(c.nvme_dir.c_str(), &sv) == 0, "nvme_dir {}: {}", c.nvme_dir, std::strerror(errno));
+      const double free_bytes = double(sv.f_bavail) * double(sv.f_frsize);
+      LT_CHECK(double(ws.nvme_bytes) < free_bytes, "nvme_dir {}: the plan writes {} of activations but {} is free",
+               c.nvme_dir, format_bytes(double(ws.nvme_bytes)), format_bytes(free_bytes));
+    }
+    log.message(fmt::format("plan {}: device {} of {} (peak, packed), host activations {}, nvme {}; host needs ~{}",
+                            plan.name, format_bytes(double(ws.device_bytes())), format_bytes(double(device_bytes)),
+                            format_bytes(double(ws.host_activation_bytes)), format_bytes(double(ws.nvme_bytes)),
+                            format_bytes(host_need)));
+  }
+
+  // --- device, executor, optimizer ---
+  std::unique_ptr<Device> device = make_cpu_device(device_bytes, LinkSpec{c.link_gbps, c.link_gbps, 0});
+  std::unique_ptr<NvmeStore> nvme;
+  if (ws.nvme_bytes > 0) {
+    LT_CHECK(!c.nvme_dir.empty(), "plan '{}' uses the nvme tier: set nvme_dir", plan.name);
+    NvmeOptions no;
+    no.dir = c.nvme_dir;
+    no.capacity_bytes = ws.nvme_bytes;
+    nvme = NvmeStore::open(no);
+    log.message("nvme: " + nvme->describe());
+  }
+  StreamingExecutor executor(mc, *device, eo, nvme.get());
+  ModelSlabs grads(mc);
+  std::optional<ModelSlabs> copy;
+  if (compute == ComputeType::bf16) copy.emplace(mc, DType::bf16);
+  AdamWConfig ac;
+  ac.beta1 = c.adam_beta1;
+  ac.beta2 = c.adam_beta2;
+  ac.eps = c.adam_epsilon;
+  ac.weight_decay = c.weight_decay;
+  ac.max_grad_norm = c.max_grad_norm;
+  ac.matrix_states = c.optimizer_state_bits == 8 ? StatePrecision::q8 : StatePrecision::f32;
+  HybridAdamW opt(model.params, grads, ac);
+  log.message(fmt::format("optimizer: AdamW, {}-bit states, {:.2f} bytes/parameter", c.optimizer_state_bits,
+                          opt.state_report().bytes_per_parameter()));
+
+  // --- resume ---
+  int64_t step = 0;
+  if (!resume_dir.empty()) {
+    nlohmann::json st = load_checkpoint(resume_dir, model.params, opt);
+    nlohmann::json saved = st.at("config"), now = result_config(c);
+    std::string diff;
+    for (const auto& [k, v] : now.items())
+      if (!saved.contains(k) || saved[k] != v)
+        diff += fmt::format("{}{} ({} -> {})", diff.empty() ? "" : ", ", k, saved.value(k, nlohmann::json()).dump(), v.dump());
+    LT_CHECK(diff.empty(), "{}: the config differs from the checkpoint's in keys that change results: {}", resume_dir,
+             diff);
+    step = st.at("step").get<int64_t>();
+    loader.seek(Cursor::from_json(st.at("cursor"), resume_dir));
+    log.message(fmt::format("resumed from {} at step {}", resume_dir, step));
+  }
+  if (copy) make_compute_copy(*copy, model.params);
+  const ModelSlabs& weights = copy ? *copy : model.params;
+
+  CheckpointWriter writer{c.output_dir, c.save_total_limit, c.save_dtype, size_t(5) << 30, model.dir};
+  std::optional<PendingUpdate> pending;
+  auto flush_update = [&]() {  // apply the pending update now (before a save, at the end)
+    if (!pending) return;
+    uint8_t* (*none)(void) = nullptr;
+    (void)none;
+    auto slab_copy = [&](SlabKind k, int64_t l) { return copy ? copy->slab(k, l) : nullptr; };
+    opt.update(SlabKind::embedding, 0, pending->args, slab_copy(SlabKind::embedding, 0));
+    for (int64_t l = 0; l < mc.num_layers; ++l) opt.update(SlabKind::layer, l, pending->args, slab_copy(SlabKind::layer, l));
+    opt.update(SlabKind::head, 0, pending->args, slab_copy(SlabKind::head, 0));
+    pending.reset();
+  };
+  auto save = [&](int64_t at_step) {
+    flush_update();
+    nlohmann::json st = {{"cursor", loader.cursor().to_json()}, {"config", result_config(c)}};
+    std::string path = save_checkpoint(writer, at_step, model.params, opt, st);
+    log.message("saved " + path);
+  };
+
+  std::vector<DatasetSpec> eval_specs;
+  if (!c.eval_dataset.empty()) eval_specs = resolve_datasets(c.eval_dataset, c.dataset_dir);
+  nlohmann::json last_eval;
+  auto evaluate = [&](int64_t at_step) {
+    if (eval_specs.empty()) return;
+    flush_update();
+    Timer t;
+    EvalResult er = evaluate_exact_match(model.params, tok, tpl, eval_specs, EvalOptions{});
+    last_eval = {{"exact_match", er.exact_match()}, {"total", er.total}, {"correct", er.correct},
+                 {"seconds", t.seconds()}};
+    log.log_eval(at_step, last_eval);
+    write_json_file(fmt::format("{}/eval-{}.json", c.output_dir, at_step), er.to_json());
+  };
+
+  // --- the loop ---
+  const double params_count = double(mc.num_parameters());
+  Window win;
+  double last_loss = 0;
+  int64_t tokens_total = 0;
+  Timer loop_timer;
+  for (; step < total_steps; ++step) {
+    Timer step_timer;
+    const double lr = schedule.at(step);
+    // All micro-batches first: the loss is the mean over every counted token of the optimizer step.
+    std::vector<Batch> micro;
+    int64_t counted = 0;
+    for (int64_t m = 0; m < c.gradient_accumulation_steps; ++m) {
+      micro.push_back(loader.next());
+      counted += StepTokens::make(micro.back()).count;
+    }
+    LT_CHECK(counted > 0, "step {}: no trainable token in the batch (every label is -100)", step);
+    GradNormPartials partials(mc.num_layers);
+    double loss_sum = 0;
+    for (size_t m = 0; m < micro.size(); ++m) {
+      GradTarget target{&partials, m == 0 ? GradMode::overwrite : GradMode::add, counted};
+      StepStats st = executor.step(grads, model.params, weights, micro[m], plan, nullptr,
+                                   m == 0 && pending ? &*pending : nullptr, target);
+      if (m == 0) pending.reset();
+      loss_sum += st.loss_sum;
+      win.add(st);
+      win.tokens += micro[m].N();
+      tokens_total += micro[m].N();
+    }
+    StepPlan sp = opt.plan_step(partials.sum_of_squares());
+    if (sp.skip) log.message(fmt::format("step {}: non-finite gradient norm, step skipped", step + 1));
+    else pending = PendingUpdate{&opt, StepArgs{sp.step, lr, sp.clip}, copy ? &*copy : nullptr};
+    win.loss_sum += loss_sum;
+    win.counted += counted;
+    win.grad_norm = sp.grad_norm;
+    win.seconds += step_timer.seconds();
+    win.steps += 1;
+    last_loss = loss_sum / double(counted);
+
+    const int64_t done = step + 1;
+    if (done % c.logging_steps == 0 || done == total_steps) {
+      const double tps = double(win.tokens) / win.seconds;
+      log.log_step({{"step", done},
+                    {"epoch", double(done) / double(steps_per_epoch)},
+                    {"loss", win.loss_sum / double(win.counted)},
+                    {"lr", lr},
+                    {"grad_norm", win.grad_norm},
+                    {"tokens_per_s", tps},
+                    {"tflops", 6.0 * params_count * tps / 1e12},
+                    {"peak_device_bytes", device->memory().peak},
+                    {"host_activation_bytes", ws.host_activation_bytes},
+                    {"nvme_bytes", ws.nvme_bytes},
+                    {"compute_s", win.time.compute_s},
+                    {"h2d_s", win.time.h2d_s},
+                    {"d2h_s", win.time.d2h_s},
+                    {"nvme_s", win.time.nvme_s},
+                    {"host_s", win.time.host_s},
+                    {"exposed_s", win.time.exposed_s},
+                    {"step_s", win.seconds / double(win.steps)},
+                    {"elapsed_s", loop_timer.seconds()}});
+      win = Window{};
+    } else {
+      log.tick(done, loop_timer.seconds());
+    }
+    if (c.save_steps > 0 && done % c.save_steps == 0 && done < total_steps) save(done);
+    if (c.eval_steps > 0 && done % c.eval_steps == 0 && done < total_steps) evaluate(done);
+  }
+  save(total_steps);
+  evaluate(total_steps);
+  log.finish();
+
+  TrainResult r;
+  r.steps = total_steps;
+  r.tokens = tokens_total;
+  r.seconds = run_timer.seconds();
+  r.final_loss = last_loss;
+  r.output_dir = c.output_dir;
+  r.summary = {{"steps", r.steps},          {"tokens", r.tokens},     {"seconds", r.seconds},
+               {"final_loss", r.final_loss}, {"plan", plan.to_json()}, {"model", c.model_name_or_path}};
+  if (!last_eval.is_null()) {
+    r.summary["eval_exact_match"] = last_eval["exact_match"];
+    r.summary["eval"] = last_eval;
+  }
+  write_json_file(c.output_dir + "/summary.json", r.summary);
+  return r;
+}
+
+}  // namespace lt

@@ -1,0 +1,29 @@
+// train/trainer.h — `lazytrain train`: the loop on the solved plan.
+//
+//   load config -> model (fine-tune an HF directory, or random init from a config.json) -> tokenizer and
+//   chat template -> datasets (tokenised, cached) -> loader -> plan (auto: profile + solve) -> device,
+//   executor, Hybrid AdamW -> [resume] -> steps: gradient-accumulation micro-batches through the executor,
+//   the optimizer update pipelined into the next step's forward -> logs, checkpoints -> summary.json
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "train/config.h"
+
+namespace lt {
+
+struct TrainResult {
+  int64_t steps = 0;
+  int64_t tokens = 0;
+  double seconds = 0;
+  double final_loss = 0;
+  std::string output_dir;
+  nlohmann::json summary;  // what summary.json holds
+};
+
+TrainResult run_training(const TrainConfig& cfg);
+
+}  // namespace lt

@@ -1,0 +1,169 @@
+// The cost model against the executor's own functions (its per-window working set), the built-in machines
+// against their published figures, profiles and plan files through JSON, and the memory lower bound.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "core/error.h"
+#include "exec/working_set.h"
+#include "io/json_file.h"
+#include "plan/chain_dp.h"
+#include "plan/hardware.h"
+#include "plan/plan_file.h"
+#include "plan/planner.h"
+#include "plan_testing.h"
+
+namespace lt {
+namespace {
+
+Plan random_plan(int64_t L, Rng& rng, bool nvme) {
+  Plan p;
+  p.name = "random";
+  for (int64_t i = 0; i <= L; ++i) {
+    const Tier tiers[] = {Tier::device, Tier::host, Tier::drop, Tier::nvme};
+    p.boundary.push_back(tiers[rng.below(nvme ? 4 : 3)]);
+  }
+  p.boundary[0] = rng.below(2) ? Tier::device : Tier::host;
+  p.boundary[size_t(L)] = Tier::device;
+  for (int64_t l = 0; l < L; ++l) p.keep_internals.push_back(p.stored(l) && rng.below(3) == 0);
+  return p;
+}
+
+// The MILP's per-window device bytes are the executor's (plan_working_set) exactly, for every plan.
+TEST(CostModel, ExecutorWindowBytesEqualTheWorkingSet) {
+  for (uint64_t seed = 1; seed <= 60; ++seed) {
+    Rng rng(seed);
+    const int64_t L = 1 + int64_t(rng.below(9));
+    ModelConfig cfg = testing::tiny_plan_config(L, seed);
+    cfg.tie_word_embeddings = rng.below(2) == 0;
+    const int64_t B = 1 + int64_t(rng.below(3)), T = 8 + int64_t(rng.below(40));
+    InstanceOptions o;
+    o.exec.compute = rng.below(2) ? ComputeType::bf16 : ComputeType::f32;
+    o.exec.weight_buffers = 1 + int(rng.below(3));
+    Profile prof = testing::synthetic_profile(cfg, B, T, rng);
+    Instance in = make_instance(cfg, B, T, prof, Budgets{size_t(1) << 40, 0, 0}, o);
+    for (int k = 0; k < 5; ++k) {
+      const Plan p = random_plan(L, rng, true);
+      const WorkingSet ws = plan_working_set(cfg, B, T, p, o.exec);
+      const std::vector<double> mine = window_device_bytes(in, p, MemoryModel::executor);
+      ASSERT_EQ(mine.size(), ws.window_bytes.size());
+      for (size_t w = 0; w < mine.size(); ++w)
+        EXPECT_EQ(size_t(mine[w]), ws.window_bytes[w]) << "seed " << seed << " window " << in.window_name(int(w));
+      // The lifetime model is never above the executor's, and the packed block never below its windows.
+      const std::vector<double> life = window_device_bytes(in, p, MemoryModel::lifetime);
+      for (size_t w = 0; w < mine.size(); ++w) EXPECT_LE(life[w], mine[w]) << "seed " << seed;
+      EXPECT_GE(double(ws.device_bytes()), *std::max_element(mine.begin(), mine.end()));
+    }
+  }
+}
+
+TEST(CostModel, KeepAllIsFastestWhenItFits) {
+  for (uint64_t seed = 100; seed < 110; ++seed) {
+    Rng rng(seed);
+    Instance in = testing::realistic_instance(rng, 6, MemoryModel::executor);
+    in.budget.device_bytes = size_t(1) << 40;
+    const double keep = evaluate(in, Plan::keep_all(6)).iteration_s;
+    for (int k = 0; k < 20; ++k) {
+      Plan p = random_plan(6, rng, false);
+      EXPECT_GE(evaluate(in, p).iteration_s, keep * (1 - 1e-12)) << "seed " << seed;
+    }
+  }
+}
+
+TEST(CostModel, WindowsOutsideTheirRangeAreRefused) {
+  Rng rng(200);
+  Instance in = testing::realistic_instance(rng, 6, MemoryModel::executor);
+  in.budget = Budgets{size_t(1) << 40, size_t(1) << 40, 0};
+  Plan p = Plan::every(6, 1, Tier::host);
+  TransferWindows tw = TransferWindows::natural(in, p);
+  EXPECT_TRUE(tw.is_natural(in, p));
+  EXPECT_TRUE(evaluate(in, p, tw).feasible);
+  tw.offload[2] = {{in.fwd(5), 1.0}};  // three windows late: outside offload_span
+  Prediction bad = evaluate(in, p, tw);
+  EXPECT_FALSE(bad.feasible);
+  tw = TransferWindows::natural(in, p);
+  tw.offload[2] = {{in.fwd(2), 0.5}, {in.fwd(3), 0.5}};
+  EXPECT_TRUE(evaluate(in, p, tw).feasible);
+  EXPECT_FALSE(tw.is_natural(in, p));
+}
+
+TEST(CostModel, PlanFileKeepsItsWindows) {
+  Rng rng(300);
+  Instance in = testing::realistic_instance(rng, 5, MemoryModel::executor);
+  Plan p = Plan::every(5, 1, Tier::host);
+  TransferWindows tw = TransferWindows::natural(in, p);
+  tw.offload[3] = {{in.fwd(3), 0.25}, {in.fwd(4), 0.75}};
+  const std::string path = ::testing::TempDir() + "lt_plan_windows_" + std::to_string(::getpid()) + ".json";
+  const Prediction pred = evaluate(in, p, tw);
+  write_plan_file(path, in, p, tw, &pred);
+  PolicyWithWindows back = load_policy(path, in);
+  std::filesystem::remove(path);
+  EXPECT_EQ(back.plan.boundary, normalize_plan(p).boundary);
+  EXPECT_NEAR(evaluate(in, back.plan, back.windows).iteration_s, pred.iteration_s, 1e-12);
+  ASSERT_EQ(back.windows.offload[3].size(), 2u);
+  EXPECT_NEAR(back.windows.offload[3][1].fraction, 0.75, 1e-12);
+  // The executor's parser reads the same file (it ignores "windows").
+  EXPECT_NO_THROW(Plan::from_json(plan_file_json(in, p, tw, &pred), "test", 5));
+}
+
+TEST(Hardware, BuiltInMachinesCarryThePublishedFigures) {
+  const Hardware* h800 = find_hardware("h800");
+  ASSERT_NE(h800, nullptr);
+  EXPECT_EQ(h800->device_memory_bytes, size_t(80e9));
+  EXPECT_DOUBLE_EQ(h800->link.h2d_gbps, 12);
+  EXPECT_DOUBLE_EQ(h800->link.d2h_gbps, 12);
+  EXPECT_DOUBLE_EQ(h800->nvme_read_gbps, 2.83);
+  EXPECT_DOUBLE_EQ(h800->nvme_write_gbps, 3.35);
+  ASSERT_NE(find_hardware("h200"), nullptr);
+  EXPECT_EQ(find_hardware("h200")->device_memory_bytes, size_t(141e9));
+  ASSERT_NE(find_hardware("rtx3090"), nullptr);
+  EXPECT_EQ(find_hardware("rtx3090")->device_memory_bytes, size_t(24e9));
+  EXPECT_EQ(find_hardware("a100"), nullptr);
+  EXPECT_EQ(hardware_names(), "h800, h200, rtx3090");
+}
+
+TEST(Hardware, FlopsAndProfileFromThem) {
+  ModelConfig cfg = load_model_config(std::string(LT_SOURCE_DIR) + "/examples/bench-25m/config.json");
+  const int64_t B = 2, T = 128;
+  // GEMMs: 2 FLOPs per multiply-add over every weight matrix of the layer, per token.
+  const double matrices = double(cfg.hidden_size) * double(cfg.q_dim()) * 2 + double(cfg.hidden_size) * double(cfg.kv_dim()) * 2 +
+                          3.0 * double(cfg.hidden_size) * double(cfg.intermediate_size);
+  const double attention = 2.0 * B * cfg.num_heads * double(T) * T * cfg.head_dim;
+  EXPECT_DOUBLE_EQ(layer_forward_flops(cfg, B, T), 2.0 * B * T * matrices + attention);
+  Profile p = hardware_profile(*find_hardware("h800"), cfg, B, T);
+  EXPECT_NEAR(p.forward_s[0], layer_forward_flops(cfg, B, T) / (find_hardware("h800")->sustained_tflops * 1e12), 1e-15);
+  EXPECT_NEAR(p.backward_s[0], 2 * p.forward_s[0], 1e-15);
+  p.validate(cfg.num_layers);
+  // JSON round trip.
+  Profile q = Profile::from_json(p.to_json(), "test");
+  EXPECT_EQ(q.forward_s, p.forward_s);
+  EXPECT_EQ(q.link.h2d_gbps, p.link.h2d_gbps);
+  EXPECT_EQ(q.nvme_write_gbps, p.nvme_write_gbps);
+  // Re-targeting a measured profile scales its times with the tokens.
+  Profile s = scale_profile(q, 2 * B, T);
+  EXPECT_NEAR(s.forward_s[0], 2 * q.forward_s[0], 1e-15);
+  EXPECT_THROW(resolve_profile("tpu-v9", cfg, B, T), Error);
+  EXPECT_THROW(Profile::from_json(nlohmann::json{{"format", "other"}}, "x"), Error);
+}
+
+TEST(Planner, MinimumMemoryIsALowerBound) {
+  int checked = 0;
+  for (uint64_t seed = 400; seed < 440; ++seed) {
+    Rng rng(seed);
+    Instance in = restrict_instance(testing::realistic_instance(rng, 2 + int64_t(rng.below(7)), MemoryModel::executor));
+    const ChainResult dp = chain_dp(in);
+    const MemoryNeed need = minimum_device_memory(in);
+    if (dp.feasible) {
+      ++checked;
+      EXPECT_LE(need.device_bytes, evaluate(in, dp.plan).model_device_bytes * (1 + 1e-12)) << "seed " << seed;
+    }
+    // With exactly the minimum, some plan fits.
+    Instance tight = in;
+    tight.budget.device_bytes = size_t(std::ceil(need.device_bytes));
+    EXPECT_TRUE(chain_dp(tight).feasible) << "seed " << seed;
+  }
+  EXPECT_GE(checked, 10);
+}
+
+}  // namespace
+}  // namespace lt

@@ -1,0 +1,115 @@
+// The planner end to end (baselines, DP, MILP, the executor's memory check), the batch search, and a
+// profile measured on the emulated device.
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "plan/hardware.h"
+#include "plan/measure.h"
+#include "plan/planner.h"
+#include "plan_testing.h"
+
+namespace lt {
+namespace {
+
+PlanRequest small_request(uint64_t seed) {
+  Rng rng(seed);
+  PlanRequest rq;
+  rq.cfg = testing::tiny_plan_config(8, seed);
+  rq.cfg.hidden_size = 64;
+  rq.cfg.intermediate_size = 160;
+  rq.cfg.vocab_size = 256;
+  rq.B = 4;
+  rq.T = 64;
+  rq.profile = testing::synthetic_profile(rq.cfg, rq.B, rq.T, rng);
+  const Instance probe = make_instance(rq.cfg, rq.B, rq.T, rq.profile, Budgets{size_t(1) << 40, 0, 0}, {});
+  rq.profile.link.h2d_gbps = probe.W / 0.8e-3 / 1e9;
+  rq.profile.link.d2h_gbps = probe.A / 0.6e-3 / 1e9;
+  rq.profile.optimizer_params_per_s = 1e8;
+  const double keep = evaluate(probe, Plan::keep_all(8)).model_device_bytes;
+  const double every = evaluate(probe, Plan::every(8, 1)).model_device_bytes;
+  rq.budget = Budgets{size_t((keep + every) / 2), size_t(4 * probe.A), 0};
+  rq.milp.time_limit_s = 10;
+  return rq;
+}
+
+TEST(Planner, PlanBeatsEveryFeasibleBaselineAndFits) {
+  PlanRequest rq = small_request(1);
+  PlanReport rep = make_plan(rq);
+  ASSERT_TRUE(rep.found);
+  EXPECT_EQ(rep.status, SolveStatus::optimal);
+  EXPECT_TRUE(rep.best.prediction.feasible);
+  EXPECT_LE(rep.executor_device_bytes, rq.budget.device_bytes);
+  EXPECT_NEAR(rep.best.prediction.iteration_s, rep.milp_objective, 1e-6 * rep.milp_objective);
+  int feasible = 0;
+  for (const PlanCandidate& b : rep.baselines) {
+    if (!b.prediction.feasible) continue;
+    ++feasible;
+    EXPECT_LE(rep.best.prediction.iteration_s, b.prediction.iteration_s * (1 + 1e-9)) << b.name;
+  }
+  EXPECT_GE(feasible, 1);
+  EXPECT_FALSE(rep.baselines[0].prediction.feasible) << "keep-all should not fit this budget";
+  // The JSON the CLI prints.
+  const nlohmann::json j = rep.to_json();
+  for (const char* k : {"status", "solve_s", "gap", "plans"}) EXPECT_TRUE(j.contains(k)) << k;
+  ASSERT_EQ(j["plans"].size(), 5u);
+  EXPECT_EQ(j["plans"][0]["name"], "lazytrain");
+  for (const auto& p : j["plans"])
+    for (const char* k : {"name", "feasible", "step_s", "tflops", "tokens_per_s", "peak_device_bytes"})
+      EXPECT_TRUE(p.contains(k)) << k;
+  EXPECT_NE(rep.table().find("lazytrain"), std::string::npos);
+}
+
+TEST(Planner, NoPlanFitsSaysWhatIsNeeded) {
+  PlanRequest rq = small_request(2);
+  rq.budget.device_bytes = 1 << 20;
+  try {
+    make_plan(rq);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("needs at least"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Planner, BatchSearch) {
+  PlanRequest rq = small_request(3);
+  const BatchSearch bs = search_batch(rq, 64);
+  ASSERT_GE(bs.max_batch, 1);
+  ASSERT_GE(bs.best_batch, 1);
+  EXPECT_LE(bs.best_batch, bs.max_batch);
+  auto fits = [&](int64_t B) {
+    const Instance in = make_instance(rq.cfg, B, rq.T, rq.profile, rq.budget, rq.options);
+    return minimum_device_memory(in).device_bytes <= double(in.budget.device_bytes);
+  };
+  EXPECT_TRUE(fits(bs.max_batch));
+  if (bs.max_batch < 64) EXPECT_FALSE(fits(bs.max_batch + 1));
+  for (auto [b, tps] : bs.curve) EXPECT_LE(tps, bs.best_tokens_per_s * (1 + 1e-12));
+}
+
+// A real measurement on the emulated device: every field filled, the link as configured.
+TEST(Measure, ProfileOnTheCpuDevice) {
+  ModelConfig cfg = testing::tiny_plan_config(2, 1);
+  MeasureOptions o;
+  o.device_memory = size_t(256) << 20;
+  o.link = LinkSpec{0.5, 0.25, 0};
+  o.reps = 1;
+  const Profile p = measure_profile(cfg, 2, 16, o);
+  ASSERT_EQ(p.num_layers(), 2);
+  for (int64_t l = 0; l < 2; ++l) {
+    EXPECT_GT(p.forward_s[size_t(l)], 0);
+    EXPECT_GT(p.backward_s[size_t(l)], 0);
+    EXPECT_GT(p.recompute_s[size_t(l)], 0);
+  }
+  EXPECT_GT(p.head_s, 0);
+  EXPECT_GT(p.accumulate_gbps, 0);
+  EXPECT_GT(p.optimizer_params_per_s, 0);
+  // The emulated link takes at least bytes / bandwidth (a memcpy can only make it slower).
+  EXPECT_LE(p.link.h2d_gbps, 0.5 * 1.05);
+  EXPECT_GT(p.link.h2d_gbps, 0.5 * 0.5);
+  EXPECT_LE(p.link.d2h_gbps, 0.25 * 1.05);
+  EXPECT_GT(p.link.d2h_gbps, 0.25 * 0.5);
+  p.validate(2);
+  EXPECT_EQ(p.nvme_read_gbps, 0.0);  // no --nvme-dir
+}
+
+}  // namespace
+}  // namespace lt

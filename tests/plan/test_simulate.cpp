@@ -1,0 +1,136 @@
+// The discrete-event simulator: against the MILP's own prediction for the plans it returns, against closed
+// forms where the step is purely compute- or link-bound, and its memory against the executor's function.
+#include <gtest/gtest.h>
+
+#include "exec/working_set.h"
+#include "plan/chain_dp.h"
+#include "plan/milp.h"
+#include "plan/simulate.h"
+#include "plan_testing.h"
+
+namespace lt {
+namespace {
+
+// For every plan the MILP returns, the simulated step (the executor's dependencies, in-order streams, ring
+// slots, fences) is within 10% of the MILP's window model, and within 3% on average.
+void expect_simulator_agrees(bool full, uint64_t seed0) {
+  double sum = 0;
+  int n = 0;
+  for (uint64_t seed = seed0; seed < seed0 + 25; ++seed) {
+    Rng rng(seed);
+    const int64_t L = 2 + int64_t(rng.below(10));
+    const MemoryModel mm = seed % 2 ? MemoryModel::lifetime : MemoryModel::executor;
+    Instance in = testing::realistic_instance(rng, L, mm, full && seed % 3 == 0);
+    if (!full) in = restrict_instance(in);
+    MilpOptions o;
+    o.time_limit_s = 20;
+    MilpResult m = solve_milp(in, o);
+    if (!m.has_solution) continue;
+    const SimResult s = simulate(in, m.plan, m.windows);
+    const double err = s.iteration_s / m.objective - 1;
+    EXPECT_LT(std::abs(err), 0.10) << "seed " << seed << " L " << L << ": simulated " << s.iteration_s << " s, MILP "
+                                   << m.objective << " s";
+    sum += std::abs(err);
+    ++n;
+  }
+  ASSERT_GE(n, 15);
+  EXPECT_LT(sum / n, 0.03) << "mean |simulated / MILP - 1| over " << n << " plans";
+}
+
+TEST(Simulate, AgreesWithTheMilpRestricted) { expect_simulator_agrees(false, 9000); }
+TEST(Simulate, AgreesWithTheMilpFull) { expect_simulator_agrees(true, 9100); }
+
+// Infinite links and a host that takes no time: the step is its compute, in order, plus nothing.
+TEST(Simulate, ComputeBoundStepIsTheComputeSum) {
+  Rng rng(1);
+  Instance in = testing::realistic_instance(rng, 6, MemoryModel::executor);
+  in.bw_h2d = in.bw_d2h = 1e30;
+  in.bw_sum = 0;
+  in.acc_layer = in.acc_head = in.embed_f = in.embed_b = 0;
+  in.opt_layer = in.opt_embed = in.opt_head = 0;
+  for (const char* spec : {"keep-all", "every:1", "every:3", "host:2"}) {
+    const Plan p = normalize_plan(Plan::parse(spec, 6));
+    const SimResult s = simulate(in, p);
+    const Prediction pr = evaluate(in, p);
+    EXPECT_NEAR(s.step_s, pr.compute_s, 1e-9) << spec;
+    EXPECT_NEAR(s.step_s, pr.step_s, 1e-9) << spec;
+    EXPECT_NEAR(s.exposed_s, 0.0, 1e-9) << spec;
+  }
+}
+
+// A link so slow that it dominates: the step is at least every byte over the link, and the simulator counts
+// the same bytes as the cost model.
+TEST(Simulate, LinkBoundStepCarriesEveryByte) {
+  Rng rng(2);
+  Instance in = testing::realistic_instance(rng, 5, MemoryModel::executor);
+  in.budget.host_act_bytes = size_t(1) << 40;
+  in.bw_h2d = in.bw_d2h = 1e3;  // 1 kB/s
+  for (const char* spec : {"keep-all", "every:2", "host:1"}) {
+    const Plan p = normalize_plan(Plan::parse(spec, 5));
+    const SimResult s = simulate(in, p);
+    const Prediction pr = evaluate(in, p);
+    EXPECT_NEAR(s.h2d_bytes, pr.h2d_bytes, 1e-6 * pr.h2d_bytes) << spec;
+    EXPECT_NEAR(s.d2h_bytes, pr.d2h_bytes, 1e-6 * pr.d2h_bytes) << spec;
+    EXPECT_GE(s.step_s, s.h2d_bytes / in.bw_h2d * (1 - 1e-9)) << spec;
+    EXPECT_GT(s.exposed_h2d_s + s.exposed_d2h_s, 0.5 * s.step_s) << spec;
+  }
+}
+
+TEST(Simulate, MemoryIsTheExecutorsWorkingSet) {
+  Rng rng(3);
+  Instance in = testing::realistic_instance(rng, 7, MemoryModel::executor);
+  for (const char* spec : {"keep-all", "every:1", "every:4", "host:1"}) {
+    const Plan p = normalize_plan(Plan::parse(spec, 7));
+    const WorkingSet ws = plan_working_set(in.cfg, in.B, in.T, p, in.opt.exec);
+    const SimResult s = simulate(in, p);
+    EXPECT_EQ(s.peak_device_bytes, ws.device_bytes()) << spec;
+    EXPECT_EQ(s.window_device_bytes, double(*std::max_element(ws.window_bytes.begin(), ws.window_bytes.end()))) << spec;
+  }
+}
+
+TEST(Simulate, NvmeTierGoesThroughTheNvmeLane) {
+  Rng rng(4);
+  Instance in = testing::realistic_instance(rng, 6, MemoryModel::executor, true);
+  const Plan p = normalize_plan(Plan::every(6, 2, Tier::nvme));
+  const SimResult s = simulate(in, p);
+  // Boundaries 2 and 4 written once; read for their own backward and once more as segment sources.
+  EXPECT_NEAR(s.nvme_write_bytes, 2 * in.A_nvme, 1.0);
+  EXPECT_NEAR(s.nvme_read_bytes, 4 * in.A_nvme, 1.0);
+  const Prediction pr = evaluate(in, p);
+  EXPECT_NEAR(pr.nvme_read_bytes, 4 * in.A, 1.0);
+  EXPECT_GT(s.step_s, 0);
+}
+
+TEST(Simulate, SlowOptimizerIsExposed) {
+  Rng rng(5);
+  Instance in = testing::realistic_instance(rng, 6, MemoryModel::executor);
+  const Plan p = Plan::every(6, 2);
+  in.opt_layer = 10 * in.f[0];  // far slower than a forward window
+  in.opt_embed = in.opt_head = in.f[0];
+  const SimResult s = simulate(in, p);
+  EXPECT_GT(s.optimizer_exposed_s, 5 * in.f[0]);
+  EXPECT_NEAR(s.iteration_s, s.step_s + s.optimizer_exposed_s, 1e-12);
+  // The cost model's closed form agrees within a window's length.
+  const Prediction pr = evaluate(in, p);
+  EXPECT_NEAR(pr.optimizer_exposed_s, s.optimizer_exposed_s, 2 * in.f[0]);
+}
+
+TEST(Simulate, TraceHasEveryOperation) {
+  Rng rng(6);
+  Instance in = testing::realistic_instance(rng, 3, MemoryModel::executor);
+  SimOptions o;
+  o.record_ops = true;
+  const SimResult s = simulate(in, Plan::every(3, 1), o);
+  int fwd = 0, bwd = 0;
+  for (const SimOpRecord& op : s.ops) {
+    fwd += op.name.rfind("fwd L", 0) == 0;
+    bwd += op.name.rfind("bwd L", 0) == 0;
+    EXPECT_LE(op.start, op.end);
+  }
+  EXPECT_EQ(fwd, 3);
+  EXPECT_EQ(bwd, 3);
+  EXPECT_TRUE(s.chrome_trace().contains("traceEvents"));
+}
+
+}  // namespace
+}  // namespace lt
