@@ -215,17 +215,27 @@ struct StreamingExecutor::Step {
     return reinterpret_cast<T*>(block + b.offset);
   }
 
-  // Window w begins: fence each stream here, and make every buffer that starts now in memory an
-  // earlier buffer used wait until all work issued before that buffer's last window ended is done.
+  // Window w begins: fence each stream here. A buffer that starts now in memory an earlier buffer used
+  // (dead after window e) must not be written before all work issued up to window e has finished: its
+  // writer's stream waits for the other streams' fences of window e + 1. Only the writer waits — the
+  // readers of the new buffer wait for its writer anyway — so the other streams keep prefetching.
+  static StreamKind first_writer(const std::string& tag) {
+    return tag == "head weights" || tag == "boundary 0" ? kH2D : kCompute;
+  }
   void begin_window(int w) {
     for (StreamKind k : {kCompute, kH2D, kD2H}) fences[size_t(w)][size_t(k)] = record(k);
-    int after = -1;
+    int after[3] = {-1, -1, -1};
     for (const DeviceBuffer& b : ws.buffers)
-      if (b.first_window == w) after = std::max(after, b.reuse_after);
-    if (after < 0) return;
-    for (StreamKind waiter : {kCompute, kH2D, kD2H})
+      if (b.first_window == w && b.reuse_after >= 0) {
+        int& a = after[size_t(first_writer(b.tag))];
+        a = std::max(a, b.reuse_after);
+      }
+    for (StreamKind writer : {kCompute, kH2D}) {
+      const int e = after[size_t(writer)];
+      if (e < 0) continue;
       for (StreamKind k : {kCompute, kH2D, kD2H})
-        if (k != waiter) wait(waiter, fences[size_t(after + 1)][size_t(k)]);
+        if (k != writer) wait(writer, fences[size_t(e + 1)][size_t(k)]);
+    }
   }
 
   TokenInfo token_info() const { return TokenInfo{pos_dev, batch.doc_ids.empty() ? nullptr : doc_dev}; }
