@@ -29,6 +29,9 @@ demo: deps
 bench: deps
 	$(MAKE) build
 	bash bench/run_layer.sh $(BUILD)
+	bash bench/run_exec.sh $(BUILD)
+	bash bench/run_optimizer.sh $(BUILD)
+	bash bench/run_tokenizer.sh $(BUILD)
 
 # Debug build with AddressSanitizer and UBSan; runs the C++ tests.
 asan: deps

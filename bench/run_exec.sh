@@ -21,17 +21,17 @@ import json, random
 random.seed(1)
 rows = [[random.randrange(8192) for _ in range(256)] for _ in range(8)]
 json.dump({'input_ids': rows, 'labels': rows}, open('$batch', 'w'))"
-run() { "$lt" bench step --model "$model" --batch "$batch" --steps "$steps" --device-memory 8GiB --json --optimizer none "$@"; }
-mem=$(run --policy in-memory)
-keep=$(run --policy keep-all)
-e1=$(run --policy every:1)
+run() { "$lt" bench step --model "$model" --batch "$batch" --steps "$steps" --device-memory 8GiB --json "$@"; }
+mem=$(run --optimizer none --policy in-memory)
+keep=$(run --optimizer none --policy keep-all)
+e1=$(run --optimizer none --policy every:1)
 # Bandwidth so that the heavier direction's transfer time equals the keep-all compute time.
 gbps=$(/usr/bin/python3 -c "
 import json; k = json.loads('''$keep''')
 print(max(k['h2d_bytes'], k['d2h_bytes']) / k['compute_s'] / 1e9)")
-keep_l=$(run --policy keep-all --link-gbps "$gbps")
-e1_l=$(run --policy every:1 --link-gbps "$gbps")
-e4_l=$(run --policy every:4 --link-gbps "$gbps")
+keep_l=$(run --optimizer none --policy keep-all --link-gbps "$gbps")
+e1_l=$(run --optimizer none --policy every:1 --link-gbps "$gbps")
+e4_l=$(run --optimizer none --policy every:4 --link-gbps "$gbps")
 keep_opt=$(run --policy keep-all --optimizer adamw8)
 torch=$(/usr/bin/python3 bench/torch_train_step.py "$model" "$batch" "$steps" "$(nproc)")
 printf '%s\n' "$mem" "$keep" "$e1" "$keep_l" "$e1_l" "$e4_l" "$keep_opt" "$torch"

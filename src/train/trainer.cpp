@@ -150,7 +150,9 @@ TrainResult run_training(const TrainConfig& c) {
   Plan plan;
   if (c.plan == "auto") {
     MeasureOptions mo;
-    mo.device_memory = device_bytes;
+    // The measurement device holds one layer's full working set at this shape; it is not the budget
+    // (the planner gets that below), and the CPU device's arena only touches the pages it uses.
+    mo.device_memory = std::max(device_bytes, size_t(8) << 30);
     mo.link = LinkSpec{c.link_gbps, c.link_gbps, 0};
     mo.compute = compute;
     mo.nvme_dir = c.nvme_dir;
