@@ -102,11 +102,13 @@ TEST(Measure, ProfileOnTheCpuDevice) {
   EXPECT_GT(p.head_s, 0);
   EXPECT_GT(p.accumulate_gbps, 0);
   EXPECT_GT(p.optimizer_params_per_s, 0);
-  // The emulated link takes at least bytes / bandwidth (a memcpy can only make it slower).
+  // The emulated link takes at least bytes / bandwidth (a memcpy can only make it slower), so the
+  // measured rate never exceeds the configured one. No lower bound: on a loaded machine (ctest -j,
+  // other jobs) a starved copy thread can make one measurement arbitrarily slow.
   EXPECT_LE(p.link.h2d_gbps, 0.5 * 1.05);
-  EXPECT_GT(p.link.h2d_gbps, 0.5 * 0.5);
+  EXPECT_GT(p.link.h2d_gbps, 0.0);
   EXPECT_LE(p.link.d2h_gbps, 0.25 * 1.05);
-  EXPECT_GT(p.link.d2h_gbps, 0.25 * 0.5);
+  EXPECT_GT(p.link.d2h_gbps, 0.0);
   p.validate(2);
   EXPECT_EQ(p.nvme_read_gbps, 0.0);  // no --nvme-dir
 }
