@@ -10,6 +10,7 @@
 #include "model/model.h"
 #include "ops/head.h"
 #include "testing/grad_check.h"
+#include "testing/model_testing.h"
 
 namespace lt {
 namespace {
@@ -37,16 +38,7 @@ ModelConfig random_config(Rng& rng) {
   return c;
 }
 
-ModelSlabs random_params(const ModelConfig& cfg, uint64_t seed) {
-  ModelSlabs p(cfg);
-  Rng rng(seed);
-  for (auto& t : p.named_tensors()) {
-    float* d = t.view.ptr<float>();
-    bool norm = t.hf_name.find("norm") != std::string::npos;
-    for (int64_t i = 0; i < t.view.numel(); ++i) d[i] = norm ? float(1.0 + 0.1 * rng.normal()) : float(0.2 * rng.normal());
-  }
-  return p;
-}
+ModelSlabs random_params(const ModelConfig& cfg, uint64_t seed) { return testing::random_model_params(cfg, seed); }
 
 Batch random_batch(const ModelConfig& cfg, Rng& rng, bool packed) {
   Batch b;

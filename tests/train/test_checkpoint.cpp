@@ -7,6 +7,7 @@
 #include "io/json_file.h"
 #include "model/weights.h"
 #include "optim/adamw.h"
+#include "testing/model_testing.h"
 #include "train/checkpoint.h"
 
 namespace fs = std::filesystem;
@@ -15,19 +16,7 @@ namespace lt {
 namespace {
 
 ModelConfig tiny() {
-  ModelConfig c;
-  c.type = ModelType::qwen3;
-  c.vocab_size = 61;
-  c.hidden_size = 32;
-  c.intermediate_size = 40;
-  c.num_layers = 2;
-  c.num_heads = 4;
-  c.num_kv_heads = 2;
-  c.head_dim = 8;
-  c.qk_norm = true;
-  c.tie_word_embeddings = true;
-  c.max_position_embeddings = 64;
-  return c;
+  return testing::small_model_config(ModelType::qwen3, {.tied = true, .max_positions = 64});
 }
 
 TEST(Checkpoint, SaveLoadRoundTripIsExactAndPrunes) {

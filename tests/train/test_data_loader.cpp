@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "model/model.h"
+#include "testing/model_testing.h"
 #include "train/data_loader.h"
 
 namespace lt {
@@ -339,31 +340,9 @@ TEST(DataLoader, CursorJson) {
 }
 
 // A small model for the packed-vs-unpacked check.
-ModelConfig tiny_qwen3() {
-  ModelConfig c;
-  c.type = ModelType::qwen3;
-  c.vocab_size = 61;
-  c.hidden_size = 32;
-  c.intermediate_size = 40;
-  c.num_layers = 2;
-  c.num_heads = 4;
-  c.num_kv_heads = 2;
-  c.head_dim = 8;
-  c.qk_norm = true;
-  c.max_position_embeddings = 256;
-  return c;
-}
+ModelConfig tiny_qwen3() { return testing::small_model_config(ModelType::qwen3); }
 
-ModelSlabs random_params(const ModelConfig& cfg, uint64_t seed) {
-  ModelSlabs p(cfg);
-  Rng rng(seed);
-  for (auto& t : p.named_tensors()) {
-    float* d = t.view.ptr<float>();
-    bool norm = t.hf_name.find("norm") != std::string::npos;
-    for (int64_t i = 0; i < t.view.numel(); ++i) d[i] = norm ? float(1.0 + 0.1 * rng.normal()) : float(0.2 * rng.normal());
-  }
-  return p;
-}
+ModelSlabs random_params(const ModelConfig& cfg, uint64_t seed) { return testing::random_model_params(cfg, seed); }
 
 TEST(DataLoader, PackedBatchGivesTheUnpackedLossAndGradients) {
   ModelConfig cfg = tiny_qwen3();
