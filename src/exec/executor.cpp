@@ -545,13 +545,11 @@ struct StreamingExecutor::Step {
       const SlabEntry& e = head_layout.entry(name);
       return {base + e.offset, e.dtype};
     };
-    auto [norm_w, norm_dt] = entry_ptr(head_w, hwl, weights.layout(SlabKind::embedding), "norm.weight");
+    // Vectors and gradients are f32 in every layout; only lm_head's dtype follows the compute copy.
+    uint8_t* norm_w = entry_ptr(head_w, hwl, weights.layout(SlabKind::embedding), "norm.weight").first;
     auto [lm_w, lm_dt] = entry_ptr(head_w, hwl, weights.layout(SlabKind::embedding), "lm_head.weight");
-    auto [dnorm, dnorm_dt] = entry_ptr(head_g, hgl, grads.layout(SlabKind::embedding), "norm.weight");
-    auto [dlm, dlm_dt] = entry_ptr(head_g, hgl, grads.layout(SlabKind::embedding), "lm_head.weight");
-    (void)norm_dt;
-    (void)dnorm_dt;
-    (void)dlm_dt;
+    uint8_t* dnorm = entry_ptr(head_g, hgl, grads.layout(SlabKind::embedding), "norm.weight").first;
+    uint8_t* dlm = entry_ptr(head_g, hgl, grads.layout(SlabKind::embedding), "lm_head.weight").first;
     const size_t hg_bytes = head_stage_bytes;
     uint8_t* hg = head_g;
     float* dx0 = dx[0];

@@ -267,16 +267,18 @@ void HybridAdamW::update(SlabKind kind, int64_t layer, const StepArgs& args, uin
   slab_state(kind, layer).update(params_.slab(kind, layer), grads_.slab(kind, layer), args, compute_copy);
 }
 
-StepPlan HybridAdamW::step(const GradNormPartials& partials, double lr, ModelSlabs* compute_copy) {
+void HybridAdamW::update_all(const StepArgs& args, ModelSlabs* compute_copy) {
   LT_CHECK(!compute_copy || compute_copy->matrix_dtype() == DType::bf16,
            "optimizer: the compute copy written during the update must be a bf16 layout");
-  const StepPlan plan = plan_step(partials.sum_of_squares());
-  if (plan.skip) return plan;
-  const StepArgs args{plan.step, lr, plan.clip};
   auto copy_of = [&](SlabKind kind, int64_t layer) { return compute_copy ? compute_copy->slab(kind, layer) : nullptr; };
   update(SlabKind::embedding, 0, args, copy_of(SlabKind::embedding, 0));
   for (int64_t i = 0; i < int64_t(layers_.size()); ++i) update(SlabKind::layer, i, args, copy_of(SlabKind::layer, i));
   update(SlabKind::head, 0, args, copy_of(SlabKind::head, 0));
+}
+
+StepPlan HybridAdamW::step(const GradNormPartials& partials, double lr, ModelSlabs* compute_copy) {
+  const StepPlan plan = plan_step(partials.sum_of_squares());
+  if (!plan.skip) update_all(StepArgs{plan.step, lr, plan.clip}, compute_copy);
   return plan;
 }
 

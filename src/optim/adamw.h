@@ -153,6 +153,9 @@ class HybridAdamW {
   // compute_copy: that slab in the compute-copy layout (SlabLayout::make(cfg, kind, DType::bf16)), or null.
   void update(SlabKind kind, int64_t layer, const StepArgs& args, uint8_t* compute_copy = nullptr);
 
+  // Every slab's update in order (embedding, layers, head): a whole step's update at once.
+  void update_all(const StepArgs& args, ModelSlabs* compute_copy = nullptr);
+
   // plan_step and, unless skipped, every slab's update in order. compute_copy: bf16 compute-copy slabs or null.
   StepPlan step(const GradNormPartials& partials, double lr, ModelSlabs* compute_copy = nullptr);
 

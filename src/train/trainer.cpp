@@ -181,7 +181,7 @@ TrainResult run_training(const TrainConfig& c) {
            "plan '{}' needs {} of device memory at batch {} x {} but device_memory is {}", plan.name,
            format_bytes(double(ws.device_bytes())), B, T, format_bytes(double(device_bytes)));
   {
-    ModelSlabs probe_grads;  // host memory: masters + grads + bf16 copy + states + host activations
+    // Host memory: masters + grads + bf16 copy + optimizer states + host activations.
     const double states = c.optimizer_state_bits == 8 ? 2.05 : 8.0;
     const double host_need = double(mc.num_parameters()) * (4 + 4 + (compute == ComputeType::bf16 ? 2 : 0) + states) +
                              double(ws.host_activation_bytes);
@@ -249,14 +249,9 @@ TrainResult run_training(const TrainConfig& c) {
 
   CheckpointWriter writer{c.output_dir, c.save_total_limit, c.save_dtype, size_t(5) << 30, model.dir};
   std::optional<PendingUpdate> pending;
-  auto flush_update = [&]() {  // apply the pending update now (before a save, at the end)
+  auto flush_update = [&]() {  // apply the pending update now (before a save, an evaluation, the end)
     if (!pending) return;
-    uint8_t* (*none)(void) = nullptr;
-    (void)none;
-    auto slab_copy = [&](SlabKind k, int64_t l) { return copy ? copy->slab(k, l) : nullptr; };
-    opt.update(SlabKind::embedding, 0, pending->args, slab_copy(SlabKind::embedding, 0));
-    for (int64_t l = 0; l < mc.num_layers; ++l) opt.update(SlabKind::layer, l, pending->args, slab_copy(SlabKind::layer, l));
-    opt.update(SlabKind::head, 0, pending->args, slab_copy(SlabKind::head, 0));
+    opt.update_all(pending->args, pending->compute_copy);
     pending.reset();
   };
   auto save = [&](int64_t at_step) {

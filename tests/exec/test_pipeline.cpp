@@ -7,27 +7,14 @@
 #include "exec/executor.h"
 #include "model/model.h"
 #include "ops/head.h"
+#include "testing/model_testing.h"
 
 namespace lt {
 namespace {
 
 ModelConfig small_config(bool tied, ModelType type) {
-  ModelConfig c;
-  c.type = type;
-  c.vocab_size = 53;
-  c.hidden_size = 32;
-  c.intermediate_size = 48;
-  c.num_layers = 3;
-  c.num_heads = 4;
-  c.num_kv_heads = 2;
-  c.head_dim = 8;
-  c.rms_norm_eps = 1e-6;
-  c.rope_theta = 10000;
-  c.qkv_bias = type == ModelType::qwen2;
-  c.qk_norm = type == ModelType::qwen3;
-  c.tie_word_embeddings = tied;
-  c.max_position_embeddings = 128;
-  return c;
+  return testing::small_model_config(type, {.vocab = 53, .intermediate = 48, .layers = 3, .tied = tied,
+                                            .max_positions = 128});
 }
 
 Batch random_batch(const ModelConfig& cfg, uint64_t seed) {
@@ -55,13 +42,6 @@ GradNormPartials reference_partials(const ModelSlabs& grads) {
   TensorView emb = grads.tensor(SlabKind::embedding, 0, "embed_tokens.weight");
   p.set(SlabKind::embedding, 0, grad_sum_of_squares(emb.ptr<float>(), emb.numel()));
   return p;
-}
-
-void update_all(HybridAdamW& opt, const StepArgs& args, ModelSlabs* copy, int64_t L) {
-  auto c = [&](SlabKind k, int64_t l) { return copy ? copy->slab(k, l) : nullptr; };
-  opt.update(SlabKind::embedding, 0, args, c(SlabKind::embedding, 0));
-  for (int64_t l = 0; l < L; ++l) opt.update(SlabKind::layer, l, args, c(SlabKind::layer, l));
-  opt.update(SlabKind::head, 0, args, c(SlabKind::head, 0));
 }
 
 struct Case {
@@ -98,7 +78,7 @@ TEST_P(PipelineTest, PipelinedUpdateEqualsPlainLoopBitwise) {
     loss_ref.push_back(model_forward_backward(g_ref, p_ref, random_batch(cfg, 100 + uint64_t(k)), c.compute).loss_sum);
     StepPlan plan = opt_ref.plan_step(reference_partials(g_ref).sum_of_squares());
     ASSERT_FALSE(plan.skip);
-    update_all(opt_ref, StepArgs{plan.step, lr, plan.clip}, bf16 ? &copy_ref : nullptr, L);
+    opt_ref.update_all(StepArgs{plan.step, lr, plan.clip}, bf16 ? &copy_ref : nullptr);
   }
 
   // The streamed loop: each step's forward runs the previous step's update slab by slab.
@@ -117,7 +97,7 @@ TEST_P(PipelineTest, PipelinedUpdateEqualsPlainLoopBitwise) {
     StepPlan sp = opt_str.plan_step(partials.sum_of_squares());
     pending = PendingUpdate{&opt_str, StepArgs{sp.step, lr, sp.clip}, bf16 ? &copy_str : nullptr};
   }
-  update_all(opt_str, pending->args, pending->compute_copy, L);
+  opt_str.update_all(pending->args, pending->compute_copy);
 
   auto A = p_ref.named_tensors(), B = p_str.named_tensors();
   for (size_t t = 0; t < A.size(); ++t)

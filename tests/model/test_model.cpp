@@ -10,42 +10,24 @@
 #include "model/model.h"
 #include "ops/head.h"
 #include "testing/grad_check.h"
+#include "testing/model_testing.h"
 
 namespace lt {
 namespace {
 
 ModelConfig tiny_config(ModelType type, bool tied) {
-  ModelConfig c;
-  c.type = type;
-  c.vocab_size = 29;
-  c.hidden_size = 24;
-  c.intermediate_size = 37;
-  c.num_layers = 2;
-  c.num_heads = 3;
-  c.num_kv_heads = 1;
-  c.head_dim = type == ModelType::qwen3 ? 16 : 8;  // Qwen3: Hq*D (48) != C (24)
-  c.rms_norm_eps = 1e-6;
-  c.rope_theta = 10000.0;
+  // Qwen3: Hq*D (48) != C (24). Llama here carries every optional bias.
+  ModelConfig c = testing::small_model_config(
+      type, {.vocab = 29, .hidden = 24, .intermediate = 37, .layers = 2, .heads = 3, .kv_heads = 1,
+             .head_dim = type == ModelType::qwen3 ? 16 : 8, .tied = tied, .max_positions = 128});
   c.qkv_bias = type == ModelType::qwen2 || type == ModelType::llama;
-  c.o_bias = type == ModelType::llama;
-  c.mlp_bias = type == ModelType::llama;
-  c.qk_norm = type == ModelType::qwen3;
-  c.tie_word_embeddings = tied;
-  c.max_position_embeddings = 128;
+  c.o_bias = c.mlp_bias = type == ModelType::llama;
   return c;
 }
 
 // Weights large enough that every term of the gradient matters; norm weights and biases away from 1/0.
 ModelSlabs random_params(const ModelConfig& cfg, uint64_t seed, double scale = 0.3) {
-  ModelSlabs p(cfg);
-  Rng rng(seed);
-  for (auto& t : p.named_tensors()) {
-    float* d = t.view.ptr<float>();
-    bool norm = t.hf_name.find("norm") != std::string::npos;
-    for (int64_t i = 0; i < t.view.numel(); ++i)
-      d[i] = norm ? float(1.0 + 0.2 * rng.normal()) : float(scale * rng.normal());
-  }
-  return p;
+  return testing::random_model_params(cfg, seed, scale, 0.2);
 }
 
 Batch random_batch(const ModelConfig& cfg, int64_t B, int64_t T, uint64_t seed) {

@@ -22,6 +22,7 @@
 #include "optim/kernels.h"
 #include "optim/quant_map.h"
 #include "testing/grad_check.h"
+#include "testing/model_testing.h"
 
 namespace lt::testing {
 
@@ -105,19 +106,8 @@ inline uint8_t brute_force_nearest(const QuantMap& q, float x) {
 // A small Qwen2-style model whose slabs mix every kind of tensor: 8-bit states for q/o/gate/up/down
 // (>= 4096 elements) and the untied lm_head, f32 for k/v (2048 elements), norms, biases and the embedding.
 inline ModelConfig tiny_model_config() {
-  ModelConfig c;
-  c.type = ModelType::qwen2;
-  c.vocab_size = 97;
-  c.hidden_size = 64;
-  c.intermediate_size = 96;
-  c.num_layers = 3;
-  c.num_heads = 4;
-  c.num_kv_heads = 2;
-  c.head_dim = 16;
-  c.qkv_bias = true;
-  c.tie_word_embeddings = false;
-  c.max_position_embeddings = 128;
-  return c;
+  return small_model_config(ModelType::qwen2, {.vocab = 97, .hidden = 64, .intermediate = 96, .layers = 3,
+                                               .head_dim = 16, .max_positions = 128});
 }
 
 // Fills every gradient slab of `grads` with seeded values of scale `scale`, never zero.

@@ -10,25 +10,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include "testing/cli_testing.h"
+
 namespace lt {
 namespace {
 
-struct CmdResult {
-  int status;
-  std::string out;  // stdout and stderr
-};
+using testing::CmdResult;
 
-CmdResult run_bench(const std::string& args) {
-  const std::string cmd = std::string(LT_BINARY_DIR) + "/lazytrain bench optimizer " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  EXPECT_NE(p, nullptr) << cmd;
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while (p && (n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-  const int status = p ? pclose(p) : -1;
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+CmdResult run_bench(const std::string& args) { return testing::run_lazytrain("bench optimizer " + args); }
 
 class CmdBench : public ::testing::Test {
  protected:

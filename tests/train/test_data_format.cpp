@@ -8,6 +8,7 @@
 #include <fstream>
 #include <functional>
 
+#include "testing/files_testing.h"
 #include "core/error.h"
 #include "train/data_format.h"
 
@@ -35,24 +36,9 @@ std::string dump(const Messages& m) {
   } while (0)
 
 // A fresh directory per test.
-std::string temp_dir() {
-  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  fs::path dir = fs::path(::testing::TempDir()) / ("lt_data_format_" + std::to_string(::getpid())) / info->name();
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir.string();
-}
-
-void write(const std::string& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+std::string temp_dir() { return testing::fresh_test_dir("lt_data_format_"); }
+using testing::error_of;
+void write(const std::string& path, const std::string& text) { testing::write_text_file(path, text); }
 
 DatasetSpec spec(std::string_view format) { return dataset_spec_for_format(format, "t", "t.jsonl"); }
 

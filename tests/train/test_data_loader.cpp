@@ -9,6 +9,7 @@
 #include <functional>
 #include <numeric>
 
+#include "testing/files_testing.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "model/model.h"
@@ -20,14 +21,7 @@ namespace {
 
 constexpr int32_t kPad = 999;
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using testing::error_of;
 
 // n examples with lengths in [min_len, max_len]: ids[0] = the example's index (so a row tells which
 // example it holds), the rest random below `vocab`; a prompt of random length, maybe none (not

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <functional>
 
+#include "testing/files_testing.h"
 #include "core/error.h"
 #include "io/json_file.h"
 #include "text/text_testing.h"
@@ -20,24 +21,9 @@ namespace {
 namespace fs = std::filesystem;
 using testing::qwen3_tokenizer;
 
-std::string temp_dir() {
-  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  fs::path dir = fs::path(::testing::TempDir()) / ("lt_data_tok_" + std::to_string(::getpid())) / info->name();
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir.string();
-}
-
-void write(const std::string& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+std::string temp_dir() { return testing::fresh_test_dir("lt_data_tok_"); }
+using testing::error_of;
+void write(const std::string& path, const std::string& text) { testing::write_text_file(path, text); }
 
 // The decoded text of each maximal run of tokens whose flag is `flag`.
 std::vector<std::string> runs(std::span<const int32_t> ids, std::span<const uint8_t> trainable, uint8_t flag = 1) {
