@@ -190,10 +190,11 @@ LT_AVX512 inline ArithRegs make_arith(QuantMapKind kind) {
   return r;
 }
 
-// quant_arith_lookup (quant_map.h) lane by lane, |x| < 2; the code in each 32-bit lane. For the unsigned map
+// quant_arith_lookup (quant_map.h) lane by lane, |x| < 2, without its exact fallback: the code in each 32-bit
+// lane, and in `ambiguous` the lanes that must be looked up exactly instead (fix_lanes). For the unsigned map
 // x >= 0 (v is never negative), which saves the sign handling.
 template <bool kSigned>
-LT_AVX512 inline __m512i quantize(const ArithRegs& q, __m512 x) {
+LT_AVX512 inline __m512i quantize(const ArithRegs& q, __m512 x, __mmask16& ambiguous) {
   const __m512 a = kSigned ? _mm512_abs_ps(x) : x;
   // Biased exponent - kExpBase, clamped at 0 by a 16-bit saturating subtract (the upper halves are 0).
   const __m512i e = _mm512_subs_epu16(_mm512_srli_epi32(_mm512_castps_si512(a), 23),
@@ -209,85 +210,152 @@ LT_AVX512 inline __m512i quantize(const ArithRegs& q, __m512 x) {
   }
   const __m512i r = _mm512_mask_add_epi32(lo, _mm512_cmp_ps_mask(a, threshold, _CMP_GT_OQ), lo, _mm512_set1_epi32(1));
   const __m512i s = _mm512_cvtps_epi32(_mm512_fmadd_ps(a, _mm512_permutexvar_ps(r, q.A), _mm512_permutexvar_ps(r, q.B)));
-  const __mmask16 ambiguous = _mm512_testn_epi32_mask(
-      _mm512_add_epi32(s, _mm512_set1_epi32(2)), _mm512_set1_epi32((1 << QuantArith::kFracBits) - 4));
+  ambiguous = _mm512_testn_epi32_mask(_mm512_add_epi32(s, _mm512_set1_epi32(2)),
+                                      _mm512_set1_epi32((1 << QuantArith::kFracBits) - 4));
   __m512i code = _mm512_min_epi32(_mm512_srai_epi32(s, QuantArith::kFracBits), _mm512_permutexvar_epi32(r, q.hi));
   if constexpr (kSigned) {
     const __m512i c254 = _mm512_set1_epi32(254);
     code = _mm512_mask_sub_epi32(code, negative, c254, _mm512_min_epi32(code, c254));
   }
-  if (ambiguous) [[unlikely]] {
-    alignas(64) float xs[16];
-    alignas(64) int32_t cs[16];
-    _mm512_store_ps(xs, x);
-    _mm512_store_si512(cs, code);
-    for (unsigned m = ambiguous; m != 0; m &= m - 1) {
-      const int i = __builtin_ctz(m);
-      cs[i] = quant_lookup(*q.table, xs[i]);
-    }
-    code = _mm512_load_si512(cs);
-  }
   return code;
 }
 
+// The exact lookup for the lanes the arithmetic flagged (about 1 in 1000), out of the hot loop.
+LT_AVX512 __attribute__((noinline, cold)) void fix_lanes(const QuantTable& t, const float* xs, int32_t* cs,
+                                                          unsigned lanes) {
+  for (; lanes != 0; lanes &= lanes - 1) {
+    const int i = __builtin_ctz(lanes);
+    cs[i] = quant_lookup(t, xs[i]);
+  }
+}
+
+LT_AVX512 inline __m512i fix(const QuantTable& t, __m512 x, __m512i code, __mmask16 lanes) {
+  alignas(64) float xs[16];
+  alignas(64) int32_t cs[16];
+  _mm512_store_ps(xs, x);
+  _mm512_store_si512(cs, code);
+  fix_lanes(t, xs, cs, lanes);
+  return _mm512_load_si512(cs);
+}
+
+// A block whose states are updated and whose absmax is known, waiting for its codes to be written.
+struct Pending {
+  uint8_t* qm;
+  uint8_t* qv;
+  const float* m;
+  const float* v;
+  int64_t len;
+  __m512 inv_m, inv_v;
+  __mmask16 guard;  // all lanes when the block's absmax_v > 0: the zero-point guard applies
+};
+
+// Requantises lanes j..j+15 (k: those inside the block) of a pending block.
+LT_AVX512 inline void requant16(const ArithRegs& qs, const ArithRegs& qu, const Pending& b, int64_t j, __mmask16 k) {
+  const __m512 v = _mm512_load_ps(b.v + j);
+  const __m512 xm = _mm512_mul_ps(_mm512_load_ps(b.m + j), b.inv_m);
+  const __m512 xv = _mm512_mul_ps(v, b.inv_v);
+  __mmask16 amb_m, amb_v;
+  __m512i cm = quantize<true>(qs, xm, amb_m);
+  __m512i cv = quantize<false>(qu, xv, amb_v);
+  if (__mmask16(amb_m | amb_v) != 0) [[unlikely]] {
+    if (amb_m) cm = fix(*qs.table, xm, cm, amb_m);
+    if (amb_v) cv = fix(*qu.table, xv, cv, amb_v);
+  }
+  // The zero-point guard: v > 0 takes at least code 1.
+  cv = _mm512_mask_max_epu32(cv, b.guard & _mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_GT_OQ), cv,
+                             _mm512_set1_epi32(1));
+  store_bytes(b.qm + j, k, _mm512_cvtepi32_epi8(cm));
+  store_bytes(b.qv + j, k, _mm512_cvtepi32_epi8(cv));
+}
+
+// Dequantised states of lanes i..i+15 (mb, vb: the unscaled map values) -> AdamW update, p (and its copy)
+// written, the updated states back into mb, vb and the block maxima updated.
+template <bool kCopy>
+LT_AVX512 inline void update16(const AdamW8Args& a, const Consts& c, int64_t i, __mmask16 k, __m512 am, __m512 av,
+                               float* mb, float* vb, __m512& max_m, __m512& max_v) {
+  __m512 m = _mm512_mul_ps(_mm512_load_ps(mb), am);
+  __m512 v = _mm512_mul_ps(_mm512_load_ps(vb), av);
+  const __m512 p = update(load_ps(a.p + i, k), load_ps(a.g + i, k), m, v, c);
+  store_ps(a.p + i, k, p);
+  if constexpr (kCopy) store_bf16(a.copy + i, k, to_bf16(p));
+  _mm512_store_ps(mb, m);
+  _mm512_store_ps(vb, v);
+  if (k == kFull) {
+    max_m = _mm512_max_ps(max_m, _mm512_abs_ps(m));
+    max_v = _mm512_max_ps(max_v, v);
+  } else {
+    max_m = _mm512_mask_max_ps(max_m, k, max_m, _mm512_abs_ps(m));
+    max_v = _mm512_mask_max_ps(max_v, k, max_v, v);
+  }
+}
+
+// One pass over the tensor, block by block. The update of block b (sqrt and two divisions per lane, which
+// occupy the divider) and the requantisation of block b-1 (integer and permute work) run in the same loop,
+// so that the out-of-order core overlaps them; the last block, or a short one, runs alone.
+template <bool kCopy>
 LT_AVX512 void adamw8_impl(const AdamW8Args& a, const AdamWScalars& s, DequantFn dequant, const void* table_m,
                            const void* table_v) {
   const ArithRegs qs = make_arith(QuantMapKind::signed_dynamic);
   const ArithRegs qu = make_arith(QuantMapKind::unsigned_dynamic);
   const Consts c = make_consts(s);
-  alignas(64) float mbuf[kMaxBlock + 64], vbuf[kMaxBlock + 64];
+  alignas(64) float buf[2][2][kMaxBlock + 64];
+  Pending prev{};
+  bool have_prev = false;
   for (int64_t b0 = 0, blk = 0; b0 < a.n; b0 += a.block, ++blk) {
     const int64_t len = std::min(a.block, a.n - b0);
-    dequant(table_m, a.qm + b0, len, mbuf);
-    dequant(table_v, a.qv + b0, len, vbuf);
+    float* mb = buf[blk & 1][0];
+    float* vb = buf[blk & 1][1];
+    dequant(table_m, a.qm + b0, len, mb);
+    dequant(table_v, a.qv + b0, len, vb);
     const __m512 am = _mm512_set1_ps(a.absmax_m[blk]), av = _mm512_set1_ps(a.absmax_v[blk]);
     __m512 max_m = _mm512_setzero_ps(), max_v = _mm512_setzero_ps();
-    for (int64_t j = 0; j < len; j += 16) {
-      const int64_t i = b0 + j;
-      const __mmask16 k = tail_mask(len - j);
-      __m512 m = _mm512_mul_ps(_mm512_load_ps(mbuf + j), am);
-      __m512 v = _mm512_mul_ps(_mm512_load_ps(vbuf + j), av);
-      const __m512 p = update(load_ps(a.p + i, k), load_ps(a.g + i, k), m, v, c);
-      store_ps(a.p + i, k, p);
-      if (a.copy) store_bf16(a.copy + i, k, to_bf16(p));
-      _mm512_store_ps(mbuf + j, m);
-      _mm512_store_ps(vbuf + j, v);
-      max_m = _mm512_mask_max_ps(max_m, k, max_m, _mm512_abs_ps(m));
-      max_v = _mm512_mask_max_ps(max_v, k, max_v, v);
+    if (have_prev && prev.len == len && len % 16 == 0) {
+      for (int64_t j = 0; j < len; j += 16) {
+        update16<kCopy>(a, c, b0 + j, kFull, am, av, mb + j, vb + j, max_m, max_v);
+        requant16(qs, qu, prev, j, kFull);
+      }
+    } else {
+      if (have_prev)
+        for (int64_t j = 0; j < prev.len; j += 16) requant16(qs, qu, prev, j, tail_mask(prev.len - j));
+      for (int64_t j = 0; j < len; j += 16)
+        update16<kCopy>(a, c, b0 + j, tail_mask(len - j), am, av, mb + j, vb + j, max_m, max_v);
     }
     float mm = _mm512_reduce_max_ps(max_m), mv = _mm512_reduce_max_ps(max_v);
     if (mm < FLT_MIN) mm = 0.0f;
     if (mv < FLT_MIN) mv = 0.0f;
     a.absmax_m[blk] = mm;
     a.absmax_v[blk] = mv;
-    const __m512 inv_m = _mm512_set1_ps(mm > 0.0f ? 1.0f / mm : 0.0f);
-    const __m512 inv_v = _mm512_set1_ps(mv > 0.0f ? 1.0f / mv : 0.0f);
-    const __mmask16 guard = mv > 0.0f ? __mmask16(0xffff) : __mmask16(0);
-    for (int64_t j = 0; j < len; j += 16) {
-      const __mmask16 k = tail_mask(len - j);
-      const __m512 m = _mm512_load_ps(mbuf + j), v = _mm512_load_ps(vbuf + j);
-      const __m512i cm = quantize<true>(qs, _mm512_mul_ps(m, inv_m));
-      __m512i cv = quantize<false>(qu, _mm512_mul_ps(v, inv_v));
-      // The zero-point guard: v > 0 takes at least code 1.
-      cv = _mm512_mask_max_epu32(cv, guard & _mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_GT_OQ), cv,
-                                 _mm512_set1_epi32(1));
-      store_bytes(a.qm + b0 + j, k, _mm512_cvtepi32_epi8(cm));
-      store_bytes(a.qv + b0 + j, k, _mm512_cvtepi32_epi8(cv));
-    }
+    prev.qm = a.qm + b0;
+    prev.qv = a.qv + b0;
+    prev.m = mb;
+    prev.v = vb;
+    prev.len = len;
+    prev.inv_m = _mm512_set1_ps(mm > 0.0f ? 1.0f / mm : 0.0f);
+    prev.inv_v = _mm512_set1_ps(mv > 0.0f ? 1.0f / mv : 0.0f);
+    prev.guard = mv > 0.0f ? __mmask16(0xffff) : __mmask16(0);
+    have_prev = true;
   }
+  if (have_prev)
+    for (int64_t j = 0; j < prev.len; j += 16) requant16(qs, qu, prev, j, tail_mask(prev.len - j));
+}
+
+LT_AVX512 void adamw8_run(const AdamW8Args& a, const AdamWScalars& s, DequantFn dequant, const void* table_m,
+                          const void* table_v) {
+  if (a.copy) adamw8_impl<true>(a, s, dequant, table_m, table_v);
+  else adamw8_impl<false>(a, s, dequant, table_m, table_v);
 }
 
 }  // namespace
 
 LT_AVX512 void adamw8_avx512(const AdamW8Args& a, const AdamWScalars& s) {
-  adamw8_impl(a, s, dequant_gather, quant_map(QuantMapKind::signed_dynamic).data(),
-              quant_map(QuantMapKind::unsigned_dynamic).data());
+  adamw8_run(a, s, dequant_gather, quant_map(QuantMapKind::signed_dynamic).data(),
+             quant_map(QuantMapKind::unsigned_dynamic).data());
 }
 
 void adamw8_avx512_vbmi(const AdamW8Args& a, const AdamWScalars& s) {
   static const MapPlanes ps = make_planes(QuantMapKind::signed_dynamic);
   static const MapPlanes pu = make_planes(QuantMapKind::unsigned_dynamic);
-  adamw8_impl(a, s, dequant_vbmi, &ps, &pu);
+  adamw8_run(a, s, dequant_vbmi, &ps, &pu);
 }
 
 namespace {
