@@ -172,7 +172,7 @@ LT_AVX512_VBMI void dequant_vbmi(const void* table, const uint8_t* codes, int64_
 
 struct ArithRegs {
   __m512 A, B, T0, T1;
-  __m512i hi, region_lo0, region_lo1;
+  __m512i hi, hi_neg, region_lo0, region_lo1;
   const QuantTable* table;
 };
 
@@ -185,38 +185,38 @@ LT_AVX512 inline ArithRegs make_arith(QuantMapKind kind) {
   r.T0 = _mm512_load_ps(qa.T);
   r.T1 = _mm512_load_ps(qa.T + 16);
   r.hi = _mm512_load_si512(qa.hi);
+  r.hi_neg = _mm512_min_epi32(r.hi, _mm512_set1_epi32(254));  // x < 0: the mirror has no 1.0
   r.region_lo0 = _mm512_load_si512(qa.region_lo);
   r.region_lo1 = _mm512_load_si512(qa.region_lo + 16);
   return r;
 }
 
 // quant_arith_lookup (quant_map.h) lane by lane, |x| < 2, without its exact fallback: the code in each 32-bit
-// lane, and in `ambiguous` the lanes that must be looked up exactly instead (fix_lanes). For the unsigned map
-// x >= 0 (v is never negative), which saves the sign handling.
+// lane, and in `ambiguous` the lanes that must be looked up exactly instead (fix). For the unsigned map x >= 0
+// (v is never negative), which saves the sign handling. For x < 0 the region index carries 16 (the negative
+// thresholds, and hi clamped to 254), which the 16-entry permutes of A and B ignore.
 template <bool kSigned>
 LT_AVX512 inline __m512i quantize(const ArithRegs& q, __m512 x, __mmask16& ambiguous) {
   const __m512 a = kSigned ? _mm512_abs_ps(x) : x;
   // Biased exponent - kExpBase, clamped at 0 by a 16-bit saturating subtract (the upper halves are 0).
   const __m512i e = _mm512_subs_epu16(_mm512_srli_epi32(_mm512_castps_si512(a), 23),
                                       _mm512_set1_epi32(QuantArith::kExpBase));
-  const __m512i lo = _mm512_permutex2var_epi32(q.region_lo0, e, q.region_lo1);
+  __m512i lo = _mm512_permutex2var_epi32(q.region_lo0, e, q.region_lo1);
   __mmask16 negative = 0;
   __m512 threshold;
   if constexpr (kSigned) {
     negative = _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_LT_OQ);
-    threshold = _mm512_permutex2var_ps(q.T0, _mm512_mask_add_epi32(lo, negative, lo, _mm512_set1_epi32(16)), q.T1);
+    lo = _mm512_mask_add_epi32(lo, negative, lo, _mm512_set1_epi32(16));
+    threshold = _mm512_permutex2var_ps(q.T0, lo, q.T1);
   } else {
     threshold = _mm512_permutexvar_ps(lo, q.T0);
   }
   const __m512i r = _mm512_mask_add_epi32(lo, _mm512_cmp_ps_mask(a, threshold, _CMP_GT_OQ), lo, _mm512_set1_epi32(1));
   const __m512i s = _mm512_cvtps_epi32(_mm512_fmadd_ps(a, _mm512_permutexvar_ps(r, q.A), _mm512_permutexvar_ps(r, q.B)));
-  ambiguous = _mm512_testn_epi32_mask(_mm512_add_epi32(s, _mm512_set1_epi32(2)),
-                                      _mm512_set1_epi32((1 << QuantArith::kFracBits) - 4));
-  __m512i code = _mm512_min_epi32(_mm512_srai_epi32(s, QuantArith::kFracBits), _mm512_permutexvar_epi32(r, q.hi));
-  if constexpr (kSigned) {
-    const __m512i c254 = _mm512_set1_epi32(254);
-    code = _mm512_mask_sub_epi32(code, negative, c254, _mm512_min_epi32(code, c254));
-  }
+  ambiguous = _mm512_testn_epi32_mask(s, _mm512_set1_epi32((1 << QuantArith::kFracBits) - 4));
+  const __m512i hi = kSigned ? _mm512_permutex2var_epi32(q.hi, r, q.hi_neg) : _mm512_permutexvar_epi32(r, q.hi);
+  __m512i code = _mm512_min_epi32(_mm512_srai_epi32(s, QuantArith::kFracBits), hi);
+  if constexpr (kSigned) code = _mm512_mask_sub_epi32(code, negative, _mm512_set1_epi32(254), code);
   return code;
 }
 
@@ -293,8 +293,9 @@ LT_AVX512 inline void update16(const AdamW8Args& a, const Consts& c, int64_t i, 
 // occupy the divider) and the requantisation of block b-1 (integer and permute work) run in the same loop,
 // so that the out-of-order core overlaps them; the last block, or a short one, runs alone.
 template <bool kCopy>
-LT_AVX512 void adamw8_impl(const AdamW8Args& a, const AdamWScalars& s, DequantFn dequant, const void* table_m,
+LT_AVX512 void adamw8_impl(const AdamW8Args& args, const AdamWScalars& s, DequantFn dequant, const void* table_m,
                            const void* table_v) {
+  const AdamW8Args a = args;  // a local copy: the stores through its pointers cannot alias it
   const ArithRegs qs = make_arith(QuantMapKind::signed_dynamic);
   const ArithRegs qu = make_arith(QuantMapKind::unsigned_dynamic);
   const Consts c = make_consts(s);

@@ -116,7 +116,7 @@ QuantArith build_arith(QuantMapKind kind) {
   for (int r = 0; r < 16; ++r) {  // regions without a decade: t = 0.5, never near an integer
     const int c = zero + (r == 0 ? 0 : U);
     a.A[r] = 0.0f;
-    a.B[r] = float((c + 0.5) * scale);
+    a.B[r] = float((c + 0.5) * scale + QuantArith::kBias);
     a.hi[r] = c;
   }
   for (float& t : a.T) t = INFINITY;
@@ -131,16 +131,16 @@ QuantArith build_arith(QuantMapKind kind) {
     add_boundary(d, (P(base - 1) + P(base)) / 2);
     const int r = d + 1, c0 = zero + base;
     a.A[r] = float(scale * k / (0.9 * kScale[d]));
-    a.B[r] = float(scale * (c0 - 0.1 * k / 0.9));
+    a.B[r] = float(scale * (c0 - 0.1 * k / 0.9) + QuantArith::kBias);
     a.hi[r] = c0 + k - 1;
-    // Both f32 neighbours of every midpoint inside the decade must be flagged, with s in [2048 (c0 + j + 1) - 2,
-    // 2048 (c0 + j + 1) + 1]; lrint rounds to nearest even as the vector conversion does.
+    // Both f32 neighbours of every midpoint inside the decade must be flagged, with s in [2048 (c0 + j + 1),
+    // 2048 (c0 + j + 1) + 3]; lrint rounds to nearest even as the vector conversion does.
     for (int j = 0; j + 1 < k; ++j) {
       const double mid = (P(base + j) + P(base + j + 1)) / 2;
       const float below = round_down_f32(mid), above = std::nextafter(below, INFINITY);
       for (float x : {below, above}) {
         const int32_t si = s_of(x, r), want = (c0 + j + 1) << QuantArith::kFracBits;
-        LT_CHECK(si >= want - 2 && si <= want + 1 && QuantArith::ambiguous(si),
+        LT_CHECK(si >= want && si <= want + 3 && QuantArith::ambiguous(si),
                  "quantisation arithmetic: midpoint {} of decade {} gives s = {}, not within the flagged window "
                  "around {}", mid, d, si, want);
       }
