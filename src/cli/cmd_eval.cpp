@@ -31,6 +31,7 @@ void register_eval(CLI::App& app) {
     std::string config, model;
     std::vector<std::string> overrides;
     int64_t limit = 0, max_new_tokens = 64;
+    bool predictions = false;
   };
   auto o = std::make_shared<Options>();
   auto* cmd = app.add_subcommand("eval", "exact-match accuracy on the config's eval_dataset by greedy decoding");
@@ -39,6 +40,7 @@ void register_eval(CLI::App& app) {
   cmd->add_option("--model", o->model, "model directory (default: the newest checkpoint in output_dir)");
   cmd->add_option("--limit", o->limit, "evaluate at most this many records");
   cmd->add_option("--max-new-tokens", o->max_new_tokens, "generation length limit");
+  cmd->add_flag("--predictions", o->predictions, "include every record's generation and answer in the JSON");
   cmd->callback([o]() {
     TrainConfig c = load_train_config(o->config, o->overrides);
     LT_CHECK(!c.eval_dataset.empty(), "{}: eval_dataset is not set", o->config);
@@ -49,7 +51,7 @@ void register_eval(CLI::App& app) {
     ChatTemplate tpl = template_for(c.template_name, m.config, tok);
     EvalResult r = evaluate_exact_match(m.params, tok, tpl, resolve_datasets(c.eval_dataset, c.dataset_dir),
                                         EvalOptions{o->max_new_tokens, o->limit});
-    nlohmann::json j = r.to_json();
+    nlohmann::json j = r.to_json(o->predictions);
     j["model"] = dir;
     std::printf("%s\n", j.dump().c_str());
   });

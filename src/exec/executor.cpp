@@ -133,6 +133,7 @@ struct StreamingExecutor::Step {
   std::vector<void*> allocations;
   uint8_t* block = nullptr;                          // the packed working set (ws.peak_bytes)
   std::vector<std::array<Event*, 3>> fences;         // [window][stream]: where each window began
+  std::vector<std::vector<FenceWait>> fence_waits;   // [window] (WorkingSet::fence_waits)
   std::deque<std::unique_ptr<Event>> events;
 
   std::vector<uint8_t*> wbuf;
@@ -216,26 +217,11 @@ struct StreamingExecutor::Step {
   }
 
   // Window w begins: fence each stream here. A buffer that starts now in memory an earlier buffer used
-  // (dead after window e) must not be written before all work issued up to window e has finished: its
-  // writer's stream waits for the other streams' fences of window e + 1. Only the writer waits — the
-  // readers of the new buffer wait for its writer anyway — so the other streams keep prefetching.
-  static StreamKind first_writer(const std::string& tag) {
-    return tag == "head weights" || tag == "boundary 0" ? kH2D : kCompute;
-  }
+  // must not be written before the streams that touched the earlier one are done with it: its first
+  // writer waits for those streams' fences of the window after the earlier buffer's last (FenceWait).
   void begin_window(int w) {
     for (StreamKind k : {kCompute, kH2D, kD2H}) fences[size_t(w)][size_t(k)] = record(k);
-    int after[3] = {-1, -1, -1};
-    for (const DeviceBuffer& b : ws.buffers)
-      if (b.first_window == w && b.reuse_after >= 0) {
-        int& a = after[size_t(first_writer(b.tag))];
-        a = std::max(a, b.reuse_after);
-      }
-    for (StreamKind writer : {kCompute, kH2D}) {
-      const int e = after[size_t(writer)];
-      if (e < 0) continue;
-      for (StreamKind k : {kCompute, kH2D, kD2H})
-        if (k != writer) wait(writer, fences[size_t(e + 1)][size_t(k)]);
-    }
+    for (const FenceWait& f : fence_waits[size_t(w)]) wait(f.writer, fences[size_t(f.after + 1)][size_t(f.on)]);
   }
 
   TokenInfo token_info() const { return TokenInfo{pos_dev, batch.doc_ids.empty() ? nullptr : doc_dev}; }
@@ -256,6 +242,7 @@ struct StreamingExecutor::Step {
     block = static_cast<uint8_t*>(dev.alloc(need, "step working set"));
     allocations.push_back(block);
     fences.assign(size_t(2 * L + 1), {nullptr, nullptr, nullptr});
+    fence_waits = ws.fence_waits();
     const int nw = o.weight_buffers, ng = o.grad_buffers;
     for (int i = 0; i < nw; ++i) wbuf.push_back(buf<uint8_t>(fmt::format("weights {}", i), wl.bytes()));
     wready.assign(size_t(nw), nullptr);

@@ -1,10 +1,41 @@
 #include "exec/trace.h"
 
+#include <algorithm>
 #include <map>
 
 #include "io/json_file.h"
 
 namespace lt {
+namespace {
+
+bool starts_with(const std::string& s, const char* prefix) { return s.rfind(prefix, 0) == 0; }
+
+// See StepSummary::phase_chain_s. Operations of one lane are recorded in that lane's execution order.
+double phase_chain_seconds(const std::vector<OpRecord>& ops) {
+  const OpRecord* head = nullptr;
+  for (const OpRecord& op : ops)
+    if (op.lane == "compute" && op.waited_on.empty() && starts_with(op.name, "head")) head = &op;
+  if (!head) return 0;
+  size_t last_head_upload = 0;  // index + 1 of the last h2d copy of the head's weights
+  for (size_t i = 0; i < ops.size(); ++i)
+    if (ops[i].lane == "h2d" && (starts_with(ops[i].name, "h2d head") || starts_with(ops[i].name, "h2d lm_head")))
+      last_head_upload = i + 1;
+  double link = 0, after = 0, last_compute_end = head->end;
+  for (size_t i = 0; i < last_head_upload; ++i)
+    if (ops[i].lane == "h2d" && ops[i].bytes > 0 && ops[i].waited_on.empty()) link += ops[i].end - ops[i].start;
+  for (const OpRecord& op : ops)
+    if (op.lane == "compute" && op.waited_on.empty() && op.start >= head->end) {
+      after += op.end - op.start;
+      last_compute_end = std::max(last_compute_end, op.end);
+    }
+  double tail = 0;  // the shortest download that must follow the last compute
+  for (const OpRecord& op : ops)
+    if (op.lane == "d2h" && op.bytes > 0 && op.start >= last_compute_end)
+      tail = tail == 0 ? op.end - op.start : std::min(tail, op.end - op.start);
+  return link + (head->end - head->start) + after + tail;
+}
+
+}  // namespace
 
 nlohmann::json StepSummary::to_json() const {
   return {{"compute_s", compute_s},         {"h2d_s", h2d_s},
@@ -13,7 +44,8 @@ nlohmann::json StepSummary::to_json() const {
           {"nvme_read_bytes", nvme_read_bytes}, {"nvme_write_bytes", nvme_write_bytes},
           {"host_s", host_s},               {"exposed_s", exposed_s},
           {"exposed_h2d_s", exposed_h2d_s}, {"exposed_d2h_s", exposed_d2h_s},
-          {"exposed_other_s", exposed_other_s}};
+          {"exposed_other_s", exposed_other_s}, {"phase_chain_s", phase_chain_s},
+          {"bound_s", bound_s}};
 }
 
 void TraceRecorder::record(const OpRecord& op) {
@@ -55,6 +87,8 @@ StepSummary TraceRecorder::summarize() const {
       else s.nvme_write_bytes += op.bytes;
     } else if (op.lane == "host") s.host_s += d;
   }
+  s.phase_chain_s = phase_chain_seconds(ops_);
+  s.bound_s = std::max({s.compute_s, s.h2d_s, s.d2h_s, s.phase_chain_s});
   return s;
 }
 

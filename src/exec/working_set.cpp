@@ -11,8 +11,21 @@
 namespace lt {
 namespace {
 
+unsigned buffer_streams_of(const std::string& tag);
+
+// Whether x and y may not share memory: their lifetimes overlap, or y is downloaded (the d2h stream reads
+// it) and ends in the window just before x starts — its download may still be running when x's writer
+// starts, and waiting for it would stall the compute stream (the head gradients before B(L-1)).
+bool conflict(const DeviceBuffer& x, const DeviceBuffer& y) {
+  if (!(y.last_window < x.first_window || x.last_window < y.first_window)) return true;
+  const unsigned d2h = 1u << unsigned(StreamKind::d2h);
+  if ((buffer_streams_of(y.tag) & d2h) && y.last_window + 1 == x.first_window) return true;
+  if ((buffer_streams_of(x.tag) & d2h) && x.last_window + 1 == y.first_window) return true;
+  return false;
+}
+
 // First-fit packing of buffers with lifetimes, largest first (ties by tag order of creation): each buffer
-// goes at the lowest offset where it overlaps no placed buffer whose lifetime overlaps its own.
+// goes at the lowest offset where it overlaps no placed buffer it conflicts with.
 void pack(std::vector<DeviceBuffer>& bufs, size_t* peak) {
   std::vector<size_t> order(bufs.size());
   std::iota(order.begin(), order.end(), size_t(0));
@@ -25,7 +38,7 @@ void pack(std::vector<DeviceBuffer>& bufs, size_t* peak) {
     std::vector<std::pair<size_t, size_t>> busy;
     for (size_t p : placed) {
       const DeviceBuffer& y = bufs[p];
-      if (y.last_window < x.first_window || x.last_window < y.first_window) continue;
+      if (!conflict(x, y)) continue;
       busy.push_back({y.offset, y.offset + y.bytes});
     }
     std::sort(busy.begin(), busy.end());
@@ -38,17 +51,68 @@ void pack(std::vector<DeviceBuffer>& bufs, size_t* peak) {
     placed.push_back(idx);
     *peak = std::max(*peak, offset + x.bytes);
   }
-  // Memory reuse: the latest-ending earlier buffer that overlaps x's range.
+  // Memory reuse: the earlier buffers that overlap x's range (and the latest window they end in).
   for (DeviceBuffer& x : bufs) {
-    for (const DeviceBuffer& y : bufs) {
+    for (size_t j = 0; j < bufs.size(); ++j) {
+      const DeviceBuffer& y = bufs[j];
       if (&x == &y || y.last_window >= x.first_window) continue;
-      if (y.offset < x.offset + x.bytes && x.offset < y.offset + y.bytes)
+      if (y.offset < x.offset + x.bytes && x.offset < y.offset + y.bytes) {
         x.reuse_after = std::max(x.reuse_after, y.last_window);
+        x.previous.push_back(int(j));
+      }
     }
   }
 }
 
+bool has_prefix(const std::string& s, const char* p) { return s.rfind(p, 0) == 0; }
+
+constexpr unsigned bit(StreamKind k) { return 1u << unsigned(k); }
+
+unsigned buffer_streams_of(const std::string& tag) { return buffer_streams(tag); }
+
 }  // namespace
+
+// What the executor does with each buffer (src/exec/executor.cpp): weights, the head's weights and the
+// token ids are uploaded and read by kernels; gradients are written by kernels and downloaded; boundary
+// ring slots are filled by kernels or uploads and may be downloaded (offload); boundary 0 is uploaded
+// (the embedding output), other kept boundaries are kernel-only; activation gradients are downloaded at
+// the end (dx0); internals, scratch and the recompute cache are kernel-only.
+unsigned buffer_streams(const std::string& tag) {
+  const unsigned c = bit(StreamKind::compute), h = bit(StreamKind::h2d), d = bit(StreamKind::d2h);
+  if (has_prefix(tag, "weights ") || tag == "head weights" || tag == "tokens" || tag == "boundary 0") return c | h;
+  if (has_prefix(tag, "layer grads ") || tag == "head grads" || has_prefix(tag, "activation grads ")) return c | d;
+  if (has_prefix(tag, "boundary ring ")) return c | h | d;
+  if (has_prefix(tag, "boundary ") || has_prefix(tag, "internals ") || tag == "internals scratch" ||
+      tag == "recompute output" || tag == "backward scratch" || has_prefix(tag, "recompute cache "))
+    return c;
+  return c | h | d;
+}
+
+StreamKind buffer_first_writer(const std::string& tag) {
+  return tag == "head weights" || tag == "boundary 0" || tag == "tokens" || has_prefix(tag, "weights ")
+             ? StreamKind::h2d
+             : StreamKind::compute;
+}
+
+std::vector<std::vector<FenceWait>> WorkingSet::fence_waits() const {
+  std::vector<std::vector<FenceWait>> out(window_bytes.size());
+  for (const DeviceBuffer& x : buffers) {
+    if (x.previous.empty()) continue;
+    const StreamKind writer = buffer_first_writer(x.tag);
+    std::vector<FenceWait>& waits = out[size_t(x.first_window)];
+    for (int j : x.previous) {
+      const DeviceBuffer& y = buffers[size_t(j)];
+      for (StreamKind on : {StreamKind::compute, StreamKind::h2d, StreamKind::d2h}) {
+        if (on == writer || !(buffer_streams(y.tag) & bit(on))) continue;
+        auto it = std::find_if(waits.begin(), waits.end(),
+                               [&](const FenceWait& f) { return f.writer == writer && f.on == on; });
+        if (it == waits.end()) waits.push_back(FenceWait{writer, on, y.last_window});
+        else it->after = std::max(it->after, y.last_window);
+      }
+    }
+  }
+  return out;
+}
 
 const DeviceBuffer& WorkingSet::buffer(const std::string& tag) const {
   for (const auto& b : buffers)
@@ -74,7 +138,12 @@ WorkingSet plan_working_set(const ModelConfig& cfg, int64_t B, int64_t T, const 
 
   WorkingSet ws;
   auto add = [&](std::string tag, size_t bytes, int from, int to) {
-    ws.buffers.push_back(DeviceBuffer{std::move(tag), align_up(bytes, kDeviceAlign), from, to});
+    DeviceBuffer b;
+    b.tag = std::move(tag);
+    b.bytes = align_up(bytes, kDeviceAlign);
+    b.first_window = from;
+    b.last_window = to;
+    ws.buffers.push_back(std::move(b));
   };
   // Weights: every window streams layers. Gradient buffers and backward scratch: backward windows.
   for (int i = 0; i < o.weight_buffers; ++i) add(fmt::format("weights {}", i), layer_w, first, last);

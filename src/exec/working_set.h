@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "device/device.h"
 #include "exec/plan.h"
 #include "model/block.h"
 #include "model/config.h"
@@ -40,7 +41,23 @@ struct DeviceBuffer {
   // Buffers that occupied this memory earlier end by this window (-1: fresh memory). The executor makes
   // the first writer wait for all work issued before window reuse_after + 1.
   int reuse_after = -1;
+  std::vector<int> previous; // indices (in WorkingSet::buffers) of those earlier buffers
   int count = 1;             // always 1 (kept for readers that sum count * bytes)
+};
+
+// Which streams touch a buffer (a bit per StreamKind) and which one writes it first — the executor's
+// use of each buffer, by tag. An unknown tag touches every stream.
+unsigned buffer_streams(const std::string& tag);
+StreamKind buffer_first_writer(const std::string& tag);
+
+// A window fence: when window `window` begins, stream `writer` waits until stream `on` has finished all
+// work issued before window `after` + 1 — because a buffer `writer` first writes in this window takes
+// memory that an earlier buffer, which `on` touched, used until window `after`. Only the first writer
+// waits (the new buffer's readers wait for its writer anyway) and only for streams that touched the
+// previous occupant, so everything else keeps prefetching across the window.
+struct FenceWait {
+  StreamKind writer, on;
+  int after;
 };
 
 struct WorkingSet {
@@ -54,6 +71,8 @@ struct WorkingSet {
   size_t host_activation_bytes = 0;    // host-tier boundaries
   size_t nvme_bytes = 0;               // nvme-tier boundaries
   size_t device_bytes() const { return peak_bytes; }
+  // [window] the fences each window's beginning needs (see FenceWait), one per (writer, on) pair.
+  std::vector<std::vector<FenceWait>> fence_waits() const;
   const DeviceBuffer& buffer(const std::string& tag) const;  // error naming the tag if absent
 };
 

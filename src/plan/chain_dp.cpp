@@ -79,11 +79,9 @@ struct Dp {
   }
   double head_window(int64_t s, bool host_s) const {
     const double h2d = (s == L - 1 ? 0.0 : in.W) + (host_s ? in.A : 0.0);
-    if (!in.head_fence) return window_time(in, in.head, h2d, 0.0, 0.0);
-    // The head's compute, then (the executor's fence) its uploads and the head gradients' download.
-    double fence = std::max(h2d / in.bw_h2d, in.HG / in.bw_d2h);
-    if (in.bw_sum > 0) fence = std::max(fence, (h2d + in.HG) / in.bw_sum);
-    return in.head + fence;
+    // The head's compute with the backward's first uploads under it; then (the executor's fence) B(L-1)'s
+    // compute may wait for the head gradients' download.
+    return window_time(in, in.head, h2d, 0.0, 0.0) + (in.head_fence ? in.HG / in.bw_d2h : 0.0);
   }
 };
 

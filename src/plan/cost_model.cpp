@@ -311,22 +311,19 @@ Prediction evaluate(const Instance& in, const Plan& plan_in, const TransferWindo
       fail(fmt::format("window {}: more than {} boundaries waiting in NVMe staging", in.window_name(w), kNvmeSlots));
 
   // --- window times ----------------------------------------------------------------------------------
-  if (in.head_fence) {
-    const double h = win[size_t(in.head_window())].h2d_bytes;
-    p.fence_s = std::max(h / in.bw_h2d, in.HG / in.bw_d2h);
-    if (in.bw_sum > 0) p.fence_s = std::max(p.fence_s, (h + in.HG) / in.bw_sum);
-    (h / in.bw_h2d >= in.HG / in.bw_d2h ? p.exposed_h2d_s : p.exposed_d2h_s) += p.fence_s;
+  if (in.head_fence) {  // B(L-1)'s compute waits for the head gradients' download
+    p.fence_s = in.HG / in.bw_d2h;
+    p.exposed_d2h_s += p.fence_s;
   }
   for (int w = 0; w < nw; ++w) {
     WindowCost& c = win[size_t(w)];
-    const bool fenced = in.head_fence && w == in.head_window();  // its uploads are in the fence
     struct Ch {
       double t;
       const char* name;
     } ch[] = {{c.compute_s, "compute"},
-              {fenced ? 0.0 : c.h2d_bytes / in.bw_h2d, "h2d"},
+              {c.h2d_bytes / in.bw_h2d, "h2d"},
               {c.d2h_bytes / in.bw_d2h, "d2h"},
-              {in.bw_sum > 0 ? ((fenced ? 0.0 : c.h2d_bytes) + c.d2h_bytes) / in.bw_sum : 0.0, "link"},
+              {in.bw_sum > 0 ? (c.h2d_bytes + c.d2h_bytes) / in.bw_sum : 0.0, "link"},
               {(in.bw_nvme_r > 0 ? c.nvme_read_bytes / in.bw_nvme_r : 0.0) +
                    (in.bw_nvme_w > 0 ? c.nvme_write_bytes / in.bw_nvme_w : 0.0),
                "nvme"},

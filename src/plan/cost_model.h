@@ -7,8 +7,8 @@
 //   T_w = max( compute_w,  h2d_w / bw_h2d,  d2h_w / bw_d2h,  (h2d_w + d2h_w) / bw_both,
 //              nvme_read_w / bw_r + nvme_write_w / bw_w,  host_w )
 //   step = prologue + Σ_w T_w + fence + epilogue;   objective = step + exposed host optimizer.
-// With the executor's head fence, window H's uploads (the backward's first fetches) and the head's gradient
-// download run after the head's compute: fence = max(h2d_H / bw_h2d, HG / bw_d2h, (h2d_H + HG) / bw_both).
+// With the executor's head fence (a backward buffer packed into the head gradients' memory), B(L-1)'s compute
+// waits for the head gradients' download: fence = HG / bw_d2h.
 #pragma once
 
 #include <cstdint>
@@ -70,7 +70,7 @@ struct Prediction {
   double optimizer_exposed_s = 0;  // host optimizer time the next forward cannot hide
   double iteration_s = 0;          // step_s + optimizer_exposed_s: the objective
   double prologue_s = 0, epilogue_s = 0;
-  double fence_s = 0;              // after the head, before B(L-1) (Instance::head_fence): its transfers, serial
+  double fence_s = 0;              // after the head, before B(L-1) (Instance::head_fence): HG's download
   double compute_s = 0, recompute_s = 0;
   double h2d_bytes = 0, d2h_bytes = 0, nvme_read_bytes = 0, nvme_write_bytes = 0;
   double exposed_h2d_s = 0, exposed_d2h_s = 0, exposed_link_s = 0, exposed_nvme_s = 0, exposed_host_s = 0;

@@ -128,8 +128,8 @@ Instance make_instance(const ModelConfig& cfg, int64_t B, int64_t T, const Profi
   if (o.activation_scale == 1.0 && in.L >= 1) {
     const WorkingSet ws = plan_working_set(cfg, B, T, Plan::every(in.L, 1), o.exec);
     in.head_fence = false;
-    for (const DeviceBuffer& b : ws.buffers)
-      if (b.first_window == in.bwd(in.L - 1) && b.reuse_after >= 0) in.head_fence = true;
+    for (const FenceWait& f : ws.fence_waits()[size_t(in.bwd(in.L - 1))])
+      if (f.writer == StreamKind::compute && f.on == StreamKind::d2h) in.head_fence = true;
   }
   in.layer_flops = layer_forward_flops(cfg, B, T);
   in.head_flops = head_flops(cfg, B, T);

@@ -86,9 +86,9 @@ struct Instance {
   double latency = 0;
   double bw_nvme_r = 0, bw_nvme_w = 0; // bytes/s; 0 = no NVMe
   double opt_layer = 0, opt_embed = 0, opt_head = 0;  // host optimizer seconds per slab; 0 = off
-  // The executor's window fence at B(L-1): when its working set packs a backward buffer into memory the head
-  // used, every stream waits there for the others' earlier work. The head's gradient download and the first
-  // backward fetches then run after the head, not under it (cost_model.h: the fence term).
+  // The executor's window fence at B(L-1): when its working set packs a backward buffer into memory that a
+  // buffer the d2h stream read used (the head's gradients), B(L-1)'s compute waits for the head gradients'
+  // download (WorkingSet::fence_waits; cost_model.h: the fence term).
   bool head_fence = false;
   int64_t parameters = 0;
   double layer_flops = 0, head_flops = 0;  // forward FLOPs of one layer; head forward + backward

@@ -324,21 +324,9 @@ Built build(const Instance& in) {
         for (auto [c, a] : *p) t.push_back({c, -a / bw});
       if (t.size() > 1 || cst > 0) lp.row(t, cst / bw, kInf);
     };
-    if (in.head_fence && w == L) {
-      // The fence after the head: its uploads and the head gradients' download, after the head's compute.
-      std::vector<std::pair<int, double>> e = {{v.fence, 1.0}};
-      for (auto [c, a] : h2d[size_t(w)]) e.push_back({c, -a / in.bw_h2d});
-      lp.row(e, h2d_c[size_t(w)] / in.bw_h2d, kInf);
-      lp.row({{v.fence, 1.0}}, in.HG / in.bw_d2h, kInf);
-      if (in.bw_sum > 0) {
-        std::vector<std::pair<int, double>> b = {{v.fence, 1.0}};
-        for (auto [c, a] : h2d[size_t(w)]) b.push_back({c, -a / in.bw_sum});
-        lp.row(b, (h2d_c[size_t(w)] + in.HG) / in.bw_sum, kInf);
-      }
-    } else {
-      link_row({&h2d[size_t(w)]}, h2d_c[size_t(w)], in.bw_h2d);
-      if (in.bw_sum > 0) link_row({&h2d[size_t(w)], &d2h[size_t(w)]}, h2d_c[size_t(w)] + d2h_c[size_t(w)], in.bw_sum);
-    }
+    if (in.head_fence && w == L) lp.row({{v.fence, 1.0}}, in.HG / in.bw_d2h, kInf);  // B(L-1) waits for it
+    link_row({&h2d[size_t(w)]}, h2d_c[size_t(w)], in.bw_h2d);
+    if (in.bw_sum > 0) link_row({&h2d[size_t(w)], &d2h[size_t(w)]}, h2d_c[size_t(w)] + d2h_c[size_t(w)], in.bw_sum);
     link_row({&d2h[size_t(w)]}, d2h_c[size_t(w)], in.bw_d2h);
     if (host_c[size_t(w)] > 0) lp.row({{T, 1.0}}, host_c[size_t(w)], kInf);
     if (nvme_ok) {

@@ -169,9 +169,7 @@ class Builder {
     // The working set's memory reuse (window fences) — the executor's own buffers and lifetimes.
     if (in.opt.activation_scale == 1.0) {
       const WorkingSet ws = plan_working_set(in.cfg, in.B, in.T, plan, in.opt.exec);
-      reuse_after_.assign(size_t(in.num_windows()), -1);
-      for (const DeviceBuffer& b : ws.buffers)
-        reuse_after_[size_t(b.first_window)] = std::max(reuse_after_[size_t(b.first_window)], b.reuse_after);
+      fence_waits_ = ws.fence_waits();
     }
     // Host-tier transfers by window: reload parts are issued with the operations of the window after theirs
     // (they run during their window, as prefetch), offload parts once the compute before their window is done.
@@ -230,15 +228,13 @@ class Builder {
     if (op >= 0) pending_[int(stream)].push_back(op);
   }
 
-  // begin_window(w): fences on every stream; a buffer whose memory an earlier buffer used (dead after
-  // window e) makes every stream wait for the other streams' fences of window e + 1.
+  // begin_window(w): fences on every stream; the first writer of a buffer whose memory an earlier buffer
+  // used waits for the streams that touched the earlier one (WorkingSet::fence_waits, as the executor).
   void begin_window(int w) {
     for (int k = 0; k < 3; ++k) fences_[size_t(w)][size_t(k)] = last_[k];
-    if (reuse_after_.empty() || reuse_after_[size_t(w)] < 0) return;
-    const int after = reuse_after_[size_t(w)];
-    for (int waiter = 0; waiter < 3; ++waiter)
-      for (int k = 0; k < 3; ++k)
-        if (k != waiter) wait(Lane(waiter), fences_[size_t(after + 1)][size_t(k)]);
+    if (fence_waits_.empty()) return;
+    for (const FenceWait& f : fence_waits_[size_t(w)])
+      wait(Lane(int(f.writer)), fences_[size_t(f.after + 1)][size_t(int(f.on))]);
   }
 
   // The previous step's optimizer update on the host worker: embedding, layers, head, in order.
@@ -468,7 +464,7 @@ class Builder {
   std::vector<int> pending_[3];
   int last_[3] = {-1, -1, -1};
   std::vector<std::array<int, 3>> fences_;
-  std::vector<int> reuse_after_;
+  std::vector<std::vector<FenceWait>> fence_waits_;
   std::set<int64_t> cached_;
   int tokens_ready_ = -1, embed_ = -1;
   int update_embed_ = -1, update_head_ = -1;

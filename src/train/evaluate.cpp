@@ -47,8 +47,10 @@ std::string extract_answer(std::string_view text) {
   return number_in(text, false);
 }
 
-nlohmann::json EvalResult::to_json() const {
-  return {{"total", total}, {"correct", correct}, {"exact_match", exact_match()}, {"samples", samples}};
+nlohmann::json EvalResult::to_json(bool with_predictions) const {
+  nlohmann::json j = {{"total", total}, {"correct", correct}, {"exact_match", exact_match()}, {"samples", samples}};
+  if (with_predictions) j["predictions"] = predictions;
+  return j;
 }
 
 EvalResult evaluate_exact_match(const ModelSlabs& params, const Tokenizer& tok, const ChatTemplate& tpl,
@@ -81,9 +83,10 @@ EvalResult evaluate_exact_match(const ModelSlabs& params, const Tokenizer& tok, 
         const bool ok = !want.empty() && want == got;
         r.total += 1;
         r.correct += ok;
-        if (r.samples.size() < 5)
-          r.samples.push_back({{"prompt", c.messages.back().content}, {"reference", want}, {"generated", text},
-                               {"answer", got}, {"correct", ok}});
+        nlohmann::json p = {{"prompt", c.messages.back().content}, {"reference", want}, {"generated", text},
+                            {"answer", got}, {"correct", ok}};
+        if (r.samples.size() < 5) r.samples.push_back(p);
+        r.predictions.push_back(std::move(p));
       }
     }
   }

@@ -29,8 +29,9 @@ struct EvalOptions {
 struct EvalResult {
   int64_t total = 0, correct = 0;
   double exact_match() const { return total ? double(correct) / double(total) : 0.0; }
-  std::vector<nlohmann::json> samples;  // the first few: prompt, reference, generation, answers
-  nlohmann::json to_json() const;
+  std::vector<nlohmann::json> samples;      // the first few: prompt, reference, generation, answers
+  std::vector<nlohmann::json> predictions;  // every record, the same fields
+  nlohmann::json to_json(bool with_predictions = false) const;
 };
 
 EvalResult evaluate_exact_match(const ModelSlabs& params, const Tokenizer& tok, const ChatTemplate& tpl,

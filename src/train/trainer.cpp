@@ -272,7 +272,7 @@ TrainResult run_training(const TrainConfig& c) {
     last_eval = {{"exact_match", er.exact_match()}, {"total", er.total}, {"correct", er.correct},
                  {"seconds", t.seconds()}};
     log.log_eval(at_step, last_eval);
-    write_json_file(fmt::format("{}/eval-{}.json", c.output_dir, at_step), er.to_json());
+    write_json_file(fmt::format("{}/eval-{}.json", c.output_dir, at_step), er.to_json(/*with_predictions=*/true));
   };
 
   // --- the loop ---
