@@ -144,27 +144,35 @@ struct UnpackOrder {
 };
 constexpr UnpackOrder kUnpackOrder;
 
+// 64 codes (the first `live` of them; the others read as code 0) -> 4 x 16 unscaled map values, in order.
+LT_AVX512_VBMI inline void dequant64(const MapPlanes& m, __m512i perm, const uint8_t* codes, __mmask64 live,
+                                     __m512 out[4]) {
+  const __m512i raw = live == ~__mmask64(0) ? _mm512_loadu_si512(codes) : _mm512_maskz_loadu_epi8(live, codes);
+  const __m512i c = _mm512_permutexvar_epi8(perm, raw);
+  const __mmask64 upper = _mm512_movepi8_mask(c);
+  __m512i b[4];
+  for (int p = 0; p < 4; ++p)
+    b[p] = _mm512_mask_blend_epi8(upper,
+                                  _mm512_permutex2var_epi8(_mm512_load_si512(m.plane[p]), c,
+                                                           _mm512_load_si512(m.plane[p] + 64)),
+                                  _mm512_permutex2var_epi8(_mm512_load_si512(m.plane[p] + 128), c,
+                                                           _mm512_load_si512(m.plane[p] + 192)));
+  const __m512i lo01 = _mm512_unpacklo_epi8(b[0], b[1]), hi01 = _mm512_unpackhi_epi8(b[0], b[1]);
+  const __m512i lo23 = _mm512_unpacklo_epi8(b[2], b[3]), hi23 = _mm512_unpackhi_epi8(b[2], b[3]);
+  out[0] = _mm512_castsi512_ps(_mm512_unpacklo_epi16(lo01, lo23));
+  out[1] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(lo01, lo23));
+  out[2] = _mm512_castsi512_ps(_mm512_unpacklo_epi16(hi01, hi23));
+  out[3] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(hi01, hi23));
+}
+
 LT_AVX512_VBMI void dequant_vbmi(const void* table, const uint8_t* codes, int64_t len, float* out) {
   const MapPlanes& m = *static_cast<const MapPlanes*>(table);
   const __m512i perm = _mm512_load_si512(kUnpackOrder.index);
-  __m512i t[4][4];
-  for (int p = 0; p < 4; ++p)
-    for (int h = 0; h < 4; ++h) t[p][h] = _mm512_load_si512(m.plane[p] + 64 * h);
   for (int64_t j = 0; j < len; j += 64) {
     const __mmask64 live = len - j >= 64 ? ~__mmask64(0) : (__mmask64(1) << (len - j)) - 1;
-    const __m512i raw = len - j >= 64 ? _mm512_loadu_si512(codes + j) : _mm512_maskz_loadu_epi8(live, codes + j);
-    const __m512i c = _mm512_permutexvar_epi8(perm, raw);
-    const __mmask64 upper = _mm512_movepi8_mask(c);
-    __m512i b[4];
-    for (int p = 0; p < 4; ++p)
-      b[p] = _mm512_mask_blend_epi8(upper, _mm512_permutex2var_epi8(t[p][0], c, t[p][1]),
-                                    _mm512_permutex2var_epi8(t[p][2], c, t[p][3]));
-    const __m512i lo01 = _mm512_unpacklo_epi8(b[0], b[1]), hi01 = _mm512_unpackhi_epi8(b[0], b[1]);
-    const __m512i lo23 = _mm512_unpacklo_epi8(b[2], b[3]), hi23 = _mm512_unpackhi_epi8(b[2], b[3]);
-    _mm512_store_si512(out + j, _mm512_unpacklo_epi16(lo01, lo23));
-    _mm512_store_si512(out + j + 16, _mm512_unpackhi_epi16(lo01, lo23));
-    _mm512_store_si512(out + j + 32, _mm512_unpacklo_epi16(hi01, hi23));
-    _mm512_store_si512(out + j + 48, _mm512_unpackhi_epi16(hi01, hi23));
+    __m512 v[4];
+    dequant64(m, perm, codes + j, live, v);
+    for (int u = 0; u < 4; ++u) _mm512_store_ps(out + j + 16 * u, v[u]);
   }
 }
 
@@ -176,6 +184,12 @@ struct ArithRegs {
   const QuantTable* table;
 };
 
+// The code c in byte 2 of a 32-bit lane, below it anything (s's fraction): c << 16 | 0xffff is the largest
+// value with code c.
+constexpr int kCodeShift = QuantArith::kFracBits;
+static_assert(kCodeShift == 16, "the kernels take the code as byte 2 of s");
+constexpr int32_t code_top(int32_t c) { return c << kCodeShift | ((1 << kCodeShift) - 1); }
+
 LT_AVX512 inline ArithRegs make_arith(QuantMapKind kind) {
   const QuantArith& qa = quant_arith(kind);
   ArithRegs r;
@@ -184,17 +198,23 @@ LT_AVX512 inline ArithRegs make_arith(QuantMapKind kind) {
   r.B = _mm512_load_ps(qa.B);
   r.T0 = _mm512_load_ps(qa.T);
   r.T1 = _mm512_load_ps(qa.T + 16);
-  r.hi = _mm512_load_si512(qa.hi);
-  r.hi_neg = _mm512_min_epi32(r.hi, _mm512_set1_epi32(254));  // x < 0: the mirror has no 1.0
+  alignas(64) int32_t hi[32];  // clamps in s's domain; x < 0: the mirror has no 1.0
+  for (int i = 0; i < 16; ++i) {
+    hi[i] = code_top(qa.hi[i]);
+    hi[16 + i] = code_top(std::min(qa.hi[i], 254));
+  }
+  r.hi = _mm512_load_si512(hi);
+  r.hi_neg = _mm512_load_si512(hi + 16);
   r.region_lo0 = _mm512_load_si512(qa.region_lo);
   r.region_lo1 = _mm512_load_si512(qa.region_lo + 16);
   return r;
 }
 
-// quant_arith_lookup (quant_map.h) lane by lane, |x| < 2, without its exact fallback: the code in each 32-bit
-// lane, and in `ambiguous` the lanes that must be looked up exactly instead (fix). For the unsigned map x >= 0
-// (v is never negative), which saves the sign handling. For x < 0 the region index carries 16 (the negative
-// thresholds, and hi clamped to 254), which the 16-entry permutes of A and B ignore.
+// quant_arith_lookup (quant_map.h) lane by lane, |x| < 2, without its exact fallback: each 32-bit lane holds the
+// code in byte 2 (bytes 0-1 are not part of it), and `ambiguous` the lanes that must be looked up exactly
+// instead (fix). For the unsigned map x >= 0 (v is never negative), which saves the sign handling. For x < 0 the
+// region index carries 16 (the negative thresholds, and hi clamped to 254), which the 16-entry permutes of A
+// and B ignore; the mirror 254 - c is code_top(254) - s in byte 2.
 template <bool kSigned>
 LT_AVX512 inline __m512i quantize(const ArithRegs& q, __m512 x, __mmask16& ambiguous) {
   const __m512 a = kSigned ? _mm512_abs_ps(x) : x;
@@ -213,19 +233,19 @@ LT_AVX512 inline __m512i quantize(const ArithRegs& q, __m512 x, __mmask16& ambig
   }
   const __m512i r = _mm512_mask_add_epi32(lo, _mm512_cmp_ps_mask(a, threshold, _CMP_GT_OQ), lo, _mm512_set1_epi32(1));
   const __m512i s = _mm512_cvtps_epi32(_mm512_fmadd_ps(a, _mm512_permutexvar_ps(r, q.A), _mm512_permutexvar_ps(r, q.B)));
-  ambiguous = _mm512_testn_epi32_mask(s, _mm512_set1_epi32((1 << QuantArith::kFracBits) - 4));
+  ambiguous = _mm512_testn_epi32_mask(s, _mm512_set1_epi32(QuantArith::kExactBits));
   const __m512i hi = kSigned ? _mm512_permutex2var_epi32(q.hi, r, q.hi_neg) : _mm512_permutexvar_epi32(r, q.hi);
-  __m512i code = _mm512_min_epi32(_mm512_srai_epi32(s, QuantArith::kFracBits), hi);
-  if constexpr (kSigned) code = _mm512_mask_sub_epi32(code, negative, _mm512_set1_epi32(254), code);
+  __m512i code = _mm512_min_epi32(s, hi);
+  if constexpr (kSigned) code = _mm512_mask_sub_epi32(code, negative, _mm512_set1_epi32(code_top(254)), code);
   return code;
 }
 
-// The exact lookup for the lanes the arithmetic flagged (about 1 in 1000), out of the hot loop.
+// The exact lookup for the lanes the arithmetic flagged (about 1 in 4000), out of the hot loop.
 LT_AVX512 __attribute__((noinline, cold)) void fix_lanes(const QuantTable& t, const float* xs, int32_t* cs,
                                                           unsigned lanes) {
   for (; lanes != 0; lanes &= lanes - 1) {
     const int i = __builtin_ctz(lanes);
-    cs[i] = quant_lookup(t, xs[i]);
+    cs[i] = int32_t(quant_lookup(t, xs[i])) << kCodeShift;
   }
 }
 
@@ -249,32 +269,39 @@ struct Pending {
   __mmask16 guard;  // all lanes when the block's absmax_v > 0: the zero-point guard applies
 };
 
-// Requantises lanes j..j+15 (k: those inside the block) of a pending block.
-LT_AVX512 inline void requant16(const ArithRegs& qs, const ArithRegs& qu, const Pending& b, int64_t j, __mmask16 k) {
+// The codes of lanes j..j+15 of a pending block, each in byte 2 of its 32-bit lane.
+LT_AVX512 inline void codes16(const ArithRegs& qs, const ArithRegs& qu, const Pending& b, int64_t j, __m512i& cm,
+                              __m512i& cv) {
   const __m512 v = _mm512_load_ps(b.v + j);
   const __m512 xm = _mm512_mul_ps(_mm512_load_ps(b.m + j), b.inv_m);
   const __m512 xv = _mm512_mul_ps(v, b.inv_v);
   __mmask16 amb_m, amb_v;
-  __m512i cm = quantize<true>(qs, xm, amb_m);
-  __m512i cv = quantize<false>(qu, xv, amb_v);
+  cm = quantize<true>(qs, xm, amb_m);
+  cv = quantize<false>(qu, xv, amb_v);
   if (__mmask16(amb_m | amb_v) != 0) [[unlikely]] {
     if (amb_m) cm = fix(*qs.table, xm, cm, amb_m);
     if (amb_v) cv = fix(*qu.table, xv, cv, amb_v);
   }
   // The zero-point guard: v > 0 takes at least code 1.
   cv = _mm512_mask_max_epu32(cv, b.guard & _mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_GT_OQ), cv,
-                             _mm512_set1_epi32(1));
-  store_bytes(b.qm + j, k, _mm512_cvtepi32_epi8(cm));
-  store_bytes(b.qv + j, k, _mm512_cvtepi32_epi8(cv));
+                             _mm512_set1_epi32(1 << kCodeShift));
 }
 
-// Dequantised states of lanes i..i+15 (mb, vb: the unscaled map values) -> AdamW update, p (and its copy)
-// written, the updated states back into mb, vb and the block maxima updated.
+// Requantises lanes j..j+15 (k: those inside the block) of a pending block.
+LT_AVX512 inline void requant16(const ArithRegs& qs, const ArithRegs& qu, const Pending& b, int64_t j, __mmask16 k) {
+  __m512i cm, cv;
+  codes16(qs, qu, b, j, cm, cv);
+  store_bytes(b.qm + j, k, _mm512_cvtepi32_epi8(_mm512_srli_epi32(cm, kCodeShift)));
+  store_bytes(b.qv + j, k, _mm512_cvtepi32_epi8(_mm512_srli_epi32(cv, kCodeShift)));
+}
+
+// Lanes i..i+15: the dequantised states (unscaled map values) -> AdamW update, p (and its copy) written, the
+// updated states stored to mb, vb and the block maxima updated.
 template <bool kCopy>
 LT_AVX512 inline void update16(const AdamW8Args& a, const Consts& c, int64_t i, __mmask16 k, __m512 am, __m512 av,
-                               float* mb, float* vb, __m512& max_m, __m512& max_v) {
-  __m512 m = _mm512_mul_ps(_mm512_load_ps(mb), am);
-  __m512 v = _mm512_mul_ps(_mm512_load_ps(vb), av);
+                               __m512 qm, __m512 qv, float* mb, float* vb, __m512& max_m, __m512& max_v) {
+  __m512 m = _mm512_mul_ps(qm, am);
+  __m512 v = _mm512_mul_ps(qv, av);
   const __m512 p = update(load_ps(a.p + i, k), load_ps(a.g + i, k), m, v, c);
   store_ps(a.p + i, k, p);
   if constexpr (kCopy) store_bf16(a.copy + i, k, to_bf16(p));
@@ -289,9 +316,30 @@ LT_AVX512 inline void update16(const AdamW8Args& a, const Consts& c, int64_t i, 
   }
 }
 
-// One pass over the tensor, block by block. The update of block b (sqrt and two divisions per lane, which
-// occupy the divider) and the requantisation of block b-1 (integer and permute work) run in the same loop,
-// so that the out-of-order core overlaps them; the last block, or a short one, runs alone.
+// After a block's update: its absmax (stored) and its requantisation parameters.
+LT_AVX512 inline Pending finish_block(const AdamW8Args& a, int64_t b0, int64_t blk, int64_t len, const float* mb,
+                                      const float* vb, __m512 max_m, __m512 max_v) {
+  float mm = _mm512_reduce_max_ps(max_m), mv = _mm512_reduce_max_ps(max_v);
+  if (mm < FLT_MIN) mm = 0.0f;
+  if (mv < FLT_MIN) mv = 0.0f;
+  a.absmax_m[blk] = mm;
+  a.absmax_v[blk] = mv;
+  Pending p;
+  p.qm = a.qm + b0;
+  p.qv = a.qv + b0;
+  p.m = mb;
+  p.v = vb;
+  p.len = len;
+  p.inv_m = _mm512_set1_ps(mm > 0.0f ? 1.0f / mm : 0.0f);
+  p.inv_v = _mm512_set1_ps(mv > 0.0f ? 1.0f / mv : 0.0f);
+  p.guard = mv > 0.0f ? __mmask16(0xffff) : __mmask16(0);
+  return p;
+}
+
+// One pass over the tensor, block by block, dequantising a block into mb, vb first. The update of block b (sqrt
+// and two divisions per lane, which occupy the divider) and the requantisation of block b-1 (integer and
+// permute work) run in the same loop, so that the out-of-order core overlaps them; the last block, or a short
+// one, runs alone.
 template <bool kCopy>
 LT_AVX512 void adamw8_impl(const AdamW8Args& args, const AdamWScalars& s, DequantFn dequant, const void* table_m,
                            const void* table_v) {
@@ -312,51 +360,100 @@ LT_AVX512 void adamw8_impl(const AdamW8Args& args, const AdamWScalars& s, Dequan
     __m512 max_m = _mm512_setzero_ps(), max_v = _mm512_setzero_ps();
     if (have_prev && prev.len == len && len % 16 == 0) {
       for (int64_t j = 0; j < len; j += 16) {
-        update16<kCopy>(a, c, b0 + j, kFull, am, av, mb + j, vb + j, max_m, max_v);
+        update16<kCopy>(a, c, b0 + j, kFull, am, av, _mm512_load_ps(mb + j), _mm512_load_ps(vb + j), mb + j, vb + j,
+                        max_m, max_v);
         requant16(qs, qu, prev, j, kFull);
       }
     } else {
       if (have_prev)
         for (int64_t j = 0; j < prev.len; j += 16) requant16(qs, qu, prev, j, tail_mask(prev.len - j));
       for (int64_t j = 0; j < len; j += 16)
-        update16<kCopy>(a, c, b0 + j, tail_mask(len - j), am, av, mb + j, vb + j, max_m, max_v);
+        update16<kCopy>(a, c, b0 + j, tail_mask(len - j), am, av, _mm512_load_ps(mb + j), _mm512_load_ps(vb + j),
+                        mb + j, vb + j, max_m, max_v);
     }
-    float mm = _mm512_reduce_max_ps(max_m), mv = _mm512_reduce_max_ps(max_v);
-    if (mm < FLT_MIN) mm = 0.0f;
-    if (mv < FLT_MIN) mv = 0.0f;
-    a.absmax_m[blk] = mm;
-    a.absmax_v[blk] = mv;
-    prev.qm = a.qm + b0;
-    prev.qv = a.qv + b0;
-    prev.m = mb;
-    prev.v = vb;
-    prev.len = len;
-    prev.inv_m = _mm512_set1_ps(mm > 0.0f ? 1.0f / mm : 0.0f);
-    prev.inv_v = _mm512_set1_ps(mv > 0.0f ? 1.0f / mv : 0.0f);
-    prev.guard = mv > 0.0f ? __mmask16(0xffff) : __mmask16(0);
+    prev = finish_block(a, b0, blk, len, mb, vb, max_m, max_v);
     have_prev = true;
   }
   if (have_prev)
     for (int64_t j = 0; j < prev.len; j += 16) requant16(qs, qu, prev, j, tail_mask(prev.len - j));
 }
 
-LT_AVX512 void adamw8_run(const AdamW8Args& a, const AdamWScalars& s, DequantFn dequant, const void* table_m,
-                          const void* table_v) {
-  if (a.copy) adamw8_impl<true>(a, s, dequant, table_m, table_v);
-  else adamw8_impl<false>(a, s, dequant, table_m, table_v);
+// The same pass for AVX512-VBMI, whole blocks of a multiple of 64 fused: 64 lanes at a time, dequantised by
+// byte permutes straight into the update (no buffer), and 32 codes of the requantisation at a time taken out of
+// byte 2 of their lanes by one two-source byte permute. Other blocks (the first, a short last one) take the
+// general path's steps.
+template <bool kCopy>
+LT_AVX512_VBMI void adamw8_vbmi_impl(const AdamW8Args& args, const AdamWScalars& s, const MapPlanes& pm,
+                                     const MapPlanes& pv) {
+  const AdamW8Args a = args;
+  const ArithRegs qs = make_arith(QuantMapKind::signed_dynamic);
+  const ArithRegs qu = make_arith(QuantMapKind::unsigned_dynamic);
+  const Consts c = make_consts(s);
+  const __m512i perm = _mm512_load_si512(kUnpackOrder.index);
+  // Bytes 0-15: byte 2 of each lane of the first source, bytes 16-31: of the second.
+  alignas(64) static constexpr uint8_t kByte2[64] = {
+      2,  6,  10, 14, 18, 22, 26, 30, 34, 38, 42, 46, 50, 54, 58, 62,
+      66, 70, 74, 78, 82, 86, 90, 94, 98, 102, 106, 110, 114, 118, 122, 126};
+  const __m512i byte2 = _mm512_load_si512(kByte2);
+  alignas(64) float buf[2][2][kMaxBlock + 64];
+  Pending prev{};
+  bool have_prev = false;
+  for (int64_t b0 = 0, blk = 0; b0 < a.n; b0 += a.block, ++blk) {
+    const int64_t len = std::min(a.block, a.n - b0);
+    float* mb = buf[blk & 1][0];
+    float* vb = buf[blk & 1][1];
+    const __m512 am = _mm512_set1_ps(a.absmax_m[blk]), av = _mm512_set1_ps(a.absmax_v[blk]);
+    __m512 max_m = _mm512_setzero_ps(), max_v = _mm512_setzero_ps();
+    if (have_prev && prev.len == len && len % 64 == 0) {
+      for (int64_t j = 0; j < len; j += 64) {
+        __m512 dm[4], dv[4];
+        dequant64(pm, perm, a.qm + b0 + j, ~__mmask64(0), dm);
+        dequant64(pv, perm, a.qv + b0 + j, ~__mmask64(0), dv);
+        __m512i cm[4], cv[4];
+#pragma GCC unroll 4
+        for (int u = 0; u < 4; ++u) {
+          const int64_t k = j + 16 * u;
+          update16<kCopy>(a, c, b0 + k, kFull, am, av, dm[u], dv[u], mb + k, vb + k, max_m, max_v);
+          codes16(qs, qu, prev, k, cm[u], cv[u]);
+        }
+#pragma GCC unroll 2
+        for (int u = 0; u < 4; u += 2) {
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(prev.qm + j + 16 * u),
+                              _mm512_castsi512_si256(_mm512_permutex2var_epi8(cm[u], byte2, cm[u + 1])));
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(prev.qv + j + 16 * u),
+                              _mm512_castsi512_si256(_mm512_permutex2var_epi8(cv[u], byte2, cv[u + 1])));
+        }
+      }
+    } else {
+      dequant_vbmi(&pm, a.qm + b0, len, mb);
+      dequant_vbmi(&pv, a.qv + b0, len, vb);
+      if (have_prev)
+        for (int64_t j = 0; j < prev.len; j += 16) requant16(qs, qu, prev, j, tail_mask(prev.len - j));
+      for (int64_t j = 0; j < len; j += 16)
+        update16<kCopy>(a, c, b0 + j, tail_mask(len - j), am, av, _mm512_load_ps(mb + j), _mm512_load_ps(vb + j),
+                        mb + j, vb + j, max_m, max_v);
+    }
+    prev = finish_block(a, b0, blk, len, mb, vb, max_m, max_v);
+    have_prev = true;
+  }
+  if (have_prev)
+    for (int64_t j = 0; j < prev.len; j += 16) requant16(qs, qu, prev, j, tail_mask(prev.len - j));
 }
 
 }  // namespace
 
 LT_AVX512 void adamw8_avx512(const AdamW8Args& a, const AdamWScalars& s) {
-  adamw8_run(a, s, dequant_gather, quant_map(QuantMapKind::signed_dynamic).data(),
-             quant_map(QuantMapKind::unsigned_dynamic).data());
+  const void* qm = quant_map(QuantMapKind::signed_dynamic).data();
+  const void* qv = quant_map(QuantMapKind::unsigned_dynamic).data();
+  if (a.copy) adamw8_impl<true>(a, s, dequant_gather, qm, qv);
+  else adamw8_impl<false>(a, s, dequant_gather, qm, qv);
 }
 
 void adamw8_avx512_vbmi(const AdamW8Args& a, const AdamWScalars& s) {
   static const MapPlanes ps = make_planes(QuantMapKind::signed_dynamic);
   static const MapPlanes pu = make_planes(QuantMapKind::unsigned_dynamic);
-  adamw8_run(a, s, dequant_vbmi, &ps, &pu);
+  if (a.copy) adamw8_vbmi_impl<true>(a, s, ps, pu);
+  else adamw8_vbmi_impl<false>(a, s, ps, pu);
 }
 
 namespace {

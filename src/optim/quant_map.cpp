@@ -133,14 +133,14 @@ QuantArith build_arith(QuantMapKind kind) {
     a.A[r] = float(scale * k / (0.9 * kScale[d]));
     a.B[r] = float(scale * (c0 - 0.1 * k / 0.9) + QuantArith::kBias);
     a.hi[r] = c0 + k - 1;
-    // Both f32 neighbours of every midpoint inside the decade must be flagged, with s in [2048 (c0 + j + 1),
-    // 2048 (c0 + j + 1) + 3]; lrint rounds to nearest even as the vector conversion does.
+    // Both f32 neighbours of every midpoint inside the decade must be flagged, with s in [2^16 (c0 + j + 1),
+    // 2^16 (c0 + j + 1) + 2 kBias); lrint rounds to nearest even as the vector conversion does.
     for (int j = 0; j + 1 < k; ++j) {
       const double mid = (P(base + j) + P(base + j + 1)) / 2;
       const float below = round_down_f32(mid), above = std::nextafter(below, INFINITY);
       for (float x : {below, above}) {
         const int32_t si = s_of(x, r), want = (c0 + j + 1) << QuantArith::kFracBits;
-        LT_CHECK(si >= want && si <= want + 3 && QuantArith::ambiguous(si),
+        LT_CHECK(si >= want && si < want + 2 * QuantArith::kBias && QuantArith::ambiguous(si),
                  "quantisation arithmetic: midpoint {} of decade {} gives s = {}, not within the flagged window "
                  "around {}", mid, d, si, want);
       }

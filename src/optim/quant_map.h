@@ -63,20 +63,21 @@ const QuantTable& quant_table(QuantMapKind kind);
 //           f32 so that the f32 compare is exact. For x < 0 an exact tie belongs to the larger magnitude, so
 //           those lanes compare with T[16 + i] (the f32 below a midpoint that f32 holds exactly). No binade
 //           holds two midpoints, so r = lo + (a > T[lo]) with lo = region_lo[exponent of a]: one compare.
-//   inside  s = round(a · A[r] + B[r]) (one f32 FMA, then to integer) is 2048 (c0 + t) + 2, with c0 the code of
-//           the decade's first value for x >= 0 and t placing the midpoints between the decade's codes within
-//           1e-4 of the integers 1..k_d-1; c = min(s >> 11, hi[r]) (t >= 0 throughout a region, checked). The
-//           bias of 2 puts the ambiguous window at the bottom of each 2048-step, so one test finds it.
-//   checks  a lane whose s is within 2 of a multiple of 2048 before the bias (s mod 2048 < 4) is looked up
-//           exactly instead (quant_lookup): about 1 lane in 1000. quant_arith() proves, when it builds the
+//   inside  s = round(a · A[r] + B[r]) (one f32 FMA, then to integer) is 2^16 (c0 + t) + 8, with c0 the code
+//           of the decade's first value for x >= 0 and t placing the midpoints between the decade's codes within
+//           1e-4 of the integers 1..k_d-1; c = min(s >> 16, hi[r]) (t >= 0 throughout a region, checked). With
+//           16 fraction bits the code is byte 2 of s (no shift before a byte permute; s < 2^24, so the f32 FMA
+//           still holds it exactly), and the bias of 8 puts the ambiguous window at the bottom of each step.
+//   checks  a lane whose s is within 8 of a multiple of 2^16 before the bias (s mod 2^16 < 16) is looked up
+//           exactly instead (quant_lookup): about 1 lane in 4000. quant_arith() proves, when it builds the
 //           parameters, that both f32 neighbours of every midpoint inside a decade are caught that way; as s
 //           is monotone in a, every lane on the wrong side of a midpoint is then caught too.
 // c is the code for x >= 0; for x < 0 (signed map) the code is 254 - min(c, 254), the mirror image without 1.0.
 // Requires |x| < 2 (the kernels quantise m / absmax): larger exponents would wrap in region_lo; the unsigned
 // map requires x >= 0 (v never is negative).
 struct QuantArith {
-  static constexpr int kFracBits = 11;  // s = 2^11 (c0 + t) + kBias
-  static constexpr int kBias = 2;
+  static constexpr int kFracBits = 16;  // s = 2^16 (c0 + t) + kBias
+  static constexpr int kBias = 8;       // half the ambiguous window
   static constexpr int kExpBase = 97;   // region_lo[i] is for biased exponent kExpBase + i (i clamped at 0)
   alignas(64) float A[16];              // scaled by 2^kFracBits
   alignas(64) float B[16];              // scaled, c0 and kBias included
@@ -84,7 +85,8 @@ struct QuantArith {
   alignas(64) float T[32];              // [0, 9): midpoints for x >= 0, then +inf; [16, 25): for x < 0
   alignas(64) int32_t region_lo[32];
   // Whether an integer s from the FMA is too close to a decision point to trust.
-  static bool ambiguous(int32_t s) { return (s & ((1 << kFracBits) - 4)) == 0; }
+  static constexpr int32_t kExactBits = (1 << kFracBits) - 2 * kBias;  // s & kExactBits == 0: ambiguous
+  static bool ambiguous(int32_t s) { return (s & kExactBits) == 0; }
 };
 const QuantArith& quant_arith(QuantMapKind kind);
 // The arithmetic method for one value, exactly as the vector paths run it lane by lane (for tests).
