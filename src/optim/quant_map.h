@@ -69,7 +69,7 @@ const QuantTable& quant_table(QuantMapKind kind);
 //           16 fraction bits the code is byte 2 of s (no shift before a byte permute; s < 2^24, so the f32 FMA
 //           still holds it exactly), and the bias of 8 puts the ambiguous window at the bottom of each step.
 //   checks  a lane whose s is within 8 of a multiple of 2^16 before the bias (s mod 2^16 < 16) is looked up
-//           exactly instead (quant_lookup): about 1 lane in 4000. quant_arith() proves, when it builds the
+//           exactly instead (quant_lookup): about 1 lane in 10000. quant_arith() proves, when it builds the
 //           parameters, that both f32 neighbours of every midpoint inside a decade are caught that way; as s
 //           is monotone in a, every lane on the wrong side of a midpoint is then caught too.
 // c is the code for x >= 0; for x < 0 (signed map) the code is 254 - min(c, 254), the mirror image without 1.0.
