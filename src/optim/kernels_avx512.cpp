@@ -180,7 +180,8 @@ LT_AVX512_VBMI void dequant_vbmi(const void* table, const uint8_t* codes, int64_
 
 struct ArithRegs {
   __m512 A, B, T0, T1;
-  __m512i hi, hi_neg, region_lo0, region_lo1;
+  __m512i hi, hi_neg;
+  __m512i region_lo;  // region_lo as 32 16-bit entries (values 0..8; entry 0 is 0)
   const QuantTable* table;
 };
 
@@ -205,8 +206,9 @@ LT_AVX512 inline ArithRegs make_arith(QuantMapKind kind) {
   }
   r.hi = _mm512_load_si512(hi);
   r.hi_neg = _mm512_load_si512(hi + 16);
-  r.region_lo0 = _mm512_load_si512(qa.region_lo);
-  r.region_lo1 = _mm512_load_si512(qa.region_lo + 16);
+  alignas(64) int16_t lo16[32];
+  for (int i = 0; i < 32; ++i) lo16[i] = int16_t(qa.region_lo[i]);
+  r.region_lo = _mm512_load_si512(lo16);
   return r;
 }
 
@@ -221,7 +223,10 @@ LT_AVX512 inline __m512i quantize(const ArithRegs& q, __m512 x, __mmask16& ambig
   // Biased exponent - kExpBase, clamped at 0 by a 16-bit saturating subtract (the upper halves are 0).
   const __m512i e = _mm512_subs_epu16(_mm512_srli_epi32(_mm512_castps_si512(a), 23),
                                       _mm512_set1_epi32(QuantArith::kExpBase));
-  __m512i lo = _mm512_permutex2var_epi32(q.region_lo0, e, q.region_lo1);
+  // A 16-bit permute looks up both halves of each 32-bit lane: the low one by e (0..31), the high one by 0,
+  // whose entry is 0 (no region below the first binade), so the lane holds region_lo[e]. Single-source and
+  // non-destructive, unlike the 32-bit two-table permute.
+  __m512i lo = _mm512_permutexvar_epi16(e, q.region_lo);
   __mmask16 negative = 0;
   __m512 threshold;
   if constexpr (kSigned) {
