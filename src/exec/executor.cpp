@@ -6,6 +6,7 @@
 // runs on the host worker. Every device buffer comes from plan_working_set(), allocated at step start.
 #include "exec/executor.h"
 
+#include <cmath>
 #include <condition_variable>
 #include <cstring>
 #include <array>
@@ -161,6 +162,16 @@ struct StreamingExecutor::Step {
   int next_nvme_w = 0, next_nvme_r = 0;
   size_t xbytes_io = 0;  // xbytes rounded up to the NVMe alignment
   std::vector<Event*> offloaded;  // [L] the d2h copy that filled host_act[i]; fetches wait for it
+  // Transfer windows (Plan::offload_parts / reload_parts): the parts to issue when each window opens.
+  std::map<int, std::vector<std::pair<int64_t, int>>> offload_at, reload_at;  // window -> (boundary, part)
+  std::vector<Event*> produced;        // [L + 1] the compute that wrote a boundary with offload parts
+  std::vector<int> offload_ring;       // [L + 1] its ring slot
+  struct Prefetch {
+    int ring = -1;
+    Event* last = nullptr;
+  };
+  std::vector<Prefetch> prefetch;      // [L + 1] reload parts issued ahead of the boundary's backward
+  std::vector<bool> ring_reserved;     // a slot holding a boundary whose windowed copies are not all issued
   float *x0_host = nullptr, *dx0_host = nullptr;
 
   std::vector<float*> kept;
@@ -294,6 +305,17 @@ struct StreamingExecutor::Step {
     for (int64_t i = 0; i < ws.recompute_depth; ++i) cache.push_back(buf<float>(fmt::format("recompute cache {}", i), xbytes));
 
     offloaded.assign(size_t(L), nullptr);
+    produced.assign(size_t(L + 1), nullptr);
+    offload_ring.assign(size_t(L + 1), -1);
+    prefetch.assign(size_t(L + 1), Prefetch{});
+    ring_reserved.assign(ring.size(), false);
+    for (int64_t i = 0; i < int64_t(plan.offload_parts.size()); ++i)
+      for (int k = 0; k < int(plan.offload_parts[size_t(i)].size()); ++k)
+        offload_at[plan.offload_parts[size_t(i)][size_t(k)].window].push_back({i, k});
+    // A reload part placed in window w is issued when window w + 1 begins (it runs during w, as prefetch).
+    for (int64_t i = 0; i < int64_t(plan.reload_parts.size()); ++i)
+      for (int k = 0; k < int(plan.reload_parts[size_t(i)].size()); ++k)
+        reload_at[plan.reload_parts[size_t(i)][size_t(k)].window + 1].push_back({i, k});
     host_act.assign(size_t(L), nullptr);
     for (int64_t i = 1; i < L; ++i)
       if (plan.boundary[size_t(i)] == Tier::host)
@@ -377,8 +399,14 @@ struct StreamingExecutor::Step {
 
   // A ring slot for `writer` to fill, once its previous readers and writers are done.
   int take_ring(StreamKind writer) {
+    const int n = int(ring.size());
+    int tries = 0;
+    while (ring_reserved[size_t(next_ring)]) {
+      next_ring = (next_ring + 1) % n;
+      LT_CHECK(++tries < n, "plan '{}': its transfer windows hold all {} boundary ring slots at once", plan.name, n);
+    }
     int r = next_ring;
-    next_ring = (next_ring + 1) % int(ring.size());
+    next_ring = (next_ring + 1) % n;
     wait(writer, ring_use[size_t(r)].compute);
     wait(writer, ring_use[size_t(r)].copy);
     ring_use[size_t(r)] = SlotUse{};
@@ -430,7 +458,12 @@ struct StreamingExecutor::Step {
       if (l + 1 == L || t == Tier::device) {
         out.ptr = xdev[size_t(l + 1)];
       } else {
+        // The input's slot is not the output's: this layer reads it (round robin alone guarantees that
+        // only while no slot is held for windowed copies).
+        const bool held = in.ring >= 0 && ring_reserved[size_t(in.ring)];
+        if (in.ring >= 0) ring_reserved[size_t(in.ring)] = true;
         out.ring = take_ring(kCompute);
+        if (in.ring >= 0) ring_reserved[size_t(in.ring)] = held;
         out.ptr = ring[size_t(out.ring)];
       }
       int b = acquire_weights(l);
@@ -447,13 +480,78 @@ struct StreamingExecutor::Step {
       used_by_compute(out, done);
       if (l + 1 < L && t == Tier::nvme) offload_to_nvme(l + 1, out, done);
       if (l + 1 < L && t == Tier::host) {
-        wait(kD2H, done);
-        dev.copy_d2h(host_act[size_t(l + 1)], out.ptr, xbytes, kD2H, fmt::format("d2h x{}", l + 1), int(l + 1));
-        offloaded[size_t(l + 1)] = record(kD2H);
-        ring_use[size_t(out.ring)].copy = offloaded[size_t(l + 1)];
+        if (has_parts(plan.offload_parts, l + 1)) {  // its parts go out as their windows open
+          produced[size_t(l + 1)] = done;
+          offload_ring[size_t(l + 1)] = out.ring;
+          ring_reserved[size_t(out.ring)] = true;
+        } else {
+          wait(kD2H, done);
+          dev.copy_d2h(host_act[size_t(l + 1)], out.ptr, xbytes, kD2H, fmt::format("d2h x{}", l + 1), int(l + 1));
+          offloaded[size_t(l + 1)] = record(kD2H);
+          ring_use[size_t(out.ring)].copy = offloaded[size_t(l + 1)];
+        }
       }
+      if (l + 1 < L) issue_offloads(forward_window(l + 1), done);
       out.ready = nullptr;
       in = out;
+    }
+  }
+
+  // --- transfer windows ----------------------------------------------------------------------------
+  static bool has_parts(const std::vector<std::vector<TransferPart>>& parts, int64_t i) {
+    return size_t(i) < parts.size() && !parts[size_t(i)].empty();
+  }
+  // Part k of boundary i's copy: floats [first, second) of its N x C.
+  std::pair<size_t, size_t> part_range(const std::vector<TransferPart>& parts, int k) const {
+    const size_t n = size_t(N * C);
+    double before = 0;
+    for (int j = 0; j < k; ++j) before += parts[size_t(j)].fraction;
+    const size_t a = size_t(std::llround(before * double(n)));
+    const size_t b = k + 1 == int(parts.size()) ? n : size_t(std::llround((before + parts[size_t(k)].fraction) * double(n)));
+    return {std::min(a, n), std::min(std::max(a, b), n)};
+  }
+
+  // Offload parts placed in `window`, issued once the compute ending the window before (`opened_by`) is
+  // done: device to host, into the boundary's host copy. The last part frees the ring slot.
+  void issue_offloads(int window, Event* opened_by) {
+    auto it = offload_at.find(window);
+    if (it == offload_at.end()) return;
+    for (auto [i, k] : it->second) {
+      const auto& parts = plan.offload_parts[size_t(i)];
+      auto [a, b] = part_range(parts, k);
+      const int r = offload_ring[size_t(i)];
+      wait(kD2H, opened_by);
+      wait(kD2H, produced[size_t(i)]);
+      dev.copy_d2h(host_act[size_t(i)] + a, ring[size_t(r)] + a, (b - a) * 4, kD2H,
+                   fmt::format("d2h x{} part {}/{}", i, k + 1, parts.size()), int(i));
+      Event* e = record(kD2H);
+      ring_use[size_t(r)].copy = e;
+      if (k + 1 == int(parts.size())) {
+        offloaded[size_t(i)] = e;
+        ring_reserved[size_t(r)] = false;
+      }
+    }
+  }
+
+  // Reload parts placed in the window before `window`, issued as it begins: host to device into a ring
+  // slot taken by the first part and held until the boundary's backward reads it.
+  void issue_reloads(int window) {
+    auto it = reload_at.find(window);
+    if (it == reload_at.end()) return;
+    for (auto [i, k] : it->second) {
+      const auto& parts = plan.reload_parts[size_t(i)];
+      auto [a, b] = part_range(parts, k);
+      Prefetch& f = prefetch[size_t(i)];
+      if (f.ring < 0) {
+        f.ring = take_ring(kH2D);
+        ring_reserved[size_t(f.ring)] = true;
+      }
+      const float* src = i == 0 ? x0_host : host_act[size_t(i)];
+      if (i > 0) wait(kH2D, offloaded[size_t(i)]);  // the forward's d2h must have landed
+      dev.copy_h2d(ring[size_t(f.ring)] + a, src + a, (b - a) * 4, kH2D,
+                   fmt::format("h2d x{} part {}/{}", i, k + 1, parts.size()), int(i));
+      f.last = record(kH2D);
+      ring_use[size_t(f.ring)].copy = f.last;
     }
   }
 
@@ -571,10 +669,18 @@ struct StreamingExecutor::Step {
   // --- backward ------------------------------------------------------------------------------------
   // Boundary i on the device for the backward: kept, fetched from host, rebuilt from the token ids,
   // or recomputed from the nearest stored boundary below (filling the recompute cache).
-  Boundary get_boundary(int64_t i) {
+  // `own`: for layer i's own backward, which takes the reload parts issued ahead in their windows; a
+  // recompute segment's source is fetched whole, separately.
+  Boundary get_boundary(int64_t i, bool own = true) {
     if (auto it = cached.find(i); it != cached.end()) return Boundary{it->second, nullptr, -1};
     const Tier t = plan.boundary[size_t(i)];
     if (t == Tier::device) return Boundary{xdev[size_t(i)], nullptr, -1};
+    if (own && prefetch[size_t(i)].ring >= 0) {
+      Prefetch f = prefetch[size_t(i)];
+      prefetch[size_t(i)] = Prefetch{};
+      ring_reserved[size_t(f.ring)] = false;  // its reader (this layer's backward) is next to use it
+      return Boundary{ring[size_t(f.ring)], f.last, f.ring};
+    }
     if (i == 0) {  // host or dropped: the embedding output is still on the host
       int r = take_ring(kH2D);
       return embed_boundary0(ring[size_t(r)], r);
@@ -596,7 +702,7 @@ struct StreamingExecutor::Step {
   void recompute_segment(int64_t i) {
     const int64_t j = plan.source_below(i);
     cached.clear();  // earlier segments are consumed: the compute stream runs in order
-    Boundary in = get_boundary(j);
+    Boundary in = get_boundary(j, /*own=*/false);
     for (int64_t m = j; m < i; ++m) {
       float* out = cache[size_t(m - j)];
       int b = acquire_weights(m);
@@ -618,6 +724,7 @@ struct StreamingExecutor::Step {
     int cur = 0;  // dx[cur] holds the gradient of the current layer's output
     for (int64_t l = L - 1; l >= 0; --l) {
       begin_window(backward_window(L, l));
+      issue_reloads(backward_window(L, l));
       Boundary xin = get_boundary(l);
       const float* x_in = xin.ptr;
       TokenInfo ti = token_info();
@@ -693,6 +800,7 @@ StepStats StreamingExecutor::step(ModelSlabs& grads, const ModelSlabs& params, c
                                   const Batch& batch, const Plan& plan, TraceRecorder* trace,
                                   const PendingUpdate* update, GradTarget target) {
   plan.validate(cfg_.num_layers);
+  plan.validate_windows(cfg_.num_layers, options_.boundary_ring);
   LT_CHECK(!plan.uses(Tier::nvme) || nvme_ != nullptr,
            "plan '{}' offloads to NVMe but no NVMe directory was given (--nvme-dir)", plan.name);
   const DType want = options_.compute == ComputeType::bf16 ? DType::bf16 : DType::f32;

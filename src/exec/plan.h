@@ -25,6 +25,14 @@
 namespace lt {
 
 enum class Tier : uint8_t { device, host, nvme, drop };
+
+// Part of a host-tier boundary's copy placed in a window of the step (window indices as the working set's:
+// F(l) = l, H = L, B(k) = 2L - k), carrying `fraction` of its bytes. The parts of one copy are in window
+// order and their fractions sum to 1.
+struct TransferPart {
+  int window = 0;
+  double fraction = 1.0;
+};
 const char* tier_name(Tier t);
 Tier tier_parse(const std::string& s, const std::string& where);
 
@@ -32,6 +40,10 @@ struct Plan {
   std::string name;                 // "keep-all", "every:4", "lazytrain", a file name
   std::vector<Tier> boundary;       // [L + 1]
   std::vector<bool> keep_internals; // [L]
+  // When host-tier copies run (a plan file's "windows"; docs/plan-format.md). Empty, or [L + 1] with an
+  // empty list for a boundary whose copy runs in its natural window: the offload (device to host) right
+  // after the boundary is produced, the reload (host to device) in the window before its backward.
+  std::vector<std::vector<TransferPart>> offload_parts, reload_parts;
 
   int64_t num_layers() const { return int64_t(keep_internals.size()); }
   bool stored(int64_t i) const { return boundary[size_t(i)] != Tier::drop; }
@@ -40,6 +52,10 @@ struct Plan {
   // Throws naming the offending boundary or layer if the plan is inconsistent for L layers.
   void validate(int64_t L) const;
   bool uses(Tier t) const;
+  // Throws unless the transfer parts fit a boundary ring of `ring` slots: an offload within F(i) ..
+  // F(i + ring - 2), a reload within B(i) - (ring - 1) .. B(i) - 1 and not before H (boundary 0: natural).
+  void validate_windows(int64_t L, int ring) const;
+  bool has_windows() const { return !offload_parts.empty() || !reload_parts.empty(); }
 
   static Plan keep_all(int64_t L);
   static Plan every(int64_t L, int64_t K, Tier tier = Tier::device);

@@ -27,6 +27,12 @@ void write_plan_file(const std::string& path, const Instance& in, const Plan& pl
   write_json_file(path, plan_file_json(in, plan, windows, pred), 2);
 }
 
+Plan executable_plan(const Instance& in, const Plan& plan, const TransferWindows& windows) {
+  Plan p = Plan::from_json(plan_file_json(in, plan, windows, nullptr), plan.name, in.L);
+  p.validate_windows(in.L, in.opt.exec.boundary_ring);
+  return p;
+}
+
 PolicyWithWindows load_policy(const std::string& spec, const Instance& in) {
   PolicyWithWindows p;
   p.plan = normalize_plan(Plan::parse(spec, in.L));

@@ -20,6 +20,7 @@
 #include "model/model.h"
 #include "optim/adamw.h"
 #include "plan/measure.h"
+#include "plan/plan_file.h"
 #include "plan/planner.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
@@ -171,7 +172,7 @@ TrainResult run_training(const TrainConfig& c) {
     req.options.allow_nvme = !c.nvme_dir.empty();
     PlanReport report = make_plan(req);
     LT_CHECK(report.found, "plan: auto found no plan that fits: {}", report.message);
-    plan = report.best.plan;
+    plan = executable_plan(report.instance, report.best.plan, report.best.windows);
     log.message(report.table());
   } else {
     plan = Plan::parse(c.plan, mc.num_layers);

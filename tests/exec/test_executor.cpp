@@ -71,6 +71,45 @@ Plan random_plan(int64_t L, Rng& rng) {
   return p;
 }
 
+// Random transfer windows for the plan's host-tier copies, within what a ring of `ring` slots allows
+// (Plan::validate_windows): one or two parts per copy with random fractions.
+Plan with_random_windows(Plan p, Rng& rng, int ring = 3) {
+  const int64_t L = p.num_layers();
+  p.name += "+windows";
+  p.offload_parts.assign(size_t(L + 1), {});
+  p.reload_parts.assign(size_t(L + 1), {});
+  auto split = [&](int lo, int hi) {
+    std::vector<TransferPart> parts;
+    std::vector<int> wins;
+    for (int w = lo; w <= hi; ++w)
+      if (rng.below(2) == 0 || (w == hi && wins.empty())) wins.push_back(w);
+    double left = 1.0;
+    for (size_t k = 0; k < wins.size(); ++k) {
+      const double f = k + 1 == wins.size() ? left : left * (0.2 + 0.6 * rng.uniform());
+      parts.push_back({wins[k], f});
+      left -= f;
+    }
+    return parts;
+  };
+  for (int64_t i = 0; i < L; ++i) {
+    const Tier t = p.boundary[size_t(i)];
+    if (i > 0 && t == Tier::host) p.offload_parts[size_t(i)] = split(int(i), int(std::min<int64_t>(i + ring - 2, L - 1)));
+    if (t == Tier::host && i > 0) {
+      const int hi = int(2 * L - i) - 1;
+      p.reload_parts[size_t(i)] = split(std::max(int(L), hi - (ring - 2)), hi);
+    }
+  }
+  return p;
+}
+
+Plan random_host_plan(int64_t L, Rng& rng) {
+  Plan p = random_plan(L, rng);
+  for (int64_t i = 1; i < L; ++i)
+    if (rng.below(2) == 0) p.boundary[size_t(i)] = Tier::host;
+  for (int64_t l = 0; l < L; ++l) p.keep_internals[size_t(l)] = p.keep_internals[size_t(l)] && p.stored(l);
+  return p;
+}
+
 void expect_bitwise_equal(const ModelSlabs& a, const ModelSlabs& b, const std::string& what) {
   auto A = a.named_tensors(), B = b.named_tensors();
   for (size_t t = 0; t < A.size(); ++t)
@@ -125,7 +164,9 @@ TEST(Executor, EveryPolicyMatchesInMemoryPathBitwise) {
     const int64_t L = cfg.num_layers;
     std::vector<Plan> plans = {Plan::keep_all(L), Plan::every(L, 1), Plan::every(L, 2), Plan::every(L, 4),
                                Plan::every(L, 3, Tier::host), Plan::every(L, 2, Tier::nvme), random_plan(L, rng),
-                               random_plan(L, rng)};
+                               random_plan(L, rng), with_random_windows(Plan::every(L, 1, Tier::host), rng),
+                               with_random_windows(random_host_plan(L, rng), rng),
+                               with_random_windows(random_host_plan(L, rng), rng)};
     for (const Plan& plan : plans) {
       std::string what = "seed " + std::to_string(seed) + " plan " + plan.to_json().dump();
       // A budget that just fits, and a generous one; a slow link on some cases so transfers and
@@ -137,6 +178,41 @@ TEST(Executor, EveryPolicyMatchesInMemoryPathBitwise) {
       if (HasFatalFailure()) return;
     }
   }
+}
+
+// Transfer windows: written and read back by the plan file; refused outside what the ring allows, on a
+// tier that has no host copy, or with fractions that do not add up, naming the boundary.
+TEST(Plan, TransferWindowsRoundTripAndRefusals) {
+  Rng rng(4);
+  const int64_t L = 6;
+  Plan p = with_random_windows(Plan::every(L, 1, Tier::host), rng);
+  p.validate_windows(L, 3);
+  Plan q = Plan::from_json(p.to_json(), "plan.json", L);
+  q.validate_windows(L, 3);
+  ASSERT_EQ(q.offload_parts.size(), size_t(L + 1));
+  for (int64_t i = 0; i <= L; ++i) {
+    ASSERT_EQ(q.offload_parts[size_t(i)].size(), p.offload_parts[size_t(i)].size()) << i;
+    for (size_t k = 0; k < p.offload_parts[size_t(i)].size(); ++k) {
+      EXPECT_EQ(q.offload_parts[size_t(i)][k].window, p.offload_parts[size_t(i)][k].window);
+      EXPECT_DOUBLE_EQ(q.offload_parts[size_t(i)][k].fraction, p.offload_parts[size_t(i)][k].fraction);
+    }
+  }
+  auto refused = [&](nlohmann::json w, const std::string& want) {
+    nlohmann::json j = Plan::every(L, 1, Tier::host).to_json();
+    j["windows"] = w;
+    try {
+      Plan::from_json(j, "plan.json", L).validate_windows(L, 3);
+      ADD_FAILURE() << "accepted " << w.dump();
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  };
+  refused({{{"boundary", 2}, {"kind", "offload"}, {"window", "F5"}, {"fraction", 1.0}}}, "boundary 2's offload part in window F5");
+  refused({{{"boundary", 2}, {"kind", "reload"}, {"window", "F1"}, {"fraction", 1.0}}}, "outside");
+  refused({{{"boundary", 2}, {"kind", "offload"}, {"window", "F2"}, {"fraction", 0.5}}}, "sum to 0.5");
+  refused({{{"boundary", 6}, {"kind", "offload"}, {"window", "F5"}, {"fraction", 1.0}}}, "boundary 6 is 'device'");
+  refused({{{"boundary", 2}, {"kind", "sideways"}, {"window", "F2"}, {"fraction", 1.0}}}, "kind 'sideways'");
+  refused({{{"boundary", 2}, {"kind", "offload"}, {"window", "X9"}, {"fraction", 1.0}}}, "'X9' is not a window");
 }
 
 TEST(Executor, TooSmallBudgetIsRefusedBeforeAnyWork) {
