@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `make demo` — the main job on the CPU with a tiny model: LazyTrain trains a 3M-parameter
-# Qwen3-architecture model from scratch on generated arithmetic word problems (MetaMathQA-style),
+# Qwen3-architecture model from scratch on generated arithmetic word problems (MetaMathQA-style, the
+# responses worked column by column),
 # streaming its layers through an emulated device with 256 MiB of memory, with the plan solved for that
 # budget and the Hybrid 8-bit AdamW pipelined into each step; then it evaluates exact match on a
 # held-out split whose operand pairs never appear in training.
@@ -11,7 +12,8 @@ set -euo pipefail
 build=${1:-build}
 lt="$build/lazytrain"
 
-if [ ! -f runs/arith/data/arith_train.jsonl ]; then
+# Generated once, and again whenever the generator changes (it is seeded: the same files every time).
+if [ ! -f runs/arith/data/arith_train.jsonl ] || [ examples/arith/make_data.py -nt runs/arith/data/arith_train.jsonl ]; then
   echo "== generating the dataset and the byte-level tokenizer (examples/arith/make_data.py)"
   /usr/bin/python3 examples/arith/make_data.py runs/arith
 fi
