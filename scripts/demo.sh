@@ -26,4 +26,4 @@ echo "== results: runs/demo/summary.json"
 import json; s = json.load(open('runs/demo/summary.json'))
 print(f\"steps {s['steps']}, tokens {s['tokens']}, {s['seconds']:.0f} s, final loss {s['final_loss']:.4f}, \"
       f\"exact match on held-out problems {s.get('eval_exact_match', float('nan')):.1%}\")"
-echo "Try it: $lt generate --model runs/demo/$(cat runs/demo/latest) --prompt 'Ava has 12 apples and finds 7 more. How many apples does Ava have now?'"
+echo "Try it: $lt generate --model runs/demo/$(cat runs/demo/latest) --prompt 'Ava has 38 apples and finds 47 more. How many apples does Ava have now?'"
