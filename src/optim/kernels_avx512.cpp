@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cfloat>
+#include <cstdint>
 #include <cstring>
 #include <type_traits>
 
@@ -341,6 +342,25 @@ LT_AVX512 inline Pending finish_block(const AdamW8Args& a, int64_t b0, int64_t b
   return p;
 }
 
+// Software prefetch of the p, g and code lines of 64 lanes at index i (which may lie past the end: prefetches
+// do not fault; the address is formed as an integer). Two threads streaming adamw8 from memory ran at
+// 3.1-3.3 G params/s without it and 3.66-3.72 with it 1024 lanes ahead (1 thread: no change): the hardware
+// prefetchers alone leave too few misses in flight for this much work per byte.
+constexpr int64_t kPrefetchAhead = 1024;
+
+LT_AVX512 inline void prefetch_line(const void* base, int64_t bytes) {
+  _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(base) + uintptr_t(bytes)), _MM_HINT_T0);
+}
+
+LT_AVX512 inline void prefetch64(const AdamW8Args& a, int64_t i) {
+  for (int l = 0; l < 4; ++l) {
+    prefetch_line(a.p, 4 * (i + 16 * l));
+    prefetch_line(a.g, 4 * (i + 16 * l));
+  }
+  prefetch_line(a.qm, i);
+  prefetch_line(a.qv, i);
+}
+
 // One pass over the tensor, block by block, dequantising a block into mb, vb first. The update of block b (sqrt
 // and two divisions per lane, which occupy the divider) and the requantisation of block b-1 (integer and
 // permute work) run in the same loop, so that the out-of-order core overlaps them; the last block, or a short
@@ -365,6 +385,7 @@ LT_AVX512 void adamw8_impl(const AdamW8Args& args, const AdamWScalars& s, Dequan
     __m512 max_m = _mm512_setzero_ps(), max_v = _mm512_setzero_ps();
     if (have_prev && prev.len == len && len % 16 == 0) {
       for (int64_t j = 0; j < len; j += 16) {
+        if (j % 64 == 0) prefetch64(a, b0 + j + kPrefetchAhead);
         update16<kCopy>(a, c, b0 + j, kFull, am, av, _mm512_load_ps(mb + j), _mm512_load_ps(vb + j), mb + j, vb + j,
                         max_m, max_v);
         requant16(qs, qu, prev, j, kFull);
@@ -411,6 +432,7 @@ LT_AVX512_VBMI void adamw8_vbmi_impl(const AdamW8Args& args, const AdamWScalars&
     __m512 max_m = _mm512_setzero_ps(), max_v = _mm512_setzero_ps();
     if (have_prev && prev.len == len && len % 64 == 0) {
       for (int64_t j = 0; j < len; j += 64) {
+        prefetch64(a, b0 + j + kPrefetchAhead);
         __m512 dm[4], dv[4];
         dequant64(pm, perm, a.qm + b0 + j, ~__mmask64(0), dm);
         dequant64(pv, perm, a.qv + b0 + j, ~__mmask64(0), dv);
