@@ -37,14 +37,19 @@ e4_l=$(run --optimizer none --policy every:4 --link-gbps "$gbps")
 # The same at half and twice that bandwidth (transfer = 2x and 0.5x compute).
 keep_slow=$(run --optimizer none --policy keep-all --link-gbps "$(/usr/bin/python3 -c "print($gbps / 2)")")
 keep_fast=$(run --optimizer none --policy keep-all --link-gbps "$(/usr/bin/python3 -c "print($gbps * 2)")")
+# Micro-batches of one optimizer step (gradient accumulation): each starts on the layers the previous
+# backward left in the weight buffers (2 and 4 buffers), same link.
+micro2=$(run --optimizer none --policy keep-all --link-gbps "$gbps" --microbatches)
+micro4=$(run --optimizer none --policy keep-all --link-gbps "$gbps" --microbatches --weight-buffers 4)
 keep_opt=$(run --policy keep-all --optimizer adamw8)
 torch=$(/usr/bin/python3 bench/torch_train_step.py "$model" "$batch" "$steps" "$(nproc)")
-printf '%s\n' "$mem" "$keep" "$e1" "$keep_l" "$e1_l" "$e4_l" "$keep_opt" "$torch" "$keep_slow" "$keep_fast"
-/usr/bin/python3 - "$mem" "$keep" "$e1" "$keep_l" "$e1_l" "$e4_l" "$keep_opt" "$torch" "$gbps" "$keep_slow" "$keep_fast" <<'PY'
+printf '%s\n' "$mem" "$keep" "$e1" "$keep_l" "$e1_l" "$e4_l" "$keep_opt" "$torch" "$keep_slow" "$keep_fast" "$micro2" "$micro4"
+/usr/bin/python3 - "$mem" "$keep" "$e1" "$keep_l" "$e1_l" "$e4_l" "$keep_opt" "$torch" "$gbps" "$keep_slow" "$keep_fast" \
+    "$micro2" "$micro4" <<'PY'
 import json, sys
 mem, keep, e1, keep_l, e1_l, e4_l, keep_opt, torch = (json.loads(a) for a in sys.argv[1:9])
 gbps = float(sys.argv[9])
-keep_slow, keep_fast = json.loads(sys.argv[10]), json.loads(sys.argv[11])
+keep_slow, keep_fast, micro2, micro4 = (json.loads(a) for a in sys.argv[10:14])
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
 print(f"\nmachine: {cpu}; model ~26M parameters, B=8 T=256, f32")
 print("overhead (unlimited link):")
@@ -64,6 +69,10 @@ for name, r, g in (("transfer = 2x compute", keep_slow, gbps / 2), ("transfer = 
     bound = max(r['compute_s'], r['h2d_bytes'] / (g * 1e9), r['d2h_bytes'] / (g * 1e9))
     print(f"  keep-all, {name} ({g:.2f} GB/s): step {r['step_s']:.4f} s = {r['step_s'] / bound:.2f} x max(compute, "
           f"transfer), {r['step_s'] / r['bound_s']:.2f} x its phase bound")
+for name, r in (("2 weight buffers", micro2), ("4 weight buffers", micro4)):
+    bound = max(r['compute_s'], r['h2d_bytes'] / (gbps * 1e9), r['d2h_bytes'] / (gbps * 1e9))
+    print(f"  keep-all micro-batches (weights unchanged), {name}: step {r['step_s']:.4f} s, h2d {r['h2d_bytes'] / 1e6:.1f} MB "
+          f"= {r['step_s'] / bound:.2f} x max(compute, transfer), {r['step_s'] / r['bound_s']:.2f} x its phase bound")
 print(f"optimizer: keep-all with adamw8 pipelined {keep_opt['step_s']:.4f} s (updates {keep_opt['optimizer_s']:.4f} s "
       f"on the host lane) vs without {keep['step_s']:.4f} s: {keep_opt['step_s'] / keep['step_s'] - 1:+.1%}")
 print(f"tokens/s: LazyTrain in-memory {mem['tokens_per_s']:.0f}, keep-all {keep['tokens_per_s']:.0f}, "

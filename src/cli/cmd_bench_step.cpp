@@ -27,6 +27,7 @@ struct BenchStepOptions {
   std::string model_dir, batch_path, dtype = "f32", optimizer = "adamw8";
   int steps = 3, threads = 0;
   bool json = false;
+  bool microbatches = false;
   DeviceOptions dev;
 };
 
@@ -49,6 +50,8 @@ double recompute_seconds(const TraceRecorder& trace) {
 void run_bench_step(const BenchStepOptions& o) {
   if (o.threads > 0) set_num_threads(o.threads);
   LT_CHECK(o.steps >= 1, "--steps must be at least 1");
+  LT_CHECK(!o.microbatches || o.optimizer == "none",
+           "--microbatches: the weights change with every optimizer step; use it with --optimizer none");
   const ComputeType compute = o.dtype == "bf16" ? ComputeType::bf16 : ComputeType::f32;
   LoadedModel m = load_hf_model(o.model_dir);
   Batch batch = Batch::load(o.batch_path, m.config.vocab_size);
@@ -102,8 +105,9 @@ void run_bench_step(const BenchStepOptions& o) {
       TraceRecorder trace;
       GradNormPartials partials(m.config.num_layers);
       ModelSlabs* copy_ptr = copy ? &*copy : nullptr;
+      // Micro-batches of one optimizer step: the weights do not change between them (version 1 every time).
       StepStats st = ex->step(grads, m.params, *weights, batch, *plan, &trace, pending ? &*pending : nullptr,
-                              GradTarget{&partials, opt ? GradMode::overwrite : GradMode::add});
+                              GradTarget{&partials, opt ? GradMode::overwrite : GradMode::add}, o.microbatches ? 1 : 0);
       if (opt) {
         StepPlan sp = opt->plan_step(partials.sum_of_squares());
         pending = PendingUpdate{opt.get(), StepArgs{sp.step, 1e-5, sp.clip}, copy_ptr};
@@ -126,6 +130,7 @@ void run_bench_step(const BenchStepOptions& o) {
   best["threads"] = num_threads();
   best["tokens_per_s"] = double(batch.N()) / best_s;
   best["optimizer"] = policy == "in-memory" ? "none" : o.optimizer;
+  best["microbatches"] = o.microbatches;
   if (!best.contains("optimizer_s")) best["optimizer_s"] = 0.0;
   const LinkSpec link = o.dev.link();
   best["h2d_gbps"] = link.h2d_gbps;
@@ -152,6 +157,8 @@ void add_bench_step(CLI::App& bench) {
   cmd->add_option("--steps", o->steps, "timed steps (best reported), after one warm-up");
   cmd->add_option("--threads", o->threads, "CPU threads (default: all cores)")->check(CLI::PositiveNumber);
   cmd->add_flag("--json", o->json, "one JSON line");
+  cmd->add_flag("--microbatches", o->microbatches,
+                "the steps are micro-batches of one optimizer step (weights unchanged between them; --optimizer none)");
   cmd->add_option("--optimizer", o->optimizer,
                   "optimizer pipelined into each step's forward (streamed runs): adamw8, adamw32 or none")
       ->check(CLI::IsMember({"adamw8", "adamw32", "none"}));

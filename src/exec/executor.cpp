@@ -140,6 +140,8 @@ struct StreamingExecutor::Step {
   std::vector<uint8_t*> wbuf;
   std::vector<Event*> wready, wfree;
   std::vector<int64_t> wlayer;
+  std::vector<int> worder;          // the buffers in upload (round-robin) order
+  std::vector<int64_t> carried;     // [buffer] a layer left there by the previous step, still valid (-1: none)
   int next_w = 0, last_w = -1;
 
   std::vector<uint8_t*> gbuf;
@@ -239,9 +241,22 @@ struct StreamingExecutor::Step {
   BlockView view(int b) const { return BlockView::bind(wl, wbuf[size_t(b)]); }
 
   // --- set-up --------------------------------------------------------------------------------------
-  void allocate() {
-    const DeviceMemoryStats mem = dev.memory();
+  // The step's device block: the previous step's when plan and shape are the same (same packing), else a
+  // new one in place of it.
+  void allocate(const std::string& key) {
     const size_t need = ws.device_bytes();
+    if (ex.block_ && ex.block_key_ == key) {
+      block = static_cast<uint8_t*>(ex.block_);
+    } else {
+      ex.release_device_memory();
+      allocate_block(need);
+      ex.block_ = block;
+      ex.block_key_ = key;
+    }
+    set_up_buffers();
+  }
+  void allocate_block(size_t need) {
+    const DeviceMemoryStats mem = dev.memory();
     if (need > mem.capacity - mem.in_use) {
       std::string parts;
       for (const auto& b : ws.buffers)
@@ -251,7 +266,8 @@ struct StreamingExecutor::Step {
               double(mem.capacity) / 1048576.0, parts);
     }
     block = static_cast<uint8_t*>(dev.alloc(need, "step working set"));
-    allocations.push_back(block);
+  }
+  void set_up_buffers() {
     fences.assign(size_t(2 * L + 1), {nullptr, nullptr, nullptr});
     fence_waits = ws.fence_waits();
     const int nw = o.weight_buffers, ng = o.grad_buffers;
@@ -259,6 +275,18 @@ struct StreamingExecutor::Step {
     wready.assign(size_t(nw), nullptr);
     wfree.assign(size_t(nw), nullptr);
     wlayer.assign(size_t(nw), -1);
+    worder.resize(size_t(nw));
+    for (int i = 0; i < nw; ++i) worder[size_t(i)] = i;
+    if (int(carried.size()) == nw) {
+      // Uploads go first into the buffer whose carried layer the forward uses first.
+      wlayer = carried;
+      std::stable_sort(worder.begin(), worder.end(), [&](int a, int b) {
+        auto key = [&](int x) { return carried[size_t(x)] < 0 ? INT64_MAX : carried[size_t(x)]; };
+        return key(a) < key(b);
+      });
+    } else {
+      carried.assign(size_t(nw), -1);
+    }
     for (int i = 0; i < ng; ++i) {
       gbuf.push_back(buf<uint8_t>(fmt::format("layer grads {}", i), gl.bytes()));
       gstage.push_back(ex.host_ws_.get(fmt::format("grad staging {}", i), gl.bytes()));
@@ -386,8 +414,15 @@ struct StreamingExecutor::Step {
   // into the next buffer once its previous user is done.
   int acquire_weights(int64_t l) {
     if (last_w >= 0 && wlayer[size_t(last_w)] == l) return last_w;
-    int b = next_w;
+    for (int c = 0; c < o.weight_buffers; ++c)
+      if (carried[size_t(c)] == l) {  // left by the previous micro-batch, not overwritten since
+        carried[size_t(c)] = -1;
+        last_w = c;
+        return c;
+      }
+    int b = worder[size_t(next_w)];
     next_w = (next_w + 1) % o.weight_buffers;
+    carried[size_t(b)] = -1;
     wait(kH2D, wfree[size_t(b)]);
     gate_upload(SlabKind::layer, l);
     dev.copy_h2d(wbuf[size_t(b)], weights.layer(l), wl.bytes(), kH2D, fmt::format("h2d W{}", l), int(l));
@@ -794,11 +829,18 @@ StreamingExecutor::StreamingExecutor(const ModelConfig& cfg, Device& device, Exe
            "executor needs at least 1 weight buffer, 1 gradient buffer and 2 ring slots");
 }
 
-StreamingExecutor::~StreamingExecutor() = default;
+StreamingExecutor::~StreamingExecutor() { release_device_memory(); }
+
+void StreamingExecutor::release_device_memory() {
+  carried_.clear();
+  if (block_) device_.free(block_);
+  block_ = nullptr;
+  block_key_.clear();
+}
 
 StepStats StreamingExecutor::step(ModelSlabs& grads, const ModelSlabs& params, const ModelSlabs& weights,
                                   const Batch& batch, const Plan& plan, TraceRecorder* trace,
-                                  const PendingUpdate* update, GradTarget target) {
+                                  const PendingUpdate* update, GradTarget target, uint64_t weights_version) {
   plan.validate(cfg_.num_layers);
   plan.validate_windows(cfg_.num_layers, options_.boundary_ring);
   LT_CHECK(!plan.uses(Tier::nvme) || nvme_ != nullptr,
@@ -826,8 +868,13 @@ StepStats StreamingExecutor::step(ModelSlabs& grads, const ModelSlabs& params, c
     st.target = target;
     st.ws = plan_working_set(cfg_, batch.B, batch.T, plan, options_);
     LT_CHECK(st.tok.count > 0, "the batch has no counted token: every label after the first position of each row is -100");
+    const std::string key = fmt::format("{} B{} T{}", plan.to_json().dump(), batch.B, batch.T);
+    const bool carry = st.update == nullptr && weights_version != 0 && weights_version == carried_version_ &&
+                       &weights == carried_weights_ && block_ && key == block_key_;
+    if (carry) st.carried = carried_;
+    carried_.clear();  // valid again only once this step has finished
     device_.reset_peak();
-    st.allocate();
+    st.allocate(key);
     st.start_update();
     st.begin_window(forward_window(0));
     st.upload_tokens();
@@ -840,6 +887,9 @@ StepStats StreamingExecutor::step(ModelSlabs& grads, const ModelSlabs& params, c
     stats.loss_sum = st.loss;
     stats.tokens = st.tok.count;
     stats.predicted_device_bytes = st.ws.device_bytes();
+    carried_ = st.wlayer;
+    carried_version_ = weights_version;
+    carried_weights_ = &weights;
   }
   stats.step_s = timer.seconds();
   stats.peak_device_bytes = device_.memory().peak;

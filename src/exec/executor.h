@@ -75,9 +75,20 @@ class StreamingExecutor {
   // device streams (the same object in f32 mode, a bf16 ModelSlabs in bf16 mode).
   // A plan whose working set does not fit in the device's free memory is refused before any work,
   // with the predicted need in the message. `trace` (optional) receives every operation.
+  //
+  // `weights_version` names the contents of `weights` after this step's pending update (0: unknown). When
+  // a step has no pending update and the same non-zero version and weights object as the step before it
+  // — the micro-batches of one optimizer step under gradient accumulation — the layers the previous
+  // backward left in the weight buffers (its last layers: 1, 0 with two buffers) are not uploaded again:
+  // the forward starts on them while the next ones stream in. The caller must change the version
+  // whenever it changes the weights.
   StepStats step(ModelSlabs& grads, const ModelSlabs& params, const ModelSlabs& weights, const Batch& batch,
                  const Plan& plan, TraceRecorder* trace = nullptr, const PendingUpdate* update = nullptr,
-                 GradTarget target = {});
+                 GradTarget target = {}, uint64_t weights_version = 0);
+
+  // The step's device block stays allocated between steps of the same plan and shape (its weight buffers
+  // carry layers to the next micro-batch); this frees it.
+  void release_device_memory();
 
   const ExecOptions& options() const { return options_; }
 
@@ -88,6 +99,13 @@ class StreamingExecutor {
   Device& device_;
   ExecOptions options_;
   NvmeStore* nvme_;
+  // The packed working set of the last step, kept for the next one with the same plan and shape.
+  void* block_ = nullptr;
+  std::string block_key_;
+  // What its weight buffers hold after the last step (-1: nothing usable), and for which weights.
+  std::vector<int64_t> carried_;
+  uint64_t carried_version_ = 0;
+  const ModelSlabs* carried_weights_ = nullptr;
 };
 
 }  // namespace lt

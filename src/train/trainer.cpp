@@ -250,10 +250,12 @@ TrainResult run_training(const TrainConfig& c) {
 
   CheckpointWriter writer{c.output_dir, c.save_total_limit, c.save_dtype, size_t(5) << 30, model.dir};
   std::optional<PendingUpdate> pending;
+  uint64_t weights_version = 1;  // names the streamed weights' contents (StreamingExecutor::step): bumped on every change
   auto flush_update = [&]() {  // apply the pending update now (before a save, an evaluation, the end)
     if (!pending) return;
     opt.update_all(pending->args, pending->compute_copy);
     pending.reset();
+    ++weights_version;
   };
   auto save = [&](int64_t at_step) {
     flush_update();
@@ -297,8 +299,11 @@ TrainResult run_training(const TrainConfig& c) {
     double loss_sum = 0;
     for (size_t m = 0; m < micro.size(); ++m) {
       GradTarget target{&partials, m == 0 ? GradMode::overwrite : GradMode::add, counted};
+      // The weights change with the first micro-batch's pending update; the others start on the layers
+      // the previous micro-batch's backward left on the device.
+      if (m == 0 && pending) ++weights_version;
       StepStats st = executor.step(grads, model.params, weights, micro[m], plan, nullptr,
-                                   m == 0 && pending ? &*pending : nullptr, target);
+                                   m == 0 && pending ? &*pending : nullptr, target, weights_version);
       if (m == 0) pending.reset();
       loss_sum += st.loss_sum;
       win.add(st);

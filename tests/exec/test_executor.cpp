@@ -2,6 +2,8 @@
 // measured <= budget and within 5% of predicted; too-small budgets refused before any work.
 #include <filesystem>
 
+#include <fmt/format.h>
+
 #include "core/error.h"
 #include "core/rng.h"
 #include "device/device.h"
@@ -176,6 +178,55 @@ TEST(Executor, EveryPolicyMatchesInMemoryPathBitwise) {
       if (HasFatalFailure()) return;
       check_plan(cfg, params, *weights, batch, plan, ct, ref, {}, 1.5, what + " (roomy)");
       if (HasFatalFailure()) return;
+    }
+  }
+}
+
+// Micro-batches of one optimizer step (same weights, same version): each step starts on the layers the
+// previous backward left in the weight buffers (layers 1 and 0 at least), uploads that much less, and gives the
+// in-memory path's bits. A new version (the weights changed) or another weights object uploads everything.
+TEST(Executor, MicroBatchesStartOnTheCarriedLayersBitwise) {
+  for (uint64_t seed = 21; seed <= 26; ++seed) {
+    Rng rng(seed);
+    ModelConfig cfg = random_config(rng);
+    cfg.num_layers = 4 + int64_t(rng.below(3));
+    const int64_t L = cfg.num_layers;
+    ModelSlabs params = random_params(cfg, seed);
+    ModelSlabs other = random_params(cfg, seed);  // equal contents, another object
+    const Plan plans[] = {Plan::keep_all(L), Plan::every(L, 2), with_random_windows(Plan::every(L, 1, Tier::host), rng)};
+    const Plan& plan = plans[seed % 3];
+    ExecOptions o;
+    o.weight_buffers = 2 + int(seed % 2);
+    auto dev = make_cpu_device(size_t(256) << 20, seed % 2 ? LinkSpec{2.0, 2.0, 10e-6} : LinkSpec{});
+    StreamingExecutor ex(cfg, *dev, o);
+    const size_t layer_bytes = params.layout(SlabKind::layer).bytes();
+    size_t full = 0;
+    Rng shape_rng(seed);
+    const Batch shape = random_batch(cfg, shape_rng, false);  // every micro-batch has this B x T
+    for (int k = 0; k < 6; ++k) {
+      Batch batch = shape;
+      for (auto& id : batch.input_ids) id = int32_t(rng.below(uint64_t(cfg.vocab_size)));
+      batch.labels = batch.input_ids;
+      for (int64_t r = 0; r < batch.B; ++r) batch.labels[size_t(r * batch.T)] = kIgnoreIndex;
+      Reference ref{ModelSlabs(cfg), {}};
+      ref.loss = model_forward_backward(ref.grads, params, batch, ComputeType::f32);
+      const uint64_t version = k < 4 ? 7 : 8;           // k = 4: the weights changed
+      const ModelSlabs& w = k == 5 ? other : params;    // k = 5: another object (same version as k = 4)
+      ModelSlabs grads(cfg);
+      TraceRecorder trace;
+      StepStats st = ex.step(grads, params, w, batch, plan, &trace, nullptr, {}, version);
+      const std::string what = fmt::format("seed {} plan {} step {}", seed, plan.name, k);
+      EXPECT_EQ(st.loss_sum, ref.loss.loss_sum) << what;
+      expect_bitwise_equal(grads, ref.grads, what);
+      if (HasFatalFailure()) return;
+      size_t weights_h2d = 0;  // the layer weights' uploads
+      for (const OpRecord& op : trace.ops())
+        if (op.lane == "h2d" && op.name.rfind("h2d W", 0) == 0) weights_h2d += op.bytes;
+      if (k == 0) full = weights_h2d;
+      if (k == 1 || k == 2 || k == 3) {
+        EXPECT_LE(weights_h2d + 2 * layer_bytes, full) << what;  // layers 1 and 0 at least: the backward's last
+      }
+      if (k == 4 || k == 5) EXPECT_EQ(weights_h2d, full) << what;
     }
   }
 }
