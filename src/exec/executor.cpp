@@ -49,29 +49,6 @@ double grad_sum_of_squares(const float* x, int64_t n) {
 
 namespace {
 
-// Host staging slots, each free or busy; the d2h stream blocks (in a host callback) until its slot frees.
-class HostSlots {
- public:
-  explicit HostSlots(int n) : busy_(size_t(n), false) {}
-  void acquire(int i) {
-    std::unique_lock<std::mutex> lock(mutex_);
-    cv_.wait(lock, [&] { return !busy_[size_t(i)]; });
-    busy_[size_t(i)] = true;
-  }
-  void release(int i) {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      busy_[size_t(i)] = false;
-    }
-    cv_.notify_all();
-  }
-
- private:
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  std::vector<bool> busy_;
-};
-
 // Forwards every operation to the step's own recorder and to the caller's.
 class TeeSink : public OpSink {
  public:
@@ -196,6 +173,11 @@ struct StreamingExecutor::Step {
         gl(g.layout(SlabKind::layer)), gslots(e.options_.grad_buffers) {}
 
   ~Step() {
+    if (std::uncaught_exceptions() > 0) {  // the step failed: nothing may wait for a slot any more
+      gslots.abort();
+      nvme_wslots.abort();
+      nvme_rslots.abort();
+    }
     try {
       dev.synchronize();
     } catch (...) {  // the step already failed; the first error is what the caller sees
@@ -611,7 +593,7 @@ struct StreamingExecutor::Step {
       store.wait(store.write(nvme_offset[size_t(i)], nvme_wstage[size_t(k)], xbytes_io));
     }, fmt::format("write x{}", i), int(i), xbytes_io);
     wait(kD2H, produced);
-    dev.host_callback(kD2H, [this, k] { nvme_wslots.acquire(k); }, "wait nvme staging");
+    dev.host_callback(kD2H, [this, k] { nvme_wslots.acquire(k, nvme_lane); }, "wait nvme staging");
     dev.copy_d2h(nvme_wstage[size_t(k)], out.ptr, xbytes, kD2H, fmt::format("d2h x{} (nvme)", i), int(i));
     ring_use[size_t(out.ring)].copy = record(kD2H);
     dev.host_callback(kD2H, [copied] { copied->set_value(); }, "hand off to nvme");
@@ -796,14 +778,13 @@ struct StreamingExecutor::Step {
       // Gradients out: d2h into a host staging slab (once the host worker has emptied it), then the
       // host worker adds them into the f32 host gradients.
       wait(kD2H, done);
-      dev.host_callback(kD2H, [this, g] { gslots.acquire(g); }, "wait staging slab");
+      dev.host_callback(kD2H, [this, g] { gslots.acquire(g, &host); }, "wait staging slab");
       dev.copy_d2h(gstage[size_t(g)], gb, gl.bytes(), kD2H, fmt::format("d2h dW{}", l), int(l));
       gfree[size_t(g)] = record(kD2H);
       dev.host_callback(kD2H, [this, g, l] {
-        host.submit([this, g, l] {
+        host.submit([this, g, l, slot = gslots.release_guard(g)] {
           double p = accumulate_grad_slab(grads.layer(l), gl, gstage[size_t(g)], gl, target.mode);
           if (target.partials) target.partials->set(SlabKind::layer, l, p);
-          gslots.release(g);
         }, fmt::format("accumulate dW{}", l), int(l), gl.bytes());
       }, "hand off grads");
     }

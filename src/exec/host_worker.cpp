@@ -1,5 +1,7 @@
 #include "exec/host_worker.h"
 
+#include <chrono>
+
 namespace lt {
 
 HostWorker::HostWorker(std::string lane, const Device* clock)
@@ -33,6 +35,7 @@ void HostWorker::drain() {
   if (error_) {
     std::exception_ptr e = error_;
     error_ = nullptr;
+    failed_.store(false, std::memory_order_release);
     std::rethrow_exception(e);
   }
 }
@@ -67,11 +70,42 @@ void HostWorker::run() {
     if (sink) sink->record(OpRecord{job.name, lane_, start, clock_->now(), job.bytes, job.layer, {}});
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      if (err && !error_) error_ = err;
+      if (err && !error_) {
+        error_ = err;
+        failed_.store(true, std::memory_order_release);
+      }
       busy_ = false;
     }
     idle_cv_.notify_all();
   }
+}
+
+void HostSlots::acquire(int i, const HostWorker* releaser) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  // The worker's failure does not notify this condition variable: look again every few milliseconds.
+  while (!cv_.wait_for(lock, std::chrono::milliseconds(5), [&] { return aborted_ || !busy_[size_t(i)]; }))
+    if (releaser && releaser->failed()) return;
+  busy_[size_t(i)] = true;
+}
+
+void HostSlots::release(int i) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    busy_[size_t(i)] = false;
+  }
+  cv_.notify_all();
+}
+
+void HostSlots::abort() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    aborted_ = true;
+  }
+  cv_.notify_all();
+}
+
+std::shared_ptr<void> HostSlots::release_guard(int i) {
+  return std::shared_ptr<void>(nullptr, [this, i](void*) { release(i); });
 }
 
 }  // namespace lt

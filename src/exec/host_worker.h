@@ -2,11 +2,14 @@
 // accumulation into the f32 host gradients, later the optimizer), overlapped with the device's work.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <mutex>
+#include <vector>
 #include <string>
 #include <thread>
 
@@ -26,6 +29,8 @@ class HostWorker {
   void submit(std::function<void()> job, std::string name, int layer = -1, size_t bytes = 0);
   // Waits until every submitted job has run; rethrows the first job error.
   void drain();
+  // A job has failed since the last drain (later jobs are dropped unrun).
+  bool failed() const { return failed_.load(std::memory_order_acquire); }
 
  private:
   struct Job {
@@ -44,7 +49,32 @@ class HostWorker {
   std::deque<Job> queue_;
   bool busy_ = false, stop_ = false;
   std::exception_ptr error_;
+  std::atomic<bool> failed_{false};
   std::thread thread_;
+};
+
+// Host staging slots, each free or busy, shared between a stream's host callbacks (which acquire a slot
+// before a copy into it) and host jobs (which release it once they have consumed it).
+//
+// Nothing waits forever: acquire gives up (without the slot) once `releaser`, the worker whose jobs
+// release the slots, has failed — it drops its later jobs, so their releases would never come; a job
+// submitted after the slot was acquired can hold a release_guard instead of calling release, so the slot
+// frees whether the job runs or is dropped; and abort() (the step failed) makes every acquire return at
+// once, so callbacks and jobs blocked on slots finish and the device and workers can be drained.
+class HostSlots {
+ public:
+  explicit HostSlots(int n) : busy_(size_t(n), false) {}
+  void acquire(int i, const HostWorker* releaser = nullptr);
+  void release(int i);
+  void abort();
+  // Releases slot i when the last copy of the returned handle is destroyed (capture it in the job).
+  std::shared_ptr<void> release_guard(int i);
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::vector<bool> busy_;
+  bool aborted_ = false;
 };
 
 }  // namespace lt
