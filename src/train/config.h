@@ -53,6 +53,8 @@ struct TrainConfig {
   std::string nvme_dir;                      // empty: no NVMe tier
   std::string nvme_size = "0";
   double link_gbps = 0;                      // emulated link of the cpu device; 0 = unlimited
+  int64_t weight_buffers = 2;                // layer weight buffers on the device (more: deeper prefetch,
+                                             // and micro-batches start on more carried layers)
   std::string plan = "auto";                 // auto | keep-all | every:K | host:K | nvme:K | a plan file
   int64_t optimizer_state_bits = 8;          // 8 (Hybrid 8-bit AdamW) | 32
   std::string compute_dtype = "bf16";        // bf16 | f32

@@ -148,6 +148,7 @@ TrainResult run_training(const TrainConfig& c) {
   const size_t device_bytes = parse_size(c.device_memory, "device_memory");
   ExecOptions eo;
   eo.compute = compute;
+  eo.weight_buffers = int(c.weight_buffers);
   Plan plan;
   if (c.plan == "auto") {
     MeasureOptions mo;
