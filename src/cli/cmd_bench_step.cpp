@@ -35,7 +35,7 @@ struct BenchStepOptions {
 double optimizer_seconds(const TraceRecorder& trace) {
   double s = 0;
   for (const OpRecord& op : trace.ops())
-    if (op.lane == "host" && op.name.rfind("update", 0) == 0) s += op.end - op.start;
+    if (op.lane == "optimizer") s += op.end - op.start;
   return s;
 }
 

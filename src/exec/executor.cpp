@@ -132,6 +132,9 @@ struct StreamingExecutor::Step {
   std::vector<SlotUse> ring_use;
   int next_ring = 0;
   std::vector<float*> host_act;  // [L] host-tier boundaries
+  // The optimizer lane: the previous step's update, slab by slab (its own thread, so a slow update never
+  // holds up the backward's gradient accumulation on the host lane).
+  HostWorker* opt_lane = nullptr;
   // NVMe tier: a region of the store per nvme-tier boundary; host staging slots for writes and reads.
   HostWorker* nvme_lane = nullptr;
   std::vector<uint64_t> nvme_offset;  // [L]
@@ -182,7 +185,7 @@ struct StreamingExecutor::Step {
       dev.synchronize();
     } catch (...) {  // the step already failed; the first error is what the caller sees
     }
-    for (HostWorker* w : {&host, nvme_lane}) {
+    for (HostWorker* w : {&host, opt_lane, nvme_lane}) {
       if (!w) continue;
       try {
         w->drain();
@@ -364,7 +367,7 @@ struct StreamingExecutor::Step {
     auto submit = [&](SlabKind kind, int64_t layer, std::string name) {
       auto done = std::make_shared<std::promise<void>>();
       updated[gate_index(kind, layer)] = done->get_future().share();
-      host.submit([this, kind, layer, done] {
+      opt_lane->submit([this, kind, layer, done] {
         try {
           uint8_t* copy = update->compute_copy ? update->compute_copy->slab(kind, layer) : nullptr;
           update->optimizer->update(kind, layer, update->args, copy);
@@ -834,6 +837,11 @@ StepStats StreamingExecutor::step(ModelSlabs& grads, const ModelSlabs& params, c
   TeeSink tee(&recorder, trace);
   HostWorker host("host", &device_);
   host.set_sink(&tee);
+  std::optional<HostWorker> opt_lane;
+  if (update && update->optimizer) {
+    opt_lane.emplace("optimizer", &device_);
+    opt_lane->set_sink(&tee);
+  }
   std::optional<HostWorker> nvme_lane;
   if (plan.uses(Tier::nvme)) {
     nvme_lane.emplace("nvme", &device_);
@@ -845,6 +853,7 @@ StepStats StreamingExecutor::step(ModelSlabs& grads, const ModelSlabs& params, c
   {
     Step st(*this, host, grads, params, weights, batch, plan);
     st.nvme_lane = nvme_lane ? &*nvme_lane : nullptr;
+    st.opt_lane = opt_lane ? &*opt_lane : nullptr;
     st.update = update && update->optimizer ? update : nullptr;
     st.target = target;
     st.ws = plan_working_set(cfg_, batch.B, batch.T, plan, options_);
@@ -864,6 +873,7 @@ StepStats StreamingExecutor::step(ModelSlabs& grads, const ModelSlabs& params, c
     st.backward();
     device_.synchronize();
     host.drain();
+    if (opt_lane) opt_lane->drain();
     if (nvme_lane) nvme_lane->drain();
     stats.loss_sum = st.loss;
     stats.tokens = st.tok.count;

@@ -42,7 +42,7 @@ nlohmann::json StepSummary::to_json() const {
           {"d2h_s", d2h_s},                 {"h2d_bytes", h2d_bytes},
           {"d2h_bytes", d2h_bytes},         {"nvme_s", nvme_s},
           {"nvme_read_bytes", nvme_read_bytes}, {"nvme_write_bytes", nvme_write_bytes},
-          {"host_s", host_s},               {"exposed_s", exposed_s},
+          {"host_s", host_s},               {"optimizer_s", optimizer_s},               {"exposed_s", exposed_s},
           {"exposed_h2d_s", exposed_h2d_s}, {"exposed_d2h_s", exposed_d2h_s},
           {"exposed_other_s", exposed_other_s}, {"phase_chain_s", phase_chain_s},
           {"bound_s", bound_s}};
@@ -86,6 +86,7 @@ StepSummary TraceRecorder::summarize() const {
       if (op.name.rfind("read", 0) == 0) s.nvme_read_bytes += op.bytes;
       else s.nvme_write_bytes += op.bytes;
     } else if (op.lane == "host") s.host_s += d;
+    else if (op.lane == "optimizer") s.optimizer_s += d;
   }
   s.phase_chain_s = phase_chain_seconds(ops_);
   s.bound_s = std::max({s.compute_s, s.h2d_s, s.d2h_s, s.phase_chain_s});
@@ -95,7 +96,7 @@ StepSummary TraceRecorder::summarize() const {
 nlohmann::json TraceRecorder::chrome_trace() const {
   std::lock_guard<std::mutex> lock(mutex_);
   static const std::map<std::string, int> lane_ids = {{"compute", 1}, {"h2d", 2}, {"d2h", 3}, {"nvme", 4},
-                                                      {"host", 5}};
+                                                      {"host", 5}, {"optimizer", 6}};
   nlohmann::json events = nlohmann::json::array();
   for (const auto& [lane, id] : lane_ids)
     events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", 1}, {"tid", id}, {"args", {{"name", lane}}}});

@@ -1,5 +1,5 @@
 // exec/trace.h — what happened during a step: every operation on its lane (compute, h2d, d2h, nvme,
-// host), written as Chrome trace JSON (chrome://tracing, Perfetto) and summarised per lane.
+// host, optimizer), written as Chrome trace JSON (chrome://tracing, Perfetto) and summarised per lane.
 #pragma once
 
 #include <mutex>
@@ -19,7 +19,8 @@ struct StepSummary {
   size_t h2d_bytes = 0, d2h_bytes = 0;
   double nvme_s = 0;
   size_t nvme_read_bytes = 0, nvme_write_bytes = 0;
-  double host_s = 0;        // host lane: gradient accumulation (and the optimizer)
+  double host_s = 0;        // host lane: gradient accumulation, embedding backward
+  double optimizer_s = 0;   // optimizer lane: the previous step's update, pipelined into the forward
   double exposed_s = 0;     // time the compute stream sat blocked on transfers
   double exposed_h2d_s = 0, exposed_d2h_s = 0, exposed_other_s = 0;
   // A lower bound on the step's length for any schedule of these same operations (their measured

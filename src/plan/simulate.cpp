@@ -18,10 +18,10 @@
 namespace lt {
 namespace {
 
-enum class Lane : uint8_t { compute = 0, h2d = 1, d2h = 2, host = 3, nvme = 4, issue = 5 };
-constexpr int kLanes = 6;
+enum class Lane : uint8_t { compute = 0, h2d = 1, d2h = 2, host = 3, nvme = 4, issue = 5, optimizer = 6 };
+constexpr int kLanes = 7;
 const char* lane_name(Lane l) {
-  static const char* n[] = {"compute", "h2d", "d2h", "host", "nvme", "issue"};
+  static const char* n[] = {"compute", "h2d", "d2h", "host", "nvme", "issue", "optimizer"};
   return n[int(l)];
 }
 
@@ -62,8 +62,9 @@ class Engine {
 
   // Runs every lane in order until all operations are done.
   void run(SimResult& r) {
-    size_t head[kLanes] = {0, 0, 0, 0, 0, 0};
-    int running[kLanes] = {-1, -1, -1, -1, -1, -1};
+    size_t head[kLanes] = {};
+    int running[kLanes];
+    std::fill(std::begin(running), std::end(running), -1);
     double now = 0, compute_free = 0;
     size_t done = 0;
     constexpr double eps = 1e-12;
@@ -91,7 +92,7 @@ class Engine {
           const Lane from = last_dep >= 0 ? ops_[size_t(last_dep)].lane : Lane::compute;
           if (from == Lane::h2d) r.exposed_h2d_s += gap;
           else if (from == Lane::d2h) r.exposed_d2h_s += gap;
-          else if (from == Lane::host || from == Lane::issue) r.exposed_host_s += gap;
+          else if (from == Lane::host || from == Lane::issue || from == Lane::optimizer) r.exposed_host_s += gap;
           else if (from == Lane::nvme) r.exposed_nvme_s += gap;
         }
         if (Lane(l) == Lane::h2d || Lane(l) == Lane::d2h) o.remaining = o.bytes;
@@ -237,13 +238,13 @@ class Builder {
       wait(Lane(int(f.writer)), fences_[size_t(f.after + 1)][size_t(int(f.on))]);
   }
 
-  // The previous step's optimizer update on the host worker: embedding, layers, head, in order.
+  // The previous step's optimizer update on the optimizer lane: embedding, layers, head, in order.
   void start_update() {
     if (in_.opt_layer <= 0 && in_.opt_embed <= 0 && in_.opt_head <= 0) return;
-    update_embed_ = eng_.add(Lane::host, "update embedding", -1, in_.opt_embed, 0, {});
+    update_embed_ = eng_.add(Lane::optimizer, "update embedding", -1, in_.opt_embed, 0, {});
     for (int64_t l = 0; l < L_; ++l)
-      update_layer_[l] = eng_.add(Lane::host, fmt::format("update L{}", l), int(l), in_.opt_layer, 0, {});
-    update_head_ = eng_.add(Lane::host, "update head", -1, in_.opt_head, 0, {});
+      update_layer_[l] = eng_.add(Lane::optimizer, fmt::format("update L{}", l), int(l), in_.opt_layer, 0, {});
+    update_head_ = eng_.add(Lane::optimizer, "update head", -1, in_.opt_head, 0, {});
   }
 
   int take_ring(Lane writer) {
@@ -500,7 +501,7 @@ nlohmann::json SimResult::to_json() const {
 
 nlohmann::json SimResult::chrome_trace() const {
   static const std::map<std::string, int> tid = {{"compute", 1}, {"h2d", 2}, {"d2h", 3}, {"nvme", 4}, {"host", 5},
-                                                     {"issue", 6}};
+                                                     {"issue", 6}, {"optimizer", 7}};
   nlohmann::json ev = nlohmann::json::array();
   for (const auto& [lane, id] : tid)
     ev.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", 1}, {"tid", id}, {"args", {{"name", lane}}}});
@@ -542,7 +543,8 @@ SimResult simulate(const Instance& in, const Plan& plan_in, const TransferWindow
           break;
         case Lane::h2d: out.h2d_bytes += o.bytes; out.h2d_busy_s += d; break;
         case Lane::d2h: out.d2h_bytes += o.bytes; out.d2h_busy_s += d; break;
-        case Lane::host: out.host_busy_s += d; break;
+        case Lane::host:
+        case Lane::optimizer: out.host_busy_s += d; break;
         case Lane::issue: break;
         case Lane::nvme: (o.nvme_read ? out.nvme_read_bytes : out.nvme_write_bytes) += o.bytes; break;
       }

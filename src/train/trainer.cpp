@@ -83,13 +83,13 @@ struct Window {
   int64_t counted = 0, tokens = 0, steps = 0;
   double seconds = 0, grad_norm = 0;
   StepSummary time;
-  double optimizer_s = 0;
   void add(const StepStats& st) {
     time.compute_s += st.summary.compute_s;
     time.h2d_s += st.summary.h2d_s;
     time.d2h_s += st.summary.d2h_s;
     time.nvme_s += st.summary.nvme_s;
     time.host_s += st.summary.host_s;
+    time.optimizer_s += st.summary.optimizer_s;
     time.exposed_s += st.summary.exposed_s;
   }
 };
@@ -339,6 +339,7 @@ TrainResult run_training(const TrainConfig& c) {
                     {"d2h_s", win.time.d2h_s},
                     {"nvme_s", win.time.nvme_s},
                     {"host_s", win.time.host_s},
+                    {"optimizer_s", win.time.optimizer_s},
                     {"exposed_s", win.time.exposed_s},
                     {"step_s", win.seconds / double(win.steps)},
                     {"elapsed_s", loop_timer.seconds()}});
