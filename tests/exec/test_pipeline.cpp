@@ -91,9 +91,18 @@ TEST_P(PipelineTest, PipelinedUpdateEqualsPlainLoopBitwise) {
   std::optional<PendingUpdate> pending;
   for (int k = 0; k < steps; ++k) {
     GradNormPartials partials(L);
-    StepStats st = ex.step(g_str, p_str, bf16 ? copy_str : p_str, random_batch(cfg, 100 + uint64_t(k)), plan, nullptr,
+    TraceRecorder trace;
+    StepStats st = ex.step(g_str, p_str, bf16 ? copy_str : p_str, random_batch(cfg, 100 + uint64_t(k)), plan, &trace,
                            pending ? &*pending : nullptr, GradTarget{&partials, GradMode::overwrite});
     EXPECT_EQ(st.loss_sum, loss_ref[size_t(k)]) << "step " << k;
+    // The update runs on its own lane: every slab (embedding, L layers, head) there, none on the host lane.
+    int on_optimizer = 0;
+    for (const OpRecord& op : trace.ops()) {
+      on_optimizer += op.lane == "optimizer" && op.name.rfind("update", 0) == 0;
+      EXPECT_FALSE(op.lane == "host" && op.name.rfind("update", 0) == 0) << op.name;
+    }
+    EXPECT_EQ(on_optimizer, k == 0 ? 0 : int(L) + 2) << "step " << k;
+    EXPECT_EQ(st.summary.optimizer_s > 0, k > 0) << "step " << k;
     StepPlan sp = opt_str.plan_step(partials.sum_of_squares());
     pending = PendingUpdate{&opt_str, StepArgs{sp.step, lr, sp.clip}, bf16 ? &copy_str : nullptr};
   }
