@@ -4,7 +4,8 @@
 //   bench_adamw8_kernel [N=65536] [REPS=400] [BLOCK=256]
 //
 // Prints, per path, the best ns per parameter over REPS calls (after a warm-up) and an FNV-1a hash of
-// p, codes and absmax after 20 steps with varying gradients (the hash must not depend on the path).
+// p, codes, absmax and the bf16 copy after 20 steps with varying gradients (the hash must not depend on the
+// path). The arrays are 64-byte aligned, as the optimizer's slabs are.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -20,6 +21,22 @@ using namespace lt;
 
 namespace {
 
+// 64-byte aligned vectors, as the optimizer's slabs are (a 64-byte load or store that straddles two cache lines
+// costs two).
+template <typename T>
+struct Align64 {
+  using value_type = T;
+  Align64() = default;
+  template <typename U>
+  Align64(const Align64<U>&) {}
+  T* allocate(size_t n) { return static_cast<T*>(std::aligned_alloc(64, (n * sizeof(T) + 63) / 64 * 64)); }
+  void deallocate(T* p, size_t) { std::free(p); }
+  template <typename U>
+  bool operator==(const Align64<U>&) const { return true; }
+};
+template <typename T>
+using AVec = std::vector<T, Align64<T>>;
+
 uint64_t fnv(uint64_t h, const void* data, size_t bytes) {
   const auto* b = static_cast<const uint8_t*>(data);
   for (size_t i = 0; i < bytes; ++i) h = (h ^ b[i]) * 1099511628211ull;
@@ -27,9 +44,9 @@ uint64_t fnv(uint64_t h, const void* data, size_t bytes) {
 }
 
 struct State {
-  std::vector<float> p, g, am, av;
-  std::vector<uint8_t> qm, qv;
-  std::vector<bf16_t> copy;
+  AVec<float> p, g, am, av;
+  AVec<uint8_t> qm, qv;
+  AVec<bf16_t> copy;
   AdamW8Args args(int64_t n, int64_t block, bool with_copy) {
     return {p.data(), g.data(), qm.data(), am.data(), qv.data(), av.data(), with_copy ? copy.data() : nullptr, n,
             block};
@@ -112,7 +129,7 @@ int main(int argc, char** argv) {
                 (long long)n, (long long)block, int(copy), best, 1.0 / best);
   }
   if (std::getenv("BENCH_32")) {
-    std::vector<float> p(size_t(n), 0.01f), g(size_t(n), 1e-3f), m(size_t(n), 1e-4f), v(size_t(n), 1e-6f);
+    AVec<float> p(size_t(n), 0.01f), g(size_t(n), 1e-3f), m(size_t(n), 1e-4f), v(size_t(n), 1e-6f);
     const AdamWScalars sc = adamw_scalars(1e-3, 0.9, 0.999, 1e-8, 0.01, 6, 0.5f);
     double best = 1e30;
     for (int r = 0; r < reps; ++r) {

@@ -10,10 +10,12 @@
 
 #include <algorithm>
 #include <cfloat>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
 
+#include "core/error.h"
 #include "optim/kernels.h"
 
 #pragma GCC optimize("fp-contract=off")
@@ -345,7 +347,10 @@ LT_AVX512 inline Pending finish_block(const AdamW8Args& a, int64_t b0, int64_t b
 // Software prefetch of the p, g and code lines of 64 lanes at index i (which may lie past the end: prefetches
 // do not fault; the address is formed as an integer). Two threads streaming adamw8 from memory ran at
 // 3.1-3.3 G params/s without it and 3.66-3.72 with it 1024 lanes ahead (1 thread: no change): the hardware
-// prefetchers alone leave too few misses in flight for this much work per byte.
+// prefetchers alone leave too few misses in flight for this much work per byte. A call that does not continue
+// where the thread's last one ended starts unprefetched: 2 threads taking AdamWSlab's 32K-element tasks
+// alternately ran 7-8% below the same calls on contiguous per-thread ranges (prefetching the first 1280 lanes
+// on entry did not help; 2048 or 4096 lanes ahead, or a second prefetch into L2 further ahead, were slower).
 constexpr int64_t kPrefetchAhead = 1024;
 
 LT_AVX512 inline void prefetch_line(const void* base, int64_t bytes) {
@@ -404,6 +409,169 @@ LT_AVX512 void adamw8_impl(const AdamW8Args& args, const AdamWScalars& s, Dequan
     for (int64_t j = 0; j < prev.len; j += 16) requant16(qs, qu, prev, j, tail_mask(prev.len - j));
 }
 
+// The signed map in the VBMI loop, with the sign left for the byte stage. key = x's bits rotated left by one
+// (|x|'s bits doubled, the sign in bit 0) decides the region for both signs in one unsigned compare,
+// key >= W[lo]: a positive lane needs |x| > T[lo] (its bits >= U = bits(T) + 1), a negative one |x| > T[16 + lo],
+// which is T[lo] or the f32 just below it (bits >= U - 1). W = 2U where the two thresholds agree (2|x| + sign >= 2U
+// iff |x| >= U for either sign) and 2U - 1 where they differ (2|x| >= 2U - 1 iff |x| >= U; 2|x| + 1 >= 2U - 1
+// iff |x| >= U - 1). key >> 25 is |x|'s biased exponent halved (region_pairs below), so no |x| is needed before
+// the region lookup. The code of |x| (clamped to hi, 255 included) is mirrored for the negative lanes after the
+// codes are packed into bytes: 254 - c with unsigned saturation, which also takes 255 (|x| above the last
+// midpoint) to code 0. Per 16 lanes this replaces the negative lanes' threshold offset, the two-table threshold
+// and clamp permutes and the mirror subtract of quantize<true> by a rotate, a mask test and half a byte op.
+struct SignedKey {
+  alignas(64) uint32_t W[16];
+  alignas(64) int32_t hi[16];
+  alignas(64) uint8_t region_lo[64];
+};
+
+// region_lo by pairs of binades for the VBMI loop: entry j is for biased exponents 2j and 2j + 1, i.e. byte 3 of
+// |x|'s bits (|x| < 2: j < 64), looked up by one byte permute with no clamp (the other bytes of each lane index
+// entry 0, which is 0: everything below 2^-30 is below the first midpoint). Valid where no pair of binades holds
+// two region boundaries of either sign (the decades are 3.3 binades apart; checked).
+void region_pairs(const QuantArith& qa, uint8_t out[64]) {
+  for (int j = 0; j < 64; ++j) {
+    const double lo = j == 0 ? 0.0 : std::ldexp(1.0, 2 * j - 127), hi = std::ldexp(1.0, 2 * j - 125);
+    int below = 0, inside = 0;
+    for (int t = 0; t < 8; ++t) {
+      const double tp = qa.T[t], tn = qa.T[16 + t];
+      LT_CHECK((tp < lo) == (tn < lo), "region pairs: a midpoint sits on a binade edge");
+      below += tp < lo;
+      inside += std::max(int(tp >= lo && tp < hi), int(tn >= lo && tn < hi));
+    }
+    LT_CHECK(inside <= 1, "region pairs: binades {} and {} hold {} region boundaries", 2 * j, 2 * j + 1, inside);
+    out[j] = uint8_t(below);
+  }
+  LT_CHECK(out[0] == 0, "region pairs: entry 0 must be region 0");
+}
+
+SignedKey make_signed_key() {
+  const QuantArith& qa = quant_arith(QuantMapKind::signed_dynamic);
+  SignedKey k{};
+  for (int i = 0; i < 16; ++i) {
+    k.hi[i] = code_top(qa.hi[i]);
+    if (!(qa.T[i] < INFINITY)) {
+      k.W[i] = 0xffffffffu;  // no region above: key < 2^31 for |x| < 2
+      continue;
+    }
+    uint32_t tp, tn;
+    std::memcpy(&tp, &qa.T[i], 4);
+    std::memcpy(&tn, &qa.T[16 + i], 4);
+    LT_CHECK(tn == tp || tn + 1 == tp, "signed key: threshold {} differs by more than one f32 between signs", i);
+    k.W[i] = tn == tp ? 2 * (tp + 1) : 2 * (tp + 1) - 1;
+  }
+  region_pairs(qa, k.region_lo);
+  return k;
+}
+
+struct UnsignedPairs {
+  alignas(64) uint8_t region_lo[64];
+};
+UnsignedPairs make_unsigned_pairs() {
+  UnsignedPairs u{};
+  region_pairs(quant_arith(QuantMapKind::unsigned_dynamic), u.region_lo);
+  return u;
+}
+
+struct SignedKeyRegs {
+  __m512 A, B;
+  __m512i W, hi, region_lo;
+  const QuantTable* table;
+};
+
+LT_AVX512 inline SignedKeyRegs make_signed_key_regs(const SignedKey& k) {
+  const QuantArith& qa = quant_arith(QuantMapKind::signed_dynamic);
+  return {_mm512_load_ps(qa.A), _mm512_load_ps(qa.B), _mm512_load_si512(k.W), _mm512_load_si512(k.hi),
+          _mm512_load_si512(k.region_lo), &quant_table(QuantMapKind::signed_dynamic)};
+}
+
+// The code of |x| in byte 2 (c <= 255, not yet mirrored) and the negative lanes (sign bit set, -0 included: its
+// code 127 is its own mirror).
+LT_AVX512_VBMI inline __m512i quantize_key(const SignedKeyRegs& q, __m512 x, __mmask16& negative) {
+  const __m512i bits = _mm512_castps_si512(x);
+  const __m512i key = _mm512_rol_epi32(bits, 1);
+  const __m512i lo = _mm512_permutexvar_epi8(_mm512_srli_epi32(key, 25), q.region_lo);
+  const __mmask16 up = _mm512_cmp_epu32_mask(key, _mm512_permutexvar_epi32(lo, q.W), _MM_CMPINT_NLT);
+  const __m512i r = _mm512_mask_add_epi32(lo, up, lo, _mm512_set1_epi32(1));
+  const __m512i s = _mm512_cvtps_epi32(
+      _mm512_fmadd_ps(_mm512_abs_ps(x), _mm512_permutexvar_ps(r, q.A), _mm512_permutexvar_ps(r, q.B)));
+  negative = _mm512_test_epi32_mask(key, _mm512_set1_epi32(1));  // the sign, in key's bit 0
+  return _mm512_min_epi32(s, _mm512_permutexvar_epi32(r, q.hi));
+}
+
+// quantize<false> with the region by binade pairs (one byte permute).
+LT_AVX512_VBMI inline __m512i quantize_u_pairs(const ArithRegs& q, __m512i pairs, __m512 x) {
+  const __m512i lo = _mm512_permutexvar_epi8(_mm512_srli_epi32(_mm512_castps_si512(x), 24), pairs);
+  const __m512 threshold = _mm512_permutexvar_ps(lo, q.T0);
+  const __m512i r = _mm512_mask_add_epi32(lo, _mm512_cmp_ps_mask(x, threshold, _CMP_GT_OQ), lo, _mm512_set1_epi32(1));
+  const __m512i s = _mm512_cvtps_epi32(_mm512_fmadd_ps(x, _mm512_permutexvar_ps(r, q.A), _mm512_permutexvar_ps(r, q.B)));
+  return _mm512_min_epi32(s, _mm512_permutexvar_epi32(r, q.hi));
+}
+
+// The lanes of a clamped code min(s, hi) to look up exactly. Testing the clamped s rather than s is exact too: a
+// lane clamped (s >= 2^16 (hi + 1)) lies above the flagged window of the midpoint below hi, and s is monotone in
+// |x|, so |x| is above that midpoint and below the region's end: its code is hi.
+LT_AVX512 inline __mmask16 ambiguous_lanes(__m512i code) {
+  return _mm512_testn_epi32_mask(code, _mm512_set1_epi32(QuantArith::kExactBits));
+}
+
+// The exact codes of flagged lanes for quantize_key: mirrored back (254 - c) where the sign bit is set, so that
+// the byte stage's mirror restores them.
+LT_AVX512 __attribute__((noinline, cold)) void fix_lanes_key(const QuantTable& t, const float* xs, int32_t* cs,
+                                                              unsigned lanes) {
+  for (; lanes != 0; lanes &= lanes - 1) {
+    const int i = __builtin_ctz(lanes);
+    const int c = quant_lookup(t, xs[i]);
+    cs[i] = (std::signbit(xs[i]) ? 254 - c : c) << kCodeShift;
+  }
+}
+
+LT_AVX512 inline __m512i fix_key(const QuantTable& t, __m512 x, __m512i code, __mmask16 lanes) {
+  alignas(64) float xs[16];
+  alignas(64) int32_t cs[16];
+  _mm512_store_ps(xs, x);
+  _mm512_store_si512(cs, code);
+  fix_lanes_key(t, xs, cs, lanes);
+  return _mm512_load_si512(cs);
+}
+
+// 2 x 16 codes of a pending block in the VBMI loop: byte 2 of each lane (the signed map's not yet mirrored), the
+// negative lanes of m and the lanes the zero-point guard applies to.
+struct Codes32 {
+  __m512i cm[2], cv[2];
+  __mmask16 neg[2], pos[2];
+};
+
+LT_AVX512_VBMI inline void codes16_vbmi(const SignedKeyRegs& qk, const ArithRegs& qu, __m512i upairs,
+                                        const Pending& prev, int64_t k, Codes32& q, int h) {
+  const __m512 v = _mm512_load_ps(prev.v + k);
+  const __m512 xm = _mm512_mul_ps(_mm512_load_ps(prev.m + k), prev.inv_m);
+  const __m512 xv = _mm512_mul_ps(v, prev.inv_v);
+  q.cm[h] = quantize_key(qk, xm, q.neg[h]);
+  q.cv[h] = quantize_u_pairs(qu, upairs, xv);
+  if (!_kortestz_mask16_u8(ambiguous_lanes(q.cm[h]), ambiguous_lanes(q.cv[h]))) [[unlikely]] {
+    // The masks again here (hidden from CSE), so that the hot path keeps none of them alive.
+    __m512i cm1 = q.cm[h], cv1 = q.cv[h];
+    asm("" : "+v"(cm1), "+v"(cv1));
+    const __mmask16 amb_m = ambiguous_lanes(cm1), amb_v = ambiguous_lanes(cv1);
+    if (amb_m) q.cm[h] = fix_key(*qk.table, xm, cm1, amb_m);
+    if (amb_v) q.cv[h] = fix(*qu.table, xv, cv1, amb_v);
+  }
+  // The zero-point guard (v > 0 takes at least code 1), applied to the bytes.
+  q.pos[h] = _mm512_mask_cmp_ps_mask(prev.guard, v, _mm512_setzero_ps(), _CMP_GT_OQ);
+}
+
+// The 32 codes of each map out of byte 2 by one two-source byte permute, the sign and the guard on the bytes:
+// 254 - c (saturated: 255 -> 0) for negative m, at least 1 for guarded v.
+LT_AVX512_VBMI inline void store_codes32(const Pending& prev, int64_t j, __m512i byte2, const Codes32& q) {
+  __m256i bm = _mm512_castsi512_si256(_mm512_permutex2var_epi8(q.cm[0], byte2, q.cm[1]));
+  bm = _mm256_mask_subs_epu8(bm, _mm512_kunpackw(q.neg[1], q.neg[0]), _mm256_set1_epi8(char(254)), bm);
+  __m256i bv = _mm512_castsi512_si256(_mm512_permutex2var_epi8(q.cv[0], byte2, q.cv[1]));
+  bv = _mm256_mask_max_epu8(bv, _mm512_kunpackw(q.pos[1], q.pos[0]), bv, _mm256_set1_epi8(1));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(prev.qm + j), bm);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(prev.qv + j), bv);
+}
+
 // The same pass for AVX512-VBMI, whole blocks of a multiple of 64 fused: 64 lanes at a time, dequantised by
 // byte permutes straight into the update (no buffer), and 32 codes of the requantisation at a time taken out of
 // byte 2 of their lanes by one two-source byte permute. Other blocks (the first, a short last one) take the
@@ -421,6 +589,10 @@ LT_AVX512_VBMI void adamw8_vbmi_impl(const AdamW8Args& args, const AdamWScalars&
       2,  6,  10, 14, 18, 22, 26, 30, 34, 38, 42, 46, 50, 54, 58, 62,
       66, 70, 74, 78, 82, 86, 90, 94, 98, 102, 106, 110, 114, 118, 122, 126};
   const __m512i byte2 = _mm512_load_si512(kByte2);
+  static const SignedKey key = make_signed_key();
+  const SignedKeyRegs qk = make_signed_key_regs(key);
+  static const UnsignedPairs up = make_unsigned_pairs();
+  const __m512i upairs = _mm512_load_si512(up.region_lo);
   alignas(64) float buf[2][2][kMaxBlock + 64];
   Pending prev{};
   bool have_prev = false;
@@ -434,21 +606,22 @@ LT_AVX512_VBMI void adamw8_vbmi_impl(const AdamW8Args& args, const AdamWScalars&
       for (int64_t j = 0; j < len; j += 64) {
         prefetch64(a, b0 + j + kPrefetchAhead);
         __m512 dm[4], dv[4];
+        Codes32 q;
+        // GCC emits these steps in this order, and the order matters on Zen 5 (measured in L1: requantising 16
+        // lanes before each update of 16 is 2.5% faster than after it and 5% faster than all four updates first;
+        // requantising further ahead is slower).
         dequant64(pm, perm, a.qm + b0 + j, ~__mmask64(0), dm);
+        codes16_vbmi(qk, qu, upairs, prev, j, q, 0);
         dequant64(pv, perm, a.qv + b0 + j, ~__mmask64(0), dv);
-#pragma GCC unroll 2
-        for (int u = 0; u < 4; u += 2) {
-          __m512i cm[2], cv[2];
-          for (int h = 0; h < 2; ++h) {
-            const int64_t k = j + 16 * (u + h);
-            update16<kCopy>(a, c, b0 + k, kFull, am, av, dm[u + h], dv[u + h], mb + k, vb + k, max_m, max_v);
-            codes16(qs, qu, prev, k, cm[h], cv[h]);
-          }
-          _mm256_storeu_si256(reinterpret_cast<__m256i*>(prev.qm + j + 16 * u),
-                              _mm512_castsi512_si256(_mm512_permutex2var_epi8(cm[0], byte2, cm[1])));
-          _mm256_storeu_si256(reinterpret_cast<__m256i*>(prev.qv + j + 16 * u),
-                              _mm512_castsi512_si256(_mm512_permutex2var_epi8(cv[0], byte2, cv[1])));
-        }
+        update16<kCopy>(a, c, b0 + j, kFull, am, av, dm[0], dv[0], mb + j, vb + j, max_m, max_v);
+        codes16_vbmi(qk, qu, upairs, prev, j + 16, q, 1);
+        update16<kCopy>(a, c, b0 + j + 16, kFull, am, av, dm[1], dv[1], mb + j + 16, vb + j + 16, max_m, max_v);
+        store_codes32(prev, j, byte2, q);
+        codes16_vbmi(qk, qu, upairs, prev, j + 32, q, 0);
+        update16<kCopy>(a, c, b0 + j + 32, kFull, am, av, dm[2], dv[2], mb + j + 32, vb + j + 32, max_m, max_v);
+        codes16_vbmi(qk, qu, upairs, prev, j + 48, q, 1);
+        update16<kCopy>(a, c, b0 + j + 48, kFull, am, av, dm[3], dv[3], mb + j + 48, vb + j + 48, max_m, max_v);
+        store_codes32(prev, j + 32, byte2, q);
       }
     } else {
       dequant_vbmi(&pm, a.qm + b0, len, mb);
