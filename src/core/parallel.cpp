@@ -1,5 +1,7 @@
 #include "core/parallel.h"
 
+#include <algorithm>
+
 #include <omp.h>
 
 #include <exception>
@@ -18,7 +20,7 @@ int num_threads() { return omp_get_max_threads(); }
 
 bool in_parallel_region() { return omp_in_parallel(); }
 
-void parallel_for(int64_t n_tasks, const std::function<void(int64_t)>& fn) {
+void parallel_for(int64_t n_tasks, const std::function<void(int64_t)>& fn, int64_t grain) {
   if (n_tasks <= 0) return;
   if (n_tasks == 1 || omp_in_parallel() || omp_get_max_threads() == 1) {
     for (int64_t t = 0; t < n_tasks; ++t) fn(t);
@@ -26,7 +28,8 @@ void parallel_for(int64_t n_tasks, const std::function<void(int64_t)>& fn) {
   }
   std::exception_ptr error;
   std::mutex error_mutex;
-#pragma omp parallel for schedule(dynamic, 1)
+  const int64_t chunk = std::max<int64_t>(grain, 1);
+#pragma omp parallel for schedule(dynamic, chunk)
   for (int64_t t = 0; t < n_tasks; ++t) {
     try {
       fn(t);

@@ -15,8 +15,10 @@ void set_num_threads(int n);
 int num_threads();
 
 // Runs fn(task) for task in [0, n_tasks), spread over the threads. fn must not throw across tasks;
-// an exception in any task is rethrown here after all tasks end.
-void parallel_for(int64_t n_tasks, const std::function<void(int64_t task)>& fn);
+// an exception in any task is rethrown here after all tasks end. Threads take `grain` consecutive tasks at
+// a time (which thread runs a task never changes its result): a streaming kernel then keeps reading on
+// from where it was, and the hardware prefetcher stays ahead of it.
+void parallel_for(int64_t n_tasks, const std::function<void(int64_t task)>& fn, int64_t grain = 1);
 
 // Splits [0, n) into chunks of `chunk` (the last may be shorter) and runs fn(begin, end) per chunk.
 void parallel_chunks(int64_t n, int64_t chunk, const std::function<void(int64_t begin, int64_t end)>& fn);
