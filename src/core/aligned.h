@@ -3,6 +3,9 @@
 // Layer slabs are 4 KiB-aligned so one layer moves as one copy and O_DIRECT I/O can use them as is.
 #pragma once
 
+#include <sys/mman.h>
+
+#include <algorithm>
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
@@ -16,6 +19,7 @@
 namespace lt {
 
 constexpr size_t kPageAlign = 4096;
+constexpr size_t kHugePage = size_t(2) << 20;
 
 inline size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
@@ -35,8 +39,16 @@ class AlignedBuffer {
   explicit AlignedBuffer(size_t count, size_t align = kPageAlign, Fill fill = Fill::zero) : count_(count) {
     size_t bytes = align_up(count * sizeof(T), align);
     if (bytes == 0) return;
+    // Large buffers (slabs, states, gradients) go on transparent huge pages where the kernel offers them:
+    // streaming passes over gigabytes then miss the TLB 512x less often.
+    const bool huge = bytes >= kHugePage * 2;
+    if (huge) {
+      align = std::max(align, kHugePage);
+      bytes = align_up(bytes, kHugePage);
+    }
     void* p = std::aligned_alloc(align, bytes);
     LT_CHECK(p != nullptr, "out of host memory allocating {} bytes", bytes);
+    if (huge) madvise(p, bytes, MADV_HUGEPAGE);  // advice only: without THP it changes nothing
     if (fill == Fill::zero) std::memset(p, 0, bytes);
     data_.reset(static_cast<T*>(p));
   }

@@ -11,10 +11,11 @@ namespace lt {
 namespace {
 
 constexpr int64_t kTaskElems = 32768;  // elements per task of one slab update (8-bit: whole blocks)
-// A thread takes this many consecutive tasks at a time (256K elements): handing tasks out one by one made
+// A thread takes this many consecutive tasks at a time (1M elements): handing tasks out one by one made
 // each call start on memory its thread had not been streaming, and 2 threads lost 7-8% to cold
-// prefetch (measured with bench/bench_adamw8_kernel's driver). Which thread runs a task changes no bit.
-constexpr int64_t kTasksPerGrab = 8;
+// prefetch (measured with bench/bench_adamw8_kernel's driver; 32 measured a little above 8). Which thread
+// runs a task changes no bit.
+constexpr int64_t kTasksPerGrab = 32;
 
 // Sets the pool size for the calling thread's parallel loops (an OpenMP per-thread setting) and restores it.
 class ScopedThreads {
