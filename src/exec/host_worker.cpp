@@ -67,6 +67,9 @@ void HostWorker::run() {
         err = std::current_exception();
       }
     }
+    // Destroy the job (and whatever it captured — a slot's release guard) before drain() can return: the
+    // captures may point into an object that the drainer frees next.
+    job.fn = nullptr;
     if (sink) sink->record(OpRecord{job.name, lane_, start, clock_->now(), job.bytes, job.layer, {}});
     {
       std::lock_guard<std::mutex> lock(mutex_);
