@@ -319,7 +319,7 @@ TEST_F(CpuDevice, OppositeDirectionsOverlapSameDirectionTakesTurns) {
   std::vector<uint8_t> h1 = random_bytes(bytes, 9), h2(bytes);
   RecordingSink sink;
   dev->set_sink(&sink);
-  double best_duplex = 1e9;
+  double best_duplex = 1e9, best_overlap = 1e9;
   int overlap_checked = 0;
   for (int run = 0; run < 5; ++run) {
     Timer t;
@@ -338,12 +338,15 @@ TEST_F(CpuDevice, OppositeDirectionsOverlapSameDirectionTakesTurns) {
     const OpRecord& b = ops[0].name == "up" ? ops[1] : ops[0];
     if (a.end - a.start < 0.0125 && b.end - b.start < 0.0125) {
       double span = std::max(a.end, b.end) - std::min(a.start, b.start);
-      EXPECT_LT(span, 0.75 * ((a.end - a.start) + (b.end - b.start))) << "run " << run << ": no overlap";
+      best_overlap = std::min(best_overlap, span / ((a.end - a.start) + (b.end - b.start)));
       ++overlap_checked;
     }
     sink.clear();
   }
   dev->set_sink(nullptr);
+  // Side by side, the span is about half the two durations; taking turns, all of it. The best run counts:
+  // on a loaded machine the test thread can be descheduled between the two enqueues of one run.
+  if (overlap_checked > 0) EXPECT_LT(best_overlap, 0.75) << "no run overlapped the two directions";
   if (overlap_checked == 0) std::printf("note: the CPU was too starved to check the overlap (memcpy-bound)\n");
   // Two uploads on different streams share the h2d link: 20 ms in all.
   Timer t;
