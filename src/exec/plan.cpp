@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "exec/working_set.h"
 #include "io/json_file.h"
 
 namespace lt {
@@ -50,25 +51,6 @@ void Plan::validate(int64_t L) const {
     LT_CHECK(!keep_internals[size_t(l)] || stored(l),
              "plan '{}': layer {} keeps its internals but its input boundary {} is dropped", name, l, l);
 }
-
-namespace {
-
-std::string window_name(int w, int64_t L) {
-  if (w < L) return fmt::format("F{}", w);
-  if (w == L) return "H";
-  return fmt::format("B{}", 2 * L - w);
-}
-
-int window_parse(const std::string& s, int64_t L) {
-  if (s == "H") return int(L);
-  if (s.size() < 2 || (s[0] != 'F' && s[0] != 'B')) return -1;
-  int64_t k = -1;
-  auto [end, ec] = std::from_chars(s.data() + 1, s.data() + s.size(), k);
-  if (ec != std::errc() || end != s.data() + s.size() || k < 0 || k >= L) return -1;
-  return s[0] == 'F' ? int(k) : int(2 * L - k);
-}
-
-}  // namespace
 
 void Plan::validate_windows(int64_t L, int ring) const {
   auto check = [&](const std::vector<std::vector<TransferPart>>& parts, const char* kind, bool offload) {

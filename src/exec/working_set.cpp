@@ -1,6 +1,7 @@
 #include "exec/working_set.h"
 
 #include <algorithm>
+#include <charconv>
 #include <fmt/format.h>
 #include <numeric>
 
@@ -112,6 +113,21 @@ std::vector<std::vector<FenceWait>> WorkingSet::fence_waits() const {
     }
   }
   return out;
+}
+
+std::string window_name(int w, int64_t L) {
+  if (w < L) return fmt::format("F{}", w);
+  if (w == L) return "H";
+  return fmt::format("B{}", 2 * L - w);
+}
+
+int window_parse(const std::string& s, int64_t L) {
+  if (s == "H") return int(L);
+  if (s.size() < 2 || (s[0] != 'F' && s[0] != 'B')) return -1;
+  int64_t k = -1;
+  auto [end, ec] = std::from_chars(s.data() + 1, s.data() + s.size(), k);
+  if (ec != std::errc() || end != s.data() + s.size() || k < 0 || k >= L) return -1;
+  return s[0] == 'F' ? forward_window(k) : backward_window(L, k);
 }
 
 const DeviceBuffer& WorkingSet::buffer(const std::string& tag) const {

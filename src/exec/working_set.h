@@ -82,6 +82,9 @@ constexpr size_t kDeviceAlign = 256;
 inline int forward_window(int64_t l) { return int(l); }
 inline int head_window(int64_t L) { return int(L); }
 inline int backward_window(int64_t L, int64_t l) { return int(2 * L - l); }
+// Their names in plan files and messages: "F3", "H", "B5"; window_parse gives -1 for anything else.
+std::string window_name(int w, int64_t L);
+int window_parse(const std::string& name, int64_t L);
 
 WorkingSet plan_working_set(const ModelConfig& cfg, int64_t B, int64_t T, const Plan& plan, const ExecOptions& o);
 

@@ -249,20 +249,24 @@ LT_AVX512 inline __m512i quantize(const ArithRegs& q, __m512 x, __mmask16& ambig
 }
 
 // The exact lookup for the lanes the arithmetic flagged (about 1 in 10000), out of the hot loop.
+// `mirror_negative` (quantize_key's lanes): a negative lane's code is mirrored (254 - c), so that the VBMI loop's
+// byte stage, which mirrors negative lanes, restores it.
 LT_AVX512 __attribute__((noinline, cold)) void fix_lanes(const QuantTable& t, const float* xs, int32_t* cs,
-                                                          unsigned lanes) {
+                                                          unsigned lanes, bool mirror_negative) {
   for (; lanes != 0; lanes &= lanes - 1) {
     const int i = __builtin_ctz(lanes);
-    cs[i] = int32_t(quant_lookup(t, xs[i])) << kCodeShift;
+    const int c = quant_lookup(t, xs[i]);
+    cs[i] = (mirror_negative && std::signbit(xs[i]) ? 254 - c : c) << kCodeShift;
   }
 }
 
-LT_AVX512 inline __m512i fix(const QuantTable& t, __m512 x, __m512i code, __mmask16 lanes) {
+LT_AVX512 inline __m512i fix(const QuantTable& t, __m512 x, __m512i code, __mmask16 lanes,
+                             bool mirror_negative = false) {
   alignas(64) float xs[16];
   alignas(64) int32_t cs[16];
   _mm512_store_ps(xs, x);
   _mm512_store_si512(cs, code);
-  fix_lanes(t, xs, cs, lanes);
+  fix_lanes(t, xs, cs, lanes, mirror_negative);
   return _mm512_load_si512(cs);
 }
 
@@ -515,26 +519,6 @@ LT_AVX512 inline __mmask16 ambiguous_lanes(__m512i code) {
   return _mm512_testn_epi32_mask(code, _mm512_set1_epi32(QuantArith::kExactBits));
 }
 
-// The exact codes of flagged lanes for quantize_key: mirrored back (254 - c) where the sign bit is set, so that
-// the byte stage's mirror restores them.
-LT_AVX512 __attribute__((noinline, cold)) void fix_lanes_key(const QuantTable& t, const float* xs, int32_t* cs,
-                                                              unsigned lanes) {
-  for (; lanes != 0; lanes &= lanes - 1) {
-    const int i = __builtin_ctz(lanes);
-    const int c = quant_lookup(t, xs[i]);
-    cs[i] = (std::signbit(xs[i]) ? 254 - c : c) << kCodeShift;
-  }
-}
-
-LT_AVX512 inline __m512i fix_key(const QuantTable& t, __m512 x, __m512i code, __mmask16 lanes) {
-  alignas(64) float xs[16];
-  alignas(64) int32_t cs[16];
-  _mm512_store_ps(xs, x);
-  _mm512_store_si512(cs, code);
-  fix_lanes_key(t, xs, cs, lanes);
-  return _mm512_load_si512(cs);
-}
-
 // 2 x 16 codes of a pending block in the VBMI loop: byte 2 of each lane (the signed map's not yet mirrored), the
 // negative lanes of m and the lanes the zero-point guard applies to.
 struct Codes32 {
@@ -554,7 +538,7 @@ LT_AVX512_VBMI inline void codes16_vbmi(const SignedKeyRegs& qk, const ArithRegs
     __m512i cm1 = q.cm[h], cv1 = q.cv[h];
     asm("" : "+v"(cm1), "+v"(cv1));
     const __mmask16 amb_m = ambiguous_lanes(cm1), amb_v = ambiguous_lanes(cv1);
-    if (amb_m) q.cm[h] = fix_key(*qk.table, xm, cm1, amb_m);
+    if (amb_m) q.cm[h] = fix(*qk.table, xm, cm1, amb_m, /*mirror_negative=*/true);
     if (amb_v) q.cv[h] = fix(*qu.table, xv, cv1, amb_v);
   }
   // The zero-point guard (v > 0 takes at least code 1), applied to the bytes.

@@ -15,23 +15,9 @@ const char* memory_model_name(MemoryModel m) {
   return m == MemoryModel::executor ? "executor" : "lifetime";
 }
 
-std::string Instance::window_name(int w) const {
-  if (w < L) return "F" + std::to_string(w);
-  if (w == L) return "H";
-  return "B" + std::to_string(2 * L - w);
-}
+std::string Instance::window_name(int w) const { return lt::window_name(w, L); }
 
-int Instance::window_from_name(const std::string& s) const {
-  if (s == "H") return int(L);
-  if (s.size() < 2 || (s[0] != 'F' && s[0] != 'B')) return -1;
-  int64_t v = 0;
-  for (size_t i = 1; i < s.size(); ++i) {
-    if (s[i] < '0' || s[i] > '9') return -1;
-    v = v * 10 + (s[i] - '0');
-    if (v >= L) return -1;
-  }
-  return s[0] == 'F' ? fwd(v) : bwd(v);
-}
+int Instance::window_from_name(const std::string& s) const { return window_parse(s, L); }
 
 double Instance::fixed_window(int w) const {
   // The executor's lifetimes (exec/working_set.cpp): weight buffers, tokens and the ring for the whole step;
