@@ -22,6 +22,7 @@
 #include "core/parallel.h"
 #include "core/timer.h"
 #include "exec/host_worker.h"
+#include "exec/weight_buffers.h"
 #include "io/nvme.h"
 #include "model/block.h"
 #include "ops/ops.h"
@@ -116,10 +117,8 @@ struct StreamingExecutor::Step {
 
   std::vector<uint8_t*> wbuf;
   std::vector<Event*> wready, wfree;
-  std::vector<int64_t> wlayer;
-  std::vector<int> worder;          // the buffers in upload (round-robin) order
-  std::vector<int64_t> carried;     // [buffer] a layer left there by the previous step, still valid (-1: none)
-  int next_w = 0, last_w = -1;
+  WeightBuffers wslots;             // which buffer holds which layer (exec/weight_buffers.h)
+  std::vector<int64_t> carried;     // [buffer] the layers the previous step left (empty: none carried)
 
   std::vector<uint8_t*> gbuf;
   std::vector<Event*> gfree;
@@ -173,7 +172,7 @@ struct StreamingExecutor::Step {
       : ex(e), dev(e.device_), host(hw), cfg(e.cfg_), o(e.options_), grads(g), params(p), weights(w), batch(b),
         plan(pl), L(cfg.num_layers), N(b.N()), C(cfg.hidden_size), xbytes(size_t(N * C) * 4),
         s(BlockShape::make(cfg, b.B, b.T)), tok(StepTokens::make(b)), wl(w.layout(SlabKind::layer)),
-        gl(g.layout(SlabKind::layer)), gslots(e.options_.grad_buffers) {}
+        gl(g.layout(SlabKind::layer)), wslots(e.options_.weight_buffers), gslots(e.options_.grad_buffers) {}
 
   ~Step() {
     if (std::uncaught_exceptions() > 0) {  // the step failed: nothing may wait for a slot any more
@@ -259,19 +258,7 @@ struct StreamingExecutor::Step {
     for (int i = 0; i < nw; ++i) wbuf.push_back(buf<uint8_t>(fmt::format("weights {}", i), wl.bytes()));
     wready.assign(size_t(nw), nullptr);
     wfree.assign(size_t(nw), nullptr);
-    wlayer.assign(size_t(nw), -1);
-    worder.resize(size_t(nw));
-    for (int i = 0; i < nw; ++i) worder[size_t(i)] = i;
-    if (int(carried.size()) == nw) {
-      // Uploads go first into the buffer whose carried layer the forward uses first.
-      wlayer = carried;
-      std::stable_sort(worder.begin(), worder.end(), [&](int a, int b) {
-        auto key = [&](int x) { return carried[size_t(x)] < 0 ? INT64_MAX : carried[size_t(x)]; };
-        return key(a) < key(b);
-      });
-    } else {
-      carried.assign(size_t(nw), -1);
-    }
+    if (int(carried.size()) == nw) wslots.carry(carried);
     for (int i = 0; i < ng; ++i) {
       gbuf.push_back(buf<uint8_t>(fmt::format("layer grads {}", i), gl.bytes()));
       gstage.push_back(ex.host_ws_.get(fmt::format("grad staging {}", i), gl.bytes()));
@@ -395,25 +382,16 @@ struct StreamingExecutor::Step {
   }
 
   // --- resources -----------------------------------------------------------------------------------
-  // Layer l's weights in a device buffer: reuses the buffer if l is the layer just used, else uploads
-  // into the next buffer once its previous user is done.
+  // Layer l's weights in a device buffer: where they already are (WeightBuffers' rule), else uploaded into
+  // the least recently used buffer once its previous user is done.
   int acquire_weights(int64_t l) {
-    if (last_w >= 0 && wlayer[size_t(last_w)] == l) return last_w;
-    for (int c = 0; c < o.weight_buffers; ++c)
-      if (carried[size_t(c)] == l) {  // left by the previous micro-batch, not overwritten since
-        carried[size_t(c)] = -1;
-        last_w = c;
-        return c;
-      }
-    int b = worder[size_t(next_w)];
-    next_w = (next_w + 1) % o.weight_buffers;
-    carried[size_t(b)] = -1;
+    const WeightBuffers::Slot slot = wslots.acquire(l);
+    const int b = slot.buffer;
+    if (!slot.upload) return b;
     wait(kH2D, wfree[size_t(b)]);
     gate_upload(SlabKind::layer, l);
     dev.copy_h2d(wbuf[size_t(b)], weights.layer(l), wl.bytes(), kH2D, fmt::format("h2d W{}", l), int(l));
     wready[size_t(b)] = record(kH2D);
-    wlayer[size_t(b)] = l;
-    last_w = b;
     return b;
   }
 
@@ -741,6 +719,7 @@ struct StreamingExecutor::Step {
   }
 
   void backward() {
+    wslots.begin_backward();
     int cur = 0;  // dx[cur] holds the gradient of the current layer's output
     for (int64_t l = L - 1; l >= 0; --l) {
       begin_window(backward_window(L, l));
@@ -878,7 +857,7 @@ StepStats StreamingExecutor::step(ModelSlabs& grads, const ModelSlabs& params, c
     stats.loss_sum = st.loss;
     stats.tokens = st.tok.count;
     stats.predicted_device_bytes = st.ws.device_bytes();
-    carried_ = st.wlayer;
+    carried_ = st.wslots.layers();
     carried_version_ = weights_version;
     carried_weights_ = &weights;
   }

@@ -27,11 +27,14 @@ struct Dp {
   double budget = 0;
   // F(l) with boundary l not offloaded (dropped or device) and with it offloaded (host)
   std::vector<double> f_plain, f_host;
-  // prefix sums over l of f_plain; of plain interior backward windows B(k) (compute b+r, h2d W)
-  std::vector<double> f_prefix, b_prefix;
+  // prefix sums over l of f_plain; of plain interior backward windows B(k) (compute b+r, h2d W), [1]: with
+  // the source boundary at or above the first resident layer (h2d 0: exec/weight_buffers.h)
+  std::vector<double> f_prefix, b_prefix[2];
+  int64_t resident = 0;  // Instance::first_resident()
 
   explicit Dp(const Instance& i) : in(i), L(i.L) {
     budget = double(in.budget.device_bytes);
+    resident = in.first_resident();
     f_plain.resize(size_t(L));
     f_host.resize(size_t(L));
     for (int64_t l = 0; l < L; ++l) {
@@ -40,22 +43,24 @@ struct Dp {
       f_host[size_t(l)] = window_time(in, in.f[size_t(l)], up, in.A, 0);
     }
     f_prefix.assign(size_t(L + 1), 0.0);
-    b_prefix.assign(size_t(L + 1), 0.0);
+    for (auto& b : b_prefix) b.assign(size_t(L + 1), 0.0);
     for (int64_t k = 0; k < L; ++k) {
       f_prefix[size_t(k + 1)] = f_prefix[size_t(k)] + f_plain[size_t(k)];
-      b_prefix[size_t(k + 1)] = b_prefix[size_t(k)] + interior(k, -1, -1, false);
+      for (int res = 0; res < 2; ++res)
+        b_prefix[res][size_t(k + 1)] = b_prefix[res][size_t(k)] + interior(k, -1, -1, false, res == 1);
     }
   }
   double d2h_of(int64_t k) const { return k < L - 1 ? in.G : in.head_fence ? 0.0 : in.HG; }
   double host_of(int64_t k) const { return k == L - 1 ? in.acc_head : in.acc_layer; }
 
   // Backward window B(k) of a dropped boundary k inside the run (s, e); s = e = -1: a plain interior window.
-  double interior(int64_t k, int64_t s, int64_t e, bool host_s) const {
+  // resident_src: the run's source is at or above the first resident layer, so no weights are uploaded.
+  double interior(int64_t k, int64_t s, int64_t e, bool host_s, bool resident_src) const {
     double compute = in.b[size_t(k)] + in.r[size_t(k)];
-    double h2d = k >= 1 ? in.W : 0.0;
+    double h2d = k >= 1 && !resident_src ? in.W : 0.0;
     if (e >= 0 && k == e - 1) {
       for (int64_t m = s; m < k; ++m) compute += in.r[size_t(m)];
-      h2d += double(k - s) * in.W;
+      if (!resident_src) h2d += double(k - s) * in.W;
     }
     if (s >= 0 && k - 1 == s && host_s) h2d += in.A;
     return window_time(in, compute, h2d, d2h_of(k), host_of(k));
@@ -63,22 +68,23 @@ struct Dp {
   // Σ of windows strictly between stored boundaries s and e (F(l) and B(l) for s < l < e).
   double between(int64_t s, int64_t e, bool host_s) const {
     if (e <= s + 1) return 0.0;
+    const bool res = s >= resident;
     double t = f_prefix[size_t(e)] - f_prefix[size_t(s + 1)];
-    t += b_prefix[size_t(e)] - b_prefix[size_t(s + 1)];
+    t += b_prefix[res][size_t(e)] - b_prefix[res][size_t(s + 1)];
     // Replace the special windows: B(s+1) (own reload of s) and B(e-1) (the segment).
     std::vector<int64_t> special = {s + 1};
     if (e - 1 != s + 1) special.push_back(e - 1);
-    for (int64_t k : special) t += interior(k, s, e, host_s) - interior(k, -1, -1, false);
+    for (int64_t k : special) t += interior(k, s, e, host_s, res) - interior(k, -1, -1, false, res);
     return t;
   }
-  // B(e) for a stored e (1 <= e < L) reached from s.
-  double stored_bwd(int64_t e, bool host_s, bool keep_e) const {
+  // B(e) for a stored e (1 <= e < L) reached from s (the source of e - 1, whose weights it uploads).
+  double stored_bwd(int64_t s, int64_t e, bool host_s, bool keep_e) const {
     const double compute = in.b[size_t(e)] + (keep_e ? 0.0 : in.r[size_t(e)]);
-    const double h2d = in.W + (host_s ? in.A : 0.0);
+    const double h2d = (s >= resident ? 0.0 : in.W) + (host_s ? in.A : 0.0);
     return window_time(in, compute, h2d, d2h_of(e), host_of(e));
   }
   double head_window(int64_t s, bool host_s) const {
-    const double h2d = (s == L - 1 ? 0.0 : in.W) + (host_s ? in.A : 0.0);
+    const double h2d = (s >= resident ? 0.0 : in.W) + (host_s ? in.A : 0.0);  // layer L-1 again after a segment
     // The head's compute with the backward's first uploads under it; then (the executor's fence) B(L-1)'s
     // compute may wait for the head gradients' download.
     return window_time(in, in.head, h2d, 0.0, 0.0) + (in.head_fence ? in.HG / in.bw_d2h : 0.0);
@@ -215,7 +221,7 @@ ChainResult chain_dp(const Instance& in, int64_t work_limit) {
                       if (m > budget) continue;
                     }
                     const double fe = te == 1 ? dp.f_host[size_t(e)] : dp.f_plain[size_t(e)];
-                    const double total = v + mid + fe + dp.stored_bwd(e, host_s, ke == 1);
+                    const double total = v + mid + fe + dp.stored_bwd(s, e, host_s, ke == 1);
                     const size_t to = idx(e, te, ke, nd2, nk2, nh2);
                     if (total < val[to]) {
                       val[to] = total;

@@ -225,11 +225,16 @@ Prediction evaluate(const Instance& in, const Plan& plan_in, const TransferWindo
 
   // --- mandatory traffic -----------------------------------------------------------------------------
   for (int64_t l = 0; l < L; ++l) win[size_t(in.fwd(l))].h2d_bytes += l + 1 < L ? in.W : in.HW;
-  // The backward's first weight upload runs in the head window, unless layer L-1 is still resident.
-  if (!plan.stored(L - 1)) win[size_t(in.head_window())].h2d_bytes += in.W;
+  // Backward weights (exec/weight_buffers.h): nothing while the source boundary of what a window needs is at
+  // or above the lowest layer the forward left on the device; else layer L-1 again in the head window if a
+  // segment below it ran first, and in B(k) the segment's layers and layer k-1 (the next window's first).
+  const int64_t resident = in.first_resident();
+  auto source = [&](int64_t i) { return plan.source_below(i); };
+  if (source(L - 1) < resident) win[size_t(in.head_window())].h2d_bytes += in.W;
   for (int64_t k = 1; k < L; ++k) {
-    const double seg = src[size_t(k)] >= 0 ? double(k - src[size_t(k)]) : 0.0;
-    win[size_t(in.bwd(k))].h2d_bytes += seg * in.W + in.W;  // segment uploads + the next window's first
+    const double seg = src[size_t(k)] >= 0 && src[size_t(k)] < resident ? double(k - src[size_t(k)]) : 0.0;
+    const double next = source(k - 1) < resident ? 1.0 : 0.0;
+    win[size_t(in.bwd(k))].h2d_bytes += (seg + next) * in.W;
   }
   for (int64_t k = 0; k < L; ++k) {
     WindowCost& c = win[size_t(in.bwd(k))];

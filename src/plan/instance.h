@@ -99,6 +99,10 @@ struct Instance {
   int head_window() const { return int(L); }
   int bwd(int64_t k) const { return int(2 * L - k); }
   std::string window_name(int w) const;  // "F3", "H", "B5"
+  // The lowest layer the forward leaves in a weight buffer. The backward reuses those until its first upload
+  // (exec/weight_buffers.h), so a backward window uploads no weights while the source boundary of what it
+  // needs is at or above this layer.
+  int64_t first_resident() const { return L > opt.exec.weight_buffers ? L - opt.exec.weight_buffers : 0; }
   int window_from_name(const std::string& name) const;  // -1 if not a window
 
   // Device bytes of window w that do not depend on the plan (weights, gradient buffers, tokens, the ring,

@@ -277,14 +277,21 @@ Built build(const Instance& in) {
   std::vector<double> h2d_c(static_cast<size_t>(nw), 0.0), d2h_c(static_cast<size_t>(nw), 0.0),
       host_c(static_cast<size_t>(nw), 0.0);  // bytes (and host seconds) per window
   for (int64_t l = 0; l < L; ++l) h2d_c[size_t(in.fwd(l))] += l + 1 < L ? in.W : in.HW;
-  if (L >= 2) {  // the backward's first upload, unless layer L-1 is still resident (boundary L-1 stored)
-    h2d_c[size_t(in.head_window())] += in.W;
-    for (auto [c, a] : sigma(L - 1)) h2d[size_t(in.head_window())].push_back({c, -in.W * a});
-  }
+  // Backward weights (exec/weight_buffers.h, as cost_model.cpp counts them): none while the source of what a
+  // window needs is at or above the lowest layer the forward left on the device. "The source of boundary i is
+  // s" is the edge s -> e with s <= i < e, so "source(i) >= resident" is a sum of edges.
+  const int64_t resident = in.first_resident();
+  auto upload_unless_resident = [&](int w, int64_t i) {  // W · (1 - [source(i) >= resident])
+    h2d_c[size_t(w)] += in.W;
+    for (int64_t s = resident; s <= i; ++s)
+      for (int64_t e = i + 1; e <= L; ++e) h2d[size_t(w)].push_back({v.x[size_t(s)][size_t(e)], -in.W});
+  };
+  if (L >= 2) upload_unless_resident(in.head_window(), L - 1);  // layer L-1 again after a segment below it
   for (int64_t k = 1; k < L; ++k) {
     const int w = in.bwd(k);
-    h2d_c[size_t(w)] += in.W;
-    for (int64_t s = 0; s < k; ++s) h2d[size_t(w)].push_back({v.x[size_t(s)][size_t(k + 1)], double(k - s) * in.W});
+    upload_unless_resident(w, k - 1);  // layer k-1, the next window's first
+    for (int64_t s = 0; s < std::min(k, resident); ++s)  // the segment's layers s .. k-1
+      h2d[size_t(w)].push_back({v.x[size_t(s)][size_t(k + 1)], double(k - s) * in.W});
     if (v.u[size_t(k)] >= 0) h2d[size_t(w)].push_back({v.u[size_t(k)], in.A});  // source reload for top k-1
   }
   if (v.u[size_t(L)] >= 0) h2d[size_t(in.head_window())].push_back({v.u[size_t(L)], in.A});

@@ -14,6 +14,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "exec/weight_buffers.h"
 
 namespace lt {
 namespace {
@@ -154,11 +155,10 @@ class Engine {
 class Builder {
  public:
   Builder(const Instance& in, const Plan& plan, const TransferWindows& tw, Engine& eng)
-      : in_(in), plan_(plan), eng_(eng), L_(in.L) {
+      : in_(in), plan_(plan), eng_(eng), L_(in.L), wslots_(in.opt.exec.weight_buffers) {
     const int nw = in.opt.exec.weight_buffers, ng = in.opt.exec.grad_buffers, nr = in.opt.exec.boundary_ring;
     wready_.assign(size_t(nw), -1);
     wfree_.assign(size_t(nw), -1);
-    wlayer_.assign(size_t(nw), -1);
     gfree_.assign(size_t(ng), -1);
     slot_release_.assign(size_t(ng), -1);
     ring_.assign(size_t(nr), SlotUse{});
@@ -257,15 +257,13 @@ class Builder {
   }
 
   int acquire_weights(int64_t l) {
-    if (last_w_ >= 0 && wlayer_[size_t(last_w_)] == l) return last_w_;
-    const int b = next_w_;
-    next_w_ = (next_w_ + 1) % int(wready_.size());
+    const WeightBuffers::Slot slot = wslots_.acquire(l);
+    const int b = slot.buffer;
+    if (!slot.upload) return b;
     wait(Lane::h2d, wfree_[size_t(b)]);
     if (!w_upload_.count(l) && update_layer_.count(l)) wait(Lane::h2d, update_layer_[l]);  // gate_upload
     wready_[size_t(b)] = add(Lane::h2d, fmt::format("h2d W{}", l), int(l), 0, in_.W, {});
     if (!w_upload_.count(l)) w_upload_[l] = wready_[size_t(b)];
-    wlayer_[size_t(b)] = l;
-    last_w_ = b;
     return b;
   }
 
@@ -421,6 +419,7 @@ class Builder {
   }
 
   void backward() {
+    wslots_.begin_backward();
     for (int64_t l = L_ - 1; l >= 0; --l) {
       begin_window(in_.bwd(l));
       issue_reloads(in_.bwd(l));
@@ -450,8 +449,7 @@ class Builder {
   Engine& eng_;
   const int64_t L_;
   std::vector<int> wready_, wfree_;
-  std::vector<int64_t> wlayer_;
-  int next_w_ = 0, last_w_ = -1;
+  WeightBuffers wslots_;
   std::vector<int> gfree_, slot_release_;
   int next_g_ = 0;
   std::vector<SlotUse> ring_;

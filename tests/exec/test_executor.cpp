@@ -182,6 +182,47 @@ TEST(Executor, EveryPolicyMatchesInMemoryPathBitwise) {
   }
 }
 
+// The backward starts on the layers the forward left in the weight buffers (exec/weight_buffers.h): with
+// keep-all and B buffers it uploads L - B layers, none when B >= L; every plan stays bitwise exact with 1 to
+// L + 1 buffers.
+TEST(Executor, BackwardReusesTheLayersTheForwardLeftBitwise) {
+  for (uint64_t seed = 31; seed <= 34; ++seed) {
+    Rng rng(seed);
+    ModelConfig cfg = random_config(rng);
+    cfg.num_layers = 3 + int64_t(rng.below(3));
+    const int64_t L = cfg.num_layers;
+    ModelSlabs params = random_params(cfg, seed);
+    Batch batch = random_batch(cfg, rng, false);
+    Reference ref{ModelSlabs(cfg), {}};
+    ref.loss = model_forward_backward(ref.grads, params, batch, ComputeType::f32);
+    for (int buffers = 1; buffers <= int(L) + 1; ++buffers)
+      for (const Plan& plan : {Plan::keep_all(L), Plan::every(L, 2), random_plan(L, rng)}) {
+        ExecOptions o;
+        o.weight_buffers = buffers;
+        auto dev = make_cpu_device(size_t(256) << 20, seed % 2 ? LinkSpec{2.0, 2.0, 10e-6} : LinkSpec{});
+        std::unique_ptr<NvmeStore> nvme;
+        if (plan.uses(Tier::nvme)) {
+          NvmeOptions no;
+          no.dir = ::testing::TempDir();
+          no.capacity_bytes = plan_working_set(cfg, batch.B, batch.T, plan, o).nvme_bytes + 4096;
+          nvme = NvmeStore::open(no);
+        }
+        StreamingExecutor ex(cfg, *dev, o, nvme.get());
+        ModelSlabs grads(cfg);
+        TraceRecorder trace;
+        StepStats st = ex.step(grads, params, params, batch, plan, &trace);
+        const std::string what = fmt::format("seed {} plan {} buffers {}", seed, plan.to_json().dump(), buffers);
+        EXPECT_EQ(st.loss_sum, ref.loss.loss_sum) << what;
+        expect_bitwise_equal(grads, ref.grads, what);
+        if (HasFatalFailure()) return;
+        if (plan.name != "keep-all") continue;
+        int64_t uploads = 0;
+        for (const OpRecord& op : trace.ops()) uploads += op.lane == "h2d" && op.name.rfind("h2d W", 0) == 0;
+        EXPECT_EQ(uploads, L + std::max<int64_t>(0, L - buffers)) << what;
+      }
+  }
+}
+
 // Micro-batches of one optimizer step (same weights, same version): each step starts on the layers the
 // previous backward left in the weight buffers (layers 1 and 0 at least), uploads that much less, and gives the
 // in-memory path's bits. A new version (the weights changed) or another weights object uploads everything.

@@ -70,6 +70,7 @@ inline Instance random_instance(Rng& rng, int64_t L, MemoryModel memory, bool re
   }
   Budgets bud{size_t(1) << 40, size_t(1) << 40, nvme ? size_t(1) << 40 : 0};
   Instance in = make_instance(cfg, 2, 16, prof, bud, o);
+  in.opt.exec.weight_buffers = 1 + int(rng.below(4));  // how many top layers the backward finds resident
   const double MB = 1e6;
   in.A = MB * (0.5 + rng.uniform());
   in.A_nvme = in.A;
@@ -132,6 +133,9 @@ inline Instance realistic_instance(Rng& rng, int64_t L, MemoryModel memory, bool
     prof.nvme_write_gbps = probe.A / (f * (0.5 + 2 * rng.uniform())) / 1e9;
   }
   Instance in = make_instance(cfg, B, T, prof, Budgets{size_t(1) << 40, size_t(1) << 40, nvme ? size_t(1) << 40 : 0}, o);
+  // 2 .. 4 weight buffers (the backward finds the top ones resident). With 1 there is no prefetch at all, which
+  // the planner's window model (each window's transfers overlap its compute) does not describe.
+  in.opt.exec.weight_buffers = 2 + int(rng.below(3));
   const double hi = evaluate(in, Plan::keep_all(L)).model_device_bytes;
   const double lo = std::min(evaluate(in, Plan::every(L, L)).model_device_bytes, in.fixed_peak() + in.I + in.A);
   in.budget.device_bytes = size_t(lo + (hi - lo) * rng.uniform() * 1.05);

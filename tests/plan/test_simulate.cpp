@@ -1,5 +1,6 @@
 // The discrete-event simulator: against the MILP's own prediction for the plans it returns, against closed
 // forms where the step is purely compute- or link-bound, and its memory against the executor's function.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "exec/working_set.h"
@@ -70,15 +71,20 @@ TEST(Simulate, LinkBoundStepCarriesEveryByte) {
   Instance in = testing::realistic_instance(rng, 5, MemoryModel::executor);
   in.budget.host_act_bytes = size_t(1) << 40;
   in.bw_h2d = in.bw_d2h = 1e3;  // 1 kB/s
-  for (const char* spec : {"keep-all", "every:2", "host:1"}) {
-    const Plan p = normalize_plan(Plan::parse(spec, 5));
-    const SimResult s = simulate(in, p);
-    const Prediction pr = evaluate(in, p);
-    EXPECT_NEAR(s.h2d_bytes, pr.h2d_bytes, 1e-6 * pr.h2d_bytes) << spec;
-    EXPECT_NEAR(s.d2h_bytes, pr.d2h_bytes, 1e-6 * pr.d2h_bytes) << spec;
-    EXPECT_GE(s.step_s, s.h2d_bytes / in.bw_h2d * (1 - 1e-9)) << spec;
-    EXPECT_GT(s.exposed_h2d_s + s.exposed_d2h_s, 0.5 * s.step_s) << spec;
-  }
+  // 1 .. 6 weight buffers: the backward finds the top ones resident until its first upload (every:3 and
+  // every:4 recompute from a resident boundary or not, depending on the count).
+  for (int buffers = 1; buffers <= 6; ++buffers)
+    for (const char* spec : {"keep-all", "every:2", "every:3", "every:4", "host:1"}) {
+      in.opt.exec.weight_buffers = buffers;
+      const Plan p = normalize_plan(Plan::parse(spec, 5));
+      const SimResult s = simulate(in, p);
+      const Prediction pr = evaluate(in, p);
+      const std::string what = fmt::format("{} with {} weight buffers", spec, buffers);
+      EXPECT_NEAR(s.h2d_bytes, pr.h2d_bytes, 1e-6 * pr.h2d_bytes) << what;
+      EXPECT_NEAR(s.d2h_bytes, pr.d2h_bytes, 1e-6 * pr.d2h_bytes) << what;
+      EXPECT_GE(s.step_s, s.h2d_bytes / in.bw_h2d * (1 - 1e-9)) << what;
+      EXPECT_GT(s.exposed_h2d_s + s.exposed_d2h_s, 0.5 * s.step_s) << what;
+    }
 }
 
 TEST(Simulate, MemoryIsTheExecutorsWorkingSet) {
