@@ -41,15 +41,17 @@ keep_fast=$(run --optimizer none --policy keep-all --link-gbps "$(/usr/bin/pytho
 # backward left in the weight buffers (2 and 4 buffers), same link.
 micro2=$(run --optimizer none --policy keep-all --link-gbps "$gbps" --microbatches)
 micro4=$(run --optimizer none --policy keep-all --link-gbps "$gbps" --microbatches --weight-buffers 4)
+micro4h=$(run --optimizer none --policy keep-all --link-gbps "$gbps" --microbatches --weight-buffers 4 --resident-head)
 keep_opt=$(run --policy keep-all --optimizer adamw8)
 torch=$(/usr/bin/python3 bench/torch_train_step.py "$model" "$batch" "$steps" "$(nproc)")
-printf '%s\n' "$mem" "$keep" "$e1" "$keep_l" "$e1_l" "$e4_l" "$keep_opt" "$torch" "$keep_slow" "$keep_fast" "$micro2" "$micro4"
+printf '%s\n' "$mem" "$keep" "$e1" "$keep_l" "$e1_l" "$e4_l" "$keep_opt" "$torch" "$keep_slow" "$keep_fast" "$micro2" "$micro4" \
+    "$micro4h"
 /usr/bin/python3 - "$mem" "$keep" "$e1" "$keep_l" "$e1_l" "$e4_l" "$keep_opt" "$torch" "$gbps" "$keep_slow" "$keep_fast" \
-    "$micro2" "$micro4" <<'PY'
+    "$micro2" "$micro4" "$micro4h" <<'PY'
 import json, sys
 mem, keep, e1, keep_l, e1_l, e4_l, keep_opt, torch = (json.loads(a) for a in sys.argv[1:9])
 gbps = float(sys.argv[9])
-keep_slow, keep_fast, micro2, micro4 = (json.loads(a) for a in sys.argv[10:14])
+keep_slow, keep_fast, micro2, micro4, micro4h = (json.loads(a) for a in sys.argv[10:15])
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
 print(f"\nmachine: {cpu}; model ~26M parameters, B=8 T=256, f32")
 print("overhead (unlimited link):")
@@ -69,7 +71,8 @@ for name, r, g in (("transfer = 2x compute", keep_slow, gbps / 2), ("transfer = 
     bound = max(r['compute_s'], r['h2d_bytes'] / (g * 1e9), r['d2h_bytes'] / (g * 1e9))
     print(f"  keep-all, {name} ({g:.2f} GB/s): step {r['step_s']:.4f} s = {r['step_s'] / bound:.2f} x max(compute, "
           f"transfer), {r['step_s'] / r['bound_s']:.2f} x its phase bound")
-for name, r in (("2 weight buffers", micro2), ("4 weight buffers", micro4)):
+for name, r in (("2 weight buffers", micro2), ("4 weight buffers", micro4),
+                ("4 weight buffers and the head resident", micro4h)):
     bound = max(r['compute_s'], r['h2d_bytes'] / (gbps * 1e9), r['d2h_bytes'] / (gbps * 1e9))
     print(f"  keep-all micro-batches (weights unchanged), {name}: step {r['step_s']:.4f} s, h2d {r['h2d_bytes'] / 1e6:.1f} MB "
           f"= {r['step_s'] / bound:.2f} x max(compute, transfer), {r['step_s'] / r['bound_s']:.2f} x its phase bound")

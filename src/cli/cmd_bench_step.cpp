@@ -76,9 +76,7 @@ void run_bench_step(const BenchStepOptions& o) {
   if (policy != "in-memory") {
     plan = Plan::parse(policy, m.config.num_layers);
     device = o.dev.make_device();
-    ExecOptions eo;
-    eo.compute = compute;
-    eo.weight_buffers = o.dev.weight_buffers;
+    const ExecOptions eo = o.dev.exec_options(compute);
     nvme = o.dev.open_nvme(plan_working_set(m.config, batch.B, batch.T, *plan, eo).nvme_bytes);
     ex = std::make_unique<StreamingExecutor>(m.config, *device, eo, nvme.get());
   }

@@ -27,7 +27,7 @@ struct PlanOptions {
   int64_t batch = 0, seq = 0, search_batch = 0;
   double time_limit = 10;
   int threads = 1, weight_buffers = 2;
-  bool json = false, verbose = false, no_optimizer = false, in_process = false;
+  bool json = false, verbose = false, no_optimizer = false, in_process = false, resident_head = false;
 };
 
 void run_plan(const PlanOptions& o) {
@@ -47,6 +47,7 @@ void run_plan(const PlanOptions& o) {
   LT_CHECK(compute == "f32" || compute == "bf16", "--compute {}: expected f32 or bf16", compute);
   rq.options.exec.compute = compute == "bf16" ? ComputeType::bf16 : ComputeType::f32;
   rq.options.exec.weight_buffers = o.weight_buffers;
+  rq.options.exec.resident_head = o.resident_head;
   rq.options.include_optimizer = !o.no_optimizer;
   rq.options.activation_scale = o.activation_dtype == "bf16" ? 0.5 : 1.0;
   rq.options.memory = o.memory_model == "lifetime" ? MemoryModel::lifetime : MemoryModel::executor;
@@ -98,6 +99,7 @@ void register_plan(CLI::App& app) {
       ->check(CLI::IsMember({"f32", "bf16"}));
   cmd->add_option("--compute", o->compute, "GEMM compute type of the streamed weights (default: the profile's)");
   cmd->add_option("--weight-buffers", o->weight_buffers, "layer weight buffers on the device")->check(CLI::Range(1, 8));
+  cmd->add_flag("--resident-head", o->resident_head, "the head's weights stay on the device all step");
   cmd->add_option("--search-batch", o->search_batch, "also search batches up to N: largest that fits, best throughput");
   cmd->add_flag("--no-optimizer", o->no_optimizer, "leave the host optimizer out of the objective");
   cmd->add_flag("--in-process", o->in_process, "run CBC in this process (no child; the time limit is CBC's own)");

@@ -24,7 +24,7 @@ struct SimulateOptions {
   std::string profile, model, policy, device_memory, host_act_memory = "1TiB", nvme = "1TiB", trace, compute;
   int64_t batch = 0, seq = 0;
   int weight_buffers = 2;
-  bool json = false, no_optimizer = false;
+  bool json = false, no_optimizer = false, resident_head = false;
 };
 
 void run_simulate(const SimulateOptions& o) {
@@ -36,6 +36,7 @@ void run_simulate(const SimulateOptions& o) {
   LT_CHECK(compute == "f32" || compute == "bf16", "--compute {}: expected f32 or bf16", compute);
   io.exec.compute = compute == "bf16" ? ComputeType::bf16 : ComputeType::f32;
   io.exec.weight_buffers = o.weight_buffers;
+  io.exec.resident_head = o.resident_head;
   io.include_optimizer = !o.no_optimizer;
   const size_t dev = o.device_memory.empty() ? prof.device_memory_bytes : parse_size(o.device_memory, "--device-memory");
   const Budgets budget{dev, parse_size(o.host_act_memory, "--host-act-memory"), parse_size(o.nvme, "--nvme")};
@@ -90,6 +91,7 @@ void register_simulate(CLI::App& app) {
   cmd->add_option("--nvme", o->nvme, "NVMe space for activations");
   cmd->add_option("--compute", o->compute, "GEMM compute type (default: the profile's)");
   cmd->add_option("--weight-buffers", o->weight_buffers, "layer weight buffers on the device")->check(CLI::Range(1, 8));
+  cmd->add_flag("--resident-head", o->resident_head, "the head's weights stay on the device all step");
   cmd->add_option("--trace", o->trace, "write the simulated step as Chrome trace JSON");
   cmd->add_flag("--no-optimizer", o->no_optimizer, "leave the host optimizer out");
   cmd->add_flag("--json", o->json, "one JSON object");

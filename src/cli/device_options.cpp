@@ -29,6 +29,16 @@ void DeviceOptions::add_to(CLI::App& cmd) {
   cmd.add_option("--trace", trace_path, "write the step's Chrome trace JSON here (chrome://tracing, Perfetto)");
   cmd.add_option("--weight-buffers", weight_buffers, "layer weight buffers on the device (2 = double buffering)")
       ->check(CLI::Range(1, 8));
+  cmd.add_flag("--resident-head", resident_head,
+               "keep the head's weights on the device all step (micro-batches after the first do not upload them)");
+}
+
+ExecOptions DeviceOptions::exec_options(ComputeType compute) const {
+  ExecOptions eo;
+  eo.compute = compute;
+  eo.weight_buffers = weight_buffers;
+  eo.resident_head = resident_head;
+  return eo;
 }
 
 LinkSpec DeviceOptions::link() const {

@@ -1,5 +1,6 @@
 // cli/device_options.h — the options every command that runs the streaming executor shares:
-// --policy, --device, --device-memory, --link-gbps (or per direction), --nvme-dir, --trace.
+// --policy, --device, --device-memory, --link-gbps (or per direction), --nvme-dir, --trace,
+// --weight-buffers, --resident-head.
 #pragma once
 
 #include <memory>
@@ -26,8 +27,10 @@ struct DeviceOptions {
   std::string nvme_dir;
   std::string trace_path;
   int weight_buffers = 2;
+  bool resident_head = false;
 
   void add_to(CLI::App& cmd);
+  ExecOptions exec_options(ComputeType compute) const;
   LinkSpec link() const;
   std::unique_ptr<Device> make_device() const;
   // The NVMe store for a plan that needs `bytes` of it (null when bytes == 0); refuses a plan that

@@ -119,6 +119,7 @@ struct StreamingExecutor::Step {
   std::vector<Event*> wready, wfree;
   WeightBuffers wslots;             // which buffer holds which layer (exec/weight_buffers.h)
   std::vector<int64_t> carried;     // [buffer] the layers the previous step left (empty: none carried)
+  bool head_carried = false;        // and the head's weights (ExecOptions::resident_head)
 
   std::vector<uint8_t*> gbuf;
   std::vector<Event*> gfree;
@@ -612,12 +613,15 @@ struct StreamingExecutor::Step {
     begin_window(head_window(L));
     const SlabLayout& hwl = weights.layout(SlabKind::head);
     const SlabLayout& hgl = grads.layout(SlabKind::head);
-    gate_upload(SlabKind::head, 0);
-    dev.copy_h2d(head_w, weights.slab(SlabKind::head), hwl.bytes(), kH2D, "h2d head");
-    if (cfg.tie_word_embeddings)
-      dev.copy_h2d(head_w + hwl.bytes(), weights.slab(SlabKind::embedding), weights.layout(SlabKind::embedding).bytes(),
-                   kH2D, "h2d lm_head (tied)");
-    Event* ready = record(kH2D);
+    Event* ready = nullptr;  // carried: still in place from the previous micro-batch
+    if (!head_carried) {
+      gate_upload(SlabKind::head, 0);
+      dev.copy_h2d(head_w, weights.slab(SlabKind::head), hwl.bytes(), kH2D, "h2d head");
+      if (cfg.tie_word_embeddings)
+        dev.copy_h2d(head_w + hwl.bytes(), weights.slab(SlabKind::embedding),
+                     weights.layout(SlabKind::embedding).bytes(), kH2D, "h2d lm_head (tied)");
+      ready = record(kH2D);
+    }
 
     auto entry_ptr = [&](uint8_t* base, const SlabLayout& head_layout, const SlabLayout& emb_layout,
                          const char* name) -> std::pair<uint8_t*, DType> {
@@ -749,19 +753,31 @@ struct StreamingExecutor::Step {
       float* dscratch = bscratch;
       float* dx_out = dx[cur];
       float* dx_in = dx[1 - cur];
-      Event* done = launch_on(b, {&xin}, [=] {
+      // In two launches: the MLP half's gradients (the slab's tail) go down while the attention half runs,
+      // so that only the attention half's follow the last layer's compute.
+      Event* mlp_done = launch_on(b, {&xin}, [=] {
         std::memset(gb, 0, glp->bytes());
         BlockGrads gr = BlockGrads::bind(*glp, gb);
         BlockScratch sc = BlockScratch::bind(dscratch, sh);
         BlockActs a = BlockActs::bind(acts_buf, sh);
-        block_backward(dx_in, gr, sc, dx_out, x_in, a, w, ti, sh);
-      }, fmt::format("bwd L{}", l), l);
+        block_backward_mlp(gr, sc, dx_out, a, w, sh);
+      }, fmt::format("bwd L{} mlp", l), l);
+      Event* done = launch_on(b, {&xin}, [=] {
+        BlockGrads gr = BlockGrads::bind(*glp, gb);
+        BlockScratch sc = BlockScratch::bind(dscratch, sh);
+        BlockActs a = BlockActs::bind(acts_buf, sh);
+        block_backward_attention(dx_in, gr, sc, x_in, a, w, ti, sh);
+      }, fmt::format("bwd L{} attention", l), l);
       cur = 1 - cur;
       // Gradients out: d2h into a host staging slab (once the host worker has emptied it), then the
       // host worker adds them into the f32 host gradients.
-      wait(kD2H, done);
+      const size_t split = gl.entry(kMlpGradsFirst).offset;
+      wait(kD2H, mlp_done);
       dev.host_callback(kD2H, [this, g] { gslots.acquire(g, &host); }, "wait staging slab");
-      dev.copy_d2h(gstage[size_t(g)], gb, gl.bytes(), kD2H, fmt::format("d2h dW{}", l), int(l));
+      dev.copy_d2h(gstage[size_t(g)] + split, gb + split, gl.bytes() - split, kD2H, fmt::format("d2h dW{} mlp", l),
+                   int(l));
+      wait(kD2H, done);
+      dev.copy_d2h(gstage[size_t(g)], gb, split, kD2H, fmt::format("d2h dW{} attention", l), int(l));
       gfree[size_t(g)] = record(kD2H);
       dev.host_callback(kD2H, [this, g, l] {
         host.submit([this, g, l, slot = gslots.release_guard(g)] {
@@ -796,6 +812,7 @@ StreamingExecutor::~StreamingExecutor() { release_device_memory(); }
 
 void StreamingExecutor::release_device_memory() {
   carried_.clear();
+  carried_head_ = false;
   if (block_) device_.free(block_);
   block_ = nullptr;
   block_key_.clear();
@@ -840,8 +857,12 @@ StepStats StreamingExecutor::step(ModelSlabs& grads, const ModelSlabs& params, c
     const std::string key = fmt::format("{} B{} T{}", plan.to_json().dump(), batch.B, batch.T);
     const bool carry = st.update == nullptr && weights_version != 0 && weights_version == carried_version_ &&
                        &weights == carried_weights_ && block_ && key == block_key_;
-    if (carry) st.carried = carried_;
+    if (carry) {
+      st.carried = carried_;
+      st.head_carried = carried_head_;
+    }
     carried_.clear();  // valid again only once this step has finished
+    carried_head_ = false;
     device_.reset_peak();
     st.allocate(key);
     st.start_update();
@@ -858,6 +879,7 @@ StepStats StreamingExecutor::step(ModelSlabs& grads, const ModelSlabs& params, c
     stats.tokens = st.tok.count;
     stats.predicted_device_bytes = st.ws.device_bytes();
     carried_ = st.wslots.layers();
+    carried_head_ = options_.resident_head;
     carried_version_ = weights_version;
     carried_weights_ = &weights;
   }

@@ -106,6 +106,7 @@ class StreamingExecutor {
   std::vector<int64_t> carried_;
   uint64_t carried_version_ = 0;
   const ModelSlabs* carried_weights_ = nullptr;
+  bool carried_head_ = false;  // the head's weights too (ExecOptions::resident_head)
 };
 
 }  // namespace lt

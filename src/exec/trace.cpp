@@ -20,6 +20,9 @@ double phase_chain_seconds(const std::vector<OpRecord>& ops) {
   for (size_t i = 0; i < ops.size(); ++i)
     if (ops[i].lane == "h2d" && (starts_with(ops[i].name, "h2d head") || starts_with(ops[i].name, "h2d lm_head")))
       last_head_upload = i + 1;
+  if (last_head_upload == 0)  // the head's weights stayed on the device: the uploads before the head
+    for (size_t i = 0; i < ops.size(); ++i)
+      if (ops[i].lane == "h2d" && ops[i].end <= head->start) last_head_upload = i + 1;
   double link = 0, after = 0, last_compute_end = head->end;
   for (size_t i = 0; i < last_head_upload; ++i)
     if (ops[i].lane == "h2d" && ops[i].bytes > 0 && ops[i].waited_on.empty()) link += ops[i].end - ops[i].start;

@@ -25,7 +25,8 @@ struct StepSummary {
   double exposed_h2d_s = 0, exposed_d2h_s = 0, exposed_other_s = 0;
   // A lower bound on the step's length for any schedule of these same operations (their measured
   // durations): max(compute, h2d, d2h) and the chain the step's dependencies force — every upload the
-  // head needs (all of the forward's, in h2d order up to the head's weights), then the head, then every
+  // head needs (all of the forward's, in h2d order up to the head's weights, or up to the head when its
+  // weights stayed on the device from the previous micro-batch), then the head, then every
   // compute operation after it (the backward), then the last gradient download. The phases make it
   // larger than max(compute, transfer) when the forward is link-bound and the backward compute-bound.
   double phase_chain_s = 0;

@@ -164,7 +164,8 @@ WorkingSet plan_working_set(const ModelConfig& cfg, int64_t B, int64_t T, const 
   // Weights: every window streams layers. Gradient buffers and backward scratch: backward windows.
   for (int i = 0; i < o.weight_buffers; ++i) add(fmt::format("weights {}", i), layer_w, first, last);
   for (int i = 0; i < o.grad_buffers; ++i) add(fmt::format("layer grads {}", i), layer_g, first_bwd, last);
-  add("head weights", head_w, H, H);
+  if (o.resident_head) add("head weights", head_w, first, last);
+  else add("head weights", head_w, H, H);
   add("head grads", head_g, H, H);
   add("tokens", size_t(N) * 4 * 3, first, last);  // positions, targets, document ids
   for (int r = 0; r < o.boundary_ring; ++r) add(fmt::format("boundary ring {}", r), boundary, first, last);

@@ -30,6 +30,9 @@ struct ExecOptions {
   int weight_buffers = 2;    // layer weight buffers on the device (2 = double buffering)
   int grad_buffers = 2;      // layer gradient buffers on the device (and host staging slabs)
   int boundary_ring = 3;     // transient boundary buffers (dropped / offloaded boundaries in flight)
+  // The head's weights in memory of their own for the whole step (not shared with the backward's buffers),
+  // so that the micro-batches of one optimizer step after the first do not upload them again.
+  bool resident_head = false;
 };
 
 struct DeviceBuffer {

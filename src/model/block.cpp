@@ -222,8 +222,14 @@ void block_forward(float* x_out, BlockActs& a, const float* x_in, const BlockVie
 
 void block_backward(float* dx_in, BlockGrads& g, BlockScratch& b, const float* dx_out, const float* x_in,
                     const BlockActs& a, const BlockView& w, const TokenInfo& tok, const BlockShape& s) {
-  const int64_t N = s.N(), C = s.C, QD = s.QD(), KVD = s.KVD(), I = s.I;
-  // MLP half: x_out = x_mid + down(h).
+  block_backward_mlp(g, b, dx_out, a, w, s);
+  block_backward_attention(dx_in, g, b, x_in, a, w, tok, s);
+}
+
+void block_backward_mlp(BlockGrads& g, BlockScratch& b, const float* dx_out, const BlockActs& a, const BlockView& w,
+                        const BlockShape& s) {
+  const int64_t N = s.N(), C = s.C, I = s.I;
+  // x_out = x_mid + down(h).
   linear_backward(b.dh, g.wdown, g.bdown, dx_out, a.h, w.wdown, N, I, C);
   swiglu_backward(b.dgate, b.dup, b.dh, a.gate, a.up, N * I);
   linear_backward(b.dn, g.wgate, g.bgate, b.dgate, a.n2, w.wgate, N, C, I);
@@ -231,7 +237,12 @@ void block_backward(float* dx_in, BlockGrads& g, BlockScratch& b, const float* d
   add_inplace(b.dn, b.dtmp, N * C);
   rmsnorm_backward(b.dx_mid, g.ln2, b.dn, a.x_mid, w.ln2, a.rstd2, N, C);
   add_inplace(b.dx_mid, dx_out, N * C);
-  // Attention half: x_mid = x_in + o(att).
+}
+
+void block_backward_attention(float* dx_in, BlockGrads& g, BlockScratch& b, const float* x_in, const BlockActs& a,
+                              const BlockView& w, const TokenInfo& tok, const BlockShape& s) {
+  const int64_t N = s.N(), C = s.C, QD = s.QD(), KVD = s.KVD();
+  // x_mid = x_in + o(att), from dx_mid (the MLP half's).
   linear_backward(b.datt, g.wo, g.bo, b.dx_mid, a.att, w.wo, N, QD, C);
   attention_backward(b.dq, b.dk, b.dv, b.datt, a.att, a.lse, a.q, a.k, a.v, tok.doc_ids,
                      AttentionShape{s.B, s.T, s.Hq, s.Hkv, s.D});

@@ -105,4 +105,14 @@ void block_forward(float* x_out, BlockActs& acts, const float* x_in, const Block
 void block_backward(float* dx_in, BlockGrads& g, BlockScratch& scratch, const float* dx_out, const float* x_in,
                     const BlockActs& acts, const BlockView& w, const TokenInfo& tok, const BlockShape& s);
 
+// block_backward in its two halves, the same operations in the same order: the MLP half completes the
+// gradients of post_attention_layernorm and the MLP (the tail of the layer slab, kMlpGradsFirst onwards) and
+// leaves dx_mid in the scratch; the attention half does the rest. The executor downloads the MLP gradients
+// while the attention half runs.
+inline constexpr const char* kMlpGradsFirst = "post_attention_layernorm.weight";
+void block_backward_mlp(BlockGrads& g, BlockScratch& scratch, const float* dx_out, const BlockActs& acts,
+                        const BlockView& w, const BlockShape& s);
+void block_backward_attention(float* dx_in, BlockGrads& g, BlockScratch& scratch, const float* x_in,
+                              const BlockActs& acts, const BlockView& w, const TokenInfo& tok, const BlockShape& s);
+
 }  // namespace lt

@@ -115,6 +115,11 @@ double layer_forward_flops(const ModelConfig& cfg, int64_t B, int64_t T) {
   return gemm + attention;
 }
 
+double mlp_flops_share(const ModelConfig& cfg, int64_t B, int64_t T) {
+  const double mlp = 6.0 * double(B) * double(T) * double(cfg.hidden_size) * double(cfg.intermediate_size);
+  return mlp / layer_forward_flops(cfg, B, T);
+}
+
 double head_flops(const ModelConfig& cfg, int64_t B, int64_t T) {
   return 6.0 * double(B) * double(T) * double(cfg.hidden_size) * double(cfg.vocab_size);
 }

@@ -43,6 +43,9 @@ std::string hardware_names();
 double layer_forward_flops(const ModelConfig& cfg, int64_t B, int64_t T);
 // Head forward + backward: 6·N·C·V.
 double head_flops(const ModelConfig& cfg, int64_t B, int64_t T);
+// The MLP's share of a layer's FLOPs: how much of its backward runs before the MLP gradients can go down
+// (block_backward_mlp comes first).
+double mlp_flops_share(const ModelConfig& cfg, int64_t B, int64_t T);
 // Parameters of one decoder layer (the paper's 6·N·tokens convention sums these, embeddings and head).
 int64_t layer_parameters(const ModelConfig& cfg);
 

@@ -26,7 +26,8 @@ double Instance::fixed_window(int w) const {
   const ExecOptions& e = opt.exec;
   double m = double(e.weight_buffers) * W + tokens + double(e.boundary_ring) * A;
   if (w == L - 1) m += A;
-  if (w == L) m += A + HW + HG + 2 * A;
+  if (w == L || e.resident_head) m += HW;
+  if (w == L) m += A + HG + 2 * A;
   if (w > L) m += double(e.grad_buffers) * G + BS + 2 * A;
   return m;
 }
@@ -76,6 +77,10 @@ Instance make_instance(const ModelConfig& cfg, int64_t B, int64_t T, const Profi
   in.BS = al(double(BlockScratch::floats(s)) * 4 * act);
   in.W = al(double(SlabLayout::make(cfg, SlabKind::layer, mdt).bytes()));
   in.G = al(double(SlabLayout::make(cfg, SlabKind::layer, DType::f32).bytes()));
+  {
+    const SlabLayout g = SlabLayout::make(cfg, SlabKind::layer, DType::f32);
+    in.mlp_grad_share = 1.0 - double(g.entry(kMlpGradsFirst).offset) / double(g.bytes());
+  }
   double hw = double(SlabLayout::make(cfg, SlabKind::head, mdt).bytes());
   double hg = double(SlabLayout::make(cfg, SlabKind::head, DType::f32).bytes());
   if (cfg.tie_word_embeddings) {
@@ -119,6 +124,7 @@ Instance make_instance(const ModelConfig& cfg, int64_t B, int64_t T, const Profi
   }
   in.layer_flops = layer_forward_flops(cfg, B, T);
   in.head_flops = head_flops(cfg, B, T);
+  in.mlp_share = mlp_flops_share(cfg, B, T);
 
   in.allow_host = o.allow_host;
   in.allow_nvme = o.allow_nvme && !o.restricted && budget.nvme_bytes > 0 && in.bw_nvme_r > 0 && in.bw_nvme_w > 0 &&

@@ -92,6 +92,8 @@ struct Instance {
   bool head_fence = false;
   int64_t parameters = 0;
   double layer_flops = 0, head_flops = 0;  // forward FLOPs of one layer; head forward + backward
+  double mlp_share = 0.5;                    // of a layer's backward, the MLP half (mlp_flops_share)
+  double mlp_grad_share = 0.5;               // of its gradient bytes, the MLP half's (downloaded first)
   std::string profile_name;
 
   int num_windows() const { return int(2 * L + 1); }

@@ -432,11 +432,17 @@ class Builder {
       const int g = next_g_;
       next_g_ = (next_g_ + 1) % int(gfree_.size());
       wait(Lane::compute, gfree_[size_t(g)]);
-      const int done = launch_on(b, {&xin}, fmt::format("bwd L{}", l), l, in_.b[size_t(l)]);
-      // Gradients out once the host worker has emptied the staging slot, then accumulated on the host.
-      wait(Lane::d2h, done);
+      const double bl = in_.b[size_t(l)], mlp = in_.mlp_share;
+      const int mlp_done = launch_on(b, {&xin}, fmt::format("bwd L{} mlp", l), l, bl * mlp);
+      const int done = launch_on(b, {&xin}, fmt::format("bwd L{} attention", l), l, bl * (1 - mlp));
+      // Gradients out once the host worker has emptied the staging slot (the MLP half's while the attention
+      // half runs), then accumulated on the host.
+      wait(Lane::d2h, mlp_done);
       wait(Lane::d2h, slot_release_[size_t(g)]);
-      const int d = add(Lane::d2h, fmt::format("d2h dW{}", l), int(l), 0, in_.G, {});
+      const double mlp_bytes = in_.G * in_.mlp_grad_share;
+      add(Lane::d2h, fmt::format("d2h dW{} mlp", l), int(l), 0, mlp_bytes, {});
+      wait(Lane::d2h, done);
+      const int d = add(Lane::d2h, fmt::format("d2h dW{} attention", l), int(l), 0, in_.G - mlp_bytes, {});
       gfree_[size_t(g)] = d;
       slot_release_[size_t(g)] = eng_.add(Lane::host, fmt::format("accumulate dW{}", l), int(l), in_.acc_layer, 0, {d});
     }

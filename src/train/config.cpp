@@ -138,6 +138,7 @@ const std::map<std::string, Key>& keys() {
       {"nvme_size", size_text(&TrainConfig::nvme_size, false)},
       {"link_gbps", number(&TrainConfig::link_gbps, 0.0)},
       {"weight_buffers", number(&TrainConfig::weight_buffers, int64_t(1))},
+      {"resident_head", boolean(&TrainConfig::resident_head)},
       {"plan", text(&TrainConfig::plan)},
       {"optimizer_state_bits", number(&TrainConfig::optimizer_state_bits, int64_t(8))},
       {"compute_dtype", text(&TrainConfig::compute_dtype, {"bf16", "f32"})},

@@ -149,6 +149,7 @@ TrainResult run_training(const TrainConfig& c) {
   ExecOptions eo;
   eo.compute = compute;
   eo.weight_buffers = int(c.weight_buffers);
+  eo.resident_head = c.resident_head;
   Plan plan;
   if (c.plan == "auto") {
     MeasureOptions mo;

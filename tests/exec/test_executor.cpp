@@ -224,8 +224,9 @@ TEST(Executor, BackwardReusesTheLayersTheForwardLeftBitwise) {
 }
 
 // Micro-batches of one optimizer step (same weights, same version): each step starts on the layers the
-// previous backward left in the weight buffers (layers 1 and 0 at least), uploads that much less, and gives the
-// in-memory path's bits. A new version (the weights changed) or another weights object uploads everything.
+// previous backward left in the weight buffers (layers 1 and 0 at least) — and with a resident head on its
+// weights — uploads that much less, and gives the in-memory path's bits. A new version (the weights changed)
+// or another weights object uploads everything.
 TEST(Executor, MicroBatchesStartOnTheCarriedLayersBitwise) {
   for (uint64_t seed = 21; seed <= 26; ++seed) {
     Rng rng(seed);
@@ -238,6 +239,7 @@ TEST(Executor, MicroBatchesStartOnTheCarriedLayersBitwise) {
     const Plan& plan = plans[seed % 3];
     ExecOptions o;
     o.weight_buffers = 2 + int(seed % 2);
+    o.resident_head = seed % 3 != 1;
     auto dev = make_cpu_device(size_t(256) << 20, seed % 2 ? LinkSpec{2.0, 2.0, 10e-6} : LinkSpec{});
     StreamingExecutor ex(cfg, *dev, o);
     const size_t layer_bytes = params.layout(SlabKind::layer).bytes();
@@ -261,8 +263,12 @@ TEST(Executor, MicroBatchesStartOnTheCarriedLayersBitwise) {
       expect_bitwise_equal(grads, ref.grads, what);
       if (HasFatalFailure()) return;
       size_t weights_h2d = 0;  // the layer weights' uploads
-      for (const OpRecord& op : trace.ops())
+      int head_uploads = 0;
+      for (const OpRecord& op : trace.ops()) {
         if (op.lane == "h2d" && op.name.rfind("h2d W", 0) == 0) weights_h2d += op.bytes;
+        head_uploads += op.lane == "h2d" && op.name == "h2d head";
+      }
+      EXPECT_EQ(head_uploads, o.resident_head && k >= 1 && k <= 3 ? 0 : 1) << what;
       if (k == 0) full = weights_h2d;
       if (k == 1 || k == 2 || k == 3) {
         EXPECT_LE(weights_h2d + 2 * layer_bytes, full) << what;  // layers 1 and 0 at least: the backward's last

@@ -40,6 +40,7 @@ TEST(CostModel, ExecutorWindowBytesEqualTheWorkingSet) {
     InstanceOptions o;
     o.exec.compute = rng.below(2) ? ComputeType::bf16 : ComputeType::f32;
     o.exec.weight_buffers = 1 + int(rng.below(3));
+    o.exec.resident_head = seed % 4 == 0;
     Profile prof = testing::synthetic_profile(cfg, B, T, rng);
     Instance in = make_instance(cfg, B, T, prof, Budgets{size_t(1) << 40, 0, 0}, o);
     for (int k = 0; k < 5; ++k) {

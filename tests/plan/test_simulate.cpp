@@ -139,7 +139,7 @@ TEST(Simulate, TraceHasEveryOperation) {
     EXPECT_LE(op.start, op.end);
   }
   EXPECT_EQ(fwd, 3);
-  EXPECT_EQ(bwd, 3);
+  EXPECT_EQ(bwd, 6);  // each layer's backward in its two halves (MLP, attention)
   EXPECT_TRUE(s.chrome_trace().contains("traceEvents"));
 }
 
