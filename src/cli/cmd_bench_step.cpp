@@ -4,6 +4,9 @@
 // reference path) on one batch and prints one JSON line of the best step's measurements:
 //   step_s, compute_s, h2d_bytes, d2h_bytes, h2d_s, d2h_s, nvme_read_bytes, nvme_write_bytes,
 //   exposed_s, optimizer_s, peak_device_bytes, recompute_s, tokens_per_s.
+// With --accumulate M a step is one optimizer step of M micro-batches, as training with gradient accumulation
+// runs it: the first micro-batch's forward runs the previous update, the others start on the layers the one
+// before left on the device; times, bytes and tokens are those of all M.
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <memory>
@@ -28,6 +31,7 @@ struct BenchStepOptions {
   int steps = 3, threads = 0;
   bool json = false;
   bool microbatches = false;
+  int accumulate = 1;
   DeviceOptions dev;
 };
 
@@ -37,6 +41,21 @@ double optimizer_seconds(const TraceRecorder& trace) {
   for (const OpRecord& op : trace.ops())
     if (op.lane == "optimizer") s += op.end - op.start;
   return s;
+}
+
+// The micro-batches of one optimizer step as one line: seconds, bytes and counts added, peaks the largest.
+void add_microbatch(nlohmann::json& sum, const nlohmann::json& line) {
+  if (sum.is_null()) {
+    sum = line;
+    return;
+  }
+  for (auto& [key, value] : line.items()) {
+    if (!value.is_number()) continue;
+    if (key.find("peak") != std::string::npos || key.find("predicted") != std::string::npos)
+      sum[key] = std::max(sum[key].get<double>(), value.get<double>());
+    else
+      sum[key] = sum[key].get<double>() + value.get<double>();
+  }
 }
 
 // Seconds the compute stream spent recomputing (forward work done again in the backward).
@@ -50,6 +69,8 @@ double recompute_seconds(const TraceRecorder& trace) {
 void run_bench_step(const BenchStepOptions& o) {
   if (o.threads > 0) set_num_threads(o.threads);
   LT_CHECK(o.steps >= 1, "--steps must be at least 1");
+  LT_CHECK(o.accumulate == 1 || (!o.dev.policy.empty() && o.dev.policy != "in-memory" && !o.microbatches),
+           "--accumulate runs micro-batches on the streaming executor: give --policy, and not --microbatches");
   LT_CHECK(!o.microbatches || o.optimizer == "none",
            "--microbatches: the weights change with every optimizer step; use it with --optimizer none");
   const ComputeType compute = o.dtype == "bf16" ? ComputeType::bf16 : ComputeType::f32;
@@ -99,6 +120,30 @@ void run_bench_step(const BenchStepOptions& o) {
       line = {{"loss", r.loss()}, {"step_s", step_s}, {"compute_s", step_s}, {"h2d_bytes", 0}, {"d2h_bytes", 0},
               {"h2d_s", 0}, {"d2h_s", 0}, {"nvme_read_bytes", 0}, {"nvme_write_bytes", 0}, {"exposed_s", 0},
               {"peak_device_bytes", 0}, {"recompute_s", 0}};
+    } else if (o.accumulate > 1) {
+      ModelSlabs* copy_ptr = copy ? &*copy : nullptr;
+      GradNormPartials partials(m.config.num_layers);
+      Timer t;
+      for (int k = 0; k < o.accumulate; ++k) {
+        TraceRecorder trace;
+        // The weights change with every optimizer step (version i + 1), not between its micro-batches; the
+        // partial norms after the last one are those of the accumulated gradients.
+        StepStats st = ex->step(grads, m.params, *weights, batch, *plan, &trace,
+                                k == 0 && pending ? &*pending : nullptr,
+                                GradTarget{&partials, k == 0 ? GradMode::overwrite : GradMode::add}, uint64_t(i + 1));
+        nlohmann::json mb = st.to_json();
+        mb["recompute_s"] = recompute_seconds(trace);
+        mb["optimizer_s"] = optimizer_seconds(trace);
+        add_microbatch(line, mb);
+        if (i == o.steps && k == 1 && !o.dev.trace_path.empty()) trace.write_chrome_trace(o.dev.trace_path);
+      }
+      if (opt) {
+        StepPlan sp = opt->plan_step(partials.sum_of_squares());
+        pending = PendingUpdate{opt.get(), StepArgs{sp.step, 1e-5, sp.clip}, copy_ptr};
+      }
+      step_s = t.seconds();
+      line["step_s"] = step_s;
+      line["loss"] = line["loss"].get<double>() / o.accumulate;
     } else {
       TraceRecorder trace;
       GradNormPartials partials(m.config.num_layers);
@@ -126,7 +171,8 @@ void run_bench_step(const BenchStepOptions& o) {
   best["dtype"] = o.dtype;
   best["steps"] = o.steps;
   best["threads"] = num_threads();
-  best["tokens_per_s"] = double(batch.N()) / best_s;
+  best["tokens_per_s"] = double(batch.N()) * o.accumulate / best_s;
+  best["accumulate"] = o.accumulate;
   best["optimizer"] = policy == "in-memory" ? "none" : o.optimizer;
   best["microbatches"] = o.microbatches;
   if (!best.contains("optimizer_s")) best["optimizer_s"] = 0.0;
@@ -140,7 +186,7 @@ void run_bench_step(const BenchStepOptions& o) {
                 "%.0f tokens/s\n",
                 policy.c_str(), best_s, best["compute_s"].get<double>(), best["exposed_s"].get<double>(),
                 best["h2d_bytes"].get<double>() / 1e6, best["d2h_bytes"].get<double>() / 1e6,
-                best["peak_device_bytes"].get<double>() / 1048576.0, double(batch.N()) / best_s);
+                best["peak_device_bytes"].get<double>() / 1048576.0, double(batch.N()) * o.accumulate / best_s);
   }
 }
 
@@ -157,6 +203,9 @@ void add_bench_step(CLI::App& bench) {
   cmd->add_flag("--json", o->json, "one JSON line");
   cmd->add_flag("--microbatches", o->microbatches,
                 "the steps are micro-batches of one optimizer step (weights unchanged between them; --optimizer none)");
+  cmd->add_option("--accumulate", o->accumulate,
+                  "each timed step is one optimizer step of this many micro-batches (gradient accumulation)")
+      ->check(CLI::Range(1, 1024));
   cmd->add_option("--optimizer", o->optimizer,
                   "optimizer pipelined into each step's forward (streamed runs): adamw8, adamw32 or none")
       ->check(CLI::IsMember({"adamw8", "adamw32", "none"}));
