@@ -148,9 +148,12 @@ void run_bench_step(const BenchStepOptions& o) {
       TraceRecorder trace;
       GradNormPartials partials(m.config.num_layers);
       ModelSlabs* copy_ptr = copy ? &*copy : nullptr;
-      // Micro-batches of one optimizer step: the weights do not change between them (version 1 every time).
+      // Micro-batches of one optimizer step: the weights do not change between them (version 1 every time),
+      // and their gradients add up. Otherwise each step is a whole optimizer step: the host gradients are
+      // overwritten, as the trainer's first micro-batch does (the in-memory path accumulates into zeros).
+      const GradMode mode = o.microbatches ? GradMode::add : GradMode::overwrite;
       StepStats st = ex->step(grads, m.params, *weights, batch, *plan, &trace, pending ? &*pending : nullptr,
-                              GradTarget{&partials, opt ? GradMode::overwrite : GradMode::add}, o.microbatches ? 1 : 0);
+                              GradTarget{&partials, mode}, o.microbatches ? 1 : 0);
       if (opt) {
         StepPlan sp = opt->plan_step(partials.sum_of_squares());
         pending = PendingUpdate{opt.get(), StepArgs{sp.step, 1e-5, sp.clip}, copy_ptr};

@@ -770,21 +770,33 @@ struct StreamingExecutor::Step {
       }, fmt::format("bwd L{} attention", l), l);
       cur = 1 - cur;
       // Gradients out: d2h into a host staging slab (once the host worker has emptied it), then the
-      // host worker adds them into the f32 host gradients.
+      // host worker adds them into the f32 host gradients. Overwrite mode (the first micro-batch of a step): the slab goes straight into the host gradients (the
+      // device buffer has the host slab's layout) and the host only sums its squares; nothing reads or writes
+      // them meanwhile (the previous step's update of layer l finished before W[l]'s forward upload).
       const size_t split = gl.entry(kMlpGradsFirst).offset;
+      const bool direct = target.mode == GradMode::overwrite;
+      uint8_t* dst = direct ? grads.layer(l) : gstage[size_t(g)];
       wait(kD2H, mlp_done);
-      dev.host_callback(kD2H, [this, g] { gslots.acquire(g, &host); }, "wait staging slab");
-      dev.copy_d2h(gstage[size_t(g)] + split, gb + split, gl.bytes() - split, kD2H, fmt::format("d2h dW{} mlp", l),
-                   int(l));
+      if (!direct) dev.host_callback(kD2H, [this, g] { gslots.acquire(g, &host); }, "wait staging slab");
+      dev.copy_d2h(dst + split, gb + split, gl.bytes() - split, kD2H, fmt::format("d2h dW{} mlp", l), int(l));
       wait(kD2H, done);
-      dev.copy_d2h(gstage[size_t(g)], gb, split, kD2H, fmt::format("d2h dW{} attention", l), int(l));
+      dev.copy_d2h(dst, gb, split, kD2H, fmt::format("d2h dW{} attention", l), int(l));
       gfree[size_t(g)] = record(kD2H);
-      dev.host_callback(kD2H, [this, g, l] {
-        host.submit([this, g, l, slot = gslots.release_guard(g)] {
-          double p = accumulate_grad_slab(grads.layer(l), gl, gstage[size_t(g)], gl, target.mode);
-          if (target.partials) target.partials->set(SlabKind::layer, l, p);
-        }, fmt::format("accumulate dW{}", l), int(l), gl.bytes());
-      }, "hand off grads");
+      if (direct) {
+        dev.host_callback(kD2H, [this, l] {
+          host.submit([this, l] {
+            const double p = grad_slab_sum_of_squares(grads.layer(l), gl);
+            if (target.partials) target.partials->set(SlabKind::layer, l, p);
+          }, fmt::format("norm dW{}", l), int(l), gl.bytes());
+        }, "hand off grads");
+      } else {
+        dev.host_callback(kD2H, [this, g, l] {
+          host.submit([this, g, l, slot = gslots.release_guard(g)] {
+            double p = accumulate_grad_slab(grads.layer(l), gl, gstage[size_t(g)], gl, target.mode);
+            if (target.partials) target.partials->set(SlabKind::layer, l, p);
+          }, fmt::format("accumulate dW{}", l), int(l), gl.bytes());
+        }, "hand off grads");
+      }
     }
     // Embedding gradient: the activation gradient of boundary 0 goes to the host, where the table is.
     dx0_host = ex.host_ws_.get<float>("dx0", size_t(N * C));

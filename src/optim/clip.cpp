@@ -47,8 +47,11 @@ double accumulate_grad(float* dst, const bf16_t* src, int64_t n, GradMode mode) 
   return accumulate_any(dst, src, n, mode);
 }
 
-double accumulate_grad_slab(uint8_t* dst, const SlabLayout& dst_layout, const uint8_t* src,
-                            const SlabLayout& src_layout, GradMode mode) {
+namespace {
+
+// accumulate_grad_slab's loop; dst = nullptr with overwrite: Σ src² only, the same sum.
+double slab_pass(uint8_t* dst, const SlabLayout& dst_layout, const uint8_t* src, const SlabLayout& src_layout,
+                 GradMode mode) {
   const auto& de = dst_layout.entries();
   const auto& se = src_layout.entries();
   LT_CHECK_EQ(de.size(), se.size(), "accumulate_grad_slab: the two layouts hold different tensor counts");
@@ -75,7 +78,7 @@ double accumulate_grad_slab(uint8_t* dst, const SlabLayout& dst_layout, const ui
   std::vector<double> partial(tasks.size());
   parallel_for(int64_t(tasks.size()), [&](int64_t k) {
     const Task& t = tasks[size_t(k)];
-    float* d = reinterpret_cast<float*>(dst + de[t.entry].offset) + t.begin;
+    float* d = dst ? reinterpret_cast<float*>(dst + de[t.entry].offset) + t.begin : nullptr;
     const uint8_t* s = src + se[t.entry].offset;
     partial[size_t(k)] = se[t.entry].dtype == DType::f32
                              ? accumulate_chunk(path, d, reinterpret_cast<const float*>(s) + t.begin, t.len, overwrite)
@@ -91,6 +94,18 @@ double accumulate_grad_slab(uint8_t* dst, const SlabLayout& dst_layout, const ui
     }
   }
   return sum;
+}
+
+}  // namespace
+
+double accumulate_grad_slab(uint8_t* dst, const SlabLayout& dst_layout, const uint8_t* src,
+                            const SlabLayout& src_layout, GradMode mode) {
+  LT_CHECK(dst != nullptr, "accumulate_grad_slab: no destination slab");
+  return slab_pass(dst, dst_layout, src, src_layout, mode);
+}
+
+double grad_slab_sum_of_squares(const uint8_t* slab, const SlabLayout& layout) {
+  return slab_pass(nullptr, layout, slab, layout, GradMode::overwrite);
 }
 
 GradNormPartials::GradNormPartials(int64_t num_layers)

@@ -35,6 +35,10 @@ double accumulate_grad(float* dst, const bf16_t* src, int64_t n, GradMode mode =
 double accumulate_grad_slab(uint8_t* dst, const SlabLayout& dst_layout, const uint8_t* src,
                             const SlabLayout& src_layout, GradMode mode = GradMode::add);
 
+// The Σ g² accumulate_grad_slab(slab, layout, slab, layout, GradMode::overwrite) returns, read-only: for
+// gradients copied straight into their place (the executor's overwrite mode), bit for bit the same sum.
+double grad_slab_sum_of_squares(const uint8_t* slab, const SlabLayout& layout);
+
 // The per-slab partial sums of one step. set() may be called from several threads for different slabs.
 // When a slab is accumulated again (next micro-batch, or the tied embedding receiving lm_head's gradient
 // after its own), its newer partial replaces the older: the partial must be of the final gradient.

@@ -33,6 +33,7 @@
 //
 // Accumulation: dst = dst + src (or dst = src), returning Σ dst² of the result in double: element i of a
 // 32768-element chunk goes to lane i mod 16, lanes combine by a fixed pairwise tree, chunks add in order.
+// Overwrite with dst = nullptr stores nothing: Σ src², the same sum (gradients copied straight into place).
 #pragma once
 
 #include <cstdint>

@@ -218,10 +218,10 @@ LT_AVX2 inline void accumulate_8(float* dst, const Src* src, int64_t remaining, 
   __m256 x;
   if (remaining >= 8) {
     x = overwrite ? s : _mm256_add_ps(_mm256_loadu_ps(dst), s);
-    _mm256_storeu_ps(dst, x);
+    if (dst) _mm256_storeu_ps(dst, x);
   } else {
     x = overwrite ? s : _mm256_add_ps(_mm256_maskload_ps(dst, k), s);
-    _mm256_maskstore_ps(dst, k, x);
+    if (dst) _mm256_maskstore_ps(dst, k, x);
   }
   const __m256d lo = _mm256_cvtps_pd(_mm256_castps256_ps128(x));
   const __m256d hi = _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1));
@@ -233,8 +233,9 @@ template <typename Src>
 LT_AVX2 inline double accumulate_16(float* dst, const Src* src, int64_t n, bool overwrite) {
   __m256d acc[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd()};
   for (int64_t i = 0; i < n; i += 16) {
-    accumulate_8(dst + i, src + i, n - i, overwrite, acc[0], acc[1]);
-    if (n - i > 8) accumulate_8(dst + i + 8, src + i + 8, n - i - 8, overwrite, acc[2], acc[3]);
+    float* d = dst ? dst + i : nullptr;  // null: Σ src² only (no offset on a null pointer)
+    accumulate_8(d, src + i, n - i, overwrite, acc[0], acc[1]);
+    if (n - i > 8) accumulate_8(d ? d + 8 : nullptr, src + i + 8, n - i - 8, overwrite, acc[2], acc[3]);
   }
   alignas(32) double lane[16];
   for (int q = 0; q < 4; ++q) _mm256_store_pd(lane + 4 * q, acc[q]);

@@ -659,7 +659,7 @@ LT_AVX512 inline double accumulate_16(float* dst, const Src* src, int64_t n, boo
     const __mmask16 k = tail_mask(n - i);
     const __m512 s = load_src(src + i, k);
     const __m512 x = overwrite ? s : _mm512_add_ps(load_ps(dst + i, k), s);
-    store_ps(dst + i, k, x);
+    if (dst) store_ps(dst + i, k, x);
     const __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(x));
     const __m512d hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)));
     acc_lo = _mm512_add_pd(acc_lo, _mm512_mul_pd(lo, lo));

@@ -116,7 +116,7 @@ double accumulate_chunk_plain(float* dst, const float* src, int64_t n, bool over
   double lane[16] = {};
   for (int64_t i = 0; i < n; ++i) {
     const float x = overwrite ? src[i] : dst[i] + src[i];
-    dst[i] = x;
+    if (dst) dst[i] = x;
     lane[i % 16] += double(x) * double(x);
   }
   return combine_lanes(lane);
@@ -126,7 +126,7 @@ double accumulate_chunk_plain(float* dst, const bf16_t* src, int64_t n, bool ove
   double lane[16] = {};
   for (int64_t i = 0; i < n; ++i) {
     const float x = overwrite ? bf16_to_f32(src[i]) : dst[i] + bf16_to_f32(src[i]);
-    dst[i] = x;
+    if (dst) dst[i] = x;
     lane[i % 16] += double(x) * double(x);
   }
   return combine_lanes(lane);

@@ -134,6 +134,26 @@ TEST(Accumulate, WholeSlabFromTheBf16ComputeLayout) {
   EXPECT_THROW(accumulate_grad_slab(grads.layer(0), f32_layout, wrong.layer(0), wrong.layout(SlabKind::layer)), Error);
 }
 
+// Gradients copied straight into place (the executor's overwrite mode): the read-only sum of squares is bit for
+// bit what accumulating them with overwrite returns, on every vector path, and the slab is left as it was.
+TEST(Accumulate, SumOfSquaresInPlaceEqualsOverwriteOnEveryPath) {
+  const ModelConfig cfg = testing::tiny_model_config();
+  ModelSlabs g(cfg, DType::f32), scratch(cfg, DType::f32);
+  testing::random_grads(g, 12);
+  testing::random_grads(scratch, 13);
+  const SlabLayout& layout = g.layout(SlabKind::layer);
+  const std::vector<uint8_t> before(g.layer(0), g.layer(0) + layout.bytes());
+  for (const CpuFeatures& f : forced_feature_sets()) {
+    cpu_features_override(&f);
+    const double in_place = grad_slab_sum_of_squares(g.layer(0), layout);
+    const double copied = accumulate_grad_slab(scratch.layer(0), layout, g.layer(0), layout, GradMode::overwrite);
+    EXPECT_EQ(std::memcmp(&in_place, &copied, sizeof(double)), 0);
+    EXPECT_EQ(std::memcmp(g.layer(0), before.data(), before.size()), 0);
+    EXPECT_EQ(std::memcmp(scratch.layer(0), before.data(), before.size()), 0);
+  }
+  cpu_features_override(nullptr);
+}
+
 TEST(GradNorm, PartialsInFixedOrderAndEverySlabRequired) {
   GradNormPartials p(2);
   p.set(SlabKind::layer, 1, 4.0);
