@@ -46,18 +46,20 @@ micro4=$(run --optimizer none --policy keep-all --link-gbps "$gbps" --microbatch
 micro4h=$(run --optimizer none --policy keep-all --link-gbps "$gbps" --microbatches --weight-buffers 4 --resident-head)
 # Whole optimizer steps of 8 micro-batches with the Hybrid 8-bit AdamW, as training with gradient accumulation runs
 # them: the first micro-batch runs the previous update and uploads everything, the others carry.
-accum=$("$lt" bench step --model "$model" --batch "$batch" --steps 2 --device-memory 8GiB --json --policy keep-all \
-    --optimizer adamw8 --link-gbps "$gbps" --accumulate 8 --weight-buffers 4 --resident-head)
+accum() { "$lt" bench step --model "$model" --batch "$batch" --steps 2 --device-memory 8GiB --json --policy keep-all \
+    --optimizer adamw8 --link-gbps "$gbps" --accumulate 8 --weight-buffers "$1" --resident-head; }
+accum4=$(accum 4)
+accum5=$(accum 5)
 keep_opt=$(run --policy keep-all --optimizer adamw8)
 torch=$(/usr/bin/python3 bench/torch_train_step.py "$model" "$batch" "$steps" "$(nproc)")
 printf '%s\n' "$mem" "$keep" "$e1" "$keep_l" "$e1_l" "$e4_l" "$keep_opt" "$torch" "$keep_slow" "$keep_fast" "$micro2" "$micro4" \
-    "$micro4h" "$accum"
+    "$micro4h" "$accum4" "$accum5"
 /usr/bin/python3 - "$mem" "$keep" "$e1" "$keep_l" "$e1_l" "$e4_l" "$keep_opt" "$torch" "$gbps" "$keep_slow" "$keep_fast" \
-    "$micro2" "$micro4" "$micro4h" "$accum" <<'PY'
+    "$micro2" "$micro4" "$micro4h" "$accum4" "$accum5" <<'PY'
 import json, sys
 mem, keep, e1, keep_l, e1_l, e4_l, keep_opt, torch = (json.loads(a) for a in sys.argv[1:9])
 gbps = float(sys.argv[9])
-keep_slow, keep_fast, micro2, micro4, micro4h, accum = (json.loads(a) for a in sys.argv[10:16])
+keep_slow, keep_fast, micro2, micro4, micro4h, accum4, accum5 = (json.loads(a) for a in sys.argv[10:17])
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
 print(f"\nmachine: {cpu}; model ~26M parameters, B=8 T=256, f32")
 print("overhead (unlimited link):")
@@ -82,10 +84,11 @@ for name, r in (("2 weight buffers", micro2), ("4 weight buffers", micro4),
     bound = max(r['compute_s'], r['h2d_bytes'] / (gbps * 1e9), r['d2h_bytes'] / (gbps * 1e9))
     print(f"  keep-all micro-batches (weights unchanged), {name}: step {r['step_s']:.4f} s, h2d {r['h2d_bytes'] / 1e6:.1f} MB "
           f"= {r['step_s'] / bound:.2f} x max(compute, transfer), {r['step_s'] / r['bound_s']:.2f} x its phase bound")
-bound = max(accum['compute_s'], accum['h2d_bytes'] / (gbps * 1e9), accum['d2h_bytes'] / (gbps * 1e9))
-print(f"  optimizer steps of 8 micro-batches (adamw8 pipelined, 4 weight buffers, head resident): {accum['step_s']:.4f} s, "
-      f"compute {accum['compute_s']:.4f} s, h2d {accum['h2d_bytes'] / 1e6:.1f} MB = {accum['step_s'] / bound:.2f} x "
-      f"max(compute, transfer) (target <= 1.15)")
+for n, accum in ((4, accum4), (5, accum5)):
+    bound = max(accum['compute_s'], accum['h2d_bytes'] / (gbps * 1e9), accum['d2h_bytes'] / (gbps * 1e9))
+    print(f"  optimizer steps of 8 micro-batches (adamw8 pipelined, {n} weight buffers, head resident): "
+          f"{accum['step_s']:.4f} s, compute {accum['compute_s']:.4f} s, h2d {accum['h2d_bytes'] / 1e6:.1f} MB = "
+          f"{accum['step_s'] / bound:.3f} x max(compute, transfer) (target <= 1.15)")
 print(f"optimizer: keep-all with adamw8 pipelined {keep_opt['step_s']:.4f} s (updates {keep_opt['optimizer_s']:.4f} s "
       f"on the optimizer lane) vs without {keep['step_s']:.4f} s: {keep_opt['step_s'] / keep['step_s'] - 1:+.1%}")
 print(f"tokens/s: LazyTrain in-memory {mem['tokens_per_s']:.0f}, keep-all {keep['tokens_per_s']:.0f}, "
