@@ -119,7 +119,8 @@ Instance make_instance(const ModelConfig& cfg, int64_t B, int64_t T, const Profi
   if (o.activation_scale == 1.0 && in.L >= 1) {
     const WorkingSet ws = plan_working_set(cfg, B, T, Plan::every(in.L, 1), o.exec);
     in.head_fence = false;
-    for (const FenceWait& f : ws.fence_waits()[size_t(in.bwd(in.L - 1))])
+    const std::vector<std::vector<FenceWait>> waits = ws.fence_waits();  // (a temporary's element would dangle)
+    for (const FenceWait& f : waits[size_t(in.bwd(in.L - 1))])
       if (f.writer == StreamKind::compute && f.on == StreamKind::d2h) in.head_fence = true;
   }
   in.layer_flops = layer_forward_flops(cfg, B, T);
