@@ -769,10 +769,11 @@ struct StreamingExecutor::Step {
         block_backward_attention(dx_in, gr, sc, x_in, a, w, ti, sh);
       }, fmt::format("bwd L{} attention", l), l);
       cur = 1 - cur;
-      // Gradients out: d2h into a host staging slab (once the host worker has emptied it), then the
-      // host worker adds them into the f32 host gradients. Overwrite mode (the first micro-batch of a step): the slab goes straight into the host gradients (the
-      // device buffer has the host slab's layout) and the host only sums its squares; nothing reads or writes
-      // them meanwhile (the previous step's update of layer l finished before W[l]'s forward upload).
+      // Gradients out: d2h into a host staging slab (once the host worker has emptied it), then the host
+      // worker adds them into the f32 host gradients. In overwrite mode (a step's first micro-batch) the slab
+      // goes straight into the host gradients instead (the device buffer has the host slab's layout) and the
+      // host only sums its squares. Nothing else touches them then: the only other reader, the pending update
+      // of layer l, finished before W[l]'s forward upload (gate_upload).
       const size_t split = gl.entry(kMlpGradsFirst).offset;
       const bool direct = target.mode == GradMode::overwrite;
       uint8_t* dst = direct ? grads.layer(l) : gstage[size_t(g)];
