@@ -120,49 +120,38 @@ void run_bench_step(const BenchStepOptions& o) {
       line = {{"loss", r.loss()}, {"step_s", step_s}, {"compute_s", step_s}, {"h2d_bytes", 0}, {"d2h_bytes", 0},
               {"h2d_s", 0}, {"d2h_s", 0}, {"nvme_read_bytes", 0}, {"nvme_write_bytes", 0}, {"exposed_s", 0},
               {"peak_device_bytes", 0}, {"recompute_s", 0}};
-    } else if (o.accumulate > 1) {
+    } else {
+      // One optimizer step of o.accumulate micro-batches (1 by default): the first runs the pending update and
+      // overwrites the host gradients, as the trainer's does; the others add to them and start on the layers
+      // the one before left on the device (the weights change with every optimizer step, version i + 1, not
+      // between its micro-batches). With --microbatches every step is a further micro-batch of one optimizer
+      // step: the same weights (version 1) and added gradients. The partial norms after the last micro-batch
+      // are those of the accumulated gradients.
       ModelSlabs* copy_ptr = copy ? &*copy : nullptr;
       GradNormPartials partials(m.config.num_layers);
+      const uint64_t version = o.microbatches ? 1 : uint64_t(i + 1);
       Timer t;
       for (int k = 0; k < o.accumulate; ++k) {
         TraceRecorder trace;
-        // The weights change with every optimizer step (version i + 1), not between its micro-batches; the
-        // partial norms after the last one are those of the accumulated gradients.
-        StepStats st = ex->step(grads, m.params, *weights, batch, *plan, &trace,
-                                k == 0 && pending ? &*pending : nullptr,
-                                GradTarget{&partials, k == 0 ? GradMode::overwrite : GradMode::add}, uint64_t(i + 1));
+        const GradMode mode = k == 0 && !o.microbatches ? GradMode::overwrite : GradMode::add;
+        StepStats st = ex->step(grads, m.params, *weights, batch, *plan, &trace, k == 0 && pending ? &*pending : nullptr,
+                                GradTarget{&partials, mode}, version);
         nlohmann::json mb = st.to_json();
         mb["recompute_s"] = recompute_seconds(trace);
         mb["optimizer_s"] = optimizer_seconds(trace);
         add_microbatch(line, mb);
-        if (i == o.steps && k == 1 && !o.dev.trace_path.empty()) trace.write_chrome_trace(o.dev.trace_path);
+        // The trace of a carried micro-batch when there is one.
+        if (i == o.steps && k == std::min(1, o.accumulate - 1) && !o.dev.trace_path.empty())
+          trace.write_chrome_trace(o.dev.trace_path);
       }
       if (opt) {
         StepPlan sp = opt->plan_step(partials.sum_of_squares());
         pending = PendingUpdate{opt.get(), StepArgs{sp.step, 1e-5, sp.clip}, copy_ptr};
       }
-      step_s = t.seconds();
+      // Several micro-batches: the wall time of all of them (the gaps between the calls are the step's too).
+      step_s = o.accumulate == 1 ? line["step_s"].get<double>() : t.seconds();
       line["step_s"] = step_s;
       line["loss"] = line["loss"].get<double>() / o.accumulate;
-    } else {
-      TraceRecorder trace;
-      GradNormPartials partials(m.config.num_layers);
-      ModelSlabs* copy_ptr = copy ? &*copy : nullptr;
-      // Micro-batches of one optimizer step: the weights do not change between them (version 1 every time),
-      // and their gradients add up. Otherwise each step is a whole optimizer step: the host gradients are
-      // overwritten, as the trainer's first micro-batch does (the in-memory path accumulates into zeros).
-      const GradMode mode = o.microbatches ? GradMode::add : GradMode::overwrite;
-      StepStats st = ex->step(grads, m.params, *weights, batch, *plan, &trace, pending ? &*pending : nullptr,
-                              GradTarget{&partials, mode}, o.microbatches ? 1 : 0);
-      if (opt) {
-        StepPlan sp = opt->plan_step(partials.sum_of_squares());
-        pending = PendingUpdate{opt.get(), StepArgs{sp.step, 1e-5, sp.clip}, copy_ptr};
-      }
-      step_s = st.step_s;
-      line = st.to_json();
-      line["recompute_s"] = recompute_seconds(trace);
-      line["optimizer_s"] = optimizer_seconds(trace);
-      if (i == o.steps && !o.dev.trace_path.empty()) trace.write_chrome_trace(o.dev.trace_path);
     }
     if (i > 0 && step_s < best_s) {
       best_s = step_s;

@@ -348,6 +348,20 @@ LT_AVX512 inline Pending finish_block(const AdamW8Args& a, int64_t b0, int64_t b
   return p;
 }
 
+// Every lane of a pending block requantised on its own (the first block, a short one, the last one).
+LT_AVX512 inline void requant_block(const ArithRegs& qs, const ArithRegs& qu, const Pending& prev) {
+  for (int64_t j = 0; j < prev.len; j += 16) requant16(qs, qu, prev, j, tail_mask(prev.len - j));
+}
+
+// A block's update from its dequantised states in mb, vb (overwritten with the new ones), not fused.
+template <bool kCopy>
+LT_AVX512 inline void update_block(const AdamW8Args& a, const Consts& c, int64_t b0, int64_t len, __m512 am,
+                                   __m512 av, float* mb, float* vb, __m512& max_m, __m512& max_v) {
+  for (int64_t j = 0; j < len; j += 16)
+    update16<kCopy>(a, c, b0 + j, tail_mask(len - j), am, av, _mm512_load_ps(mb + j), _mm512_load_ps(vb + j), mb + j,
+                    vb + j, max_m, max_v);
+}
+
 // Software prefetch of the p, g and code lines of 64 lanes at index i (which may lie past the end: prefetches
 // do not fault; the address is formed as an integer). Two threads streaming adamw8 from memory ran at
 // 3.1-3.3 G params/s without it and 3.66-3.72 with it 1024 lanes ahead (1 thread: no change): the hardware
@@ -400,17 +414,13 @@ LT_AVX512 void adamw8_impl(const AdamW8Args& args, const AdamWScalars& s, Dequan
         requant16(qs, qu, prev, j, kFull);
       }
     } else {
-      if (have_prev)
-        for (int64_t j = 0; j < prev.len; j += 16) requant16(qs, qu, prev, j, tail_mask(prev.len - j));
-      for (int64_t j = 0; j < len; j += 16)
-        update16<kCopy>(a, c, b0 + j, tail_mask(len - j), am, av, _mm512_load_ps(mb + j), _mm512_load_ps(vb + j),
-                        mb + j, vb + j, max_m, max_v);
+      if (have_prev) requant_block(qs, qu, prev);
+      update_block<kCopy>(a, c, b0, len, am, av, mb, vb, max_m, max_v);
     }
     prev = finish_block(a, b0, blk, len, mb, vb, max_m, max_v);
     have_prev = true;
   }
-  if (have_prev)
-    for (int64_t j = 0; j < prev.len; j += 16) requant16(qs, qu, prev, j, tail_mask(prev.len - j));
+  if (have_prev) requant_block(qs, qu, prev);
 }
 
 // The signed map in the VBMI loop, with the sign left for the byte stage. key = x's bits rotated left by one
@@ -610,17 +620,13 @@ LT_AVX512_VBMI void adamw8_vbmi_impl(const AdamW8Args& args, const AdamWScalars&
     } else {
       dequant_vbmi(&pm, a.qm + b0, len, mb);
       dequant_vbmi(&pv, a.qv + b0, len, vb);
-      if (have_prev)
-        for (int64_t j = 0; j < prev.len; j += 16) requant16(qs, qu, prev, j, tail_mask(prev.len - j));
-      for (int64_t j = 0; j < len; j += 16)
-        update16<kCopy>(a, c, b0 + j, tail_mask(len - j), am, av, _mm512_load_ps(mb + j), _mm512_load_ps(vb + j),
-                        mb + j, vb + j, max_m, max_v);
+      if (have_prev) requant_block(qs, qu, prev);
+      update_block<kCopy>(a, c, b0, len, am, av, mb, vb, max_m, max_v);
     }
     prev = finish_block(a, b0, blk, len, mb, vb, max_m, max_v);
     have_prev = true;
   }
-  if (have_prev)
-    for (int64_t j = 0; j < prev.len; j += 16) requant16(qs, qu, prev, j, tail_mask(prev.len - j));
+  if (have_prev) requant_block(qs, qu, prev);
 }
 
 }  // namespace

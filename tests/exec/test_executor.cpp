@@ -123,6 +123,16 @@ struct Reference {
   LossResult loss;
 };
 
+// The NVMe store a plan needs (null when it uses no NVMe tier), in the test's temporary directory.
+std::unique_ptr<NvmeStore> nvme_store_for(const ModelConfig& cfg, const Batch& batch, const Plan& plan,
+                                          const ExecOptions& o) {
+  if (!plan.uses(Tier::nvme)) return nullptr;
+  NvmeOptions no;
+  no.dir = ::testing::TempDir();
+  no.capacity_bytes = plan_working_set(cfg, batch.B, batch.T, plan, o).nvme_bytes + 4096;
+  return NvmeStore::open(no);
+}
+
 void check_plan(const ModelConfig& cfg, const ModelSlabs& params, const ModelSlabs& weights, const Batch& batch,
                 const Plan& plan, ComputeType ct, const Reference& ref, LinkSpec link, double budget_slack,
                 const std::string& what) {
@@ -131,13 +141,7 @@ void check_plan(const ModelConfig& cfg, const ModelSlabs& params, const ModelSla
   const size_t predicted = predict_peak_device_bytes(cfg, batch.B, batch.T, plan, o);
   const size_t budget = size_t(double(predicted) * budget_slack) + 4096;
   auto dev = make_cpu_device(budget, link);
-  std::unique_ptr<NvmeStore> nvme;
-  if (plan.uses(Tier::nvme)) {
-    NvmeOptions no;
-    no.dir = ::testing::TempDir();
-    no.capacity_bytes = plan_working_set(cfg, batch.B, batch.T, plan, o).nvme_bytes + 4096;
-    nvme = NvmeStore::open(no);
-  }
+  std::unique_ptr<NvmeStore> nvme = nvme_store_for(cfg, batch, plan, o);
   StreamingExecutor ex(cfg, *dev, o, nvme.get());
   ModelSlabs grads(cfg);
   StepStats st = ex.step(grads, params, weights, batch, plan);
@@ -200,13 +204,7 @@ TEST(Executor, BackwardReusesTheLayersTheForwardLeftBitwise) {
         ExecOptions o;
         o.weight_buffers = buffers;
         auto dev = make_cpu_device(size_t(256) << 20, seed % 2 ? LinkSpec{2.0, 2.0, 10e-6} : LinkSpec{});
-        std::unique_ptr<NvmeStore> nvme;
-        if (plan.uses(Tier::nvme)) {
-          NvmeOptions no;
-          no.dir = ::testing::TempDir();
-          no.capacity_bytes = plan_working_set(cfg, batch.B, batch.T, plan, o).nvme_bytes + 4096;
-          nvme = NvmeStore::open(no);
-        }
+        std::unique_ptr<NvmeStore> nvme = nvme_store_for(cfg, batch, plan, o);
         StreamingExecutor ex(cfg, *dev, o, nvme.get());
         ModelSlabs grads(cfg);
         TraceRecorder trace;
