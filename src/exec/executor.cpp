@@ -118,8 +118,7 @@ struct StreamingExecutor::Step {
   std::vector<uint8_t*> wbuf;
   std::vector<Event*> wready, wfree;
   WeightBuffers wslots;             // which buffer holds which layer (exec/weight_buffers.h)
-  std::vector<int64_t> carried;     // [buffer] the layers the previous step left (empty: none carried)
-  bool head_carried = false;        // and the head's weights (ExecOptions::resident_head)
+  bool head_carried = false;        // the head's weights are still on the device (ExecOptions::resident_head)
 
   std::vector<uint8_t*> gbuf;
   std::vector<Event*> gfree;
@@ -259,7 +258,6 @@ struct StreamingExecutor::Step {
     for (int i = 0; i < nw; ++i) wbuf.push_back(buf<uint8_t>(fmt::format("weights {}", i), wl.bytes()));
     wready.assign(size_t(nw), nullptr);
     wfree.assign(size_t(nw), nullptr);
-    if (int(carried.size()) == nw) wslots.carry(carried);
     for (int i = 0; i < ng; ++i) {
       gbuf.push_back(buf<uint8_t>(fmt::format("layer grads {}", i), gl.bytes()));
       gstage.push_back(ex.host_ws_.get(fmt::format("grad staging {}", i), gl.bytes()));
@@ -871,7 +869,7 @@ StepStats StreamingExecutor::step(ModelSlabs& grads, const ModelSlabs& params, c
     const bool carry = st.update == nullptr && weights_version != 0 && weights_version == carried_version_ &&
                        &weights == carried_weights_ && block_ && key == block_key_;
     if (carry) {
-      st.carried = carried_;
+      st.wslots.carry(carried_);  // the layers the previous step left in the weight buffers
       st.head_carried = carried_head_;
     }
     carried_.clear();  // valid again only once this step has finished
