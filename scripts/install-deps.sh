@@ -7,7 +7,7 @@ set -euo pipefail
 # PyTorch reference used only by tests and benchmarks (never a runtime dependency).
 packages=(
   build-essential cmake ninja-build pkg-config
-  libopenblas-dev libdnnl-dev
+  libopenblas-dev libdnnl-dev ocl-icd-opencl-dev zlib1g-dev
   nlohmann-json3-dev libfmt-dev libcli11-dev
   libpcre2-dev libutf8proc-dev liburing-dev
   coinor-libcbc-dev libyaml-cpp-dev

@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "cli/commands.h"
+#include "core/cpu_features.h"
 #include "core/error.h"
 
 int main(int argc, char** argv) {
@@ -26,6 +27,7 @@ int main(int argc, char** argv) {
   bench->require_subcommand(1);
   lt::cli::add_bench_step(*bench);
   try {
+    lt::max_isa_from_env();  // a misspelt LT_MAX_ISA is refused before anything runs on the wrong path
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);

@@ -1,7 +1,8 @@
 #include "core/cpu_features.h"
 
 #include <cstdlib>
-#include <string_view>
+
+#include "core/error.h"
 
 namespace lt {
 namespace {
@@ -15,15 +16,21 @@ CpuFeatures probe() {
   f.avx512bw = __builtin_cpu_supports("avx512bw");
   f.avx512vl = __builtin_cpu_supports("avx512vl");
   f.avx512bf16 = __builtin_cpu_supports("avx512bf16");
-  if (const char* cap = std::getenv("LT_CPU_MAX")) {
-    std::string_view c(cap);
-    if (c == "scalar") f = CpuFeatures{};
-    if (c == "avx2") f.avx512f = f.avx512bw = f.avx512vl = f.avx512bf16 = false;
-  }
+  f.avx512vbmi = __builtin_cpu_supports("avx512vbmi");
   return f;
 }
 
-CpuFeatures probed = probe();
+// Probed once, before main: a bad LT_MAX_ISA is reported where it is first asked for (max_isa_from_env),
+// not here, so the static initialiser cannot throw.
+IsaLevel env_cap_or_default() {
+  try {
+    return max_isa_from_env();
+  } catch (...) {
+    return IsaLevel::avx512;
+  }
+}
+
+CpuFeatures probed = cap_features(probe(), env_cap_or_default());
 CpuFeatures active = probed;
 
 }  // namespace
@@ -31,5 +38,36 @@ CpuFeatures active = probed;
 const CpuFeatures& cpu_features() { return active; }
 
 void cpu_features_override(const CpuFeatures* forced) { active = forced ? *forced : probed; }
+
+IsaLevel max_isa_from_env() {
+  const char* cap = std::getenv("LT_MAX_ISA");
+  if (!cap || !*cap) return IsaLevel::avx512;
+  const std::string_view c(cap);
+  if (c == "avx512") return IsaLevel::avx512;
+  if (c == "avx2") return IsaLevel::avx2;
+  if (c == "plain") return IsaLevel::plain;
+  LT_FAIL("LT_MAX_ISA={}: expected avx512, avx2 or plain", c);
+}
+
+IsaLevel isa_level(const CpuFeatures& f) {
+  if (f.avx512f && f.avx512bw && f.avx512vl && f.fma) return IsaLevel::avx512;
+  if (f.avx2 && f.fma) return IsaLevel::avx2;
+  return IsaLevel::plain;
+}
+
+std::string_view isa_name(IsaLevel level) {
+  switch (level) {
+    case IsaLevel::avx512: return "avx512";
+    case IsaLevel::avx2: return "avx2";
+    case IsaLevel::plain: return "plain";
+  }
+  return "?";
+}
+
+CpuFeatures cap_features(CpuFeatures f, IsaLevel cap) {
+  if (cap == IsaLevel::plain) return CpuFeatures{};
+  if (cap == IsaLevel::avx2) f.avx512f = f.avx512bw = f.avx512vl = f.avx512bf16 = f.avx512vbmi = false;
+  return f;
+}
 
 }  // namespace lt

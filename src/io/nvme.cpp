@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <condition_variable>
 #include <cstring>
+#include <filesystem>
 #include <iterator>
 #include <unordered_map>
 
@@ -130,17 +131,25 @@ std::string NvmeProbe::describe() const {
   return fmt::format("write {:.2f} GB/s, read {:.2f} GB/s ({})", write_gbps, read_gbps, human_bytes(double(bytes)));
 }
 
+void ensure_nvme_dir(const std::string& dir) {
+  LT_CHECK(!dir.empty(), "NVMe tier: no directory configured for the scratch file");
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) == 0) {
+    LT_CHECK(S_ISDIR(st.st_mode), "NVMe tier: '{}' is not a directory (the scratch file goes inside it)", dir);
+    return;
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec)
+    LT_FAIL("NVMe tier: directory '{}' for the scratch file does not exist and cannot be created: {} — "
+            "configure another",
+            dir, ec.message());
+}
+
 std::unique_ptr<NvmeStore> NvmeStore::open(const NvmeOptions& options) {
   check_options(options);
   const std::string& dir = options.dir;
-  LT_CHECK(!dir.empty(), "NVMe tier: no directory configured for the scratch file");
-  struct stat st {};
-  if (::stat(dir.c_str(), &st) != 0) {
-    int err = errno;
-    LT_FAIL("NVMe tier: directory '{}' for the scratch file is not usable: {}{}", dir, errno_text(err),
-            err == ENOENT ? " — create it or configure another" : "");
-  }
-  LT_CHECK(S_ISDIR(st.st_mode), "NVMe tier: '{}' is not a directory (the scratch file goes inside it)", dir);
+  ensure_nvme_dir(dir);
 
   size_t capacity = align_up(options.capacity_bytes, kPageAlign);
   std::vector<std::string> fallbacks;

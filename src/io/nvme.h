@@ -64,6 +64,10 @@ enum class NvmeCaching { direct, buffered };  // O_DIRECT, or through the page c
 const char* to_string(NvmeBackend backend);  // "io_uring", "pread"
 const char* to_string(NvmeCaching caching);  // "O_DIRECT", "buffered"
 
+// Creates `dir` and its parents when missing, as output_dir is; throws lt::Error naming the directory
+// and why it cannot be created (a file in the way, permissions, a read-only filesystem).
+void ensure_nvme_dir(const std::string& dir);
+
 struct NvmeOptions {
   std::string dir;                               // directory for the scratch file; must exist and be writable
   size_t capacity_bytes = 0;                     // reserved at open(); rounded up to 4096
@@ -92,8 +96,8 @@ struct NvmeProbe {
 
 class NvmeStore {
  public:
-  // Creates and reserves the scratch file; throws lt::Error naming the directory and the cause (missing,
-  // not a directory, not writable, ENOSPC with bytes requested and free, invalid options).
+  // Creates the directory if missing, then creates and reserves the scratch file; throws lt::Error naming
+  // the directory and the cause (cannot be created, not a directory, not writable, ENOSPC with bytes requested and free, invalid options).
   static std::unique_ptr<NvmeStore> open(const NvmeOptions& options);
   // Takes over an already-open descriptor (closed at destruction, or at once if this throws) and uses
   // [0, capacity_bytes) of it as is: no creation, no unlinking, no preallocation, caching as the

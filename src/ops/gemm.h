@@ -27,10 +27,21 @@ void gemm_f32(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K,
               const float* A, int64_t lda, const float* B, int64_t ldb,
               float* C, int64_t ldc, Accumulate acc);
 
-// bf16 operands (raw bits), f32 accumulation and f32 output.
+// bf16 operands (raw bits), f32 accumulation and f32 output. Where oneDNN has no bf16 matmul for the
+// host (AVX2-only CPUs), the operands are widened to f32 and the f32 GEMM runs instead (exact widening).
 void gemm_bf16(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K,
                const bf16_t* A, int64_t lda, const bf16_t* B, int64_t ldb,
                float* C, int64_t ldc, Accumulate acc);
+
+// "native" or "widened to f32": the route gemm_bf16 takes on this host (for logs and benchmark JSON).
+const char* gemm_bf16_route();
+
+enum class Bf16Route : uint8_t { native, widened };
+namespace detail {
+// Forces gemm_bf16's route in-process (tests: the widened route runs on an AVX-512 host too). nullptr
+// restores the probe. Forcing native where oneDNN has no bf16 matmul makes gemm_bf16 fail (clearly).
+void gemm_bf16_route_override(const Bf16Route* forced);
+}  // namespace detail
 
 // Plain triple loop in double accumulation: the specification the fast path is tested against.
 void gemm_reference(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K,

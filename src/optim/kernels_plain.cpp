@@ -27,13 +27,7 @@ inline float adamw_element(float p, float grad, float& m, float& v, const AdamWS
 
 }  // namespace
 
-bool cpu_has_avx512vbmi() {
-  static const bool has = [] {
-    __builtin_cpu_init();
-    return bool(__builtin_cpu_supports("avx512vbmi"));
-  }();
-  return has;
-}
+bool cpu_has_avx512vbmi() { return cpu_features().avx512vbmi; }
 
 VectorPath best_vector_path() {
   const CpuFeatures& f = cpu_features();

@@ -101,6 +101,7 @@ TrainResult run_training(const TrainConfig& c) {
   if (c.threads > 0) set_num_threads(int(c.threads));
   const ComputeType compute = c.compute_dtype == "bf16" ? ComputeType::bf16 : ComputeType::f32;
   fs::create_directories(c.output_dir);
+  if (!c.nvme_dir.empty()) ensure_nvme_dir(c.nvme_dir);
 
   // --- resume? ---
   std::string resume_dir;

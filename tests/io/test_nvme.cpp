@@ -419,11 +419,27 @@ TEST_F(NvmeTest, TicketsAreWaitedForOnce) {
   expect_error([&] { store->ready(NvmeTicket{12345}); }, {"ticket 12345"});
 }
 
-TEST_F(NvmeTest, MissingDirectoryIsNamed) {
+TEST_F(NvmeTest, MissingDirectoryIsCreated) {
   std::string missing = (dir_ / "no" / "such").string();
   NvmeOptions o = options(MiB);
   o.dir = missing;
-  expect_error([&] { NvmeStore::open(o); }, {"'" + missing + "'", "No such file or directory", "create it"});
+  auto store = NvmeStore::open(o);
+  EXPECT_TRUE(fs::is_directory(missing));
+  const uint64_t off = store->alloc(4096, "t");
+  auto buf = random_buffer(4096, 6);
+  AlignedBuffer<uint8_t> back(4096);
+  store->wait(store->write(off, buf.data(), 4096));
+  store->wait(store->read(off, back.data(), 4096));
+  EXPECT_EQ(0, std::memcmp(buf.data(), back.data(), 4096));
+}
+
+TEST_F(NvmeTest, UncreatableDirectoryIsNamed) {
+  std::string file = (dir_ / "in_the_way").string();
+  { std::FILE* f = std::fopen(file.c_str(), "w"); ASSERT_NE(f, nullptr); std::fclose(f); }
+  std::string below_file = file + "/spill";
+  NvmeOptions o = options(MiB);
+  o.dir = below_file;
+  expect_error([&] { NvmeStore::open(o); }, {"'" + below_file + "'", "cannot be created", "configure another"});
 }
 
 TEST_F(NvmeTest, FileInsteadOfDirectoryIsNamed) {

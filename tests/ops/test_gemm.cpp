@@ -1,6 +1,8 @@
 // GEMM: oneDNN fast path against the double-accumulation reference; determinism across thread counts.
 #include <omp.h>
 
+#include <cstring>
+#include <string>
 #include <vector>
 
 #include "core/dtype.h"
@@ -71,6 +73,54 @@ TEST_P(GemmTest, BitsIndependentOfThreadCount) {
   gemm_f32(c.ta, c.tb, c.M, c.N, c.K, A.data(), lda, B.data(), ldb, C2.data(), ldc, c.acc);
   set_num_threads(saved);
   EXPECT_EQ(0, std::memcmp(C1.data(), C2.data(), C1.size() * 4));
+}
+
+// The bf16 routes this host can take: widened always, native where oneDNN has a bf16 matmul.
+std::vector<Bf16Route> bf16_routes() {
+  std::vector<Bf16Route> routes = {Bf16Route::widened};
+  if (std::string(gemm_bf16_route()) == "native") routes.push_back(Bf16Route::native);
+  return routes;
+}
+
+struct RouteGuard {
+  explicit RouteGuard(Bf16Route r) { detail::gemm_bf16_route_override(&r); }
+  ~RouteGuard() { detail::gemm_bf16_route_override(nullptr); }
+};
+
+TEST_P(GemmTest, Bf16EveryRouteMatchesReferenceAndIsThreadCountIndependent) {
+  Case c = GetParam();
+  int64_t lda, ldb, ldc = c.N + 5;
+  auto A = make_operand(c.ta, c.M, c.K, &lda, 9), B = make_operand(c.tb, c.K, c.N, &ldb, 10);
+  std::vector<bf16_t> Ab(A.size()), Bb(B.size());
+  convert_f32_to_bf16(Ab.data(), A.data(), A.size());
+  convert_f32_to_bf16(Bb.data(), B.data(), B.size());
+  convert_bf16_to_f32(A.data(), Ab.data(), A.size());
+  convert_bf16_to_f32(B.data(), Bb.data(), B.size());
+  const auto C0 = testing::random_vector(size_t(c.M * ldc), 11);
+  auto R = C0;
+  gemm_reference(c.ta, c.tb, c.M, c.N, c.K, A.data(), lda, B.data(), ldb, R.data(), ldc, c.acc);
+  const int saved = num_threads();
+  for (Bf16Route route : bf16_routes()) {
+    RouteGuard guard(route);
+    SCOPED_TRACE(gemm_bf16_route());
+    auto C1 = C0, C2 = C0;
+    set_num_threads(1);
+    gemm_bf16(c.ta, c.tb, c.M, c.N, c.K, Ab.data(), lda, Bb.data(), ldb, C1.data(), ldc, c.acc);
+    set_num_threads(2);
+    gemm_bf16(c.ta, c.tb, c.M, c.N, c.K, Ab.data(), lda, Bb.data(), ldb, C2.data(), ldc, c.acc);
+    set_num_threads(saved);
+    // bf16 products are exact in f32; only the f32 accumulation order differs from the reference.
+    EXPECT_LT(testing::rel_l2(C1.data(), R.data(), R.size()), 1e-5);
+    EXPECT_EQ(0, std::memcmp(C1.data(), C2.data(), C1.size() * 4));
+    for (int64_t i = 0; i < c.M; ++i)  // padding between rows of C is never written
+      for (int64_t j = c.N; j < ldc; ++j) ASSERT_EQ(C1[i * ldc + j], C0[i * ldc + j]);
+    if (route == Bf16Route::widened) {
+      // The widened route is the f32 GEMM on the exactly widened operands, with the same blocking.
+      auto F = C0;
+      gemm_f32(c.ta, c.tb, c.M, c.N, c.K, A.data(), lda, B.data(), ldb, F.data(), ldc, c.acc);
+      EXPECT_EQ(0, std::memcmp(C1.data(), F.data(), F.size() * 4));
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, GemmTest,

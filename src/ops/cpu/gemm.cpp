@@ -1,15 +1,25 @@
 // ops/cpu/gemm.cpp — row-major GEMM on oneDNN matmul primitives, cut into fixed blocks of C.
+//
+// bf16 has two routes, chosen once per process from what oneDNN offers on this host:
+//   native  — oneDNN's bf16 matmul (AVX-512 hosts: AVX512-BF16, or emulated on avx512_core);
+//   widened — oneDNN 2.6 has no bf16 matmul below avx512_core (AVX2-only hosts: EPYC Rome/Milan), so
+//             the operands are widened to f32 (exact: every bf16 is an f32) and the f32 GEMM runs with
+//             the same blocking. Same products, f32 accumulation either way; the bits are deterministic
+//             and thread-count independent on each route, but the two routes need not agree bitwise.
 #include "ops/gemm.h"
 
 #include <omp.h>
 
+#include <cstdlib>
 #include <dnnl.hpp>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <tuple>
 #include <vector>
 
+#include "core/cpu_features.h"
 #include "core/error.h"
 
 namespace lt {
@@ -34,9 +44,40 @@ struct GemmPrimitive {
   size_t scratch_bytes;
 };
 
+// oneDNN dispatches on its own probe of the CPU; cap it to LT_MAX_ISA so a capped run takes the GEMM
+// kernels the capped host would (DNNL_MAX_CPU_ISA, when the user set it, wins). Must run before the
+// first primitive is created, hence inside the engine's one-time initialisation.
+void cap_onednn_isa() {
+  if (const char* user = std::getenv("DNNL_MAX_CPU_ISA"); user && *user) return;
+  switch (isa_level(cpu_features())) {
+    case IsaLevel::avx512: return;
+    case IsaLevel::avx2: dnnl::set_max_cpu_isa(dnnl::cpu_isa::avx2); return;
+    case IsaLevel::plain: dnnl::set_max_cpu_isa(dnnl::cpu_isa::sse41); return;
+  }
+}
+
 dnnl::engine& cpu_engine() {
-  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  static dnnl::engine engine = [] {
+    cap_onednn_isa();
+    return dnnl::engine(dnnl::engine::kind::cpu, 0);
+  }();
   return engine;
+}
+
+const char* dtype_label(memory::data_type dt) { return dt == memory::data_type::bf16 ? "bf16" : "f32"; }
+
+// "avx2 (oneDNN capped at AVX2)": what a user needs to see next to a library failure.
+std::string isa_description() {
+  std::string s(isa_name(isa_level(cpu_features())));
+  if (const char* user = std::getenv("DNNL_MAX_CPU_ISA"); user && *user) s += fmt::format(" (DNNL_MAX_CPU_ISA={})", user);
+  return s;
+}
+
+[[noreturn]] void fail_gemm(const GemmKey& key, const char* stage, const dnnl::error& e) {
+  LT_FAIL("gemm {} {}{} M={} N={} K={} (lda={} ldb={} ldc={}): oneDNN could not {} it on this CPU "
+          "(instruction set {}): {}",
+          dtype_label(key.dt), key.ta == Trans::yes ? "T" : "N", key.tb == Trans::yes ? "T" : "N", key.M, key.N,
+          key.K, key.lda, key.ldb, key.ldc, stage, isa_description(), e.what());
 }
 
 // Primitives are created once per shape and shared; creation is serialised, execution is concurrent
@@ -61,10 +102,14 @@ const GemmPrimitive& get_primitive(const GemmKey& key) {
     ops.append_sum(1.0f);
     attr.set_post_ops(ops);
   }
-  dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, cpu_engine());
-  auto p = std::make_unique<GemmPrimitive>(
-      GemmPrimitive{dnnl::matmul(pd), a, b, c, pd.scratchpad_desc().get_size()});
-  return *cache.emplace(key, std::move(p)).first->second;
+  try {
+    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, cpu_engine());
+    auto p = std::make_unique<GemmPrimitive>(
+        GemmPrimitive{dnnl::matmul(pd), a, b, c, pd.scratchpad_desc().get_size()});
+    return *cache.emplace(key, std::move(p)).first->second;
+  } catch (const dnnl::error& e) {
+    fail_gemm(key, "create", e);
+  }
 }
 
 void run_block(const GemmKey& key, const void* A, const void* B, float* C) {
@@ -76,8 +121,12 @@ void run_block(const GemmKey& key, const void* A, const void* B, float* C) {
   memory a(p.a, eng, const_cast<void*>(A)), b(p.b, eng, const_cast<void*>(B)), c(p.c, eng, C);
   memory s(dnnl::memory::desc({int64_t(p.scratch_bytes)}, memory::data_type::u8, memory::format_tag::a), eng,
            scratch.data());
-  p.prim.execute(stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}, {DNNL_ARG_SCRATCHPAD, s}});
-  stream.wait();
+  try {
+    p.prim.execute(stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}, {DNNL_ARG_SCRATCHPAD, s}});
+    stream.wait();
+  } catch (const dnnl::error& e) {
+    fail_gemm(key, "run", e);
+  }
 }
 
 // Fixed blocking from the shape alone: cut the longer of M and N into at most 8 blocks of at least
@@ -146,7 +195,73 @@ void gemm_blocked(memory::data_type dt, Trans ta, Trans tb, int64_t M, int64_t N
   if (error) std::rethrow_exception(error);
 }
 
+// Does oneDNN have a real bf16 matmul here? Asked once with a small probe shape: creation fails outright
+// below avx512_core in oneDNN 2.6, and a "ref" implementation (a plain loop, ~100x slower than f32) would
+// be no better than widening.
+bool onednn_has_bf16_matmul() {
+  static const bool has = [] {
+    try {
+      const memory::dims shape{64, 64};
+      memory::desc a(shape, memory::data_type::bf16, memory::format_tag::ab);
+      memory::desc c(shape, memory::data_type::f32, memory::format_tag::ab);
+      dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, a, c), cpu_engine());
+      return std::string(pd.impl_info_str()).rfind("ref", 0) != 0;
+    } catch (const dnnl::error&) {
+      return false;
+    }
+  }();
+  return has;
+}
+
+// The stored matrix rows x cols (row stride ld) widened into dst, contiguous (row stride cols).
+void widen_rows(std::vector<float>& dst, const bf16_t* src, int64_t rows, int64_t cols, int64_t ld) {
+  dst.resize(size_t(rows * cols));
+  auto convert = [&](int64_t r) { convert_bf16_to_f32(dst.data() + r * cols, src + r * ld, size_t(cols)); };
+  if (omp_in_parallel() || rows * cols < (1 << 16)) {
+    for (int64_t r = 0; r < rows; ++r) convert(r);
+    return;
+  }
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) convert(r);
+}
+
+// Each calling thread keeps its widened operands for the next call; buffers above 64 MiB are released
+// after use so a large head matrix does not stay resident per thread.
+void release_if_large(std::vector<float>& v) {
+  if (v.capacity() * sizeof(float) > (size_t(64) << 20)) std::vector<float>().swap(v);
+}
+
+void gemm_bf16_widened(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, const bf16_t* A, int64_t lda,
+                       const bf16_t* B, int64_t ldb, float* C, int64_t ldc, Accumulate acc) {
+  thread_local std::vector<float> a32, b32;
+  // A is stored [M,K] (ta no) or [K,M]; B [K,N] (tb no) or [N,K]. Widen as stored, keep the transposes.
+  const int64_t a_rows = ta == Trans::no ? M : K, a_cols = ta == Trans::no ? K : M;
+  const int64_t b_rows = tb == Trans::no ? K : N, b_cols = tb == Trans::no ? N : K;
+  widen_rows(a32, A, a_rows, a_cols, lda);
+  widen_rows(b32, B, b_rows, b_cols, ldb);
+  gemm_blocked(memory::data_type::f32, ta, tb, M, N, K, a32.data(), a_cols, b32.data(), b_cols, C, ldc, acc);
+  release_if_large(a32);
+  release_if_large(b32);
+}
+
+const Bf16Route* route_override = nullptr;
+
+Bf16Route active_route() {
+  if (route_override) return *route_override;
+  return onednn_has_bf16_matmul() ? Bf16Route::native : Bf16Route::widened;
+}
+
 }  // namespace
+
+const char* gemm_bf16_route() { return active_route() == Bf16Route::native ? "native" : "widened to f32"; }
+
+namespace detail {
+void gemm_bf16_route_override(const Bf16Route* forced) {
+  static Bf16Route held;
+  if (forced) held = *forced;
+  route_override = forced ? &held : nullptr;
+}
+}  // namespace detail
 
 void gemm_f32(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
               int64_t ldb, float* C, int64_t ldc, Accumulate acc) {
@@ -155,7 +270,9 @@ void gemm_f32(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, const float* 
 
 void gemm_bf16(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, const bf16_t* A, int64_t lda, const bf16_t* B,
                int64_t ldb, float* C, int64_t ldc, Accumulate acc) {
-  gemm_blocked(memory::data_type::bf16, ta, tb, M, N, K, A, lda, B, ldb, C, ldc, acc);
+  if (M == 0 || N == 0 || K == 0 || active_route() == Bf16Route::native)
+    return gemm_blocked(memory::data_type::bf16, ta, tb, M, N, K, A, lda, B, ldb, C, ldc, acc);
+  gemm_bf16_widened(ta, tb, M, N, K, A, lda, B, ldb, C, ldc, acc);
 }
 
 void gemm_reference(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
