@@ -1,11 +1,12 @@
 // Attention: the tiled online-softmax kernels against a full-matrix reference in double, finite differences,
-// document masking against separate runs, fully written gradients, thread-count determinism, and the plain
-// path against the AVX-512 one.
+// document masking against separate runs, fully written gradients, thread-count determinism, and every
+// kernel path against the others (AVX2 and AVX-512 bitwise, each against the plain one within rounding).
 //
 // Legend: B batch rows, T tokens, Hq query heads, Hkv key/value heads, D head dimension, G = Hq / Hkv.
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -18,7 +19,7 @@
 
 namespace lt {
 namespace detail {
-// The AVX-512 path's exp (std::exp without AVX-512); internal to ops/cpu/attention.cpp, declared only here.
+// The selected path's exp (std::exp on the plain path); internal to ops/cpu/attention.cpp, declared only here.
 void attention_exp_for_test(float* y, const float* x, int64_t n);
 }  // namespace detail
 
@@ -184,20 +185,27 @@ bool all_finite(const std::vector<float>& x) {
   return true;
 }
 
-// Runs fn once per kernel path this CPU has (AVX-512 when present, and always the plain one).
+// Runs fn(level) once per kernel path this CPU has: AVX-512 and AVX2 (with FMA) where present, and always
+// the plain one. The kernels pick their path from cpu_features(), which each run overrides.
 template <typename Fn>
 void for_each_path(Fn fn) {
-  if (cpu_features().avx512f) {
-    SCOPED_TRACE("AVX-512 path");
-    fn();
+  const CpuFeatures probed = cpu_features();
+  struct Path {
+    IsaLevel level;
+    CpuFeatures features;
+  };
+  std::vector<Path> paths;
+  if (probed.avx512f) paths.push_back({IsaLevel::avx512, probed});
+  if (probed.avx2 && probed.fma) paths.push_back({IsaLevel::avx2, cap_features(probed, IsaLevel::avx2)});
+  paths.push_back({IsaLevel::plain, CpuFeatures{}});
+  struct Restore {
+    ~Restore() { cpu_features_override(nullptr); }
+  } restore;
+  for (const Path& p : paths) {
+    SCOPED_TRACE(std::string(isa_name(p.level)) + " path");
+    cpu_features_override(&p.features);
+    fn(p.level);
   }
-  CpuFeatures plain;
-  cpu_features_override(&plain);
-  {
-    SCOPED_TRACE("plain path");
-    fn();
-  }
-  cpu_features_override(nullptr);
 }
 
 class AttentionTest : public ::testing::TestWithParam<Case> {};
@@ -205,7 +213,7 @@ class AttentionTest : public ::testing::TestWithParam<Case> {};
 TEST_P(AttentionTest, MatchesDoubleReference) {
   const Inputs in = make_inputs(GetParam(), 11);
   const Reference ref = reference(in);
-  for_each_path([&] {
+  for_each_path([&](IsaLevel) {
     const Result r = run(in);
     // f32 error sources: the D-term score dot products and the T-term softmax and value sums (each
     // ~sqrt(n)·6e-8 relative), exp within 1 ulp, lse = m + log(l). Measured <= 4.2e-7 of scale over these
@@ -245,7 +253,7 @@ TEST_P(AttentionTest, GradientsMatchFiniteDifferences) {
 
 TEST_P(AttentionTest, WritesEveryOutputAndGradient) {
   const Inputs in = make_inputs(GetParam(), 41);
-  for_each_path([&] {
+  for_each_path([&](IsaLevel) {
     const Result r = run(in);  // every output starts as NaN
     EXPECT_TRUE(all_finite(r.out));
     EXPECT_TRUE(all_finite(r.lse));
@@ -258,33 +266,47 @@ TEST_P(AttentionTest, WritesEveryOutputAndGradient) {
 TEST_P(AttentionTest, BitsIndependentOfThreadCount) {
   const Inputs in = make_inputs(GetParam(), 51);
   const int saved = num_threads();
-  set_num_threads(1);
-  const Result one = run(in);
-  set_num_threads(2);
-  const Result two = run(in);
-  set_num_threads(saved);
-  EXPECT_TRUE(same_bits(one.out, two.out)) << "out";
-  EXPECT_TRUE(same_bits(one.lse, two.lse)) << "lse";
-  EXPECT_TRUE(same_bits(one.dq, two.dq)) << "dq";
-  EXPECT_TRUE(same_bits(one.dk, two.dk)) << "dk";
-  EXPECT_TRUE(same_bits(one.dv, two.dv)) << "dv";
+  for_each_path([&](IsaLevel) {
+    set_num_threads(1);
+    const Result one = run(in);
+    set_num_threads(2);
+    const Result two = run(in);
+    set_num_threads(saved);
+    EXPECT_TRUE(same_bits(one.out, two.out)) << "out";
+    EXPECT_TRUE(same_bits(one.lse, two.lse)) << "lse";
+    EXPECT_TRUE(same_bits(one.dq, two.dq)) << "dq";
+    EXPECT_TRUE(same_bits(one.dk, two.dk)) << "dk";
+    EXPECT_TRUE(same_bits(one.dv, two.dv)) << "dv";
+  });
 }
 
-TEST_P(AttentionTest, PlainPathMatchesAvx512) {
-  if (!cpu_features().avx512f) GTEST_SKIP() << "no AVX-512 on this CPU";
+// Every path this CPU has: AVX2 and AVX-512 compute the same bits (same FMA order, exp and reduction
+// trees), and each vector path matches the plain one within rounding.
+TEST_P(AttentionTest, KernelPathsAgree) {
   const Inputs in = make_inputs(GetParam(), 61);
-  const Result fast = run(in);
-  CpuFeatures plain;
-  cpu_features_override(&plain);
-  const Result slow = run(in);
-  cpu_features_override(nullptr);
-  // Same tiles and order; only FMA contraction, vector sum order and exp (<= 1 ulp vs std::exp's 0.5)
-  // differ. Measured <= 5.2e-7 (T = 1's zero gradients: 3.6e-6 against the 0.1 floor); bound 1e-5.
-  EXPECT_LT(max_error(fast.out, slow.out), 1e-5) << "out";
-  EXPECT_LT(max_error(fast.lse, slow.lse), 1e-5) << "lse";
-  EXPECT_LT(max_error(fast.dq, slow.dq), 1e-5) << "dq";
-  EXPECT_LT(max_error(fast.dk, slow.dk), 1e-5) << "dk";
-  EXPECT_LT(max_error(fast.dv, slow.dv), 1e-5) << "dv";
+  std::map<IsaLevel, Result> by_path;
+  for_each_path([&](IsaLevel level) { by_path[level] = run(in); });
+  const Result& slow = by_path.at(IsaLevel::plain);
+  for (IsaLevel level : {IsaLevel::avx2, IsaLevel::avx512}) {
+    if (!by_path.count(level)) continue;  // the CPU lacks it
+    SCOPED_TRACE(std::string(isa_name(level)) + " vs plain");
+    const Result& fast = by_path.at(level);
+    // Same tiles and order; only FMA contraction, vector sum order and exp (<= 1 ulp vs std::exp's 0.5)
+    // differ. Measured <= 5.2e-7 (T = 1's zero gradients: 3.6e-6 against the 0.1 floor); bound 1e-5.
+    EXPECT_LT(max_error(fast.out, slow.out), 1e-5) << "out";
+    EXPECT_LT(max_error(fast.lse, slow.lse), 1e-5) << "lse";
+    EXPECT_LT(max_error(fast.dq, slow.dq), 1e-5) << "dq";
+    EXPECT_LT(max_error(fast.dk, slow.dk), 1e-5) << "dk";
+    EXPECT_LT(max_error(fast.dv, slow.dv), 1e-5) << "dv";
+  }
+  if (by_path.count(IsaLevel::avx2) && by_path.count(IsaLevel::avx512)) {
+    const Result &a = by_path.at(IsaLevel::avx2), &b = by_path.at(IsaLevel::avx512);
+    EXPECT_TRUE(same_bits(a.out, b.out)) << "out";
+    EXPECT_TRUE(same_bits(a.lse, b.lse)) << "lse";
+    EXPECT_TRUE(same_bits(a.dq, b.dq)) << "dq";
+    EXPECT_TRUE(same_bits(a.dk, b.dk)) << "dk";
+    EXPECT_TRUE(same_bits(a.dv, b.dv)) << "dv";
+  }
 }
 
 // T = 1 (one token), 37 (one partial tile), 70 and 130 (two and three tiles, the last partial); D = 16,
@@ -335,7 +357,7 @@ TEST(AttentionDocs, PackedDocumentsEqualSeparateRuns) {
       for (int64_t h = 0; h < pk.Hq; ++h) r.insert(r.end(), lse.begin() + h * T + t0, lse.begin() + h * T + t0 + n);
       return r;
     };
-    for_each_path([&] {
+    for_each_path([&](IsaLevel) {
       const Result all = run(packed);
       const Result a = run(slice(0, pk.nA)), b = run(slice(pk.nA, pk.nB));
       const int64_t qw = pk.Hq * pk.D, kw = pk.Hkv * pk.D;
@@ -353,30 +375,66 @@ TEST(AttentionDocs, PackedDocumentsEqualSeparateRuns) {
   }
 }
 
-// The vector exp against std::exp over the softmax's domain (x <= 0, down to underflow), plus the edges.
+// Each path's exp against std::exp over the softmax's domain (x <= 0, down to underflow), plus the edges.
 TEST(AttentionExp, MatchesStdExp) {
   std::vector<float> x;
   for (double t = -90.0; t <= 1.0; t += 1.0 / 4096) x.push_back(float(t));
   for (float e : {0.f, -0.f, -1e-30f, -1e-7f, 1e-7f, -87.3f, -87.34f, -88.f, -1e30f}) x.push_back(e);
   x.push_back(-std::numeric_limits<float>::infinity());
-  std::vector<float> y(x.size());
-  detail::attention_exp_for_test(y.data(), x.data(), int64_t(x.size()));
-  double worst = 0;
-  for (size_t i = 0; i < x.size(); ++i) {
-    const double want = std::exp(double(x[i]));
-    if (want < 1.1754944e-38) {  // below FLT_MIN the vector exp flushes to 0 (these feed sums of >= 1)
-      ASSERT_LE(double(y[i]), 1.2e-38) << "x = " << x[i];
-      continue;
+  for_each_path([&](IsaLevel) {
+    std::vector<float> y(x.size());
+    detail::attention_exp_for_test(y.data(), x.data(), int64_t(x.size()));
+    double worst = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      const double want = std::exp(double(x[i]));
+      if (want < 1.1754944e-38) {  // below FLT_MIN the vector exp flushes to 0 (these feed sums of >= 1)
+        ASSERT_LE(double(y[i]), 1.2e-38) << "x = " << x[i];
+        continue;
+      }
+      worst = std::max(worst, std::fabs(double(y[i]) - want) / want);
     }
-    worst = std::max(worst, std::fabs(double(y[i]) - want) / want);
+    // Cody-Waite reduction plus a degree-7 polynomial: measured 8.3e-8 (0.7 ulp of 2^-23 = 1.19e-7);
+    // bound 2 ulp.
+    EXPECT_LT(worst, 2.4e-7);
+    EXPECT_EQ(y[x.size() - 1], 0.f) << "exp(-inf)";
+    std::vector<float> nan_in{std::numeric_limits<float>::quiet_NaN()}, nan_out(1);
+    detail::attention_exp_for_test(nan_out.data(), nan_in.data(), 1);
+    EXPECT_TRUE(std::isnan(nan_out[0])) << "NaN propagates";
+  });
+}
+
+// The AVX2 exp gives the AVX-512 one's bits for every input class: a dense sweep over the whole clamped
+// range [-90, 90] (both clamp ends, where 2^n is 2^-126 and 2^127, and the underflow flush), random bit
+// patterns (huge, tiny, subnormal, ±inf, NaN payloads), and an odd length so the tail masks run.
+TEST(AttentionExp, Avx2MatchesAvx512Bitwise) {
+  const CpuFeatures probed = cpu_features();
+  if (!probed.avx512f || !(probed.avx2 && probed.fma)) GTEST_SKIP() << "needs both AVX-512 and AVX2 on this CPU";
+  std::vector<float> x;
+  for (double t = -90.0; t <= 90.0; t += 1.0 / 1024) x.push_back(float(t));
+  for (float e : {-87.33654f, std::nextafter(-87.33654f, 0.f), std::nextafter(-87.33654f, -100.f), 88.37626f,
+                  std::nextafter(88.37626f, 0.f), 88.7f, 89.f, 1e30f, -1e30f, 0.f, -0.f})
+    x.push_back(e);
+  Rng rng(81);
+  for (int i = 0; i < 100003; ++i) {
+    const uint32_t b = uint32_t(rng.next_u64());
+    float f;
+    std::memcpy(&f, &b, 4);
+    x.push_back(f);
   }
-  // Cody-Waite reduction plus a degree-7 polynomial: measured 8.3e-8 (0.7 ulp of 2^-23 = 1.19e-7);
-  // bound 2 ulp.
-  EXPECT_LT(worst, 2.4e-7);
-  EXPECT_EQ(y[x.size() - 1], 0.f) << "exp(-inf)";
-  std::vector<float> nan_in{std::numeric_limits<float>::quiet_NaN()}, nan_out(1);
-  detail::attention_exp_for_test(nan_out.data(), nan_in.data(), 1);
-  EXPECT_TRUE(std::isnan(nan_out[0])) << "NaN propagates";
+  x.push_back(std::numeric_limits<float>::infinity());
+  x.push_back(-std::numeric_limits<float>::infinity());
+  std::vector<float> y512(x.size()), y2(x.size());
+  detail::attention_exp_for_test(y512.data(), x.data(), int64_t(x.size()));
+  const CpuFeatures avx2 = cap_features(probed, IsaLevel::avx2);
+  cpu_features_override(&avx2);
+  detail::attention_exp_for_test(y2.data(), x.data(), int64_t(x.size()));
+  cpu_features_override(nullptr);
+  for (size_t i = 0; i < x.size(); ++i) {
+    uint32_t a, b;
+    std::memcpy(&a, &y2[i], 4);
+    std::memcpy(&b, &y512[i], 4);
+    ASSERT_EQ(a, b) << "x = " << x[i] << " (element " << i << ")";
+  }
 }
 
 TEST(AttentionShapes, RejectsBadGrouping) {

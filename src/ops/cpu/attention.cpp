@@ -26,8 +26,16 @@
 // 64x64x64 on one core (best of 7x3000): this kernel 2.0 µs (267 GFLOP/s), gemm_f32 (oneDNN, per-call
 // set-up included) 3.9 µs, OpenBLAS cblas_sgemm 5.0 µs. exp is Cody-Waite + a degree-7 polynomial in
 // AVX-512, 0.11 ns/element against std::exp's 1.44 (which would cost as much as the GEMMs), within 1 ulp
-// of it (tested). The plain path (std::exp, plain loops; ~15 GFLOP/s) is the specification the AVX-512 path
-// is tested against, and runs where AVX-512 is absent.
+// of it (tested).
+//
+// The AVX2 path (AVX2 + FMA without AVX-512: the EPYC Rome/Milan hosts) computes the AVX-512 path's bits,
+// so a run's results do not depend on which of the two a host has (tested bitwise): its GEMM keeps 6 x 16
+// blocks of C in ymm registers but sums each element's K products in the same order with one FMA each;
+// its exp performs the same operations, scalef's single rounding reproduced by multiplying with a 2^n
+// built from exponent bits (2^n stays a normal float after the clamp); and the softmax's row max and sum
+// hold each 16-lane AVX-512 vector as two 8-lane halves reduced by the tree of GCC's _mm512_reduce_*_ps.
+// The plain path (std::exp, plain loops; ~15 GFLOP/s) is the specification both vector paths are tested
+// against, and runs where neither is available.
 //
 // Measured on AMD EPYC (Zen 5, 2 cores, KVM), B=1 T=1024 Hq=16 Hkv=4 D=64, kTile = 64, counting causal
 // FLOPs (forward 2 GEMMs, backward the nominal 5, each 2·D·T(T+1)/2 per head):
@@ -35,6 +43,10 @@
 //   2 threads: forward ~300 GFLOP/s (7.1 ms), backward ~250 GFLOP/s (21.5 ms; ~350 counting 7 GEMMs),
 //   i.e. 0.64 and 0.53 of the same run's gemm_f32 1024x2048x1024 (~470 GFLOP/s).
 // Tiles of 32 and 128, and R = 6, measured within 4% of kTile = 64, R = 4.
+// AVX2 against AVX-512, same shape, 1 thread, best of 7 forward + backward per path (a throwaway driver
+// calling attention_forward/backward, run with LT_MAX_ISA=avx512|avx2|plain), measured while other jobs
+// held the 2 cores (load average ~6, so every time is 3-4x the figures above; only ratios within one run
+// mean anything): forward AVX-512 41.5 ms, AVX2 51.9 ms, plain 254 ms; backward 183, 199 and 716 ms.
 #include "ops/attention.h"
 
 // GCC 12's AVX-512 intrinsics fill "undefined" vectors by self-initialisation, which -Wmaybe-uninitialized
@@ -226,7 +238,8 @@ LT_AVX512 void softmax_step_avx512(float* S, int64_t lds, int64_t M, int64_t N, 
       vsum = _mm512_mask_add_ps(vsum, mk, vsum, p);
     }
     const float alpha = _mm512_cvtss_f32(exp_avx512(_mm512_set1_ps(m[i] - m_use)));
-    l[i] = l[i] * alpha + _mm512_reduce_add_ps(vsum);
+    // An explicit fma (what GCC contracted the product and sum to here), so the AVX2 path can match it.
+    l[i] = std::fma(l[i], alpha, _mm512_reduce_add_ps(vsum));
     m[i] = m_new;
     const __m512 va = _mm512_set1_ps(alpha);
     float* o = O + i * ldo;
@@ -261,8 +274,254 @@ LT_AVX512 void exp_array_avx512(float* y, const float* x, int64_t n) {
 
 #undef LT_AVX512
 
+// ---- AVX2 kernels ------------------------------------------------------------------------------------
+// The same bits as the AVX-512 kernels, so a host's result does not depend on which of the two it has:
+// every output element of the tile GEMM sums its K products in the same order with one fma each; exp
+// performs the same f32 operations; and where the AVX-512 kernels reduce a 16-lane vector, a pair of
+// 8-lane halves (lo = lanes 0-7, hi = lanes 8-15) takes the same lanes and reduces them in the same tree.
+
+#define LT_AVX2 __attribute__((target("avx2,fma")))
+
+// Lanes [0, n) of 8 set (n may be <= 0 or >= 8): the mask of maskload/maskstore/blendv.
+LT_AVX2 inline __m256i lanes_below(int64_t n) {
+  const int32_t c = int32_t(std::clamp<int64_t>(n, 0, 8));
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(c), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+// exp_avx512, operation for operation. Its _mm512_scalef_ps(p, n) is p·2^n rounded once; here 2^n is
+// built from exponent bits and multiplied in, which is the same single rounding as long as 2^n is a normal
+// float: after the clamp n = round(x·log2e) lies in [-126, 127] (checked below at compile time: the f32
+// products at the clamp ends are -125.999992 and 127.499992), so it is.
+static_assert(-87.33654f * 1.44269504f > -126.5f && 88.37626f * 1.44269504f < 127.5f,
+              "exp's clamp must keep 2^n a normal float for the AVX2 scalef");
+LT_AVX2 inline __m256 exp_avx2(__m256 x) {
+  const __m256 lo = _mm256_set1_ps(-87.33654f), hi = _mm256_set1_ps(88.37626f);
+  const __m256 underflow = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+  x = _mm256_min_ps(hi, _mm256_max_ps(lo, x));  // NaN kept, as in exp_avx512
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.f / 5040);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 720));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 120));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 24));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 6));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r);
+  p = _mm256_add_ps(p, _mm256_set1_ps(1.f));
+  // NaN n converts to INT_MIN, whose shifted bits give 2^0; p is that NaN already and stays it, as scalef
+  // returns its NaN first operand.
+  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_andnot_ps(underflow, _mm256_mul_ps(p, _mm256_castsi256_ps(bits)));
+}
+
+// GCC's _mm512_reduce_max_ps / _mm512_reduce_add_ps tree on the 16 lanes (lo, hi): hi op lo, then the
+// upper 128 bits op the lower, then lanes {2,3,0,1}, then {1,0,...}. max's operand order matters for NaN
+// and ±0, so it is kept too.
+LT_AVX2 inline float reduce_max16(__m256 lo, __m256 hi) {
+  const __m256 t3 = _mm256_max_ps(hi, lo);
+  const __m128 t6 = _mm_max_ps(_mm256_extractf128_ps(t3, 1), _mm256_castps256_ps128(t3));
+  const __m128 t8 = _mm_max_ps(t6, _mm_shuffle_ps(t6, t6, _MM_SHUFFLE(1, 0, 3, 2)));
+  const __m128 t10 = _mm_max_ps(t8, _mm_shuffle_ps(t8, t8, _MM_SHUFFLE(0, 1, 0, 1)));
+  return _mm_cvtss_f32(t10);
+}
+
+LT_AVX2 inline float reduce_add16(__m256 lo, __m256 hi) {
+  const __m256 t3 = _mm256_add_ps(hi, lo);
+  const __m128 t6 = _mm_add_ps(_mm256_extractf128_ps(t3, 1), _mm256_castps256_ps128(t3));
+  const __m128 t8 = _mm_add_ps(t6, _mm_shuffle_ps(t6, t6, _MM_SHUFFLE(1, 0, 3, 2)));
+  return _mm_cvtss_f32(t8) + _mm_cvtss_f32(_mm_shuffle_ps(t8, t8, _MM_SHUFFLE(1, 1, 1, 1)));
+}
+
+// The last vector of a row block: full, or partial through maskload/maskstore (which AMD cores run far
+// slower than plain loads and stores, so full blocks avoid them).
+enum class Tail : uint8_t { full, masked };
+
+template <Tail tail>
+LT_AVX2 inline __m256 load_last(const float* p, __m256i mask) {
+  if constexpr (tail == Tail::masked) return _mm256_maskload_ps(p, mask);
+  return _mm256_loadu_ps(p);
+}
+
+template <Tail tail>
+LT_AVX2 inline void store_last(float* p, __m256i mask, __m256 v) {
+  if constexpr (tail == Tail::masked) return _mm256_maskstore_ps(p, mask, v);
+  _mm256_storeu_ps(p, v);
+}
+
+// C[R rows, NV*8 columns (last vector masked by `last`)] (+)= A·B, the C block held in registers.
+template <int R, int NV, Tail tail>
+LT_AVX2 void mm_block_avx2(float* C, int64_t ldc, const float* A, int64_t a_rs, int64_t a_cs, const float* B,
+                           int64_t ldb, int64_t K, __m256i last, Accumulate acc) {
+  __m256 c[R][NV];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) {
+      const float* src = C + r * ldc + 8 * v;
+      c[r][v] = acc == Accumulate::no ? _mm256_setzero_ps()
+                : v == NV - 1         ? load_last<tail>(src, last)
+                                      : _mm256_loadu_ps(src);
+    }
+  for (int64_t k = 0; k < K; ++k) {
+    const float* b = B + k * ldb;
+    __m256 bv[NV];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) bv[v] = v == NV - 1 ? load_last<tail>(b + 8 * v, last) : _mm256_loadu_ps(b + 8 * v);
+    const float* a = A + k * a_cs;
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m256 ar = _mm256_broadcast_ss(a + r * a_rs);
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) c[r][v] = _mm256_fmadd_ps(ar, bv[v], c[r][v]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) {
+      float* dst = C + r * ldc + 8 * v;
+      if (v == NV - 1) {
+        store_last<tail>(dst, last, c[r][v]);
+      } else {
+        _mm256_storeu_ps(dst, c[r][v]);
+      }
+    }
+}
+
+template <int NV, int R, Tail tail>
+LT_AVX2 void mm_rows_avx2(float* C, int64_t ldc, const float* A, int64_t a_rs, int64_t a_cs, const float* B,
+                          int64_t ldb, int64_t M, int64_t K, __m256i last, Accumulate acc) {
+  int64_t i = 0;
+  for (; i + R <= M; i += R)
+    mm_block_avx2<R, NV, tail>(C + i * ldc, ldc, A + i * a_rs, a_rs, a_cs, B, ldb, K, last, acc);
+  if constexpr (R > 1) {
+    if (i < M) mm_rows_avx2<NV, R - 1, tail>(C + i * ldc, ldc, A + i * a_rs, a_rs, a_cs, B, ldb, M - i, K, last, acc);
+  }
+}
+
+LT_AVX2 void matmul_avx2(float* C, int64_t ldc, const float* A, int64_t a_rs, int64_t a_cs, const float* B,
+                         int64_t ldb, int64_t M, int64_t N, int64_t K, Accumulate acc) {
+  // Blocks of 6 rows x 16 columns: 12 accumulators, 2 B vectors and the broadcast A fill 15 of the 16
+  // ymm registers (more columns would leave no room for B).
+  for (int64_t j0 = 0; j0 < N; j0 += 16) {
+    const int64_t n = std::min<int64_t>(16, N - j0);
+    float* c = C + j0;
+    const float* b = B + j0;
+    if (n == 16) {
+      mm_rows_avx2<2, 6, Tail::full>(c, ldc, A, a_rs, a_cs, b, ldb, M, K, lanes_below(8), acc);
+    } else if (n > 8) {
+      mm_rows_avx2<2, 6, Tail::masked>(c, ldc, A, a_rs, a_cs, b, ldb, M, K, lanes_below(n - 8), acc);
+    } else if (n == 8) {
+      mm_rows_avx2<1, 8, Tail::full>(c, ldc, A, a_rs, a_cs, b, ldb, M, K, lanes_below(8), acc);
+    } else {
+      mm_rows_avx2<1, 8, Tail::masked>(c, ldc, A, a_rs, a_cs, b, ldb, M, K, lanes_below(n), acc);
+    }
+  }
+}
+
+LT_AVX2 void softmax_step_avx2(float* S, int64_t lds, int64_t M, int64_t N, float* m, float* l, float* O,
+                               int64_t ldo, int64_t D) {
+  for (int64_t i = 0; i < M; ++i) {
+    float* s = S + i * lds;
+    // 16-lane steps as in softmax_step_avx512: element j + e goes to lane e of (lo, hi).
+    __m256 max_lo = _mm256_set1_ps(kNegInf), max_hi = max_lo;
+    int64_t j = 0;
+    for (; j + 16 <= N; j += 16) {
+      max_lo = _mm256_max_ps(max_lo, _mm256_loadu_ps(s + j));
+      max_hi = _mm256_max_ps(max_hi, _mm256_loadu_ps(s + j + 8));
+    }
+    const __m256i mk_lo = lanes_below(N - j), mk_hi = lanes_below(N - j - 8);  // the partial step, if any
+    if (j < N) {
+      // Masked lanes keep their running max (the AVX-512 masked max), whatever the NaN rules.
+      max_lo = _mm256_blendv_ps(max_lo, _mm256_max_ps(max_lo, _mm256_maskload_ps(s + j, mk_lo)),
+                                _mm256_castsi256_ps(mk_lo));
+      max_hi = _mm256_blendv_ps(max_hi, _mm256_max_ps(max_hi, _mm256_maskload_ps(s + j + 8, mk_hi)),
+                                _mm256_castsi256_ps(mk_hi));
+    }
+    const float m_new = std::max(m[i], reduce_max16(max_lo, max_hi));
+    const float m_use = m_new == kNegInf ? 0.f : m_new;  // see softmax_step_plain
+    const __m256 vm = _mm256_set1_ps(m_use);
+    __m256 sum_lo = _mm256_setzero_ps(), sum_hi = sum_lo;
+    for (j = 0; j + 16 <= N; j += 16) {
+      const __m256 p_lo = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(s + j), vm));
+      const __m256 p_hi = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(s + j + 8), vm));
+      _mm256_storeu_ps(s + j, p_lo);
+      _mm256_storeu_ps(s + j + 8, p_hi);
+      sum_lo = _mm256_add_ps(sum_lo, p_lo);
+      sum_hi = _mm256_add_ps(sum_hi, p_hi);
+    }
+    if (j < N) {
+      const __m256 p_lo = exp_avx2(_mm256_sub_ps(_mm256_maskload_ps(s + j, mk_lo), vm));
+      const __m256 p_hi = exp_avx2(_mm256_sub_ps(_mm256_maskload_ps(s + j + 8, mk_hi), vm));
+      _mm256_maskstore_ps(s + j, mk_lo, p_lo);
+      _mm256_maskstore_ps(s + j + 8, mk_hi, p_hi);
+      sum_lo = _mm256_blendv_ps(sum_lo, _mm256_add_ps(sum_lo, p_lo), _mm256_castsi256_ps(mk_lo));
+      sum_hi = _mm256_blendv_ps(sum_hi, _mm256_add_ps(sum_hi, p_hi), _mm256_castsi256_ps(mk_hi));
+    }
+    const float alpha = _mm256_cvtss_f32(exp_avx2(_mm256_set1_ps(m[i] - m_use)));
+    l[i] = std::fma(l[i], alpha, reduce_add16(sum_lo, sum_hi));
+    m[i] = m_new;
+    const __m256 va = _mm256_set1_ps(alpha);
+    float* o = O + i * ldo;
+    int64_t d = 0;
+    for (; d + 8 <= D; d += 8) _mm256_storeu_ps(o + d, _mm256_mul_ps(va, _mm256_loadu_ps(o + d)));
+    if (d < D) {
+      const __m256i mk = lanes_below(D - d);
+      _mm256_maskstore_ps(o + d, mk, _mm256_mul_ps(va, _mm256_maskload_ps(o + d, mk)));
+    }
+  }
+}
+
+LT_AVX2 void probs_dscores_avx2(float* S, float* dP, int64_t ld, int64_t M, int64_t N, const float* lse,
+                                const float* Di) {
+  for (int64_t i = 0; i < M; ++i) {
+    const __m256 vl = _mm256_set1_ps(lse[i]), vd = _mm256_set1_ps(Di[i]);
+    float* s = S + i * ld;
+    float* dp = dP + i * ld;
+    int64_t j = 0;
+    for (; j + 8 <= N; j += 8) {
+      const __m256 p = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(s + j), vl));
+      _mm256_storeu_ps(s + j, p);
+      _mm256_storeu_ps(dp + j, _mm256_mul_ps(p, _mm256_sub_ps(_mm256_loadu_ps(dp + j), vd)));
+    }
+    if (j < N) {
+      const __m256i mk = lanes_below(N - j);
+      const __m256 p = exp_avx2(_mm256_sub_ps(_mm256_maskload_ps(s + j, mk), vl));
+      _mm256_maskstore_ps(s + j, mk, p);
+      _mm256_maskstore_ps(dp + j, mk, _mm256_mul_ps(p, _mm256_sub_ps(_mm256_maskload_ps(dp + j, mk), vd)));
+    }
+  }
+}
+
+LT_AVX2 void exp_array_avx2(float* y, const float* x, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, exp_avx2(_mm256_loadu_ps(x + i)));
+  if (i < n) {
+    const __m256i mk = lanes_below(n - i);
+    _mm256_maskstore_ps(y + i, mk, exp_avx2(_mm256_maskload_ps(x + i, mk)));
+  }
+}
+
+#undef LT_AVX2
+
+// The widest path the CPU offers: AVX-512, else AVX2 with FMA, else the plain loops.
+enum class Path : uint8_t { plain, avx2, avx512 };
+
+Path select_path() {
+  const CpuFeatures& f = cpu_features();
+  if (f.avx512f) return Path::avx512;
+  if (f.avx2 && f.fma) return Path::avx2;
+  return Path::plain;
+}
+
 TileKernels select_kernels() {
-  if (cpu_features().avx512f) return {matmul_avx512, softmax_step_avx512, probs_dscores_avx512};
+  switch (select_path()) {
+    case Path::avx512: return {matmul_avx512, softmax_step_avx512, probs_dscores_avx512};
+    case Path::avx2: return {matmul_avx2, softmax_step_avx2, probs_dscores_avx2};
+    case Path::plain: break;
+  }
   return {matmul_plain, softmax_step_plain, probs_dscores_plain};
 }
 
@@ -491,13 +750,14 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
 }
 
 namespace detail {
-// The vector exp of the AVX-512 path (std::exp where AVX-512 is absent), exposed for its accuracy test.
+// The exp of the path cpu_features() selects (std::exp on the plain path), exposed for its tests.
 void attention_exp_for_test(float* y, const float* x, int64_t n) {
-  if (cpu_features().avx512f) {
-    exp_array_avx512(y, x, n);
-  } else {
-    for (int64_t i = 0; i < n; ++i) y[i] = std::exp(x[i]);
+  switch (select_path()) {
+    case Path::avx512: return exp_array_avx512(y, x, n);
+    case Path::avx2: return exp_array_avx2(y, x, n);
+    case Path::plain: break;
   }
+  for (int64_t i = 0; i < n; ++i) y[i] = std::exp(x[i]);
 }
 }  // namespace detail
 
