@@ -23,6 +23,13 @@
 // front half of each f32 logits row (row stride 2V bf16 elements), so they need no buffer of their own.
 // oneDNN's own per-thread scratchpad (ops/gemm.h) comes on top.
 //
+// Vector paths: the softmax row passes (max, Σ exp, scale) run in AVX-512, or AVX2 + FMA where AVX-512 is
+// absent, or scalar; all three give the same bits (tested), because each performs the scalar pass's
+// operations lane for lane: element i joins lane i mod 16 (AVX2 holds the 16 lanes as two 8-lane halves)
+// and the lanes are summed in order; the max, exact in any order for numbers, takes the AVX-512 path's
+// reduction tree in AVX2 too, so even NaN and ±0 cases match it. Not timed separately: by count the passes
+// are small next to the GEMMs (3 passes over a row of V elements against 6·C·V GEMM FLOPs per token).
+//
 // Determinism: rows are independent in the norm and softmax passes (one task per row), the dnorm_w sum
 // runs over fixed column blocks in token order, and the GEMMs are deterministic, so the bits never depend
 // on the thread count. Loss, dx and dnorm_w do not depend on chunk_tokens either as long as oneDNN
@@ -62,8 +69,8 @@ enum class Pass : uint8_t { forward, forward_backward };
 // ---- exp -------------------------------------------------------------------------------------------------
 // Cephes' expf: x = k·ln2 + r with |r| <= ln2/2 (ln2 split in two so k·ln2_hi is exact), e^r by a degree-7
 // polynomial (about 1 ulp), 2^k from exponent bits. The argument is z − max <= 0; below kExpMin the result
-// flushes to 0 (e^-87 = 1.6e-38 cannot change a sum that holds e^0 = 1). NaN stays NaN. The scalar and
-// AVX-512 versions perform the same f32 operations with explicit FMAs, so their bits agree.
+// flushes to 0 (e^-87 = 1.6e-38 cannot change a sum that holds e^0 = 1). NaN stays NaN. The scalar, AVX2
+// and AVX-512 versions perform the same f32 operations with explicit FMAs, so their bits agree.
 constexpr float kLog2e = 1.44269504088896341f;
 constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
 constexpr float kP0 = 1.9875691500e-4f, kP1 = 1.3981999507e-3f, kP2 = 8.3334519073e-3f;
@@ -110,7 +117,7 @@ __attribute__((target("avx512f"))) inline __m512 exp_avx512(__m512 x) {
   return _mm512_mask_mov_ps(y, flush, _mm512_setzero_ps());
 }
 
-// ---- the three row passes of the softmax, scalar (the specification) and AVX-512 -------------------------
+// ---- the three row passes of the softmax, scalar (the specification), AVX-512 and AVX2 ------------------
 
 float row_max_scalar(const float* z, int64_t V) {
   float m = -INFINITY;
@@ -185,14 +192,126 @@ __attribute__((target("avx512f"))) void row_scale_avx512(float* out, const float
   }
 }
 
+// ---- the same three passes in AVX2 (with FMA), lane for lane the AVX-512 ones ----------------------------
+// A 16-lane AVX-512 vector is a pair of 8-lane halves (lo = lanes 0-7, hi = lanes 8-15), so element i still
+// joins lane i mod 16 and every sum and max is taken in the same order: the bits equal both other paths.
+
+#define LT_AVX2 __attribute__((target("avx2,fma")))
+
+// Lanes [0, n) of 8 set (n clamped to [0, 8]).
+LT_AVX2 inline __m256i lanes_below(int64_t n) {
+  const int32_t c = int32_t(std::clamp<int64_t>(n, 0, 8));
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(c), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+LT_AVX2 inline __m256 exp_avx2(__m256 x) {
+  __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fmadd_ps(k, _mm256_set1_ps(-kLn2Hi), x);
+  r = _mm256_fmadd_ps(k, _mm256_set1_ps(-kLn2Lo), r);
+  __m256 r2 = _mm256_mul_ps(r, r);
+  __m256 p = _mm256_set1_ps(kP0);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP1));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP2));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP3));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP4));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP5));
+  p = _mm256_fmadd_ps(p, r2, r);
+  p = _mm256_add_ps(p, _mm256_set1_ps(1.f));
+  __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
+  __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+  __m256 flush = _mm256_cmp_ps(x, _mm256_set1_ps(kExpMin), _CMP_LT_OQ);
+  return _mm256_andnot_ps(flush, y);
+}
+
+// GCC's _mm512_reduce_max_ps on the lanes (lo, hi): hi against lo, the upper 128 bits against the lower,
+// then lanes {2,3,0,1}, then {1,0,...}, each max with the same operand order (which decides NaN and ±0).
+LT_AVX2 inline float reduce_max16(__m256 lo, __m256 hi) {
+  const __m256 t3 = _mm256_max_ps(hi, lo);
+  const __m128 t6 = _mm_max_ps(_mm256_extractf128_ps(t3, 1), _mm256_castps256_ps128(t3));
+  const __m128 t8 = _mm_max_ps(t6, _mm_shuffle_ps(t6, t6, _MM_SHUFFLE(1, 0, 3, 2)));
+  const __m128 t10 = _mm_max_ps(t8, _mm_shuffle_ps(t8, t8, _MM_SHUFFLE(0, 1, 0, 1)));
+  return _mm_cvtss_f32(t10);
+}
+
+LT_AVX2 float row_max_avx2(const float* z, int64_t V) {
+  __m256 lo = _mm256_set1_ps(-INFINITY), hi = lo;
+  int64_t i = 0;
+  for (; i + kLanes <= V; i += kLanes) {
+    lo = _mm256_max_ps(lo, _mm256_loadu_ps(z + i));
+    hi = _mm256_max_ps(hi, _mm256_loadu_ps(z + i + 8));
+  }
+  if (i < V) {  // the tail's unused lanes are -inf, as row_max_avx512 loads them
+    const __m256i k_lo = lanes_below(V - i), k_hi = lanes_below(V - i - 8);
+    const __m256 fill = _mm256_set1_ps(-INFINITY);
+    lo = _mm256_max_ps(lo, _mm256_blendv_ps(fill, _mm256_maskload_ps(z + i, k_lo), _mm256_castsi256_ps(k_lo)));
+    hi = _mm256_max_ps(hi, _mm256_blendv_ps(fill, _mm256_maskload_ps(z + i + 8, k_hi), _mm256_castsi256_ps(k_hi)));
+  }
+  return reduce_max16(lo, hi);
+}
+
+// add_lanes for a pair of halves: lanes 0-3, 4-7, 8-11, 12-15 of the 16 double lanes.
+LT_AVX2 inline void add_lanes_avx2(__m256d (&acc)[4], __m256 lo, __m256 hi) {
+  acc[0] = _mm256_add_pd(acc[0], _mm256_cvtps_pd(_mm256_castps256_ps128(lo)));
+  acc[1] = _mm256_add_pd(acc[1], _mm256_cvtps_pd(_mm256_extractf128_ps(lo, 1)));
+  acc[2] = _mm256_add_pd(acc[2], _mm256_cvtps_pd(_mm256_castps256_ps128(hi)));
+  acc[3] = _mm256_add_pd(acc[3], _mm256_cvtps_pd(_mm256_extractf128_ps(hi, 1)));
+}
+
+LT_AVX2 double row_expsum_avx2(float* e, const float* z, int64_t V, float m) {
+  const __m256 vm = _mm256_set1_ps(m);
+  __m256d acc[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd()};
+  int64_t i = 0;
+  for (; i + kLanes <= V; i += kLanes) {
+    const __m256 lo = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(z + i), vm));
+    const __m256 hi = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(z + i + 8), vm));
+    if (e) {
+      _mm256_storeu_ps(e + i, lo);
+      _mm256_storeu_ps(e + i + 8, hi);
+    }
+    add_lanes_avx2(acc, lo, hi);
+  }
+  if (i < V) {
+    const __m256i k_lo = lanes_below(V - i), k_hi = lanes_below(V - i - 8);
+    const __m256 lo =
+        _mm256_and_ps(_mm256_castsi256_ps(k_lo), exp_avx2(_mm256_sub_ps(_mm256_maskload_ps(z + i, k_lo), vm)));
+    const __m256 hi =
+        _mm256_and_ps(_mm256_castsi256_ps(k_hi), exp_avx2(_mm256_sub_ps(_mm256_maskload_ps(z + i + 8, k_hi), vm)));
+    if (e) {
+      _mm256_maskstore_ps(e + i, k_lo, lo);
+      _mm256_maskstore_ps(e + i + 8, k_hi, hi);
+    }
+    add_lanes_avx2(acc, lo, hi);  // +0.0 in the unused lanes, as in row_expsum_avx512
+  }
+  alignas(32) double lane[kLanes];
+  for (int q = 0; q < 4; ++q) _mm256_store_pd(lane + 4 * q, acc[q]);
+  double s = 0;
+  for (double l : lane) s += l;
+  return s;
+}
+
+LT_AVX2 void row_scale_avx2(float* out, const float* in, int64_t n, float c) {
+  const __m256 vc = _mm256_set1_ps(c);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_loadu_ps(in + i), vc));
+  if (i < n) {
+    const __m256i k = lanes_below(n - i);
+    _mm256_maskstore_ps(out + i, k, _mm256_mul_ps(_mm256_maskload_ps(in + i, k), vc));
+  }
+}
+
+#undef LT_AVX2
+
 struct RowKernels {
   float (*max)(const float* z, int64_t V);
   double (*expsum)(float* e, const float* z, int64_t V, float m);
   void (*scale)(float* out, const float* in, int64_t n, float c);
 };
 
+// The widest path the CPU offers: AVX-512, else AVX2 with FMA, else scalar; all three give the same bits.
 RowKernels row_kernels() {
-  if (cpu_features().avx512f) return {row_max_avx512, row_expsum_avx512, row_scale_avx512};
+  const CpuFeatures& f = cpu_features();
+  if (f.avx512f) return {row_max_avx512, row_expsum_avx512, row_scale_avx512};
+  if (f.avx2 && f.fma) return {row_max_avx2, row_expsum_avx2, row_scale_avx2};
   return {row_max_scalar, row_expsum_scalar, row_scale_scalar};
 }
 
