@@ -6,12 +6,14 @@
 // vectorise without fast-math. silu(g) measured within 3.7 ulp of double over every 64th f32 in
 // [-87.3, 87.3].
 //
-// Two builds of the same loop bodies: the baseline (SSE2) one is the specification, and an AVX-512 one
-// chosen at run time from cpu_features(). FMA contraction is turned off for the AVX-512 build (GCC would
-// otherwise fuse a·b + c there, and not in the baseline which has no FMA), so both give the same bits, on
-// every x86-64 and every thread count; the tests compare them bit for bit.
+// Three builds of the same loop bodies: the baseline (SSE2) one is the specification, and an AVX-512 and an
+// AVX2 + FMA one chosen at run time from cpu_features() (AVX-512 first). FMA contraction is turned off for
+// the vector builds (GCC would otherwise fuse a·b + c there, and not in the baseline which has no FMA), so
+// all give the same bits, on every x86-64 and every thread count; the tests compare them bit for bit.
 // Measured on one core of the shared (loaded) 2-core AMD EPYC dev box, n = 22.5M: forward 31 ms baseline,
 // 14 ms AVX-512 (19 GB/s); backward 40 ms baseline, 12 ms AVX-512 (36 GB/s). Roughly memory-bound.
+// The AVX2 build, later, with other jobs holding both cores (load average ~6; best of 7, a throwaway driver
+// run with LT_MAX_ISA=plain|avx2|avx512): forward 88 / 25 / 20 ms, backward 124 / 54 / 38 ms.
 //
 // Backward (σ' = σ(1-σ)):  d silu/dg = σ + g σ (1-σ) = σ (1 + g (1-σ))
 //   dgate = dout · up · σ · (1 + g (1 - σ)),  dup = dout · silu(g)
@@ -108,19 +110,49 @@ __attribute__((target("avx512f"), optimize("fp-contract=off"))) void backward_av
   backward_loop(dgate, dup, dout, gate, up, b, e);
 }
 
+// The AVX2 build: FMA is available there too, so contraction is off for the same reason.
+__attribute__((target("avx2,fma"), optimize("fp-contract=off"))) void forward_avx2(float* out, const float* gate,
+                                                                                  const float* up, int64_t b,
+                                                                                  int64_t e) {
+  forward_loop(out, gate, up, b, e);
+}
+
+__attribute__((target("avx2,fma"), optimize("fp-contract=off"))) void backward_avx2(
+    float* dgate, float* dup, const float* dout, const float* gate, const float* up, int64_t b, int64_t e) {
+  backward_loop(dgate, dup, dout, gate, up, b, e);
+}
+
+using ForwardLoop = void (*)(float*, const float*, const float*, int64_t, int64_t);
+using BackwardLoop = void (*)(float*, float*, const float*, const float*, const float*, int64_t, int64_t);
+
+// The widest build the CPU runs: AVX-512, else AVX2 with FMA, else the baseline.
+ForwardLoop select_forward() {
+  const CpuFeatures& f = cpu_features();
+  if (f.avx512f) return forward_avx512;
+  if (f.avx2 && f.fma) return forward_avx2;
+  return forward_plain;
+}
+
+BackwardLoop select_backward() {
+  const CpuFeatures& f = cpu_features();
+  if (f.avx512f) return backward_avx512;
+  if (f.avx2 && f.fma) return backward_avx2;
+  return backward_plain;
+}
+
 }  // namespace
 
 void swiglu_forward(float* out, const float* gate, const float* up, int64_t n) {
   LT_CHECK(n >= 0, "swiglu_forward: bad size n={}", n);
   // out[n] = silu(gate[n]) · up[n]
-  const auto loop = cpu_features().avx512f ? forward_avx512 : forward_plain;
+  const ForwardLoop loop = select_forward();
   parallel_chunks(n, kChunk, [&](int64_t b, int64_t e) { loop(out, gate, up, b, e); });
 }
 
 void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate, const float* up, int64_t n) {
   LT_CHECK(n >= 0, "swiglu_backward: bad size n={}", n);
   // dgate[n], dup[n] written
-  const auto loop = cpu_features().avx512f ? backward_avx512 : backward_plain;
+  const BackwardLoop loop = select_backward();
   parallel_chunks(n, kChunk, [&](int64_t b, int64_t e) { loop(dgate, dup, dout, gate, up, b, e); });
 }
 
