@@ -4,9 +4,13 @@
 
 #include <algorithm>
 #include <cfloat>
+#include <cmath>
+#include <cstdint>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 
+#include "core/error.h"
 #include "optim/kernels.h"
 
 #pragma GCC optimize("fp-contract=off")
@@ -48,38 +52,9 @@ LT_AVX2 inline __m128i to_bf16(__m256 x) {
   return _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08));
 }
 
-// quant_lookup (quant_map.h) lane by lane; the code in the low byte of each lane, upper bytes zero.
-LT_AVX2 inline __m256i lookup(const uint32_t* entry, __m256 x) {
-  const __m256i bits = _mm256_castps_si256(x);
-  __m256i key = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(0x7fff));
-  key = _mm256_min_epi32(_mm256_max_epi32(key, _mm256_set1_epi32(int(QuantTable::kKeyLo))),
-                         _mm256_set1_epi32(int(QuantTable::kKeyHi)));
-  const __m256i sign = _mm256_and_si256(_mm256_srai_epi32(bits, 31), _mm256_set1_epi32(QuantTable::kBucketsPerSign));
-  const __m256i index = _mm256_add_epi32(_mm256_sub_epi32(key, _mm256_set1_epi32(int(QuantTable::kKeyLo))), sign);
-  const __m256i e = _mm256_i32gather_epi32(reinterpret_cast<const int*>(entry), index, 4);
-  // low16 >= T, both in [0, 65535]: a signed compare is exact.
-  const __m256i lower = _mm256_cmpgt_epi32(_mm256_srli_epi32(e, 16), _mm256_and_si256(bits, _mm256_set1_epi32(0xffff)));
-  const __m256i code = _mm256_blendv_epi8(_mm256_srli_epi32(e, 8), e, lower);
-  return _mm256_and_si256(code, _mm256_set1_epi32(0xff));
-}
-
-// The low bytes of 8 lanes (each in [0, 255]) as 8 consecutive bytes.
-LT_AVX2 inline uint64_t pack_bytes(__m256i c) {
-  const __m256i p16 = _mm256_packus_epi32(c, c);
-  const __m256i p8 = _mm256_packus_epi16(p16, p16);
-  const __m128i both = _mm_unpacklo_epi32(_mm256_castsi256_si128(p8), _mm256_extracti128_si256(p8, 1));
-  return uint64_t(_mm_cvtsi128_si64(both));
-}
-
 LT_AVX2 inline __m256i lane_mask(int64_t remaining) {
   const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   return _mm256_cmpgt_epi32(_mm256_set1_epi32(int(std::min<int64_t>(remaining, 8))), idx);
-}
-
-LT_AVX2 inline __m256 dequant(const float* map, const uint8_t* codes) {
-  int64_t c8;
-  std::memcpy(&c8, codes, 8);
-  return _mm256_i32gather_ps(map, _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(c8)), 4);
 }
 
 LT_AVX2 inline float hmax(__m256 x) {
@@ -119,74 +94,334 @@ LT_AVX2 void adamw32_avx2(const AdamW32Args& a, const AdamWScalars& s) {
   }
 }
 
-LT_AVX2 void adamw8_avx2(const AdamW8Args& a, const AdamWScalars& s) {
-  const QuantTable& ts = quant_table(QuantMapKind::signed_dynamic);
-  const QuantTable& tu = quant_table(QuantMapKind::unsigned_dynamic);
+namespace {
+
+// ---- 8-bit states: requantisation by arithmetic (QuantArith, quant_map.h) with 8-entry permutes ------------
+//
+// Gathers cost ~12 cycles per 8 lanes on the Zen 5 dev box (measured; Zen 2/3 are no faster), and the kernel
+// used four per 8 parameters. The code is computed instead, as the AVX-512 kernels do, within AVX2's limits:
+//   * the permutes index 8 entries, and QuantArith has 9 regions (0: the zero code, 1..7: the decades, 8: 1.0).
+//     Regions 0..7 are looked up; region 8 is one more compare, x > T[7] takes code 255. A negative x there
+//     keeps region 7, whose code clamps at 254 and mirrors to 0: the code region 8 gives it too (every |x|
+//     above the decade's last inner midpoint has s >= 2^16 · 254: s is monotone and quant_arith() proves the
+//     f32 above that midpoint is within the flagged window over 254 · 2^16).
+//   * region_lo by pairs of binades (|x|'s bits >> 24, as the VBMI loop does): pairs 48..63 are 16 entries,
+//     one byte shuffle; the pairs below 48 (|x| < 2^-29) saturate to entry 0, region 0.
+//   * the signed map decides its region for both signs by one compare on key = x's bits rotated left by one
+//     (see SignedKey in kernels_avx512.cpp: W = 2U, or 2U - 1 where the negative threshold is the f32 below);
+//     AVX2 compares signed, and key < 2^31 for |x| < 2. The mirror 254 - c is a blend on x's sign bit.
+// Codes live in byte 2 of each 32-bit lane (s = 2^16 (c0 + t) + 8); a lane with s mod 2^16 < 16 is looked up
+// in the bucket table instead (about 1 lane in 10000).
+struct Arith8 {
+  alignas(32) float A[8], B[8];
+  alignas(32) float thr[8];         // unsigned map: T[0..6], then +inf (region 7 is the last looked up)
+  alignas(32) int32_t key_thr[8];   // signed map: W - 1 (key > W - 1 iff key >= W), INT32_MAX for region 7
+  alignas(32) int32_t hi[8];        // code_top of the region's last code (region 7: 254)
+  alignas(32) uint8_t pairs[32];    // region_lo of binade pairs 48..63, in both 128-bit lanes
+  float top;                        // T[7]: x > top takes code 255
+  const QuantTable* table;
+};
+
+constexpr int kCodeShift = QuantArith::kFracBits;
+static_assert(kCodeShift == 16, "the kernel takes the code as byte 2 of s");
+constexpr int32_t code_top(int32_t c) { return c << kCodeShift | ((1 << kCodeShift) - 1); }
+constexpr int kFirstPair = 48;  // binades 2^-31 and 2^-30; pair 63 holds [0.5, 2)
+
+Arith8 make_arith8(QuantMapKind kind) {
+  const QuantArith& qa = quant_arith(kind);
+  LT_CHECK(qa.hi[7] == 254 && qa.hi[8] == 255 && qa.T[7] < INFINITY && !(qa.T[8] < INFINITY),
+           "avx2 requantisation: region 8 must be the code 255 alone, above T[7]");
+  Arith8 a{};
+  a.table = &quant_table(kind);
+  a.top = qa.T[7];
+  for (int r = 0; r < 8; ++r) {
+    a.A[r] = qa.A[r];
+    a.B[r] = qa.B[r];
+    a.hi[r] = code_top(qa.hi[r]);
+    a.thr[r] = r < 7 ? qa.T[r] : INFINITY;
+    a.key_thr[r] = std::numeric_limits<int32_t>::max();
+    if (r == 7) continue;
+    uint32_t tp, tn;
+    std::memcpy(&tp, &qa.T[r], 4);
+    std::memcpy(&tn, &qa.T[16 + r], 4);
+    LT_CHECK(tn == tp || tn + 1 == tp, "avx2 requantisation: threshold {} differs by more than one f32 between signs",
+             r);
+    const uint32_t W = tn == tp ? 2 * (tp + 1) : 2 * (tp + 1) - 1;
+    LT_CHECK(W < 0x80000000u, "avx2 requantisation: key threshold {} is not below 2^31", r);
+    a.key_thr[r] = int32_t(W - 1);
+  }
+  // Pair p holds the binades 2p - 127 and 2p - 126 (as exponents of 2); entry p - 48 counts the thresholds below
+  // it, and no pair may hold two of them (either sign's). Entry 0 also serves every pair below 48.
+  for (int p = kFirstPair; p < 64; ++p) {
+    const double lo = p == kFirstPair ? 0.0 : std::ldexp(1.0, 2 * p - 127), hi = std::ldexp(1.0, 2 * p - 125);
+    int below = 0, inside = 0;
+    for (int t = 0; t < 7; ++t) {
+      const double tp = qa.T[t], tn = qa.T[16 + t];
+      LT_CHECK((tp < lo) == (tn < lo), "avx2 requantisation: a midpoint sits on a binade edge");
+      below += tp < lo;
+      inside += std::max(int(tp >= lo && tp < hi), int(tn >= lo && tn < hi));
+    }
+    LT_CHECK(inside <= 1, "avx2 requantisation: binade pair {} holds {} region boundaries", p, inside);
+    a.pairs[p - kFirstPair] = a.pairs[p - kFirstPair + 16] = uint8_t(below);
+  }
+  LT_CHECK(a.pairs[0] == 0, "avx2 requantisation: the lowest binade pair must be region 0");
+  return a;
+}
+
+// region_lo of |x| (its bits: abits) by binade pairs, one byte shuffle (the bytes above byte 0 index entry 0).
+LT_AVX2 inline __m256i region_lo(const Arith8& q, __m256i abits) {
+  const __m256i pair = _mm256_subs_epu8(_mm256_srli_epi32(abits, 24), _mm256_set1_epi8(kFirstPair));
+  return _mm256_shuffle_epi8(_mm256_load_si256(reinterpret_cast<const __m256i*>(q.pairs)), pair);
+}
+
+// s = round(a · A[r] + B[r]) clamped to the region's last code; `ambiguous`: the lanes to look up exactly.
+LT_AVX2 inline __m256i decade_code(const Arith8& q, __m256 a, __m256i r, __m256i& ambiguous) {
+  const __m256 s = _mm256_fmadd_ps(a, _mm256_permutevar8x32_ps(_mm256_load_ps(q.A), r),
+                                   _mm256_permutevar8x32_ps(_mm256_load_ps(q.B), r));
+  const __m256i c = _mm256_min_epi32(_mm256_cvtps_epi32(s),
+                                     _mm256_permutevar8x32_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(q.hi)), r));
+  ambiguous = _mm256_cmpeq_epi32(_mm256_and_si256(c, _mm256_set1_epi32(QuantArith::kExactBits)), _mm256_setzero_si256());
+  return c;
+}
+
+// Nearest code of x >= 0 in the unsigned map (v / absmax), in byte 2.
+LT_AVX2 inline __m256i quantize_u(const Arith8& q, __m256 x, __m256i& ambiguous) {
+  const __m256i lo = region_lo(q, _mm256_castps_si256(x));
+  const __m256 up = _mm256_cmp_ps(x, _mm256_permutevar8x32_ps(_mm256_load_ps(q.thr), lo), _CMP_GT_OQ);
+  const __m256i r = _mm256_sub_epi32(lo, _mm256_castps_si256(up));
+  const __m256i c = decade_code(q, x, r, ambiguous);
+  const __m256 one = _mm256_cmp_ps(x, _mm256_set1_ps(q.top), _CMP_GT_OQ);
+  return _mm256_castps_si256(
+      _mm256_blendv_ps(_mm256_castsi256_ps(c), _mm256_castsi256_ps(_mm256_set1_epi32(code_top(255))), one));
+}
+
+// Nearest code of x in the signed map (m / absmax), in byte 2.
+LT_AVX2 inline __m256i quantize_s(const Arith8& q, __m256 x, __m256i& ambiguous) {
+  const __m256i bits = _mm256_castps_si256(x);
+  const __m256i abits = _mm256_and_si256(bits, _mm256_set1_epi32(0x7fffffff));
+  const __m256i key = _mm256_or_si256(_mm256_add_epi32(abits, abits), _mm256_srli_epi32(bits, 31));
+  const __m256i lo = region_lo(q, abits);
+  const __m256i up =
+      _mm256_cmpgt_epi32(key, _mm256_permutevar8x32_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(q.key_thr)), lo));
+  const __m256i r = _mm256_sub_epi32(lo, up);
+  __m256i c = decade_code(q, _mm256_castsi256_ps(abits), r, ambiguous);
+  const __m256 one = _mm256_cmp_ps(x, _mm256_set1_ps(q.top), _CMP_GT_OQ);  // positive lanes only
+  c = _mm256_castps_si256(
+      _mm256_blendv_ps(_mm256_castsi256_ps(c), _mm256_castsi256_ps(_mm256_set1_epi32(code_top(255))), one));
+  // x < 0 (sign bit set, -0 included: its code 127 is its own mirror): 254 - c, in byte 2.
+  const __m256i mirror = _mm256_sub_epi32(_mm256_set1_epi32(code_top(254)), c);
+  return _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(c), _mm256_castsi256_ps(mirror), x));
+}
+
+// The exact lookup for flagged lanes, out of the hot loop: the code in byte 2, as the arithmetic leaves it.
+__attribute__((noinline, cold)) void fix_lanes(const QuantTable& t, const float* xs, int32_t* cs, unsigned lanes) {
+  for (; lanes != 0; lanes &= lanes - 1) {
+    const int i = __builtin_ctz(lanes);
+    cs[i] = int32_t(quant_lookup(t, xs[i])) << kCodeShift;
+  }
+}
+
+LT_AVX2 inline __m256i fix(const QuantTable& t, __m256 x, __m256i code, __m256i ambiguous) {
+  alignas(32) float xs[8];
+  alignas(32) int32_t cs[8];
+  _mm256_store_ps(xs, x);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(cs), code);
+  fix_lanes(t, xs, cs, unsigned(_mm256_movemask_ps(_mm256_castsi256_ps(ambiguous))));
+  return _mm256_load_si256(reinterpret_cast<const __m256i*>(cs));
+}
+
+// A block whose states are updated and whose absmax is known, waiting for its codes.
+struct Pending {
+  uint8_t* qm;
+  uint8_t* qv;
+  const float* m;  // [len] the updated states
+  const float* v;
+  int64_t len;
+  __m256 inv_m, inv_v;
+  __m256i guard;  // 1 << 16 in every lane when the block's absmax_v > 0 (the zero-point guard applies), else 0
+};
+
+// The codes of lanes j..j+7 of a pending block, each in byte 2 of its lane.
+LT_AVX2 inline void codes8(const Arith8& qs, const Arith8& qu, const Pending& b, int64_t j, __m256i& cm,
+                           __m256i& cv) {
+  const __m256 v = _mm256_load_ps(b.v + j);
+  const __m256 xm = _mm256_mul_ps(_mm256_load_ps(b.m + j), b.inv_m);
+  const __m256 xv = _mm256_mul_ps(v, b.inv_v);
+  __m256i amb_m, amb_v;
+  cm = quantize_s(qs, xm, amb_m);
+  cv = quantize_u(qu, xv, amb_v);
+  const __m256i amb = _mm256_or_si256(amb_m, amb_v);
+  if (!_mm256_testz_si256(amb, amb)) [[unlikely]] {
+    if (!_mm256_testz_si256(amb_m, amb_m)) cm = fix(*qs.table, xm, cm, amb_m);
+    if (!_mm256_testz_si256(amb_v, amb_v)) cv = fix(*qu.table, xv, cv, amb_v);
+  }
+  // The zero-point guard: v > 0 takes at least code 1.
+  const __m256i positive = _mm256_castps_si256(_mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_GT_OQ));
+  cv = _mm256_max_epi32(cv, _mm256_and_si256(positive, b.guard));
+}
+
+// Byte 2 of 2 x 8 lanes of m codes and of v codes: 16 m codes in the low half, 16 v codes in the high half.
+LT_AVX2 inline __m256i pack_codes16(__m256i cm0, __m256i cm1, __m256i cv0, __m256i cv1) {
+  // packus per 128-bit lane: [m0 0-3 | m1 0-3 | v0 0-3 | v1 0-3] [m0 4-7 | m1 4-7 | v0 4-7 | v1 4-7]
+  const __m256i pm = _mm256_packus_epi32(_mm256_srli_epi32(cm0, kCodeShift), _mm256_srli_epi32(cm1, kCodeShift));
+  const __m256i pv = _mm256_packus_epi32(_mm256_srli_epi32(cv0, kCodeShift), _mm256_srli_epi32(cv1, kCodeShift));
+  return _mm256_permutevar8x32_epi32(_mm256_packus_epi16(pm, pv), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+// Requantises lanes j..j+15 of a pending block (16 lanes inside it).
+LT_AVX2 inline void requant16(const Arith8& qs, const Arith8& qu, const Pending& b, int64_t j) {
+  __m256i cm0, cv0, cm1, cv1;
+  codes8(qs, qu, b, j, cm0, cv0);
+  codes8(qs, qu, b, j + 8, cm1, cv1);
+  const __m256i both = pack_codes16(cm0, cm1, cv0, cv1);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(b.qm + j), _mm256_castsi256_si128(both));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(b.qv + j), _mm256_extracti128_si256(both, 1));
+}
+
+// Every lane of a pending block requantised on its own (the first block, a short one, the last one).
+LT_AVX2 inline void requant_block(const Arith8& qs, const Arith8& qu, const Pending& b) {
+  int64_t j = 0;
+  for (; j + 16 <= b.len; j += 16) requant16(qs, qu, b, j);
+  for (; j < b.len; j += 8) {  // the buffers hold whole vectors past len; only len codes are stored
+    __m256i cm, cv;
+    codes8(qs, qu, b, j, cm, cv);
+    alignas(32) uint8_t bytes[32];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(bytes), pack_codes16(cm, cm, cv, cv));
+    const size_t r = size_t(std::min<int64_t>(b.len - j, 8));
+    std::memcpy(b.qm + j, bytes, r);
+    std::memcpy(b.qv + j, bytes + 16, r);
+  }
+}
+
+// ---- 8-bit states: dequantisation and the update ------------------------------------------------------------
+
+// The unscaled map values of len codes (a whole block), one scalar load each. Two loads and a store per code
+// run on the load/store ports beside the vector work; a gather of 8 costs ~12 cycles here. Not vectorised (a
+// baseline function, never inlined into the AVX2 code, where GCC would turn the loop into gathers).
+__attribute__((noinline)) void dequant_block(const float* qs, const float* qu, const uint8_t* cm, const uint8_t* cv,
+                                             int64_t len, float* mb, float* vb) {
+  for (int64_t j = 0; j < len; ++j) {
+    mb[j] = qs[cm[j]];
+    vb[j] = qu[cv[j]];
+  }
+}
+
+// Lanes i..i+7 (k: those inside the tensor, all 8 when full): the AdamW update from the block's unscaled map
+// values in mb, vb (overwritten with the updated states), p and its copy written, the block maxima updated.
+template <bool kCopy, bool kFull>
+LT_AVX2 inline void update8(const AdamW8Args& a, const Consts& c, int64_t i, __m256i k, __m256 am, __m256 av,
+                            float* mb, float* vb, __m256& max_m, __m256& max_v) {
+  __m256 m = _mm256_mul_ps(_mm256_load_ps(mb), am);
+  __m256 v = _mm256_mul_ps(_mm256_load_ps(vb), av);
+  if constexpr (kFull) {
+    const __m256 p = update(_mm256_loadu_ps(a.p + i), _mm256_loadu_ps(a.g + i), m, v, c);
+    _mm256_storeu_ps(a.p + i, p);
+    if constexpr (kCopy) _mm_storeu_si128(reinterpret_cast<__m128i*>(a.copy + i), to_bf16(p));
+    max_m = _mm256_max_ps(max_m, _mm256_andnot_ps(_mm256_set1_ps(-0.0f), m));
+    max_v = _mm256_max_ps(max_v, v);
+  } else {
+    const __m256 p = update(_mm256_maskload_ps(a.p + i, k), _mm256_maskload_ps(a.g + i, k), m, v, c);
+    _mm256_maskstore_ps(a.p + i, k, p);
+    if constexpr (kCopy) {
+      alignas(16) bf16_t tmp[8];
+      _mm_store_si128(reinterpret_cast<__m128i*>(tmp), to_bf16(p));
+      const int live = _mm256_movemask_ps(_mm256_castsi256_ps(k));
+      std::memcpy(a.copy + i, tmp, size_t(__builtin_popcount(unsigned(live))) * sizeof(bf16_t));
+    }
+    const __m256 keep = _mm256_castsi256_ps(k);
+    max_m = _mm256_max_ps(max_m, _mm256_and_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.0f), m), keep));
+    max_v = _mm256_max_ps(max_v, _mm256_and_ps(v, keep));
+  }
+  _mm256_store_ps(mb, m);
+  _mm256_store_ps(vb, v);
+}
+
+// A block's update alone (not fused with a requantisation).
+template <bool kCopy>
+LT_AVX2 inline void update_block(const AdamW8Args& a, const Consts& c, int64_t b0, int64_t len, __m256 am, __m256 av,
+                                 float* mb, float* vb, __m256& max_m, __m256& max_v) {
+  int64_t j = 0;
+  for (; j + 8 <= len; j += 8)
+    update8<kCopy, true>(a, c, b0 + j, _mm256_set1_epi32(-1), am, av, mb + j, vb + j, max_m, max_v);
+  if (j < len) update8<kCopy, false>(a, c, b0 + j, lane_mask(len - j), am, av, mb + j, vb + j, max_m, max_v);
+}
+
+// After a block's update: its absmax (stored) and its requantisation parameters.
+LT_AVX2 inline Pending finish_block(const AdamW8Args& a, int64_t b0, int64_t blk, int64_t len, const float* mb,
+                                    const float* vb, __m256 max_m, __m256 max_v) {
+  float mm = hmax(max_m), mv = hmax(max_v);
+  if (mm < FLT_MIN) mm = 0.0f;
+  if (mv < FLT_MIN) mv = 0.0f;
+  a.absmax_m[blk] = mm;
+  a.absmax_v[blk] = mv;
+  return {a.qm + b0,
+          a.qv + b0,
+          mb,
+          vb,
+          len,
+          _mm256_set1_ps(mm > 0.0f ? 1.0f / mm : 0.0f),
+          _mm256_set1_ps(mv > 0.0f ? 1.0f / mv : 0.0f),
+          _mm256_set1_epi32(mv > 0.0f ? 1 << kCodeShift : 0)};
+}
+
+// Software prefetch of p, g (one line each per 16 lanes) and, every 64 lanes, the code lines, kPrefetchAhead
+// lanes ahead (the address may lie past the end: prefetches do not fault; it is formed as an integer).
+constexpr int64_t kPrefetchAhead = 1024;
+
+LT_AVX2 inline void prefetch_line(const void* base, int64_t bytes) {
+  _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(base) + uintptr_t(bytes)), _MM_HINT_T0);
+}
+
+// One pass over the tensor, block by block: the codes of block b are dequantised into a buffer, then the update
+// of block b (sqrt and two divisions per lane, on the divider) runs in one loop with the requantisation of block
+// b - 1 (integer and permute work), so that the out-of-order core overlaps them.
+template <bool kCopy>
+LT_AVX2 void adamw8_avx2_impl(const AdamW8Args& args, const AdamWScalars& s, const Arith8& qs, const Arith8& qu) {
+  const AdamW8Args a = args;  // a local copy: the stores through its pointers cannot alias it
   const Consts c = make_consts(s);
-  alignas(32) float mbuf[kMaxBlock], vbuf[kMaxBlock];
+  const float* map_m = quant_table(QuantMapKind::signed_dynamic).values.data();
+  const float* map_v = quant_table(QuantMapKind::unsigned_dynamic).values.data();
+  alignas(32) float buf[2][2][kMaxBlock + 8];  // [block parity][m, v]; whole vectors past a short block's end
+  Pending prev{};
+  bool have_prev = false;
   for (int64_t b0 = 0, blk = 0; b0 < a.n; b0 += a.block, ++blk) {
     const int64_t len = std::min(a.block, a.n - b0);
+    float* mb = buf[blk & 1][0];
+    float* vb = buf[blk & 1][1];
+    dequant_block(map_m, map_v, a.qm + b0, a.qv + b0, len, mb, vb);
     const __m256 am = _mm256_set1_ps(a.absmax_m[blk]), av = _mm256_set1_ps(a.absmax_v[blk]);
     __m256 max_m = _mm256_setzero_ps(), max_v = _mm256_setzero_ps();
-    const __m256 sign_bit = _mm256_set1_ps(-0.0f);
-    for (int64_t j = 0; j < len; j += 8) {
-      const int64_t i = b0 + j, r = std::min<int64_t>(len - j, 8);
-      const __m256i k = lane_mask(r);
-      const uint8_t* pm = a.qm + i;
-      const uint8_t* pv = a.qv + i;
-      uint8_t qm8[8] = {}, qv8[8] = {};  // a tail reads through zero-padded copies
-      if (r < 8) {
-        std::memcpy(qm8, pm, size_t(r));
-        std::memcpy(qv8, pv, size_t(r));
-        pm = qm8;
-        pv = qv8;
-      }
-      __m256 m = _mm256_mul_ps(dequant(ts.values.data(), pm), am);
-      __m256 v = _mm256_mul_ps(dequant(tu.values.data(), pv), av);
-      if (r == 8) {
-        const __m256 p = update(_mm256_loadu_ps(a.p + i), _mm256_loadu_ps(a.g + i), m, v, c);
-        _mm256_storeu_ps(a.p + i, p);
-        if (a.copy) _mm_storeu_si128(reinterpret_cast<__m128i*>(a.copy + i), to_bf16(p));
-      } else {
-        const __m256 p = update(_mm256_maskload_ps(a.p + i, k), _mm256_maskload_ps(a.g + i, k), m, v, c);
-        _mm256_maskstore_ps(a.p + i, k, p);
-        if (a.copy) {
-          alignas(16) bf16_t tmp[8];
-          _mm_store_si128(reinterpret_cast<__m128i*>(tmp), to_bf16(p));
-          std::memcpy(a.copy + i, tmp, size_t(r) * sizeof(bf16_t));
+    if (have_prev && prev.len == len) {  // len is then the block size, a multiple of 16
+      const __m256i all = _mm256_set1_epi32(-1);
+      for (int64_t j = 0; j < len; j += 16) {
+        const int64_t i = b0 + j;
+        prefetch_line(a.p, 4 * (i + kPrefetchAhead));
+        prefetch_line(a.g, 4 * (i + kPrefetchAhead));
+        if (j % 64 == 0) {
+          prefetch_line(a.qm, i + kPrefetchAhead);
+          prefetch_line(a.qv, i + kPrefetchAhead);
         }
+        update8<kCopy, true>(a, c, i, all, am, av, mb + j, vb + j, max_m, max_v);
+        update8<kCopy, true>(a, c, i + 8, all, am, av, mb + j + 8, vb + j + 8, max_m, max_v);
+        requant16(qs, qu, prev, j);
       }
-      _mm256_store_ps(mbuf + j, m);
-      _mm256_store_ps(vbuf + j, v);
-      const __m256 live = _mm256_castsi256_ps(k);
-      max_m = _mm256_max_ps(max_m, _mm256_and_ps(_mm256_andnot_ps(sign_bit, m), live));
-      max_v = _mm256_max_ps(max_v, _mm256_and_ps(v, live));
+    } else {
+      if (have_prev) requant_block(qs, qu, prev);
+      update_block<kCopy>(a, c, b0, len, am, av, mb, vb, max_m, max_v);
     }
-    float mm = hmax(max_m), mv = hmax(max_v);
-    if (mm < FLT_MIN) mm = 0.0f;
-    if (mv < FLT_MIN) mv = 0.0f;
-    a.absmax_m[blk] = mm;
-    a.absmax_v[blk] = mv;
-    const __m256 inv_m = _mm256_set1_ps(mm > 0.0f ? 1.0f / mm : 0.0f);
-    const __m256 inv_v = _mm256_set1_ps(mv > 0.0f ? 1.0f / mv : 0.0f);
-    const __m256i guard = _mm256_set1_epi32(mv > 0.0f ? 1 : 0);
-    for (int64_t j = 0; j < len; j += 8) {
-      const int64_t r = std::min<int64_t>(len - j, 8);
-      const __m256 m = _mm256_load_ps(mbuf + j), v = _mm256_load_ps(vbuf + j);
-      const __m256i cm = lookup(ts.entry, _mm256_mul_ps(m, inv_m));
-      __m256i cv = lookup(tu.entry, _mm256_mul_ps(v, inv_v));
-      const __m256i positive = _mm256_castps_si256(_mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_GT_OQ));
-      cv = _mm256_max_epi32(cv, _mm256_and_si256(positive, guard));
-      const uint64_t bm = pack_bytes(cm), bv = pack_bytes(cv);
-      if (r == 8) {
-        std::memcpy(a.qm + b0 + j, &bm, 8);
-        std::memcpy(a.qv + b0 + j, &bv, 8);
-      } else {
-        std::memcpy(a.qm + b0 + j, &bm, size_t(r));
-        std::memcpy(a.qv + b0 + j, &bv, size_t(r));
-      }
-    }
+    prev = finish_block(a, b0, blk, len, mb, vb, max_m, max_v);
+    have_prev = true;
   }
+  if (have_prev) requant_block(qs, qu, prev);
+}
+
+}  // namespace
+
+void adamw8_avx2(const AdamW8Args& a, const AdamWScalars& s) {
+  static const Arith8 qs = make_arith8(QuantMapKind::signed_dynamic);
+  static const Arith8 qu = make_arith8(QuantMapKind::unsigned_dynamic);
+  if (a.copy) adamw8_avx2_impl<true>(a, s, qs, qu);
+  else adamw8_avx2_impl<false>(a, s, qs, qu);
 }
 
 namespace {

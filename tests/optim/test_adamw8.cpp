@@ -7,6 +7,7 @@
 #include <cfloat>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <vector>
 
 #include "core/parallel.h"
@@ -147,6 +148,123 @@ INSTANTIATE_TEST_SUITE_P(OddLengths, FusedStep8,
                          [](const ::testing::TestParamInfo<Case>& i) {
                            return fmt::format("n{}_B{}", i.param.n, i.param.B);
                          });
+
+// Requantisation at its edges, every path against the plain one: the f32 neighbours (+-40) of every midpoint of
+// both maps (the lanes the arithmetic paths flag and look up exactly), of the region thresholds (exact compares;
+// the signed map's negative side ties the other way), of powers of two (the binade-pair region lookup), the codes
+// themselves, 1.0, +-0 and denormals. With beta1 = 0, 1 - beta1 = 1 the step's m' is the gradient bit for bit
+// (fma(g, 1, 0)), and with beta2 = 0, 1 - beta2 = 1, v' = g · g rounded; each block's lane 0 holds g = 1, so
+// absmax_m = absmax_v = 1 and m' / absmax, v' / absmax are those values exactly. A v target is reached through
+// the f32 g nearest its square root whose square rounds to it (or the closest square where none does).
+std::vector<float> edge_values(QuantMapKind kind) {
+  const QuantMap& q = quant_map(kind);
+  const QuantArith& qa = quant_arith(kind);
+  std::vector<float> x;
+  auto around = [&](float c, int k) {
+    float lo = c, hi = c;
+    x.push_back(c);
+    for (int i = 0; i < k; ++i) {
+      lo = std::nextafter(lo, -INFINITY);
+      hi = std::nextafter(hi, INFINITY);
+      x.push_back(lo);
+      x.push_back(hi);
+    }
+  };
+  for (int c = 0; c + 1 < 256; ++c) {
+    const double mid = (double(q[size_t(c)]) + double(q[size_t(c) + 1])) / 2;
+    around(float(mid), 40);
+  }
+  for (int c = 0; c < 256; ++c) around(q[size_t(c)], 2);
+  for (int i = 0; i < 32; ++i)
+    if (qa.T[i] < INFINITY) around(qa.T[i], 4);
+  for (int e = -40; e <= 0; ++e) around(std::ldexp(1.0f, e), 1);
+  for (float v : {0.0f, -0.0f, 1e-40f, -1e-40f, FLT_MIN, 1.0f}) x.push_back(v);
+  const size_t positive = x.size();
+  if (kind == QuantMapKind::signed_dynamic)
+    for (size_t i = 0; i < positive; ++i) x.push_back(-x[i]);
+  std::vector<float> kept;
+  for (float v : x)
+    if (std::fabs(v) <= 1.0f && (kind == QuantMapKind::signed_dynamic || v >= 0.0f)) kept.push_back(v);
+  return kept;
+}
+
+// The f32 g whose rounded square is t, or the closest such square.
+float root_of_square(float t) {
+  float g = std::sqrt(t), best = g;
+  double best_d = INFINITY;
+  for (int i = 0; i < 6; ++i) g = std::nextafter(g, 0.0f);
+  for (int i = 0; i < 13; ++i, g = std::nextafter(g, INFINITY)) {
+    const double d = std::fabs(double(g * g) - double(t));
+    if (d < best_d) best_d = d, best = g;
+  }
+  return best;
+}
+
+// How many of xs the arithmetic requantisation flags for the exact lookup (QuantArith, as the vector paths run
+// it): the test must reach that fallback, not only the arithmetic.
+int64_t flagged(QuantMapKind kind, const std::vector<float>& xs) {
+  const QuantArith& q = quant_arith(kind);
+  int64_t count = 0;
+  for (float x : xs) {
+    const float a = std::fabs(x);
+    uint32_t bits;
+    std::memcpy(&bits, &a, 4);
+    const int32_t lo = q.region_lo[std::max<int32_t>(int32_t(bits >> 23) - QuantArith::kExpBase, 0) & 31];
+    const int32_t r = lo + (a > q.T[lo + (x < 0 ? 16 : 0)]);
+    count += QuantArith::ambiguous(int32_t(std::lrint(std::fma(a, q.A[r], q.B[r]))));
+  }
+  return count;
+}
+
+TEST(FusedStep8, RequantisationEdgesMatchPlain) {
+  AdamWScalars s;  // clip 1, decay 1
+  s.beta1 = 0.0f;
+  s.one_minus_beta1 = 1.0f;
+  s.beta2 = 0.0f;
+  s.one_minus_beta2 = 1.0f;
+  s.neg_step_size = -1e-3f;
+  const std::vector<float> xm = edge_values(QuantMapKind::signed_dynamic);
+  const std::vector<float> xv = edge_values(QuantMapKind::unsigned_dynamic);
+  std::vector<float> targets = xm;
+  for (float t : xv) targets.push_back(root_of_square(t));
+  std::vector<float> squares;
+  for (float g : targets) squares.push_back(g * g);
+  EXPECT_GT(flagged(QuantMapKind::signed_dynamic, xm), 2000);
+  EXPECT_GT(flagged(QuantMapKind::unsigned_dynamic, squares), 2000);
+  for (int64_t B : {int64_t(16), int64_t(64), int64_t(256)}) {
+    // Lane 0 of every block is 1 (the absmax); the targets fill the other lanes, then a short last block.
+    std::vector<float> g;
+    for (size_t t = 0; t < targets.size(); ++t) {
+      if (int64_t(g.size()) % B == 0) g.push_back(1.0f);
+      g.push_back(targets[t]);
+    }
+    for (int i = 0; i < 5; ++i) g.push_back(0.25f);
+    if (int64_t(g.size()) % B == 1) g.push_back(0.5f);
+    const int64_t n = int64_t(g.size());
+    const std::vector<float> p0 = testing::random_vector(size_t(n), 77);
+    std::vector<float> p_ref = p0;
+    State8 st_ref(n, B);
+    run_kernel(VectorPath::plain, p_ref, g, st_ref, B, s);
+    for (size_t blk = 0; blk + 1 < st_ref.am.size(); ++blk) ASSERT_EQ(st_ref.am[blk], 1.0f) << "block " << blk;
+    for (VectorPath path : testing::available_paths()) {
+      for (bool with_copy : {false, true}) {
+        SCOPED_TRACE(::testing::Message() << "path " << vector_path_name(path) << ", B=" << B
+                                          << (with_copy ? ", bf16 copy" : ""));
+        std::vector<float> p = p0;
+        State8 st(n, B);
+        std::vector<bf16_t> copy(static_cast<size_t>(n));
+        run_kernel(path, p, g, st, B, s, with_copy ? &copy : nullptr);
+        ASSERT_TRUE(testing::bits_equal(p, p_ref)) << "parameters differ";
+        for (int64_t i = 0; i < n; ++i) {
+          ASSERT_EQ(int(st.qm[size_t(i)]), int(st_ref.qm[size_t(i)])) << "m code " << i << ", m' = " << g[size_t(i)];
+          ASSERT_EQ(int(st.qv[size_t(i)]), int(st_ref.qv[size_t(i)]))
+              << "v code " << i << ", v' = " << g[size_t(i)] * g[size_t(i)];
+        }
+        ASSERT_TRUE(st == st_ref) << "absmax differs";
+      }
+    }
+  }
+}
 
 // The f32 kernel against AdamW computed without any intermediate rounding (f64 throughout, m and v kept in
 // f64 until requantised): the two differ only by f32 rounding, which may move a value across a midpoint
