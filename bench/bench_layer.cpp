@@ -5,21 +5,27 @@
 //   layer_gflops : model FLOPs of forward + backward / measured time (attention counted causal:
 //                  forward 2 GEMM-like products over the lower triangle, backward 2.5x forward)
 //   gemm_gflops  : oneDNN's own rate, with its own threading, on exactly the layer's GEMM shapes
-//                  (forward and backward), measured in the same run — the physical limit we compare to
+//                  (forward and backward), measured in the same run — the physical limit we compare to.
+//                  Where the host has no native bf16 matmul (AVX2-only CPUs: our bf16 GEMM widens to f32),
+//                  the limit for bf16 is oneDNN's f32 rate; gemm_dtype says which was measured.
+//   vector_path  : the instruction set the kernels ran (LT_MAX_ISA caps it), gemm_bf16 the bf16 route
 //   ratio        : layer_gflops / gemm_gflops   (target >= 0.60)
 // Prints one JSON line per dtype. Run through bench/run_layer.sh to add PyTorch in the same run.
 #include <dnnl.hpp>
 #include <cstdio>
+#include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "core/aligned.h"
+#include "core/cpu_features.h"
 #include "core/parallel.h"
 #include "core/rng.h"
 #include "core/timer.h"
 #include "model/block.h"
 #include "model/weights.h"
+#include "ops/gemm.h"
 
 namespace lt {
 namespace {
@@ -128,10 +134,14 @@ nlohmann::json bench_layer(ComputeType compute, int reps) {
   }
   Flops f = layer_flops(s);
   double layer = f.total() / best / 1e9;
-  double gemm = gemm_library_gflops(s, compute == ComputeType::bf16);
+  const bool native_bf16 = compute == ComputeType::bf16 && std::string(gemm_bf16_route()) == "native";
+  double gemm = gemm_library_gflops(s, native_bf16);
   return {{"bench", "layer"},
           {"dtype", compute == ComputeType::bf16 ? "bf16" : "f32"},
           {"threads", num_threads()},
+          {"vector_path", isa_name(isa_level(cpu_features()))},
+          {"gemm_bf16", gemm_bf16_route()},
+          {"gemm_dtype", native_bf16 ? "bf16" : "f32"},
           {"shape", {{"B", B}, {"T", T}, {"C", s.C}, {"Hq", s.Hq}, {"Hkv", s.Hkv}, {"D", s.D}, {"I", s.I}}},
           {"step_s", best},
           {"forward_s", fwd_best},

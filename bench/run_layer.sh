@@ -15,10 +15,11 @@ import json, sys, platform, os
 ours = {j["dtype"]: j for j in map(json.loads, sys.argv[1].splitlines())}
 torch = {j["dtype"]: j for j in map(json.loads, sys.argv[2].splitlines())}
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
-print(f"\nmachine: {cpu}, {os.cpu_count()} cores")
-print(f"{'dtype':6} {'lazytrain GF/s':>15} {'oneDNN GEMM GF/s':>17} {'ratio':>6} {'torch GF/s':>11} {'vs torch':>9}")
+first = next(iter(ours.values()))
+print(f"\nmachine: {cpu}, {os.cpu_count()} cores, vector path {first['vector_path']}, bf16 GEMM {first['gemm_bf16']}")
+print(f"{'dtype':6} {'lazytrain GF/s':>15} {'oneDNN GEMM GF/s':>17} {'(dtype)':>7} {'ratio':>6} {'torch GF/s':>11} {'vs torch':>9}")
 for dt in ("f32", "bf16"):
     o, t = ours[dt], torch[dt]
-    print(f"{dt:6} {o['layer_gflops']:15.1f} {o['gemm_gflops']:17.1f} {o['ratio']:6.2f} "
+    print(f"{dt:6} {o['layer_gflops']:15.1f} {o['gemm_gflops']:17.1f} {o['gemm_dtype']:>7} {o['ratio']:6.2f} "
           f"{t['layer_gflops']:11.1f} {o['layer_gflops'] / t['layer_gflops']:8.2f}x")
 PY

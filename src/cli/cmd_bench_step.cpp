@@ -16,11 +16,13 @@
 
 #include "cli/commands.h"
 #include "cli/device_options.h"
+#include "core/cpu_features.h"
 #include "core/error.h"
 #include "core/parallel.h"
 #include "core/timer.h"
 #include "io/nvme.h"
 #include "model/model.h"
+#include "ops/gemm.h"
 #include "optim/adamw.h"
 
 namespace lt::cli {
@@ -163,6 +165,8 @@ void run_bench_step(const BenchStepOptions& o) {
   best["dtype"] = o.dtype;
   best["steps"] = o.steps;
   best["threads"] = num_threads();
+  best["vector_path"] = isa_name(isa_level(cpu_features()));
+  best["gemm_bf16"] = gemm_bf16_route();
   best["tokens_per_s"] = double(batch.N()) * o.accumulate / best_s;
   best["accumulate"] = o.accumulate;
   best["optimizer"] = policy == "in-memory" ? "none" : o.optimizer;

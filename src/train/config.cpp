@@ -141,7 +141,7 @@ const std::map<std::string, Key>& keys() {
       {"resident_head", boolean(&TrainConfig::resident_head)},
       {"plan", text(&TrainConfig::plan)},
       {"optimizer_state_bits", number(&TrainConfig::optimizer_state_bits, int64_t(8))},
-      {"compute_dtype", text(&TrainConfig::compute_dtype, {"bf16", "f32"})},
+      {"compute_dtype", text(&TrainConfig::compute_dtype, {"bf16", "f32", "auto"})},
       {"threads", number(&TrainConfig::threads, int64_t(0))},
   };
   return k;

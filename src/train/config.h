@@ -59,7 +59,8 @@ struct TrainConfig {
                                              // micro-batches after the first do not upload them again)
   std::string plan = "auto";                 // auto | keep-all | every:K | host:K | nvme:K | a plan file
   int64_t optimizer_state_bits = 8;          // 8 (Hybrid 8-bit AdamW) | 32
-  std::string compute_dtype = "bf16";        // bf16 | f32
+  std::string compute_dtype = "bf16";        // bf16 | f32 | auto: bf16 where the host's GEMM runs bf16
+                                             // natively, f32 where bf16 would be widened (AVX2-only CPUs)
   int64_t threads = 0;                       // 0: all cores
 
   std::string source;                        // the file it came from (messages)

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <optional>
 
+#include "core/cpu_features.h"
 #include "core/error.h"
 #include "core/parallel.h"
 #include "core/timer.h"
@@ -18,6 +19,7 @@
 #include "io/json_file.h"
 #include "io/nvme.h"
 #include "model/model.h"
+#include "ops/gemm.h"
 #include "optim/adamw.h"
 #include "plan/measure.h"
 #include "plan/plan_file.h"
@@ -94,10 +96,24 @@ struct Window {
   }
 };
 
+// compute_dtype: auto picks what the host does fast: on an AVX2-only CPU, bf16 GEMMs widen their operands
+// to f32 (ops/gemm.h), so f32 compute is faster there and loses nothing; elsewhere bf16. The resolved
+// dtype is what the run records, so resuming on a host that resolves differently is refused.
+std::string resolve_compute_dtype(const std::string& asked, std::string* why) {
+  if (asked != "auto") return asked;
+  const bool native = std::string(gemm_bf16_route()) == "native";
+  *why = fmt::format(" (compute_dtype: auto; bf16 GEMM on this host ({}): {})", isa_name(isa_level(cpu_features())),
+                     gemm_bf16_route());
+  return native ? "bf16" : "f32";
+}
+
 }  // namespace
 
-TrainResult run_training(const TrainConfig& c) {
+TrainResult run_training(const TrainConfig& asked) {
   Timer run_timer;
+  TrainConfig c = asked;
+  std::string compute_why;
+  c.compute_dtype = resolve_compute_dtype(asked.compute_dtype, &compute_why);
   if (c.threads > 0) set_num_threads(int(c.threads));
   const ComputeType compute = c.compute_dtype == "bf16" ? ComputeType::bf16 : ComputeType::f32;
   fs::create_directories(c.output_dir);
@@ -143,6 +159,7 @@ TrainResult run_training(const TrainConfig& c) {
                           model_type_name(mc.type), mc.num_layers, double(mc.num_parameters()) / 1e6,
                           model.from_scratch ? ", random init" : ""));
   log.message(loader.data().summary());
+  log.message(fmt::format("compute: {} on {}{}", c.compute_dtype, isa_name(isa_level(cpu_features())), compute_why));
 
   // --- the plan, and the memory check before any work ---
   const int64_t B = c.per_device_train_batch_size, T = c.cutoff_len;  // the largest batch shape
