@@ -372,38 +372,83 @@ LT_AVX2 inline void prefetch_line(const void* base, int64_t bytes) {
   _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(base) + uintptr_t(bytes)), _MM_HINT_T0);
 }
 
-// One pass over the tensor, block by block: the codes of block b are dequantised into a buffer, then the update
-// of block b (sqrt and two divisions per lane, on the divider) runs in one loop with the requantisation of block
-// b - 1 (integer and permute work), so that the out-of-order core overlaps them.
+// 16 codes of each map -> their unscaled map values, by integer loads and stores: they run on the load and store
+// ports beside the loop's vector work (a gather of 8 takes ~12 cycles here, and GCC would make this loop one:
+// the empty asm keeps each value in a general register).
+LT_AVX2 inline void dequant16(const QuantMap& map_m, const QuantMap& map_v, const uint8_t* cm, const uint8_t* cv,
+                              float* mb, float* vb) {
+#pragma GCC unroll 16
+  for (int k = 0; k < 16; ++k) {
+    uint32_t x, y;
+    std::memcpy(&x, &map_m[cm[k]], 4);
+    std::memcpy(&y, &map_v[cv[k]], 4);
+    asm("" : "+r"(x), "+r"(y));
+    std::memcpy(mb + k, &x, 4);
+    std::memcpy(vb + k, &y, 4);
+  }
+}
+
+// The fused loop over a whole block: the update of block b (lanes i = b0 + j; sqrt and two divisions per lane, on
+// the divider) with the requantisation of block b - 1 (integer and permute work) and, when kAhead, the
+// dequantisation of block b + 1 into `next` (loads and stores), so that the out-of-order core overlaps all three.
+template <bool kCopy, bool kAhead>
+LT_AVX2 inline void fused_block(const AdamW8Args& a, const Consts& c, const Arith8& qs, const Arith8& qu,
+                                const Pending& prev, int64_t b0, int64_t len, __m256 am, __m256 av, float* mb,
+                                float* vb, float* next_m, float* next_v, __m256& max_m, __m256& max_v) {
+  const QuantMap& map_m = quant_table(QuantMapKind::signed_dynamic).values;
+  const QuantMap& map_v = quant_table(QuantMapKind::unsigned_dynamic).values;
+  const __m256i all = _mm256_set1_epi32(-1);
+  for (int64_t j = 0; j < len; j += 16) {
+    const int64_t i = b0 + j;
+    prefetch_line(a.p, 4 * (i + kPrefetchAhead));
+    prefetch_line(a.g, 4 * (i + kPrefetchAhead));
+    if (j % 64 == 0) {
+      prefetch_line(a.qm, i + kPrefetchAhead);
+      prefetch_line(a.qv, i + kPrefetchAhead);
+    }
+    if constexpr (kAhead) dequant16(map_m, map_v, a.qm + i + len, a.qv + i + len, next_m + j, next_v + j);
+    // The loop's ~40 constant vectors do not fit in AVX2's 16 registers: read them as memory operands (the
+    // pointers hidden from the optimiser each iteration) rather than let GCC spill and reload them (5% in L1).
+    const Consts* cc = &c;
+    const Arith8* ps = &qs;
+    const Arith8* pu = &qu;
+    const Pending* pp = &prev;
+    asm("" : "+r"(cc), "+r"(ps), "+r"(pu), "+r"(pp));
+    update8<kCopy, true>(a, *cc, i, all, am, av, mb + j, vb + j, max_m, max_v);
+    update8<kCopy, true>(a, *cc, i + 8, all, am, av, mb + j + 8, vb + j + 8, max_m, max_v);
+    requant16(*ps, *pu, *pp, j);
+  }
+}
+
+// One pass over the tensor, block by block, three blocks in flight: block b is updated while block b - 1 is
+// requantised and block b + 1 dequantised (fused_block). The first block, a short last one and the block before
+// a short one take the steps one at a time.
 template <bool kCopy>
 LT_AVX2 void adamw8_avx2_impl(const AdamW8Args& args, const AdamWScalars& s, const Arith8& qs, const Arith8& qu) {
   const AdamW8Args a = args;  // a local copy: the stores through its pointers cannot alias it
   const Consts c = make_consts(s);
   const float* map_m = quant_table(QuantMapKind::signed_dynamic).values.data();
   const float* map_v = quant_table(QuantMapKind::unsigned_dynamic).values.data();
-  alignas(32) float buf[2][2][kMaxBlock + 8];  // [block parity][m, v]; whole vectors past a short block's end
+  // [block mod 3][m, v]: the unscaled map values, then the updated states; whole vectors past a short block's end.
+  alignas(32) float buf[3][2][kMaxBlock + 8];
   Pending prev{};
   bool have_prev = false;
+  int64_t dequantised = -1;  // the block whose codes the previous block's loop dequantised
   for (int64_t b0 = 0, blk = 0; b0 < a.n; b0 += a.block, ++blk) {
     const int64_t len = std::min(a.block, a.n - b0);
-    float* mb = buf[blk & 1][0];
-    float* vb = buf[blk & 1][1];
-    dequant_block(map_m, map_v, a.qm + b0, a.qv + b0, len, mb, vb);
+    float* mb = buf[blk % 3][0];
+    float* vb = buf[blk % 3][1];
+    if (dequantised != blk) dequant_block(map_m, map_v, a.qm + b0, a.qv + b0, len, mb, vb);
     const __m256 am = _mm256_set1_ps(a.absmax_m[blk]), av = _mm256_set1_ps(a.absmax_v[blk]);
     __m256 max_m = _mm256_setzero_ps(), max_v = _mm256_setzero_ps();
     if (have_prev && prev.len == len) {  // len is then the block size, a multiple of 16
-      const __m256i all = _mm256_set1_epi32(-1);
-      for (int64_t j = 0; j < len; j += 16) {
-        const int64_t i = b0 + j;
-        prefetch_line(a.p, 4 * (i + kPrefetchAhead));
-        prefetch_line(a.g, 4 * (i + kPrefetchAhead));
-        if (j % 64 == 0) {
-          prefetch_line(a.qm, i + kPrefetchAhead);
-          prefetch_line(a.qv, i + kPrefetchAhead);
-        }
-        update8<kCopy, true>(a, c, i, all, am, av, mb + j, vb + j, max_m, max_v);
-        update8<kCopy, true>(a, c, i + 8, all, am, av, mb + j + 8, vb + j + 8, max_m, max_v);
-        requant16(qs, qu, prev, j);
+      float* next_m = buf[(blk + 1) % 3][0];
+      float* next_v = buf[(blk + 1) % 3][1];
+      if (b0 + 2 * len <= a.n) {
+        fused_block<kCopy, true>(a, c, qs, qu, prev, b0, len, am, av, mb, vb, next_m, next_v, max_m, max_v);
+        dequantised = blk + 1;
+      } else {
+        fused_block<kCopy, false>(a, c, qs, qu, prev, b0, len, am, av, mb, vb, next_m, next_v, max_m, max_v);
       }
     } else {
       if (have_prev) requant_block(qs, qu, prev);
