@@ -50,6 +50,7 @@ list_packages() {
     [[ -n $block ]] || die "cannot find the packages=( ... ) array in $deps_script"
     (
       eval "$block"
+      # shellcheck disable=SC2154  # assigned by the eval
       printf '%s\n' "${packages[@]}"
     )
   fi
@@ -297,7 +298,7 @@ self_test() {
       echo "$prog self-test: ok    $name (exit $rc)"
     else
       echo "$prog self-test: FAIL  $name: wanted exit $want and [$*], got exit $rc:"
-      sed 's/^/    /' <<< "$out" | tail -20
+      tail -20 <<< "$out" | sed 's/^/    /'  # indented under the FAIL line
       failed=1
     fi
   }
