@@ -24,12 +24,14 @@
 //      m/eps on the next step).
 // How the paths find codes (all exact, so all give the same bits):
 //   plain    quant_lookup: one read of the bucket table per value (quant_map.h);
-//   avx2     gathers: from the 256-entry maps to dequantise, from the bucket table to requantise;
+//   avx2     dequantise by integer table loads; requantise by QuantArith with 8-entry permutes (region 8, the
+//            code 255, by one more compare) and the same exact lookup (docs/optimizer.md, "AVX2 hosts");
 //   avx512   dequantise by gathers; requantise by arithmetic (QuantArith: a region compare, one FMA, an exact
 //            lookup for the ~0.1% of lanes that land next to a midpoint) since gathers cost ~50 cycles on AMD;
 //   avx512_vbmi  the same, dequantising 64 codes at a time with byte permutes instead of gathers.
-// Measured on the 2-core Zen dev box, in L1, per element and thread: plain 6.4 ns, avx2 1.7 ns, avx512
-// 1.13 ns, avx512_vbmi 0.60 ns (of which requantisation ~0.28, the AdamW arithmetic ~0.25); f32 states 0.25 ns.
+// Measured on the 2-core Zen dev box, in L1, per element and thread: plain 6.4 ns, avx2 1.7 ns (with gathers;
+// ~0.7-1.1 ns since, estimated against VBMI in loaded runs), avx512 1.13 ns, avx512_vbmi 0.60 ns (of which
+// requantisation ~0.28, the AdamW arithmetic ~0.25); f32 states 0.25 ns.
 //
 // Accumulation: dst = dst + src (or dst = src), returning Σ dst² of the result in double: element i of a
 // 32768-element chunk goes to lane i mod 16, lanes combine by a fixed pairwise tree, chunks add in order.
