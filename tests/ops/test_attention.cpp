@@ -310,9 +310,11 @@ TEST_P(AttentionTest, KernelPathsAgree) {
 }
 
 // T = 1 (one token), 37 (one partial tile), 70 and 130 (two and three tiles, the last partial); D = 16,
-// 40 (a masked vector tail), 64, 128 (two column blocks); GQA 6:2 and 4:2, MHA 4:4, MQA 8:1.
+// 40 (a masked vector tail), 64, 128 (two column blocks); GQA 6:2 and 4:2, MHA 4:4, MQA 8:1. T = 75 with
+// D = 36 gives the AVX2 GEMM partial 16-column blocks of both kinds (11 = 8 + 3 keys, 36 = 16 + 16 + 4).
 INSTANTIATE_TEST_SUITE_P(Shapes, AttentionTest,
                          ::testing::Values(Case{2, 37, 6, 2, 16, Docs::none}, Case{2, 1, 4, 4, 64, Docs::none},
+                                           Case{1, 75, 4, 2, 36, Docs::none},
                                            Case{2, 130, 8, 1, 64, Docs::none}, Case{2, 130, 6, 2, 16, Docs::none},
                                            Case{2, 37, 4, 4, 64, Docs::none}, Case{1, 130, 4, 4, 40, Docs::none},
                                            Case{1, 70, 4, 2, 128, Docs::none},
