@@ -44,9 +44,10 @@
 //   i.e. 0.64 and 0.53 of the same run's gemm_f32 1024x2048x1024 (~470 GFLOP/s).
 // Tiles of 32 and 128, and R = 6, measured within 4% of kTile = 64, R = 4.
 // AVX2 against AVX-512, same shape, 1 thread, best of 7 forward + backward per path (a throwaway driver
-// calling attention_forward/backward, run with LT_MAX_ISA=avx512|avx2|plain), measured while other jobs
-// held the 2 cores (load average ~6, so every time is 3-4x the figures above; only ratios within one run
-// mean anything): forward AVX-512 41.5 ms, AVX2 51.9 ms, plain 254 ms; backward 183, 199 and 716 ms.
+// calling attention_forward/backward, run with LT_MAX_ISA=avx512|avx2|plain, paths alternating), measured
+// while other jobs held the 2 cores (load average 2-6, so every time is 2-4x the figures above and only
+// ratios within one run mean anything): AVX2 took 1.0-1.25x the AVX-512 time, e.g. forward 30.3 ms against
+// 28.5 and backward 98.1 against 93.0 in the least loaded run; the plain path 7-8x.
 #include "ops/attention.h"
 
 // GCC 12's AVX-512 intrinsics fill "undefined" vectors by self-initialisation, which -Wmaybe-uninitialized
