@@ -226,11 +226,13 @@ run_check() {
   done
   dpkg-query -W -f='${Package} ${db:Status-Abbrev}\n' | awk '$2 == "ii" { print $1 }' > "$tmp/installed"
   if ! apt-cache depends --recurse --no-recommends --no-suggests --no-conflicts --no-breaks \
-       --no-replaces --no-enhances "${roots[@]}" > "$tmp/graph" 2> "$tmp/apt.err"; then
+       --no-replaces --no-enhances "${roots[@]}" apt > "$tmp/graph" 2> "$tmp/apt.err"; then
     cat "$tmp/apt.err" >&2
     die "apt-cache depends failed for install-deps.sh's packages (a misspelt package? run apt-get update?)"
   fi
-  closure "$tmp/installed" "$tmp/graph" "${roots[@]}" > "$tmp/closure"
+  # apt is on every Debian too (debootstrap's minbase is Priority: required plus apt): its closure
+  # counts as base, like the required packages.
+  closure "$tmp/installed" "$tmp/graph" "${roots[@]}" apt > "$tmp/closure"
   dpkg-query -W -f='${Package} ${Essential} ${Priority}\n' \
     | awk '$2 == "yes" || $3 == "required" { print $1 }' >> "$tmp/closure"
   sort -u -o "$tmp/closure" "$tmp/closure"
