@@ -16,6 +16,12 @@ packages=(
   python3 python3-numpy python3-torch
 )
 
+# `install-deps.sh --list` prints the packages above, one a line, and installs nothing: the list's one
+# reader besides this script is scripts/check-build-deps.sh (run by `make test`), so it stays in one place.
+case ${1:-} in
+  --list) printf '%s\n' "${packages[@]}"; exit 0 ;;
+esac
+
 missing=()
 for p in "${packages[@]}"; do
   # A node from elsewhere (NodeSource's nodejs bundles npm and conflicts with Debian's npm) will do.

@@ -2,8 +2,8 @@
 //
 // bf16 and f16 are stored as raw uint16_t bit patterns. f32 -> bf16 rounds to nearest, ties to even
 // (the rounding of torch.Tensor.to(torch.bfloat16) and of AVX512-BF16's vcvtneps2bf16); NaN stays a
-// quiet NaN. The array conversions pick AVX512-BF16 / AVX-512 at run time and give the same bits as
-// the scalar functions, which are their specification.
+// quiet NaN. The array conversions pick AVX-512 (F/BW integer code, not AVX512-BF16's instruction, which
+// flushes subnormals) or AVX2 at run time and give the same bits as the scalar functions, their specification.
 #pragma once
 
 #include <cstddef>

@@ -64,6 +64,7 @@
 #include <vector>
 
 #include "core/cpu_features.h"
+#include "ops/cpu/avx2_lanes.h"
 #include "core/error.h"
 #include "core/parallel.h"
 #include "ops/gemm.h"
@@ -283,11 +284,9 @@ LT_AVX512 void exp_array_avx512(float* y, const float* x, int64_t n) {
 
 #define LT_AVX2 __attribute__((target("avx2,fma")))
 
-// Lanes [0, n) of 8 set (n may be <= 0 or >= 8): the mask of maskload/maskstore/blendv.
-LT_AVX2 inline __m256i lanes_below(int64_t n) {
-  const int32_t c = int32_t(std::clamp<int64_t>(n, 0, 8));
-  return _mm256_cmpgt_epi32(_mm256_set1_epi32(c), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
+using avx2::lanes_below;
+using avx2::reduce_add16;
+using avx2::reduce_max16;
 
 // exp_avx512, operation for operation. Its _mm512_scalef_ps(p, n) is p·2^n rounded once; here 2^n is
 // built from exponent bits and multiplied in, which is the same single rounding as long as 2^n is a normal
@@ -315,24 +314,6 @@ LT_AVX2 inline __m256 exp_avx2(__m256 x) {
   // returns its NaN first operand.
   const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   return _mm256_andnot_ps(underflow, _mm256_mul_ps(p, _mm256_castsi256_ps(bits)));
-}
-
-// GCC's _mm512_reduce_max_ps / _mm512_reduce_add_ps tree on the 16 lanes (lo, hi): hi op lo, then the
-// upper 128 bits op the lower, then lanes {2,3,0,1}, then {1,0,...}. max's operand order matters for NaN
-// and ±0, so it is kept too.
-LT_AVX2 inline float reduce_max16(__m256 lo, __m256 hi) {
-  const __m256 t3 = _mm256_max_ps(hi, lo);
-  const __m128 t6 = _mm_max_ps(_mm256_extractf128_ps(t3, 1), _mm256_castps256_ps128(t3));
-  const __m128 t8 = _mm_max_ps(t6, _mm_shuffle_ps(t6, t6, _MM_SHUFFLE(1, 0, 3, 2)));
-  const __m128 t10 = _mm_max_ps(t8, _mm_shuffle_ps(t8, t8, _MM_SHUFFLE(0, 1, 0, 1)));
-  return _mm_cvtss_f32(t10);
-}
-
-LT_AVX2 inline float reduce_add16(__m256 lo, __m256 hi) {
-  const __m256 t3 = _mm256_add_ps(hi, lo);
-  const __m128 t6 = _mm_add_ps(_mm256_extractf128_ps(t3, 1), _mm256_castps256_ps128(t3));
-  const __m128 t8 = _mm_add_ps(t6, _mm_shuffle_ps(t6, t6, _MM_SHUFFLE(1, 0, 3, 2)));
-  return _mm_cvtss_f32(t8) + _mm_cvtss_f32(_mm_shuffle_ps(t8, t8, _MM_SHUFFLE(1, 1, 1, 1)));
 }
 
 // The last vector of a row block: full, or partial through maskload/maskstore (which AMD cores run far

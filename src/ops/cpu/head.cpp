@@ -52,6 +52,7 @@
 
 #include "core/aligned.h"
 #include "core/cpu_features.h"
+#include "ops/cpu/avx2_lanes.h"
 #include "core/error.h"
 #include "core/parallel.h"
 #include "ops/gemm.h"
@@ -198,11 +199,8 @@ __attribute__((target("avx512f"))) void row_scale_avx512(float* out, const float
 
 #define LT_AVX2 __attribute__((target("avx2,fma")))
 
-// Lanes [0, n) of 8 set (n clamped to [0, 8]).
-LT_AVX2 inline __m256i lanes_below(int64_t n) {
-  const int32_t c = int32_t(std::clamp<int64_t>(n, 0, 8));
-  return _mm256_cmpgt_epi32(_mm256_set1_epi32(c), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
+using avx2::lanes_below;
+using avx2::reduce_max16;
 
 LT_AVX2 inline __m256 exp_avx2(__m256 x) {
   __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -221,16 +219,6 @@ LT_AVX2 inline __m256 exp_avx2(__m256 x) {
   __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
   __m256 flush = _mm256_cmp_ps(x, _mm256_set1_ps(kExpMin), _CMP_LT_OQ);
   return _mm256_andnot_ps(flush, y);
-}
-
-// GCC's _mm512_reduce_max_ps on the lanes (lo, hi): hi against lo, the upper 128 bits against the lower,
-// then lanes {2,3,0,1}, then {1,0,...}, each max with the same operand order (which decides NaN and ±0).
-LT_AVX2 inline float reduce_max16(__m256 lo, __m256 hi) {
-  const __m256 t3 = _mm256_max_ps(hi, lo);
-  const __m128 t6 = _mm_max_ps(_mm256_extractf128_ps(t3, 1), _mm256_castps256_ps128(t3));
-  const __m128 t8 = _mm_max_ps(t6, _mm_shuffle_ps(t6, t6, _MM_SHUFFLE(1, 0, 3, 2)));
-  const __m128 t10 = _mm_max_ps(t8, _mm_shuffle_ps(t8, t8, _MM_SHUFFLE(0, 1, 0, 1)));
-  return _mm_cvtss_f32(t10);
 }
 
 LT_AVX2 float row_max_avx2(const float* z, int64_t V) {
