@@ -17,6 +17,8 @@ if [ ! -f runs/arith/data/arith_train.jsonl ] || [ examples/arith/make_data.py -
   echo "== generating the dataset and the byte-level tokenizer (examples/arith/make_data.py)"
   /usr/bin/python3 examples/arith/make_data.py runs/arith
 fi
+echo "== this host (compute_dtype: auto trains in bf16 where the bf16 GEMM is native, else in f32)"
+"$lt" info
 echo "== training (examples/arith/config.yaml)"
 rm -rf runs/demo
 "$lt" train examples/arith/config.yaml
