@@ -13,7 +13,6 @@
 // Prints one JSON line per dtype. Run through bench/run_layer.sh to add PyTorch in the same run.
 #include <dnnl.hpp>
 #include <cstdio>
-#include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -134,13 +133,13 @@ nlohmann::json bench_layer(ComputeType compute, int reps) {
   }
   Flops f = layer_flops(s);
   double layer = f.total() / best / 1e9;
-  const bool native_bf16 = compute == ComputeType::bf16 && std::string(gemm_bf16_route()) == "native";
+  const bool native_bf16 = compute == ComputeType::bf16 && gemm_bf16_route() == Bf16Route::native;
   double gemm = gemm_library_gflops(s, native_bf16);
   return {{"bench", "layer"},
           {"dtype", compute == ComputeType::bf16 ? "bf16" : "f32"},
           {"threads", num_threads()},
           {"vector_path", isa_name(isa_level(cpu_features()))},
-          {"gemm_bf16", gemm_bf16_route()},
+          {"gemm_bf16", bf16_route_name(gemm_bf16_route())},
           {"gemm_dtype", native_bf16 ? "bf16" : "f32"},
           {"shape", {{"B", B}, {"T", T}, {"C", s.C}, {"Hq", s.Hq}, {"Hkv", s.Hkv}, {"D", s.D}, {"I", s.I}}},
           {"step_s", best},

@@ -166,7 +166,7 @@ void run_bench_step(const BenchStepOptions& o) {
   best["steps"] = o.steps;
   best["threads"] = num_threads();
   best["vector_path"] = isa_name(isa_level(cpu_features()));
-  best["gemm_bf16"] = gemm_bf16_route();
+  best["gemm_bf16"] = bf16_route_name(gemm_bf16_route());
   best["tokens_per_s"] = double(batch.N()) * o.accumulate / best_s;
   best["accumulate"] = o.accumulate;
   best["optimizer"] = policy == "in-memory" ? "none" : o.optimizer;

@@ -37,7 +37,7 @@ void run_info(bool json) {
                       {"max_isa", cap && *cap ? cap : "unset"},
                       {"avx512_bf16", f.avx512bf16},
                       {"avx512_vbmi", f.avx512vbmi},
-                      {"gemm_bf16", gemm_bf16_route()},
+                      {"gemm_bf16", bf16_route_name(gemm_bf16_route())},
                       {"optimizer_path", vector_path_name(best_vector_path())},
                       {"threads", num_threads()},
                       {"onednn", fmt::format("{}.{}.{}", v->major, v->minor, v->patch)}};
@@ -48,7 +48,8 @@ void run_info(bool json) {
   std::printf("cpu:            %s\n", j["cpu"].get<std::string>().c_str());
   std::printf("kernels:        %s (LT_MAX_ISA %s)\n", j["vector_path"].get<std::string>().c_str(),
               j["max_isa"].get<std::string>().c_str());
-  std::printf("bf16 GEMM:      %s (oneDNN %s)\n", gemm_bf16_route(), j["onednn"].get<std::string>().c_str());
+  std::printf("bf16 GEMM:      %s (oneDNN %s)\n", j["gemm_bf16"].get<std::string>().c_str(),
+              j["onednn"].get<std::string>().c_str());
   std::printf("optimizer path: %s\n", j["optimizer_path"].get<std::string>().c_str());
   std::printf("threads:        %d\n", num_threads());
 }

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 
 #include "core/dtype.h"
 
@@ -33,14 +34,15 @@ void gemm_bf16(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K,
                const bf16_t* A, int64_t lda, const bf16_t* B, int64_t ldb,
                float* C, int64_t ldc, Accumulate acc);
 
-// "native" or "widened to f32": the route gemm_bf16 takes on this host (for logs and benchmark JSON).
-const char* gemm_bf16_route();
-
+// The route gemm_bf16 takes on this host, and its name for logs and benchmark JSON ("native",
+// "widened to f32").
 enum class Bf16Route : uint8_t { native, widened };
+Bf16Route gemm_bf16_route();
+const char* bf16_route_name(Bf16Route route);
 namespace detail {
-// Forces gemm_bf16's route in-process (tests: the widened route runs on an AVX-512 host too). nullptr
+// Forces gemm_bf16's route in-process (tests: the widened route runs on an AVX-512 host too). nullopt
 // restores the probe. Forcing native where oneDNN has no bf16 matmul makes gemm_bf16 fail (clearly).
-void gemm_bf16_route_override(const Bf16Route* forced);
+void gemm_bf16_route_override(std::optional<Bf16Route> forced);
 }  // namespace detail
 
 // Plain triple loop in double accumulation: the specification the fast path is tested against.

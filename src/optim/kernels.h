@@ -52,8 +52,6 @@ enum class VectorPath : uint8_t { plain, avx2, avx512, avx512_vbmi };
 // The widest path the CPU (as masked by LT_MAX_ISA / cpu_features_override) supports.
 VectorPath best_vector_path();
 const char* vector_path_name(VectorPath path);
-// Whether the CPU has AVX512-VBMI (core/cpu_features.h does not probe it); used only with avx512 allowed.
-bool cpu_has_avx512vbmi();
 
 // One step's constants, all f32 as the kernels use them.
 struct AdamWScalars {

@@ -27,13 +27,13 @@ inline float adamw_element(float p, float grad, float& m, float& v, const AdamWS
 
 }  // namespace
 
-bool cpu_has_avx512vbmi() { return cpu_features().avx512vbmi; }
-
 VectorPath best_vector_path() {
   const CpuFeatures& f = cpu_features();
-  if (f.avx512f && f.avx512bw && f.avx512vl && f.fma)
-    return cpu_has_avx512vbmi() ? VectorPath::avx512_vbmi : VectorPath::avx512;
-  if (f.avx2 && f.fma) return VectorPath::avx2;
+  switch (isa_level(f)) {
+    case IsaLevel::avx512: return f.avx512vbmi ? VectorPath::avx512_vbmi : VectorPath::avx512;
+    case IsaLevel::avx2: return VectorPath::avx2;
+    case IsaLevel::plain: break;
+  }
   return VectorPath::plain;
 }
 

@@ -101,10 +101,10 @@ struct Window {
 // dtype is what the run records, so resuming on a host that resolves differently is refused.
 std::string resolve_compute_dtype(const std::string& asked, std::string* why) {
   if (asked != "auto") return asked;
-  const bool native = std::string(gemm_bf16_route()) == "native";
+  const Bf16Route route = gemm_bf16_route();
   *why = fmt::format(" (compute_dtype: auto; bf16 GEMM on this host ({}): {})", isa_name(isa_level(cpu_features())),
-                     gemm_bf16_route());
-  return native ? "bf16" : "f32";
+                     bf16_route_name(route));
+  return route == Bf16Route::native ? "bf16" : "f32";
 }
 
 }  // namespace

@@ -84,7 +84,7 @@ inline std::vector<VectorPath> available_paths() {
   if (f.avx2 && f.fma) paths.push_back(VectorPath::avx2);
   if (f.avx512f && f.avx512bw && f.avx512vl && f.fma) {
     paths.push_back(VectorPath::avx512);
-    if (cpu_has_avx512vbmi()) paths.push_back(VectorPath::avx512_vbmi);
+    if (f.avx512vbmi) paths.push_back(VectorPath::avx512_vbmi);
   }
   return paths;
 }

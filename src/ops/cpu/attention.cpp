@@ -64,9 +64,9 @@
 #include <vector>
 
 #include "core/cpu_features.h"
-#include "ops/cpu/avx2_lanes.h"
 #include "core/error.h"
 #include "core/parallel.h"
+#include "ops/cpu/avx2_lanes.h"
 #include "ops/gemm.h"
 
 namespace lt {
@@ -489,20 +489,11 @@ LT_AVX2 void exp_array_avx2(float* y, const float* x, int64_t n) {
 #undef LT_AVX2
 
 // The widest path the CPU offers: AVX-512, else AVX2 with FMA, else the plain loops.
-enum class Path : uint8_t { plain, avx2, avx512 };
-
-Path select_path() {
-  const CpuFeatures& f = cpu_features();
-  if (f.avx512f) return Path::avx512;
-  if (f.avx2 && f.fma) return Path::avx2;
-  return Path::plain;
-}
-
 TileKernels select_kernels() {
-  switch (select_path()) {
-    case Path::avx512: return {matmul_avx512, softmax_step_avx512, probs_dscores_avx512};
-    case Path::avx2: return {matmul_avx2, softmax_step_avx2, probs_dscores_avx2};
-    case Path::plain: break;
+  switch (isa_level(cpu_features())) {
+    case IsaLevel::avx512: return {matmul_avx512, softmax_step_avx512, probs_dscores_avx512};
+    case IsaLevel::avx2: return {matmul_avx2, softmax_step_avx2, probs_dscores_avx2};
+    case IsaLevel::plain: break;
   }
   return {matmul_plain, softmax_step_plain, probs_dscores_plain};
 }
@@ -734,10 +725,10 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
 namespace detail {
 // The exp of the path cpu_features() selects (std::exp on the plain path), exposed for its tests.
 void attention_exp_for_test(float* y, const float* x, int64_t n) {
-  switch (select_path()) {
-    case Path::avx512: return exp_array_avx512(y, x, n);
-    case Path::avx2: return exp_array_avx2(y, x, n);
-    case Path::plain: break;
+  switch (isa_level(cpu_features())) {
+    case IsaLevel::avx512: return exp_array_avx512(y, x, n);
+    case IsaLevel::avx2: return exp_array_avx2(y, x, n);
+    case IsaLevel::plain: break;
   }
   for (int64_t i = 0; i < n; ++i) y[i] = std::exp(x[i]);
 }

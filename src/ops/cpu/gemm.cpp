@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -244,23 +245,19 @@ void gemm_bf16_widened(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, cons
   release_if_large(b32);
 }
 
-const Bf16Route* route_override = nullptr;
+std::optional<Bf16Route> route_override;
 
-Bf16Route active_route() {
+}  // namespace
+
+Bf16Route gemm_bf16_route() {
   if (route_override) return *route_override;
   return onednn_has_bf16_matmul() ? Bf16Route::native : Bf16Route::widened;
 }
 
-}  // namespace
-
-const char* gemm_bf16_route() { return active_route() == Bf16Route::native ? "native" : "widened to f32"; }
+const char* bf16_route_name(Bf16Route route) { return route == Bf16Route::native ? "native" : "widened to f32"; }
 
 namespace detail {
-void gemm_bf16_route_override(const Bf16Route* forced) {
-  static Bf16Route held;
-  if (forced) held = *forced;
-  route_override = forced ? &held : nullptr;
-}
+void gemm_bf16_route_override(std::optional<Bf16Route> forced) { route_override = forced; }
 }  // namespace detail
 
 void gemm_f32(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
@@ -270,7 +267,7 @@ void gemm_f32(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, const float* 
 
 void gemm_bf16(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, const bf16_t* A, int64_t lda, const bf16_t* B,
                int64_t ldb, float* C, int64_t ldc, Accumulate acc) {
-  if (M == 0 || N == 0 || K == 0 || active_route() == Bf16Route::native)
+  if (M == 0 || N == 0 || K == 0 || gemm_bf16_route() == Bf16Route::native)
     return gemm_blocked(memory::data_type::bf16, ta, tb, M, N, K, A, lda, B, ldb, C, ldc, acc);
   gemm_bf16_widened(ta, tb, M, N, K, A, lda, B, ldb, C, ldc, acc);
 }

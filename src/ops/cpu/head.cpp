@@ -297,9 +297,11 @@ struct RowKernels {
 
 // The widest path the CPU offers: AVX-512, else AVX2 with FMA, else scalar; all three give the same bits.
 RowKernels row_kernels() {
-  const CpuFeatures& f = cpu_features();
-  if (f.avx512f) return {row_max_avx512, row_expsum_avx512, row_scale_avx512};
-  if (f.avx2 && f.fma) return {row_max_avx2, row_expsum_avx2, row_scale_avx2};
+  switch (isa_level(cpu_features())) {
+    case IsaLevel::avx512: return {row_max_avx512, row_expsum_avx512, row_scale_avx512};
+    case IsaLevel::avx2: return {row_max_avx2, row_expsum_avx2, row_scale_avx2};
+    case IsaLevel::plain: break;
+  }
   return {row_max_scalar, row_expsum_scalar, row_scale_scalar};
 }
 

@@ -122,22 +122,19 @@ __attribute__((target("avx2,fma"), optimize("fp-contract=off"))) void backward_a
   backward_loop(dgate, dup, dout, gate, up, b, e);
 }
 
-using ForwardLoop = void (*)(float*, const float*, const float*, int64_t, int64_t);
-using BackwardLoop = void (*)(float*, float*, const float*, const float*, const float*, int64_t, int64_t);
+struct Loops {
+  void (*forward)(float*, const float*, const float*, int64_t, int64_t);
+  void (*backward)(float*, float*, const float*, const float*, const float*, int64_t, int64_t);
+};
 
 // The widest build the CPU runs: AVX-512, else AVX2 with FMA, else the baseline.
-ForwardLoop select_forward() {
-  const CpuFeatures& f = cpu_features();
-  if (f.avx512f) return forward_avx512;
-  if (f.avx2 && f.fma) return forward_avx2;
-  return forward_plain;
-}
-
-BackwardLoop select_backward() {
-  const CpuFeatures& f = cpu_features();
-  if (f.avx512f) return backward_avx512;
-  if (f.avx2 && f.fma) return backward_avx2;
-  return backward_plain;
+Loops select_loops() {
+  switch (isa_level(cpu_features())) {
+    case IsaLevel::avx512: return {forward_avx512, backward_avx512};
+    case IsaLevel::avx2: return {forward_avx2, backward_avx2};
+    case IsaLevel::plain: break;
+  }
+  return {forward_plain, backward_plain};
 }
 
 }  // namespace
@@ -145,14 +142,14 @@ BackwardLoop select_backward() {
 void swiglu_forward(float* out, const float* gate, const float* up, int64_t n) {
   LT_CHECK(n >= 0, "swiglu_forward: bad size n={}", n);
   // out[n] = silu(gate[n]) · up[n]
-  const ForwardLoop loop = select_forward();
+  const auto loop = select_loops().forward;
   parallel_chunks(n, kChunk, [&](int64_t b, int64_t e) { loop(out, gate, up, b, e); });
 }
 
 void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate, const float* up, int64_t n) {
   LT_CHECK(n >= 0, "swiglu_backward: bad size n={}", n);
   // dgate[n], dup[n] written
-  const BackwardLoop loop = select_backward();
+  const auto loop = select_loops().backward;
   parallel_chunks(n, kChunk, [&](int64_t b, int64_t e) { loop(dgate, dup, dout, gate, up, b, e); });
 }
 
