@@ -117,7 +117,7 @@ void run_bench_step(const BenchStepOptions& o) {
     double step_s;
     if (policy == "in-memory") {
       Timer t;
-      LossResult r = model_forward_backward(grads, m.params, batch, compute, &ws);
+      LossResult r = model_forward_backward(grads, m.params, batch, o.dev.precision(compute), &ws);
       step_s = t.seconds();
       line = {{"loss", r.loss()}, {"step_s", step_s}, {"compute_s", step_s}, {"h2d_bytes", 0}, {"d2h_bytes", 0},
               {"h2d_s", 0}, {"d2h_s", 0}, {"nvme_read_bytes", 0}, {"nvme_write_bytes", 0}, {"exposed_s", 0},
@@ -163,6 +163,7 @@ void run_bench_step(const BenchStepOptions& o) {
   best["bench"] = "step";
   best["policy"] = policy;
   best["dtype"] = o.dtype;
+  best["activation_dtype"] = dtype_name(o.dev.precision(compute).activations);
   best["steps"] = o.steps;
   best["threads"] = num_threads();
   best["vector_path"] = isa_name(isa_level(cpu_features()));

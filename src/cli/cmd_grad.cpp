@@ -34,7 +34,7 @@ void run_grad(const GradOptions& o) {
   nlohmann::json line;
   if (o.dev.policy.empty()) {
     Timer timer;
-    LossResult r = model_forward_backward(grads, m.params, batch, compute);
+    LossResult r = model_forward_backward(grads, m.params, batch, o.dev.precision(compute));
     line = {{"loss", r.loss()}, {"tokens", r.tokens}, {"seconds", timer.seconds()}};
   } else {
     Plan plan = Plan::parse(o.dev.policy, m.config.num_layers);

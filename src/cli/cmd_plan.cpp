@@ -13,6 +13,7 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "model/block.h"
 #include "core/units.h"
 #include "plan/hardware.h"
 #include "plan/plan_file.h"
@@ -23,7 +24,7 @@ namespace {
 
 struct PlanOptions {
   std::string model, hardware, device_memory, host_act_memory = "0", nvme = "0", out, memory_model = "executor";
-  std::string activation_dtype = "f32", compute;
+  std::string activation_dtype = "auto", compute;
   int64_t batch = 0, seq = 0, search_batch = 0;
   double time_limit = 10;
   int threads = 1, weight_buffers = 2;
@@ -49,7 +50,7 @@ void run_plan(const PlanOptions& o) {
   rq.options.exec.weight_buffers = o.weight_buffers;
   rq.options.exec.resident_head = o.resident_head;
   rq.options.include_optimizer = !o.no_optimizer;
-  rq.options.activation_scale = o.activation_dtype == "bf16" ? 0.5 : 1.0;
+  rq.options.exec.activations = activation_storage(o.activation_dtype, rq.options.exec.compute, "--activation-dtype");
   rq.options.memory = o.memory_model == "lifetime" ? MemoryModel::lifetime : MemoryModel::executor;
   rq.milp.time_limit_s = o.time_limit;
   rq.milp.threads = o.threads;
@@ -95,8 +96,8 @@ void register_plan(CLI::App& app) {
                   "device memory per window: executor (its working set, the default) or lifetime (finer; what-if)")
       ->check(CLI::IsMember({"executor", "lifetime"}));
   cmd->add_option("--activation-dtype", o->activation_dtype,
-                  "what-if: bytes of stored activations (f32 = the executor's; bf16 = the paper's system)")
-      ->check(CLI::IsMember({"f32", "bf16"}));
+                  "storage of the activations kept for the backward: bf16, f32, or auto (bf16 with bf16 GEMMs)")
+      ->check(CLI::IsMember({"f32", "bf16", "auto"}));
   cmd->add_option("--compute", o->compute, "GEMM compute type of the streamed weights (default: the profile's)");
   cmd->add_option("--weight-buffers", o->weight_buffers, "layer weight buffers on the device")->check(CLI::Range(1, 8));
   cmd->add_flag("--resident-head", o->resident_head, "the head's weights stay on the device all step");

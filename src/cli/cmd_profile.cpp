@@ -12,6 +12,7 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "model/block.h"
 #include "core/parallel.h"
 #include "core/units.h"
 #include "plan/measure.h"
@@ -21,6 +22,7 @@ namespace {
 
 struct ProfileOptions {
   std::string model, device = "cpu", device_memory = "8GiB", dtype = "f32", nvme_dir, nvme_probe = "256MiB", out;
+  std::string activation_dtype = "auto";
   int64_t batch = 0, seq = 0;
   double link_gbps = 0, h2d_gbps = 0, d2h_gbps = 0, latency_us = 0;
   int reps = 3, threads = 0;
@@ -37,6 +39,7 @@ void run_profile(const ProfileOptions& o) {
   mo.link = LinkSpec{o.h2d_gbps > 0 ? o.h2d_gbps : o.link_gbps, o.d2h_gbps > 0 ? o.d2h_gbps : o.link_gbps,
                      o.latency_us * 1e-6};
   mo.compute = o.dtype == "bf16" ? ComputeType::bf16 : ComputeType::f32;
+  mo.activations = activation_storage(o.activation_dtype, mo.compute, "--activation-dtype");
   mo.reps = o.reps;
   mo.nvme_dir = o.nvme_dir;
   mo.nvme_probe_bytes = parse_size(o.nvme_probe, "--nvme-probe");
@@ -84,6 +87,9 @@ void register_profile(CLI::App& app) {
   cmd->add_option("--link-latency-us", o->latency_us, "emulated latency per copy, microseconds")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--dtype", o->dtype, "compute dtype of the GEMMs")->check(CLI::IsMember({"f32", "bf16"}));
+  cmd->add_option("--activation-dtype", o->activation_dtype,
+                  "storage of the activations kept for the backward: bf16, f32, or auto (bf16 when --dtype is bf16)")
+      ->check(CLI::IsMember({"bf16", "f32", "auto"}));
   cmd->add_option("--reps", o->reps, "repetitions per measurement (fastest kept)")->check(CLI::Range(1, 100));
   cmd->add_option("--threads", o->threads, "CPU threads (default: all cores)")->check(CLI::PositiveNumber);
   cmd->add_option("--nvme-dir", o->nvme_dir, "directory for the NVMe probe (through the executor's NVMe store)");

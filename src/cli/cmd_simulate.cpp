@@ -11,6 +11,7 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "model/block.h"
 #include "core/units.h"
 #include "io/json_file.h"
 #include "plan/hardware.h"
@@ -22,6 +23,7 @@ namespace {
 
 struct SimulateOptions {
   std::string profile, model, policy, device_memory, host_act_memory = "1TiB", nvme = "1TiB", trace, compute;
+  std::string activation_dtype = "auto";
   int64_t batch = 0, seq = 0;
   int weight_buffers = 2;
   bool json = false, no_optimizer = false, resident_head = false;
@@ -35,6 +37,7 @@ void run_simulate(const SimulateOptions& o) {
   const std::string compute = o.compute.empty() ? prof.compute : o.compute;
   LT_CHECK(compute == "f32" || compute == "bf16", "--compute {}: expected f32 or bf16", compute);
   io.exec.compute = compute == "bf16" ? ComputeType::bf16 : ComputeType::f32;
+  io.exec.activations = activation_storage(o.activation_dtype, io.exec.compute, "--activation-dtype");
   io.exec.weight_buffers = o.weight_buffers;
   io.exec.resident_head = o.resident_head;
   io.include_optimizer = !o.no_optimizer;
@@ -90,6 +93,9 @@ void register_simulate(CLI::App& app) {
   cmd->add_option("--host-act-memory", o->host_act_memory, "host memory for activations");
   cmd->add_option("--nvme", o->nvme, "NVMe space for activations");
   cmd->add_option("--compute", o->compute, "GEMM compute type (default: the profile's)");
+  cmd->add_option("--activation-dtype", o->activation_dtype,
+                  "storage of the activations kept for the backward: bf16, f32, or auto (bf16 with bf16 GEMMs)")
+      ->check(CLI::IsMember({"bf16", "f32", "auto"}));
   cmd->add_option("--weight-buffers", o->weight_buffers, "layer weight buffers on the device")->check(CLI::Range(1, 8));
   cmd->add_flag("--resident-head", o->resident_head, "the head's weights stay on the device all step");
   cmd->add_option("--trace", o->trace, "write the simulated step as Chrome trace JSON");

@@ -29,13 +29,21 @@ void DeviceOptions::add_to(CLI::App& cmd) {
   cmd.add_option("--trace", trace_path, "write the step's Chrome trace JSON here (chrome://tracing, Perfetto)");
   cmd.add_option("--weight-buffers", weight_buffers, "layer weight buffers on the device (2 = double buffering)")
       ->check(CLI::Range(1, 8));
+  cmd.add_option("--activation-dtype", activation_dtype,
+                 "storage of the activations kept for the backward: bf16, f32, or auto (bf16 when --dtype is bf16)")
+      ->check(CLI::IsMember({"bf16", "f32", "auto"}));
   cmd.add_flag("--resident-head", resident_head,
                "keep the head's weights on the device all step (micro-batches after the first do not upload them)");
+}
+
+Precision DeviceOptions::precision(ComputeType compute) const {
+  return Precision(compute, activation_storage(activation_dtype, compute, "--activation-dtype"));
 }
 
 ExecOptions DeviceOptions::exec_options(ComputeType compute) const {
   ExecOptions eo;
   eo.compute = compute;
+  eo.activations = precision(compute).activations;
   eo.weight_buffers = weight_buffers;
   eo.resident_head = resident_head;
   return eo;

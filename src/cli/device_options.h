@@ -21,6 +21,7 @@ namespace lt::cli {
 
 struct DeviceOptions {
   std::string policy;            // empty: the in-memory reference path
+  std::string activation_dtype = "auto";  // --activation-dtype: bf16 | f32 | auto (bf16 with bf16 GEMMs)
   std::string device = "cpu";
   std::string device_memory = "8GiB";
   double link_gbps = 0, h2d_gbps = 0, d2h_gbps = 0, latency_us = 0;
@@ -31,6 +32,8 @@ struct DeviceOptions {
 
   void add_to(CLI::App& cmd);
   ExecOptions exec_options(ComputeType compute) const;
+  // The GEMM compute type with the activation storage --activation-dtype resolves to for it.
+  Precision precision(ComputeType compute) const;
   LinkSpec link() const;
   std::unique_ptr<Device> make_device() const;
   // The NVMe store for a plan that needs `bytes` of it (null when bytes == 0); refuses a plan that

@@ -78,7 +78,7 @@ nlohmann::json StepStats::to_json() const {
 // Everything one step needs; destroyed (after the device is idle) when the step ends or fails.
 struct StreamingExecutor::Step {
   struct Boundary {
-    float* ptr = nullptr;
+    uint8_t* ptr = nullptr;  // [N, C] in the activation storage dtype
     Event* ready = nullptr;  // the copy that filled it (null: produced by compute, already ordered)
     int ring = -1;           // ring slot holding it, or -1
   };
@@ -102,7 +102,9 @@ struct StreamingExecutor::Step {
   const Batch& batch;
   const Plan& plan;
   const int64_t L, N, C;
-  const size_t xbytes;
+  const size_t xbytes;   // one boundary [N, C] in the storage dtype
+  const size_t xe;       // bytes per boundary element
+  const size_t dxbytes;  // one activation gradient [N, C] (always f32)
   const BlockShape s;
   const StepTokens tok;
   const SlabLayout& wl;  // compute-copy layer layout (device weights)
@@ -126,11 +128,11 @@ struct StreamingExecutor::Step {
   HostSlots gslots;
   int next_g = 0;
 
-  std::vector<float*> xdev;
-  std::vector<float*> ring;
+  std::vector<uint8_t*> xdev;
+  std::vector<uint8_t*> ring;
   std::vector<SlotUse> ring_use;
   int next_ring = 0;
-  std::vector<float*> host_act;  // [L] host-tier boundaries
+  std::vector<uint8_t*> host_act;  // [L] host-tier boundaries
   // The optimizer lane: the previous step's update, slab by slab (its own thread, so a slow update never
   // holds up the backward's gradient accumulation on the host lane).
   HostWorker* opt_lane = nullptr;
@@ -153,12 +155,16 @@ struct StreamingExecutor::Step {
   };
   std::vector<Prefetch> prefetch;      // [L + 1] reload parts issued ahead of the boundary's backward
   std::vector<bool> ring_reserved;     // a slot holding a boundary whose windowed copies are not all issued
-  float *x0_host = nullptr, *dx0_host = nullptr;
+  uint8_t* x0_host = nullptr;  // boundary 0 in the storage dtype
+  float* dx0_host = nullptr;
 
-  std::vector<float*> kept;
-  float *scratch_acts = nullptr, *recompute_out = nullptr, *bscratch = nullptr, *dx[2] = {nullptr, nullptr};
-  std::vector<float*> cache;
-  std::map<int64_t, float*> cached;
+  // Internals of the layers that keep them: at f32 storage each layer's BlockActs, at bf16 its stored
+  // internals (block_stored_bytes); the block then computes in scratch_acts, the one f32 working copy.
+  std::vector<uint8_t*> kept;
+  float *scratch_acts = nullptr, *bscratch = nullptr, *dx[2] = {nullptr, nullptr};
+  uint8_t* recompute_out = nullptr;
+  std::vector<uint8_t*> cache;
+  std::map<int64_t, uint8_t*> cached;
 
   int32_t *pos_dev = nullptr, *targets_dev = nullptr, *doc_dev = nullptr;
   Event* tokens_ready = nullptr;
@@ -170,8 +176,9 @@ struct StreamingExecutor::Step {
   Step(StreamingExecutor& e, HostWorker& hw, ModelSlabs& g, const ModelSlabs& p, const ModelSlabs& w,
        const Batch& b, const Plan& pl)
       : ex(e), dev(e.device_), host(hw), cfg(e.cfg_), o(e.options_), grads(g), params(p), weights(w), batch(b),
-        plan(pl), L(cfg.num_layers), N(b.N()), C(cfg.hidden_size), xbytes(size_t(N * C) * 4),
-        s(BlockShape::make(cfg, b.B, b.T)), tok(StepTokens::make(b)), wl(w.layout(SlabKind::layer)),
+        plan(pl), L(cfg.num_layers), N(b.N()), C(cfg.hidden_size), xbytes(size_t(N * C) * dtype_size(e.options_.activations)),
+        xe(dtype_size(e.options_.activations)), dxbytes(size_t(N * C) * 4),
+        s(BlockShape::make(cfg, b.B, b.T, e.options_.activations)), tok(StepTokens::make(b)), wl(w.layout(SlabKind::layer)),
         gl(g.layout(SlabKind::layer)), wslots(e.options_.weight_buffers), gslots(e.options_.grad_buffers) {}
 
   ~Step() {
@@ -282,26 +289,26 @@ struct StreamingExecutor::Step {
 
     xdev.assign(size_t(L + 1), nullptr);
     for (int64_t i = 0; i < L; ++i)
-      if (plan.boundary[size_t(i)] == Tier::device) xdev[size_t(i)] = buf<float>(fmt::format("boundary {}", i), xbytes);
-    xdev[size_t(L)] = buf<float>(fmt::format("boundary {}", L), xbytes);
-    for (int r = 0; r < o.boundary_ring; ++r) ring.push_back(buf<float>(fmt::format("boundary ring {}", r), xbytes));
+      if (plan.boundary[size_t(i)] == Tier::device) xdev[size_t(i)] = buf<uint8_t>(fmt::format("boundary {}", i), xbytes);
+    xdev[size_t(L)] = buf<uint8_t>(fmt::format("boundary {}", L), xbytes);
+    for (int r = 0; r < o.boundary_ring; ++r) ring.push_back(buf<uint8_t>(fmt::format("boundary ring {}", r), xbytes));
     ring_use.assign(ring.size(), SlotUse{});
 
-    const size_t acts_bytes = BlockActs::floats(s) * 4;
     kept.assign(size_t(L), nullptr);
     bool recompute_internals = false;
     for (int64_t l = 0; l < L; ++l) {
-      if (plan.keep_internals[size_t(l)]) kept[size_t(l)] = buf<float>(fmt::format("internals {}", l), acts_bytes);
+      if (plan.keep_internals[size_t(l)])
+        kept[size_t(l)] = buf<uint8_t>(fmt::format("internals {}", l), block_stored_bytes(s));
       else recompute_internals = true;
     }
-    if (recompute_internals) {
-      scratch_acts = buf<float>("internals scratch", acts_bytes);
-      recompute_out = buf<float>("recompute output", xbytes);
-    }
+    if (recompute_internals || s.act != DType::f32)
+      scratch_acts = buf<float>("internals scratch", BlockActs::floats(s) * 4);
+    if (recompute_internals) recompute_out = buf<uint8_t>("recompute output", xbytes);
     bscratch = buf<float>("backward scratch", BlockScratch::floats(s) * 4);
-    dx[0] = buf<float>("activation grads 0", xbytes);
-    dx[1] = buf<float>("activation grads 1", xbytes);
-    for (int64_t i = 0; i < ws.recompute_depth; ++i) cache.push_back(buf<float>(fmt::format("recompute cache {}", i), xbytes));
+    dx[0] = buf<float>("activation grads 0", dxbytes);
+    dx[1] = buf<float>("activation grads 1", dxbytes);
+    for (int64_t i = 0; i < ws.recompute_depth; ++i)
+      cache.push_back(buf<uint8_t>(fmt::format("recompute cache {}", i), xbytes));
 
     offloaded.assign(size_t(L), nullptr);
     produced.assign(size_t(L + 1), nullptr);
@@ -318,7 +325,7 @@ struct StreamingExecutor::Step {
     host_act.assign(size_t(L), nullptr);
     for (int64_t i = 1; i < L; ++i)
       if (plan.boundary[size_t(i)] == Tier::host)
-        host_act[size_t(i)] = ex.host_ws_.get<float>(fmt::format("boundary {}", i), size_t(N * C));
+        host_act[size_t(i)] = ex.host_ws_.get(fmt::format("boundary {}", i), xbytes);
     nvme_offset.assign(size_t(L), 0);
     nvme_region.assign(size_t(L), false);
     if (plan.uses(Tier::nvme)) {
@@ -428,7 +435,7 @@ struct StreamingExecutor::Step {
   }
 
   // --- forward -------------------------------------------------------------------------------------
-  Boundary embed_boundary0(float* dst, int ring_slot) {
+  Boundary embed_boundary0(uint8_t* dst, int ring_slot) {
     dev.copy_h2d(dst, x0_host, xbytes, kH2D, "h2d x0", 0);
     return Boundary{dst, record(kH2D), ring_slot};
   }
@@ -436,10 +443,13 @@ struct StreamingExecutor::Step {
   void forward() {
     // The embedding lookup runs on the host (the table stays there); only [N, C] moves.
     if (update) updated[gate_index(SlabKind::embedding, 0)].get();
-    x0_host = ex.host_ws_.get<float>("x0", size_t(N * C));
-    embedding_forward(x0_host, batch.input_ids.data(),
+    // At bf16 storage it is computed in f32 and rounded, as the in-memory path does.
+    x0_host = ex.host_ws_.get("x0", xbytes);
+    float* x0_f32 = s.act == DType::f32 ? reinterpret_cast<float*>(x0_host) : ex.host_ws_.get<float>("x0 f32", size_t(N * C));
+    embedding_forward(x0_f32, batch.input_ids.data(),
                       params.tensor(SlabKind::embedding, 0, "embed_tokens.weight").ptr<float>(), N, C,
                       cfg.vocab_size);
+    if (s.act != DType::f32) convert_from_f32(x0_host, s.act, x0_f32, size_t(N * C));
     wait(kCompute, tokens_ready);
     Boundary in;
     if (plan.boundary[0] == Tier::device) {
@@ -464,15 +474,19 @@ struct StreamingExecutor::Step {
         out.ptr = ring[size_t(out.ring)];
       }
       int b = acquire_weights(l);
-      float* acts_buf = plan.keep_internals[size_t(l)] ? kept[size_t(l)] : scratch_acts;
+      // f32 storage: the kept internals are the working copy; bf16: the working copy is the scratch and the
+      // block stores the kept internals from it.
+      const bool keep = plan.keep_internals[size_t(l)];
+      float* acts_buf = keep && s.act == DType::f32 ? reinterpret_cast<float*>(kept[size_t(l)]) : scratch_acts;
+      uint8_t* stored = keep && s.act != DType::f32 ? kept[size_t(l)] : nullptr;
       BlockView w = view(b);
-      float* x_out = out.ptr;
-      const float* x_in = in.ptr;
+      uint8_t* x_out = out.ptr;
+      const uint8_t* x_in = in.ptr;
       TokenInfo ti = token_info();
       BlockShape sh = s;
       Event* done = launch_on(b, {&in}, [=] {
         BlockActs a = BlockActs::bind(acts_buf, sh);
-        block_forward(x_out, a, x_in, w, ti, sh);
+        block_forward(x_out, a, x_in, w, ti, sh, stored);
       }, fmt::format("fwd L{}", l), l);
       used_by_compute(out, done);
       if (l + 1 < L && t == Tier::nvme) offload_to_nvme(l + 1, out, done);
@@ -498,7 +512,7 @@ struct StreamingExecutor::Step {
   static bool has_parts(const std::vector<std::vector<TransferPart>>& parts, int64_t i) {
     return size_t(i) < parts.size() && !parts[size_t(i)].empty();
   }
-  // Part k of boundary i's copy: floats [first, second) of its N x C.
+  // Part k of boundary i's copy: elements [first, second) of its N x C.
   std::pair<size_t, size_t> part_range(const std::vector<TransferPart>& parts, int k) const {
     const size_t n = size_t(N * C);
     double before = 0;
@@ -519,7 +533,7 @@ struct StreamingExecutor::Step {
       const int r = offload_ring[size_t(i)];
       wait(kD2H, opened_by);
       wait(kD2H, produced[size_t(i)]);
-      dev.copy_d2h(host_act[size_t(i)] + a, ring[size_t(r)] + a, (b - a) * 4, kD2H,
+      dev.copy_d2h(host_act[size_t(i)] + a * xe, ring[size_t(r)] + a * xe, (b - a) * xe, kD2H,
                    fmt::format("d2h x{} part {}/{}", i, k + 1, parts.size()), int(i));
       Event* e = record(kD2H);
       ring_use[size_t(r)].copy = e;
@@ -543,9 +557,9 @@ struct StreamingExecutor::Step {
         f.ring = take_ring(kH2D);
         ring_reserved[size_t(f.ring)] = true;
       }
-      const float* src = i == 0 ? x0_host : host_act[size_t(i)];
+      const uint8_t* src = i == 0 ? x0_host : host_act[size_t(i)];
       if (i > 0) wait(kH2D, offloaded[size_t(i)]);  // the forward's d2h must have landed
-      dev.copy_h2d(ring[size_t(f.ring)] + a, src + a, (b - a) * 4, kH2D,
+      dev.copy_h2d(ring[size_t(f.ring)] + a * xe, src + a * xe, (b - a) * xe, kH2D,
                    fmt::format("h2d x{} part {}/{}", i, k + 1, parts.size()), int(i));
       f.last = record(kH2D);
       ring_use[size_t(f.ring)].copy = f.last;
@@ -638,7 +652,10 @@ struct StreamingExecutor::Step {
     const size_t hg_bytes = head_stage_bytes;
     uint8_t* hg = head_g;
     float* dx0 = dx[0];
-    const float* xL = xdev[size_t(L)];
+    const uint8_t* xL = xdev[size_t(L)];
+    // At bf16 storage the head reads its input widened to f32 in dx[1], free until the first backward.
+    float* xL32 = s.act == DType::f32 ? nullptr : dx[1];
+    const DType act = s.act;
     const int32_t* targets = targets_dev;
     const float scale = float(1.0 / double(target.tokens_in_step > 0 ? target.tokens_in_step : tok.count));
     HeadShape hs{N, C, cfg.vocab_size, float(cfg.rms_norm_eps)};
@@ -646,7 +663,12 @@ struct StreamingExecutor::Step {
     wait(kCompute, ready);
     dev.launch(kCompute, [=] {
       std::memset(hg, 0, hg_bytes);
-      *loss_out = head_forward_backward(dx0, reinterpret_cast<float*>(dnorm), reinterpret_cast<float*>(dlm), xL,
+      const float* x = reinterpret_cast<const float*>(xL);
+      if (xL32) {
+        convert_to_f32(xL32, xL, act, size_t(hs.N * hs.C));
+        x = xL32;
+      }
+      *loss_out = head_forward_backward(dx0, reinterpret_cast<float*>(dnorm), reinterpret_cast<float*>(dlm), x,
                                         targets, reinterpret_cast<const float*>(norm_w), WeightRef{lm_w, lm_dt},
                                         scale, hs);
     }, "head fwd+bwd");
@@ -704,10 +726,10 @@ struct StreamingExecutor::Step {
     cached.clear();  // earlier segments are consumed: the compute stream runs in order
     Boundary in = get_boundary(j, /*own=*/false);
     for (int64_t m = j; m < i; ++m) {
-      float* out = cache[size_t(m - j)];
+      uint8_t* out = cache[size_t(m - j)];
       int b = acquire_weights(m);
       BlockView w = view(b);
-      const float* x_in = in.ptr;
+      const uint8_t* x_in = in.ptr;
       float* acts_buf = scratch_acts;
       TokenInfo ti = token_info();
       BlockShape sh = s;
@@ -727,15 +749,18 @@ struct StreamingExecutor::Step {
       begin_window(backward_window(L, l));
       issue_reloads(backward_window(L, l));
       Boundary xin = get_boundary(l);
-      const float* x_in = xin.ptr;
+      const uint8_t* x_in = xin.ptr;
       TokenInfo ti = token_info();
       BlockShape sh = s;
-      float* acts_buf = kept[size_t(l)];
-      if (!plan.keep_internals[size_t(l)]) {
-        acts_buf = scratch_acts;
+      // Kept: at f32 storage the working copy itself, at bf16 widened from the stored internals into the
+      // scratch by the MLP half. Not kept: recomputed into the scratch (nothing stored, nothing to widen).
+      const bool keep = plan.keep_internals[size_t(l)];
+      float* acts_buf = keep && s.act == DType::f32 ? reinterpret_cast<float*>(kept[size_t(l)]) : scratch_acts;
+      const uint8_t* stored = keep && s.act != DType::f32 ? kept[size_t(l)] : nullptr;
+      if (!keep) {
         int b = acquire_weights(l);
         BlockView w = view(b);
-        float* out = recompute_out;
+        uint8_t* out = recompute_out;
         launch_on(b, {&xin}, [=] {
           BlockActs a = BlockActs::bind(acts_buf, sh);
           block_forward(out, a, x_in, w, ti, sh);
@@ -758,7 +783,7 @@ struct StreamingExecutor::Step {
         BlockGrads gr = BlockGrads::bind(*glp, gb);
         BlockScratch sc = BlockScratch::bind(dscratch, sh);
         BlockActs a = BlockActs::bind(acts_buf, sh);
-        block_backward_mlp(gr, sc, dx_out, a, w, sh);
+        block_backward_mlp(gr, sc, dx_out, a, w, sh, stored);
       }, fmt::format("bwd L{} mlp", l), l);
       Event* done = launch_on(b, {&xin}, [=] {
         BlockGrads gr = BlockGrads::bind(*glp, gb);
@@ -799,7 +824,7 @@ struct StreamingExecutor::Step {
     }
     // Embedding gradient: the activation gradient of boundary 0 goes to the host, where the table is.
     dx0_host = ex.host_ws_.get<float>("dx0", size_t(N * C));
-    dev.copy_d2h(dx0_host, dx[cur], xbytes, kD2H, "d2h dx0", 0);
+    dev.copy_d2h(dx0_host, dx[cur], dxbytes, kD2H, "d2h dx0", 0);
     dev.host_callback(kD2H, [this] {
       host.submit([this] {
         float* table = grads.tensor(SlabKind::embedding, 0, "embed_tokens.weight").ptr<float>();
@@ -808,7 +833,7 @@ struct StreamingExecutor::Step {
         if (target.mode == GradMode::overwrite && !cfg.tie_word_embeddings) std::memset(table, 0, size_t(n) * 4);
         embedding_backward(table, dx0_host, batch.input_ids.data(), N, C, cfg.vocab_size);
         if (target.partials) target.partials->set(SlabKind::embedding, 0, grad_sum_of_squares(table, n));
-      }, "embedding backward", 0, xbytes);
+      }, "embedding backward", 0, dxbytes);
     }, "hand off dx0");
   }
 };

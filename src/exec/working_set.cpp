@@ -140,8 +140,9 @@ WorkingSet plan_working_set(const ModelConfig& cfg, int64_t B, int64_t T, const 
   const int64_t L = cfg.num_layers, N = B * T, C = cfg.hidden_size;
   plan.validate(L);
   const DType mdt = o.compute == ComputeType::bf16 ? DType::bf16 : DType::f32;
-  const BlockShape s = BlockShape::make(cfg, B, T);
-  const size_t boundary = size_t(N * C) * 4;
+  const BlockShape s = BlockShape::make(cfg, B, T, o.activations);
+  const size_t boundary = s.boundary_bytes();  // in the activation storage dtype
+  const size_t act_grad = size_t(N * C) * 4;   // activation gradients stay f32
   const size_t layer_w = SlabLayout::make(cfg, SlabKind::layer, mdt).bytes();
   const size_t layer_g = SlabLayout::make(cfg, SlabKind::layer, DType::f32).bytes();
   size_t head_w = SlabLayout::make(cfg, SlabKind::head, mdt).bytes();
@@ -179,17 +180,16 @@ WorkingSet plan_working_set(const ModelConfig& cfg, int64_t B, int64_t T, const 
   bool recompute_internals = false;
   for (int64_t l = 0; l < L; ++l) {
     if (plan.keep_internals[size_t(l)])
-      add(fmt::format("internals {}", l), BlockActs::floats(s) * 4, forward_window(l), backward_window(L, l));
+      add(fmt::format("internals {}", l), block_stored_bytes(s), forward_window(l), backward_window(L, l));
     else
       recompute_internals = true;
   }
-  if (recompute_internals) {
-    add("internals scratch", BlockActs::floats(s) * 4, first, last);
-    add("recompute output", boundary, first_bwd, last);
-  }
+  // The f32 working copy: for recomputed internals, and at bf16 storage for every layer's forward and backward.
+  if (recompute_internals || s.act != DType::f32) add("internals scratch", BlockActs::floats(s) * 4, first, last);
+  if (recompute_internals) add("recompute output", boundary, first_bwd, last);
   add("backward scratch", BlockScratch::floats(s) * 4, first_bwd, last);
-  add("activation grads 0", boundary, H, last);
-  add("activation grads 1", boundary, H, last);
+  add("activation grads 0", act_grad, H, last);
+  add("activation grads 1", act_grad, H, last);  // also the head's f32 input at bf16 storage
   // Recompute cache: a backward that meets a dropped boundary rebuilds every boundary between the
   // nearest stored one below and it, and keeps them until their layers' backward.
   for (int64_t i = 0; i < L; ++i) {

@@ -27,6 +27,7 @@ namespace lt {
 
 struct ExecOptions {
   ComputeType compute = ComputeType::f32;
+  DType activations = DType::f32;  // activation storage (model/block.h): boundaries and kept internals
   int weight_buffers = 2;    // layer weight buffers on the device (2 = double buffering)
   int grad_buffers = 2;      // layer gradient buffers on the device (and host staging slabs)
   int boundary_ring = 3;     // transient boundary buffers (dropped / offloaded boundaries in flight)

@@ -1,7 +1,11 @@
 // model/block.cpp — the decoder block as a list of op calls, forward then backward in reverse.
 #include "model/block.h"
 
+#include <cstring>
+#include <vector>
+
 #include "core/error.h"
+#include "core/parallel.h"
 #include "ops/ops.h"
 
 namespace lt {
@@ -49,7 +53,16 @@ void add(float* y, const float* a, const float* b, int64_t n) {
 
 }  // namespace
 
-BlockShape BlockShape::make(const ModelConfig& cfg, int64_t B, int64_t T) {
+DType activation_storage(const std::string& name, ComputeType compute, const std::string& what) {
+  if (name == "auto") return compute == ComputeType::bf16 ? DType::bf16 : DType::f32;
+  if (name == "bf16") return DType::bf16;
+  if (name == "f32") return DType::f32;
+  LT_FAIL("{}: '{}' is not an activation dtype (expected bf16, f32 or auto)", what, name);
+}
+
+BlockShape BlockShape::make(const ModelConfig& cfg, int64_t B, int64_t T, DType act) {
+  LT_CHECK(act == DType::f32 || act == DType::bf16, "activation storage must be f32 or bf16, got {}",
+           dtype_name(act));
   return BlockShape{B,
                     T,
                     cfg.hidden_size,
@@ -59,7 +72,8 @@ BlockShape BlockShape::make(const ModelConfig& cfg, int64_t B, int64_t T) {
                     cfg.intermediate_size,
                     float(cfg.rms_norm_eps),
                     cfg.rope_theta,
-                    cfg.qk_norm};
+                    cfg.qk_norm,
+                    act};
 }
 
 BlockView BlockView::bind(const SlabLayout& layout, const void* base_ptr) {
@@ -146,6 +160,7 @@ static BlockActs carve_acts(Carver& c, const BlockShape& s) {
   a.gate = c.take(N * s.I);
   a.up = c.take(N * s.I);
   a.h = c.take(N * s.I);
+  if (s.act == DType::bf16) a.x32 = c.take(N * s.C);
   return a;
 }
 
@@ -191,16 +206,133 @@ BlockScratch BlockScratch::bind(float* buffer, const BlockShape& s) {
   return carve_scratch(c, s);
 }
 
-void block_forward(float* x_out, BlockActs& a, const float* x_in, const BlockView& w, const TokenInfo& tok,
-                   const BlockShape& s) {
+// ---- bf16 storage ---------------------------------------------------------------------------------------
+
+namespace {
+
+constexpr int64_t kConvertChunk = 4096;  // elements per conversion task (a stack buffer of bf16)
+
+// The activations a layer keeps for its backward, in the order of the stored buffer: the working copy's field,
+// its element count, and whether it is stored as bf16 (activations) or f32 (statistics that need range).
+struct StoredField {
+  float* BlockActs::*field;
+  int64_t n;
+  bool bf16;
+  size_t offset = 0;  // in the stored buffer, 64-byte aligned
+};
+
+std::vector<StoredField> stored_fields(const BlockShape& s) {
+  const int64_t N = s.N();
+  std::vector<StoredField> f = {{&BlockActs::n1, N * s.C, true}, {&BlockActs::rstd1, N, false},
+                                {&BlockActs::q, N * s.QD(), true}, {&BlockActs::k, N * s.KVD(), true},
+                                {&BlockActs::v, N * s.KVD(), true}};
+  if (s.qk_norm) {
+    f.push_back({&BlockActs::q_raw, N * s.QD(), true});
+    f.push_back({&BlockActs::k_raw, N * s.KVD(), true});
+    f.push_back({&BlockActs::q_rstd, N * s.Hq, false});
+    f.push_back({&BlockActs::k_rstd, N * s.Hkv, false});
+  }
+  for (StoredField x : {StoredField{&BlockActs::att, N * s.QD(), true}, StoredField{&BlockActs::lse, s.B * s.Hq * s.T, false},
+                        StoredField{&BlockActs::x_mid, N * s.C, true}, StoredField{&BlockActs::n2, N * s.C, true},
+                        StoredField{&BlockActs::rstd2, N, false}, StoredField{&BlockActs::gate, N * s.I, true},
+                        StoredField{&BlockActs::up, N * s.I, true}, StoredField{&BlockActs::h, N * s.I, true}})
+    f.push_back(x);
+  size_t offset = 0;
+  for (StoredField& x : f) {
+    x.offset = offset;
+    offset += (size_t(x.n) * (x.bf16 ? 2 : 4) + 63) / 64 * 64;
+  }
+  return f;
+}
+
+// x[n] rounded to bf16 in place (round to nearest even, as f32_to_bf16), the bits also written to store[n]
+// when it is given.
+void round_to_bf16(float* x, bf16_t* store, int64_t n) {
+  parallel_chunks(n, kConvertChunk, [&](int64_t b, int64_t e) {
+    bf16_t tmp[kConvertChunk];
+    bf16_t* dst = store ? store + b : tmp;
+    convert_f32_to_bf16(dst, x + b, size_t(e - b));
+    convert_bf16_to_f32(x + b, dst, size_t(e - b));
+  });
+}
+
+void widen(float* dst, const bf16_t* src, int64_t n) {
+  parallel_chunks(n, kConvertChunk, [&](int64_t b, int64_t e) { convert_bf16_to_f32(dst + b, src + b, size_t(e - b)); });
+}
+
+void narrow(bf16_t* dst, const float* src, int64_t n) {
+  parallel_chunks(n, kConvertChunk, [&](int64_t b, int64_t e) { convert_f32_to_bf16(dst + b, src + b, size_t(e - b)); });
+}
+
+// The forward's hook at each stored activation: at bf16 storage, rounds the working copy and stores it (or only
+// rounds it, when the internals are not kept); statistics are copied. At f32 storage, nothing.
+class Keeper {
+ public:
+  Keeper(const BlockShape& s, const BlockActs& a, void* stored)
+      : a_(a), stored_(static_cast<uint8_t*>(stored)), on_(s.act == DType::bf16) {
+    if (on_) fields_ = stored_fields(s);
+  }
+  void operator()(float* BlockActs::*field) const {
+    if (!on_) return;
+    for (const StoredField& f : fields_) {
+      if (f.field != field) continue;
+      float* x = a_.*field;
+      if (f.bf16) round_to_bf16(x, stored_ ? reinterpret_cast<bf16_t*>(stored_ + f.offset) : nullptr, f.n);
+      else if (stored_) std::memcpy(stored_ + f.offset, x, size_t(f.n) * 4);
+      return;
+    }
+    LT_FAIL("block: an activation with no stored slot");
+  }
+
+ private:
+  const BlockActs& a_;
+  uint8_t* stored_;
+  bool on_;
+  std::vector<StoredField> fields_;
+};
+
+// The stored internals widened back into the working copy.
+void unpack(const BlockActs& a, const void* stored, const BlockShape& s) {
+  const auto* base = static_cast<const uint8_t*>(stored);
+  for (const StoredField& f : stored_fields(s)) {
+    float* x = a.*(f.field);
+    if (f.bf16) widen(x, reinterpret_cast<const bf16_t*>(base + f.offset), f.n);
+    else std::memcpy(x, base + f.offset, size_t(f.n) * 4);
+  }
+}
+
+}  // namespace
+
+size_t block_stored_bytes(const BlockShape& s) {
+  if (s.act == DType::f32) return BlockActs::floats(s) * 4;
+  const std::vector<StoredField> f = stored_fields(s);
+  return f.back().offset + (size_t(f.back().n) * (f.back().bf16 ? 2 : 4) + 63) / 64 * 64;
+}
+
+void block_forward(void* x_out_ptr, BlockActs& a, const void* x_in_ptr, const BlockView& w, const TokenInfo& tok,
+                   const BlockShape& s, void* stored) {
   const int64_t N = s.N(), C = s.C, QD = s.QD(), KVD = s.KVD(), I = s.I;
+  const bool b16 = s.act == DType::bf16;
+  LT_CHECK(b16 || stored == nullptr, "block_forward: stored internals are for bf16 storage only");
+  const Keeper keep(s, a, stored);
+  const float* x_in = static_cast<const float*>(x_in_ptr);
+  if (b16) {
+    widen(a.x32, static_cast<const bf16_t*>(x_in_ptr), N * C);
+    x_in = a.x32;
+  }
   // Attention half.
   rmsnorm_forward(a.n1, a.rstd1, x_in, w.ln1, N, C, s.eps);
+  keep(&BlockActs::n1);
+  keep(&BlockActs::rstd1);
   if (s.qk_norm) {
     linear_forward(a.q_raw, a.n1, w.wq, w.bq, N, C, QD);
     linear_forward(a.k_raw, a.n1, w.wk, w.bk, N, C, KVD);
+    keep(&BlockActs::q_raw);
+    keep(&BlockActs::k_raw);
     rmsnorm_forward(a.q, a.q_rstd, a.q_raw, w.q_norm, N * s.Hq, s.D, s.eps);  // per head: rows N*Hq of D
     rmsnorm_forward(a.k, a.k_rstd, a.k_raw, w.k_norm, N * s.Hkv, s.D, s.eps);
+    keep(&BlockActs::q_rstd);
+    keep(&BlockActs::k_rstd);
   } else {
     linear_forward(a.q, a.n1, w.wq, w.bq, N, C, QD);
     linear_forward(a.k, a.n1, w.wk, w.bk, N, C, KVD);
@@ -208,27 +340,47 @@ void block_forward(float* x_out, BlockActs& a, const float* x_in, const BlockVie
   linear_forward(a.v, a.n1, w.wv, w.bv, N, C, KVD);
   rope_forward(a.q, tok.pos, N, s.Hq, s.D, s.rope_theta);
   rope_forward(a.k, tok.pos, N, s.Hkv, s.D, s.rope_theta);
+  keep(&BlockActs::q);
+  keep(&BlockActs::k);
+  keep(&BlockActs::v);
   attention_forward(a.att, a.lse, a.q, a.k, a.v, tok.doc_ids, AttentionShape{s.B, s.T, s.Hq, s.Hkv, s.D});
-  linear_forward(x_out, a.att, w.wo, w.bo, N, QD, C);  // x_out holds o_proj(att) for a moment
-  add(a.x_mid, x_in, x_out, N * C);
+  keep(&BlockActs::att);
+  keep(&BlockActs::lse);
+  // o_proj(att) lands in x_out for a moment (f32), or in x_mid's working copy (bf16: x_out is bf16).
+  float* o = b16 ? a.x_mid : static_cast<float*>(x_out_ptr);
+  linear_forward(o, a.att, w.wo, w.bo, N, QD, C);
+  add(a.x_mid, x_in, o, N * C);
+  keep(&BlockActs::x_mid);
   // MLP half.
   rmsnorm_forward(a.n2, a.rstd2, a.x_mid, w.ln2, N, C, s.eps);
+  keep(&BlockActs::n2);
+  keep(&BlockActs::rstd2);
   linear_forward(a.gate, a.n2, w.wgate, w.bgate, N, C, I);
   linear_forward(a.up, a.n2, w.wup, w.bup, N, C, I);
+  keep(&BlockActs::gate);
+  keep(&BlockActs::up);
   swiglu_forward(a.h, a.gate, a.up, N * I);
-  linear_forward(x_out, a.h, w.wdown, w.bdown, N, I, C);
-  add_inplace(x_out, a.x_mid, N * C);
+  keep(&BlockActs::h);
+  float* y = b16 ? a.x32 : static_cast<float*>(x_out_ptr);  // x32 (the widened input) is free again
+  linear_forward(y, a.h, w.wdown, w.bdown, N, I, C);
+  add_inplace(y, a.x_mid, N * C);
+  if (b16) narrow(static_cast<bf16_t*>(x_out_ptr), y, N * C);
 }
 
-void block_backward(float* dx_in, BlockGrads& g, BlockScratch& b, const float* dx_out, const float* x_in,
-                    const BlockActs& a, const BlockView& w, const TokenInfo& tok, const BlockShape& s) {
-  block_backward_mlp(g, b, dx_out, a, w, s);
+void block_backward(float* dx_in, BlockGrads& g, BlockScratch& b, const float* dx_out, const void* x_in,
+                    const BlockActs& a, const BlockView& w, const TokenInfo& tok, const BlockShape& s,
+                    const void* stored) {
+  block_backward_mlp(g, b, dx_out, a, w, s, stored);
   block_backward_attention(dx_in, g, b, x_in, a, w, tok, s);
 }
 
 void block_backward_mlp(BlockGrads& g, BlockScratch& b, const float* dx_out, const BlockActs& a, const BlockView& w,
-                        const BlockShape& s) {
+                        const BlockShape& s, const void* stored) {
   const int64_t N = s.N(), C = s.C, I = s.I;
+  if (stored != nullptr) {
+    LT_CHECK(s.act == DType::bf16, "block_backward: stored internals are for bf16 storage only");
+    unpack(a, stored, s);
+  }
   // x_out = x_mid + down(h).
   linear_backward(b.dh, g.wdown, g.bdown, dx_out, a.h, w.wdown, N, I, C);
   swiglu_backward(b.dgate, b.dup, b.dh, a.gate, a.up, N * I);
@@ -239,9 +391,14 @@ void block_backward_mlp(BlockGrads& g, BlockScratch& b, const float* dx_out, con
   add_inplace(b.dx_mid, dx_out, N * C);
 }
 
-void block_backward_attention(float* dx_in, BlockGrads& g, BlockScratch& b, const float* x_in, const BlockActs& a,
+void block_backward_attention(float* dx_in, BlockGrads& g, BlockScratch& b, const void* x_in_ptr, const BlockActs& a,
                               const BlockView& w, const TokenInfo& tok, const BlockShape& s) {
   const int64_t N = s.N(), C = s.C, QD = s.QD(), KVD = s.KVD();
+  const float* x_in = static_cast<const float*>(x_in_ptr);
+  if (s.act == DType::bf16) {
+    widen(a.x32, static_cast<const bf16_t*>(x_in_ptr), N * C);
+    x_in = a.x32;
+  }
   // x_mid = x_in + o(att), from dx_mid (the MLP half's).
   linear_backward(b.datt, g.wo, g.bo, b.dx_mid, a.att, w.wo, N, QD, C);
   attention_backward(b.dq, b.dk, b.dv, b.datt, a.att, a.lse, a.q, a.k, a.v, tok.doc_ids,

@@ -1,4 +1,6 @@
-// model/model.cpp — embedding, L blocks, head; then the same in reverse. All activations kept.
+// model/model.cpp — embedding, L blocks, head; then the same in reverse. All activations kept: the
+// boundaries in the storage dtype, every block's f32 working copy (at bf16 storage already rounded where the
+// block stores, so the backward reads exactly what a streamed step's stored internals widen to).
 #include "model/model.h"
 
 #include <optional>
@@ -35,25 +37,35 @@ struct ForwardState {
   BlockShape shape;
   StepTokens tok;
   TokenInfo info;
-  float* boundaries = nullptr;  // (L+1) x [N, C]
-  float* acts = nullptr;        // L x BlockActs
+  uint8_t* boundaries = nullptr;  // (L+1) x [N, C] in the storage dtype
+  float* acts = nullptr;          // L x BlockActs
+  float* x32 = nullptr;           // [N, C] f32: the embedding output and the head input at bf16 storage
   std::vector<BlockActs> layer_acts;
-  float* boundary(int64_t i) { return boundaries + size_t(i * shape.N() * shape.C); }
+  void* boundary(int64_t i) { return boundaries + size_t(i) * shape.boundary_bytes(); }
+  // Boundary i as f32 (widened into x32 at bf16 storage).
+  const float* boundary_f32(int64_t i) {
+    if (shape.act == DType::f32) return static_cast<const float*>(boundary(i));
+    convert_to_f32(x32, boundary(i), shape.act, size_t(shape.N() * shape.C));
+    return x32;
+  }
 };
 
-void run_forward(ForwardState& st, const ModelSlabs& params, const ModelSlabs& cw, const Batch& batch, Workspace& ws) {
+void run_forward(ForwardState& st, const ModelSlabs& params, const ModelSlabs& cw, const Batch& batch,
+                 DType activations, Workspace& ws) {
   const ModelConfig& cfg = params.config();
   const int64_t L = cfg.num_layers, N = batch.N(), C = cfg.hidden_size;
-  st.shape = BlockShape::make(cfg, batch.B, batch.T);
+  st.shape = BlockShape::make(cfg, batch.B, batch.T, activations);
   st.tok = StepTokens::make(batch);
   st.info = TokenInfo{st.tok.pos.data(), batch.doc_ids.empty() ? nullptr : batch.doc_ids.data()};
-  st.boundaries = ws.get<float>("boundaries", size_t((L + 1) * N * C));
+  st.boundaries = ws.get<uint8_t>("boundaries", size_t(L + 1) * st.shape.boundary_bytes());
   const size_t per_layer = BlockActs::floats(st.shape);
   st.acts = ws.get<float>("activations", per_layer * size_t(L));
+  st.x32 = ws.get<float>("boundary f32", size_t(N * C));
 
-  embedding_forward(st.boundary(0), batch.input_ids.data(),
-                    params.tensor(SlabKind::embedding, 0, "embed_tokens.weight").ptr<float>(), N, C,
-                    cfg.vocab_size);
+  float* x0 = activations == DType::f32 ? static_cast<float*>(st.boundary(0)) : st.x32;
+  embedding_forward(x0, batch.input_ids.data(), params.tensor(SlabKind::embedding, 0, "embed_tokens.weight").ptr<float>(),
+                    N, C, cfg.vocab_size);
+  if (activations != DType::f32) convert_from_f32(st.boundary(0), activations, x0, size_t(N * C));
   const SlabLayout& layout = cw.layout(SlabKind::layer);
   for (int64_t l = 0; l < L; ++l) {
     st.layer_acts.push_back(BlockActs::bind(st.acts + per_layer * size_t(l), st.shape));
@@ -64,29 +76,29 @@ void run_forward(ForwardState& st, const ModelSlabs& params, const ModelSlabs& c
 
 }  // namespace
 
-LossResult model_forward(const ModelSlabs& params, const Batch& batch, ComputeType compute, Workspace* ws) {
+LossResult model_forward(const ModelSlabs& params, const Batch& batch, Precision precision, Workspace* ws) {
   Workspace local;
   Workspace& w = ws ? *ws : local;
-  ComputeWeights cw(params, compute);
+  ComputeWeights cw(params, precision.compute);
   ForwardState st;
-  run_forward(st, params, *cw.w, batch, w);
+  run_forward(st, params, *cw.w, batch, precision.activations, w);
   const ModelConfig& cfg = params.config();
-  double loss = head_forward(st.boundary(cfg.num_layers), st.tok.targets.data(),
+  double loss = head_forward(st.boundary_f32(cfg.num_layers), st.tok.targets.data(),
                              cw.w->tensor(SlabKind::head, 0, "norm.weight").ptr<float>(),
                              weight_ref(cw.w->lm_head()), head_shape(cfg, batch.N()));
   return LossResult{loss, st.tok.count};
 }
 
 LossResult model_forward_backward(ModelSlabs& grads, const ModelSlabs& params, const Batch& batch,
-                                  ComputeType compute, Workspace* ws) {
+                                  Precision precision, Workspace* ws) {
   Workspace local;
   Workspace& w = ws ? *ws : local;
   const ModelConfig& cfg = params.config();
   LT_CHECK(grads.num_layers() == cfg.num_layers && grads.matrix_dtype() == DType::f32,
            "gradient slabs must be f32 slabs of the same model");
-  ComputeWeights cw(params, compute);
+  ComputeWeights cw(params, precision.compute);
   ForwardState st;
-  run_forward(st, params, *cw.w, batch, w);
+  run_forward(st, params, *cw.w, batch, precision.activations, w);
   LT_CHECK(st.tok.count > 0,
            "the batch has no counted token: every label after the first position of each row is -100");
 
@@ -95,7 +107,7 @@ LossResult model_forward_backward(ModelSlabs& grads, const ModelSlabs& params, c
   float* dx_prev = w.get<float>("dx_prev", size_t(N * C));
   TensorView dlm = grads.lm_head();
   double loss = head_forward_backward(dx, grads.tensor(SlabKind::head, 0, "norm.weight").ptr<float>(),
-                                      dlm.ptr<float>(), st.boundary(L), st.tok.targets.data(),
+                                      dlm.ptr<float>(), st.boundary_f32(L), st.tok.targets.data(),
                                       cw.w->tensor(SlabKind::head, 0, "norm.weight").ptr<float>(),
                                       weight_ref(cw.w->lm_head()), float(1.0 / double(st.tok.count)),
                                       head_shape(cfg, N));

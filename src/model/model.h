@@ -6,6 +6,7 @@
 
 #include "core/aligned.h"
 #include "model/batch.h"
+#include "model/block.h"
 #include "model/weights.h"
 #include "ops/linear.h"
 
@@ -17,13 +18,14 @@ struct LossResult {
   double loss() const { return tokens ? loss_sum / double(tokens) : 0.0; }
 };
 
-// Loss only (evaluation). `ws` (optional) keeps the activation buffers across calls.
-LossResult model_forward(const ModelSlabs& params, const Batch& batch, ComputeType compute,
+// Loss only (evaluation). `ws` (optional) keeps the activation buffers across calls. precision: the GEMM
+// operand type and the activation storage (a ComputeType alone means f32 storage).
+LossResult model_forward(const ModelSlabs& params, const Batch& batch, Precision precision,
                          Workspace* ws = nullptr);
 
 // Loss and every parameter gradient, accumulated (+=) into `grads` (f32 slabs of the same config).
 // The gradient is of the mean loss over the batch's counted tokens. Errors if no token is counted.
 LossResult model_forward_backward(ModelSlabs& grads, const ModelSlabs& params, const Batch& batch,
-                                  ComputeType compute, Workspace* ws = nullptr);
+                                  Precision precision, Workspace* ws = nullptr);
 
 }  // namespace lt

@@ -146,7 +146,8 @@ ChainResult chain_dp(const Instance& in, int64_t work_limit) {
   for (const Outer& o : outers) {
     val.assign(n_states, kInf);
     parent.assign(n_states, -1);
-    const double yI = double(o.y) * in.I;
+    const double S = in.recompute_scratch();
+    const double yI = double(o.y) * S;
     const double static_extra = std::max({in.fixed_window(in.fwd(L - 1)) + yI, in.fixed_window(in.head_window()) + yI,
                                           in.fixed_window(in.bwd(L - 1)) + yI + double(o.y) * in.A +
                                               double(o.R) * in.A});
@@ -159,7 +160,7 @@ ChainResult chain_dp(const Instance& in, int64_t work_limit) {
         if (nd > dp.nd_cap || nk > dp.nk_cap) continue;
         if (lifetime) {
           const double m = in.fixed_window(in.bwd(0)) + in.A * double(nd) + in.I * double(nk) +
-                           (k ? 0.0 : in.I + in.A);
+                           (k ? 0.0 : S + in.A);
           if (m > budget) continue;
         }
         const double f0 = window_time(in, in.f[0], L > 1 ? in.W : in.HW, 0, 0);
@@ -184,7 +185,7 @@ ChainResult chain_dp(const Instance& in, int64_t work_limit) {
                 }
                 if (o.y == 0 && e > s + 1) break;  // every layer keeps: nothing is dropped
                 if (lifetime && e > s + 1) {  // the recompute cache peaks in B(e-1)
-                  const double m = in.fixed_window(in.bwd(e - 1)) + in.A * double(nd) + in.I * double(nk) + in.I +
+                  const double m = in.fixed_window(in.bwd(e - 1)) + in.A * double(nd) + in.I * double(nk) + S +
                                    in.A + in.A * double(e - 1 - s);
                   if (m > budget) break;
                 }
@@ -194,8 +195,8 @@ ChainResult chain_dp(const Instance& in, int64_t work_limit) {
                   // Final memory checks.
                   if (lifetime) {
                     const int keep_last = s == L - 1 ? ks : 0;
-                    const double mf = in.fixed_window(in.fwd(L - 1)) + in.A * double(nd) +
-                                      in.I * double(nk - keep_last) + in.I;
+                    const double mf = in.fixed_window(in.fwd(L - 1)) + in.A * double(nd) + in.I * double(nk) +
+                                      (keep_last ? 0.0 : S);
                     const double mh = in.fixed_window(in.head_window()) + in.A * double(nd) + in.I * double(nk);
                     if (mf > budget || mh > budget) continue;
                   } else if (static_extra + in.A * double(nd) + in.I * double(nk) > budget) {
@@ -217,7 +218,7 @@ ChainResult chain_dp(const Instance& in, int64_t work_limit) {
                     if (in.A * double(nd2) + in.I * double(nk2) > budget) continue;
                     if (lifetime) {
                       const double m = in.fixed_window(in.bwd(e)) + in.A * double(nd2) + in.I * double(nk2) +
-                                       (ke ? 0.0 : in.I + in.A);
+                                       (ke ? 0.0 : S + in.A);
                       if (m > budget) continue;
                     }
                     const double fe = te == 1 ? dp.f_host[size_t(e)] : dp.f_plain[size_t(e)];

@@ -167,13 +167,13 @@ std::vector<double> window_device_bytes(const Instance& in, const Plan& plan0, M
     const bool backward = w > L;
     if (model == MemoryModel::executor) {
       // Internals scratch all step, recompute output and the cache (deepest run) all backward.
-      if (any_recompute) m += in.I + (backward ? in.A : 0.0);
+      if (any_recompute) m += in.recompute_scratch() + (backward ? in.A : 0.0);
       if (backward) m += in.A * double(depth);
     } else if (w < L) {
-      if (!plan.keep_internals[size_t(w)]) m += in.I;  // layer w's internals go to the scratch
+      if (!plan.keep_internals[size_t(w)]) m += in.recompute_scratch();  // layer w's internals: the scratch
     } else if (backward) {
       const int64_t k = 2 * L - w;
-      if (!plan.keep_internals[size_t(k)]) m += in.I + in.A;  // scratch + recompute output
+      if (!plan.keep_internals[size_t(k)]) m += in.recompute_scratch() + in.A;  // scratch + recompute output
       // The recompute cache in B(k), k dropped: boundaries source+1 .. k, rebuilt at the run's top and kept
       // until their own backward.
       if (!plan.stored(k)) m += double(k - plan.source_below(k)) * in.A;
@@ -395,7 +395,7 @@ Prediction evaluate(const Instance& in, const Plan& plan_in, const TransferWindo
   p.model_device_bytes = *std::max_element(model_w.begin(), model_w.end());
   // The executor's packed block (its packing is the costly part; the restricted instances of the DP and the
   // brute force do not need it).
-  if (in.opt.activation_scale == 1.0 && !in.restricted)
+  if (!in.restricted)
     p.executor_device_bytes = predict_peak_device_bytes(in.cfg, in.B, in.T, plan, in.opt.exec);
   const double budget = double(in.budget.device_bytes);
   if (p.model_device_bytes > budget)

@@ -27,8 +27,9 @@ double Instance::fixed_window(int w) const {
   double m = double(e.weight_buffers) * W + tokens + double(e.boundary_ring) * A;
   if (w == L - 1) m += A;
   if (w == L || e.resident_head) m += HW;
-  if (w == L) m += A + HG + 2 * A;
-  if (w > L) m += double(e.grad_buffers) * G + BS + 2 * A;
+  if (w == L) m += A + HG + 2 * AG;
+  if (w > L) m += double(e.grad_buffers) * G + BS + 2 * AG;
+  if (scratch_always) m += IS;
   return m;
 }
 
@@ -53,8 +54,6 @@ Instance make_instance(const ModelConfig& cfg, int64_t B, int64_t T, const Profi
                        const InstanceOptions& o) {
   LT_CHECK(B >= 1 && T >= 1, "batch {} x seq {}: both must be >= 1", B, T);
   LT_CHECK(cfg.num_layers >= 1, "the model has no layers");
-  LT_CHECK(o.activation_scale > 0 && o.activation_scale <= 1, "activation scale must be in (0, 1], got {}",
-           o.activation_scale);
   Profile profile = scale_profile(profile0, B, T);
   profile.validate(cfg.num_layers);
   Instance in;
@@ -68,13 +67,15 @@ Instance make_instance(const ModelConfig& cfg, int64_t B, int64_t T, const Profi
   in.profile_name = profile.name;
   const int64_t N = B * T, C = cfg.hidden_size;
   const DType mdt = o.exec.compute == ComputeType::bf16 ? DType::bf16 : DType::f32;
-  const BlockShape s = BlockShape::make(cfg, B, T);
+  const BlockShape s = BlockShape::make(cfg, B, T, o.exec.activations);
   auto al = [](double bytes) { return double(align_up(size_t(std::ceil(bytes)), kDeviceAlign)); };
-  const double act = o.activation_scale;
-  in.A = al(double(N * C) * 4 * act);
-  in.A_nvme = double(align_up(size_t(in.A), kPageAlign));
-  in.I = al(double(BlockActs::floats(s)) * 4 * act);
-  in.BS = al(double(BlockScratch::floats(s)) * 4 * act);
+  in.A = al(double(s.boundary_bytes()));
+  in.A_nvme = double(align_up(s.boundary_bytes(), kPageAlign));
+  in.I = al(double(block_stored_bytes(s)));
+  in.IS = al(double(BlockActs::floats(s)) * 4);
+  in.scratch_always = s.act != DType::f32;
+  in.BS = al(double(BlockScratch::floats(s)) * 4);
+  in.AG = al(double(N * C) * 4);
   in.W = al(double(SlabLayout::make(cfg, SlabKind::layer, mdt).bytes()));
   in.G = al(double(SlabLayout::make(cfg, SlabKind::layer, DType::f32).bytes()));
   {
@@ -116,7 +117,7 @@ Instance make_instance(const ModelConfig& cfg, int64_t B, int64_t T, const Profi
   }
   in.parameters = cfg.num_parameters();
   in.head_fence = true;  // what-if sizes: assume the executor's usual packing
-  if (o.activation_scale == 1.0 && in.L >= 1) {
+  if (in.L >= 1) {
     const WorkingSet ws = plan_working_set(cfg, B, T, Plan::every(in.L, 1), o.exec);
     in.head_fence = false;
     const std::vector<std::vector<FenceWait>> waits = ws.fence_waits();  // (a temporary's element would dangle)

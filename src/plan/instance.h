@@ -54,9 +54,6 @@ struct InstanceOptions {
   // The restricted chain problem the DP solves exactly: device and host tiers only, each transfer in its
   // natural window (offload in F(i), reload in the window before B(i)), no optimizer term.
   bool restricted = false;
-  // What-if: bytes per stored activation element relative to the executor's f32 (0.5 = bf16, as the paper's
-  // PyTorch executor stores them). Anything but 1 is not the executor's memory model and is reported so.
-  double activation_scale = 1.0;
 };
 
 struct Instance {
@@ -68,15 +65,22 @@ struct Instance {
   Budgets budget;
 
   // Bytes (each rounded up to the device's 256-byte allocation unit, as the working set counts them).
-  double A = 0;        // one boundary [N, C] f32
+  double A = 0;        // one boundary [N, C] in the activation storage dtype
   double A_nvme = 0;   // one boundary on NVMe (4 KiB pages)
-  double I = 0;        // one layer's internals (BlockActs)
+  double I = 0;        // one layer's kept internals (block_stored_bytes)
+  double IS = 0;       // the f32 working copy of one layer's internals ("internals scratch", BlockActs)
+  // At bf16 storage the working copy is on the device all step (every layer computes in it); at f32 only when
+  // some layer recomputes (the kept internals are then the working copy itself).
+  bool scratch_always = false;
+  // The scratch a plan adds when some layer recomputes (0 when it is there anyway).
+  double recompute_scratch() const { return scratch_always ? 0.0 : IS; }
   double W = 0;        // one layer's weights (compute copy)
   double G = 0;        // one layer's gradients (f32)
   double HW = 0, HG = 0;  // head weights / gradients (lm_head counted here when tied)
   double tokens = 0;   // device buffer: positions, targets, document ids
   double token_upload = 0;  // uploaded each step: positions and targets (unpacked batches)
   double BS = 0;       // backward scratch
+  double AG = 0;       // one activation gradient [N, C] (f32 whatever the storage)
   // Times (seconds).
   std::vector<double> f, b, r;  // [L] forward, backward, recompute
   double head = 0, embed_f = 0, embed_b = 0;

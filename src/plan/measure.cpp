@@ -50,7 +50,7 @@ Profile measure_profile(const ModelConfig& cfg0, int64_t B, int64_t T, const Mea
   const ModelConfig& cfg = cfg0;
   const int64_t L = cfg.num_layers, N = B * T, C = cfg.hidden_size, V = cfg.vocab_size;
   const DType mdt = o.compute == ComputeType::bf16 ? DType::bf16 : DType::f32;
-  const BlockShape s = BlockShape::make(cfg, B, T);
+  const BlockShape s = BlockShape::make(cfg, B, T, o.activations);
 
   // One layer's weights (the executor streams every layer through the same buffers; layers share shapes),
   // plus the embedding and head, from a 1-layer copy of the config.
@@ -85,13 +85,15 @@ Profile measure_profile(const ModelConfig& cfg0, int64_t B, int64_t T, const Mea
     }
   } cleanup{*dev, allocs};
 
-  const size_t xbytes = size_t(N * C) * 4;
+  const size_t xbytes = s.boundary_bytes(), dxbytes = size_t(N * C) * 4;
   auto* w = static_cast<uint8_t*>(dalloc(wl.bytes(), "weights"));
   auto* g = static_cast<uint8_t*>(dalloc(gl.bytes(), "grads"));
-  auto* x_in = static_cast<float*>(dalloc(xbytes, "x_in"));
-  auto* x_out = static_cast<float*>(dalloc(xbytes, "x_out"));
-  auto* dx_in = static_cast<float*>(dalloc(xbytes, "dx_in"));
-  auto* dx_out = static_cast<float*>(dalloc(xbytes, "dx_out"));
+  auto* x_in = static_cast<uint8_t*>(dalloc(xbytes, "x_in"));
+  auto* x_out = static_cast<uint8_t*>(dalloc(xbytes, "x_out"));
+  auto* dx_in = static_cast<float*>(dalloc(dxbytes, "dx_in"));
+  auto* dx_out = static_cast<float*>(dalloc(dxbytes, "dx_out"));
+  // At bf16 storage a kept layer's forward stores its internals and its backward widens them back.
+  auto* stored = s.act == DType::f32 ? nullptr : static_cast<uint8_t*>(dalloc(block_stored_bytes(s), "stored"));
   auto* acts = static_cast<float*>(dalloc(BlockActs::floats(s) * 4, "acts"));
   auto* acts2 = static_cast<float*>(dalloc(BlockActs::floats(s) * 4, "acts recompute"));
   auto* scratch = static_cast<float*>(dalloc(BlockScratch::floats(s) * 4, "scratch"));
@@ -102,6 +104,8 @@ Profile measure_profile(const ModelConfig& cfg0, int64_t B, int64_t T, const Mea
   Rng rng(o.seed + 7);
   std::vector<float> hx(static_cast<size_t>(N * C)), hdx(static_cast<size_t>(N * C));
   fill_random(hx.data(), hx.size(), rng, 1.0f);
+  std::vector<uint8_t> hx_stored(xbytes);
+  convert_from_f32(hx_stored.data(), s.act, hx.data(), hx.size());
   fill_random(hdx.data(), hdx.size(), rng, 1e-3f);
   std::vector<int32_t> hpos(static_cast<size_t>(N)), htargets(static_cast<size_t>(N)), ids(static_cast<size_t>(N));
   for (int64_t i = 0; i < N; ++i) {
@@ -111,8 +115,8 @@ Profile measure_profile(const ModelConfig& cfg0, int64_t B, int64_t T, const Mea
   }
   constexpr StreamKind kC = StreamKind::compute, kH = StreamKind::h2d, kD = StreamKind::d2h;
   dev->copy_h2d(w, copy.layer(0), wl.bytes(), kH, "setup W");
-  dev->copy_h2d(x_in, hx.data(), xbytes, kH, "setup x");
-  dev->copy_h2d(dx_out, hdx.data(), xbytes, kH, "setup dx");
+  dev->copy_h2d(x_in, hx_stored.data(), xbytes, kH, "setup x");
+  dev->copy_h2d(dx_out, hdx.data(), dxbytes, kH, "setup dx");
   dev->copy_h2d(pos, hpos.data(), size_t(N) * 4, kH, "setup pos");
   dev->copy_h2d(targets, htargets.data(), size_t(N) * 4, kH, "setup targets");
   dev->synchronize();
@@ -123,6 +127,7 @@ Profile measure_profile(const ModelConfig& cfg0, int64_t B, int64_t T, const Mea
   p.batch = B;
   p.seq = T;
   p.compute = o.compute == ComputeType::bf16 ? "bf16" : "f32";
+  p.activations = dtype_name(s.act);
   p.device_memory_bytes = o.device_memory;
   p.source = fmt::format("measured by `lazytrain profile` on {} with {} threads, best of {}", dev->name(),
                          num_threads(), o.reps);
@@ -135,7 +140,7 @@ Profile measure_profile(const ModelConfig& cfg0, int64_t B, int64_t T, const Mea
                       rc = fmt::format("recompute L{}#{}", l, rep);
     dev->launch(kC, [=] {
       BlockActs a = BlockActs::bind(acts, s);
-      block_forward(x_out, a, x_in, view, ti, s);
+      block_forward(x_out, a, x_in, view, ti, s, stored);
     }, fwd, int(l));
     const SlabLayout* glp = &gl;
     dev->launch(kC, [=] {
@@ -143,7 +148,7 @@ Profile measure_profile(const ModelConfig& cfg0, int64_t B, int64_t T, const Mea
       BlockGrads gr = BlockGrads::bind(*glp, g);
       BlockScratch sc = BlockScratch::bind(scratch, s);
       BlockActs a = BlockActs::bind(acts, s);
-      block_backward(dx_in, gr, sc, dx_out, x_in, a, view, ti, s);
+      block_backward(dx_in, gr, sc, dx_out, x_in, a, view, ti, s, stored);
     }, bwd, int(l));
     dev->launch(kC, [=] {
       BlockActs a = BlockActs::bind(acts2, s);
@@ -197,12 +202,20 @@ Profile measure_profile(const ModelConfig& cfg0, int64_t B, int64_t T, const Mea
       dlm = reinterpret_cast<float*>(hg + params.layout(SlabKind::head).entry("lm_head.weight").offset);
     }
     const HeadShape hs{N, C, V, float(cfg.rms_norm_eps)};
+    // At bf16 storage the head widens its input first, as the executor does.
+    float* head_in = s.act == DType::f32 ? nullptr : static_cast<float*>(dalloc(dxbytes, "head input"));
+    const DType act = s.act;
     std::vector<double> t;
     for (int rep = 0; rep <= o.reps; ++rep) {
       const std::string name = fmt::format("head#{}", rep);
       dev->launch(kC, [=] {
         std::memset(hg, 0, hg_bytes);
-        head_forward_backward(dx_in, dnorm, dlm, x_out, targets, norm_w, lm, 1.0f / float(N), hs);
+        const float* x = reinterpret_cast<const float*>(x_out);
+        if (head_in) {
+          convert_to_f32(head_in, x_out, act, size_t(N * C));
+          x = head_in;
+        }
+        head_forward_backward(dx_in, dnorm, dlm, x, targets, norm_w, lm, 1.0f / float(N), hs);
       }, name);
       dev->synchronize();
       if (rep > 0) t.push_back(op_seconds(rec, name));

@@ -20,6 +20,7 @@ struct MeasureOptions {
   size_t device_memory = size_t(8) << 30;  // the emulated device's capacity (and the profile's default budget)
   LinkSpec link;                           // the emulated link (0 = unlimited)
   ComputeType compute = ComputeType::f32;
+  DType activations = DType::f32;  // activation storage (model/block.h)
   int reps = 3;                            // repetitions per measurement (the fastest is kept)
   std::string nvme_dir;                    // empty: NVMe not measured
   size_t nvme_probe_bytes = size_t(256) << 20;

@@ -70,8 +70,9 @@ MemoryNeed minimum_device_memory(const Instance& in) {
     const int64_t dev = std::max<int64_t>(0, need - off);
     // The executor's windows with some layer recomputing (scratch) and a recompute run of R: F(L-1), H and
     // B(L-1) are the largest.
-    const double m = std::max({in.fixed_window(in.fwd(L - 1)) + in.I, in.fixed_window(in.head_window()) + in.I,
-                               in.fixed_window(in.bwd(L - 1)) + in.I + in.A + in.A * double(R)}) +
+    const double S = in.recompute_scratch();
+    const double m = std::max({in.fixed_window(in.fwd(L - 1)) + S, in.fixed_window(in.head_window()) + S,
+                               in.fixed_window(in.bwd(L - 1)) + S + in.A + in.A * double(R)}) +
                      in.A * double(dev);
     if (m < best) {
       best = m;
@@ -86,7 +87,7 @@ MemoryNeed minimum_device_memory(const Instance& in) {
       "boundaries {} x {} (ring, head input, activation gradients, recompute output, a recompute run of {}, {} on the "
       "device), in the executor's largest window",
       in.opt.exec.weight_buffers, gb(in.opt.exec.weight_buffers * in.W), gb(in.opt.exec.grad_buffers * in.G),
-      gb(in.HW + in.HG), gb(in.BS), gb(in.I), int64_t(in.opt.exec.boundary_ring) + 4 + best_r + best_dev, gb(in.A),
+      gb(in.HW + in.HG), gb(in.BS), gb(in.IS), int64_t(in.opt.exec.boundary_ring) + 4 + best_r + best_dev, gb(in.A),
       best_r, best_dev);
   return n;
 }
@@ -97,10 +98,7 @@ PlanReport make_plan(const PlanRequest& rq) {
   rep.instance = make_instance(rq.cfg, rq.B, rq.T, rq.profile, rq.budget, rq.options);
   Instance& in = rep.instance;
   const int64_t L = in.L;
-  if (in.opt.activation_scale != 1.0)
-    rep.notes.push_back(fmt::format("what-if: activations at {:g}x the executor's f32 bytes; memory is not the "
-                                    "executor's model and is not checked against it",
-                                    in.opt.activation_scale));
+  rep.notes.push_back(fmt::format("activations stored in {}", dtype_name(in.opt.exec.activations)));
   rep.notes.push_back(fmt::format("memory model: {}", memory_model_name(in.memory)));
 
   // Baselines.
@@ -139,7 +137,7 @@ PlanReport make_plan(const PlanRequest& rq) {
   for (int attempt = 0; attempt < 4; ++attempt) {
     mo.time_limit_s = std::max(0.1, time_limit - clock.seconds());
     m = solve_milp(solve_in, mo);
-    if (!m.has_solution || in.opt.activation_scale != 1.0) break;
+    if (!m.has_solution) break;
     const size_t exec_bytes = predict_peak_device_bytes(in.cfg, in.B, in.T, m.plan, in.opt.exec);
     if (exec_bytes <= in.budget.device_bytes) break;
     ++rep.resolves;
@@ -205,8 +203,7 @@ PlanReport make_plan(const PlanRequest& rq) {
             in.B, in.T, gb(need.device_bytes), need.breakdown, gb(double(in.budget.device_bytes)),
             gb(double(in.budget.host_act_bytes)), gb(double(in.budget.nvme_bytes)));
   }
-  if (in.opt.activation_scale == 1.0)
-    rep.executor_device_bytes = predict_peak_device_bytes(in.cfg, in.B, in.T, rep.best.plan, in.opt.exec);
+  rep.executor_device_bytes = predict_peak_device_bytes(in.cfg, in.B, in.T, rep.best.plan, in.opt.exec);
   rep.solve_s = clock.seconds();
   return rep;
 }

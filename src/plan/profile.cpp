@@ -21,6 +21,7 @@ nlohmann::json Profile::to_json() const {
           {"batch", batch},
           {"seq", seq},
           {"compute", compute},
+          {"activations", activations},
           {"forward_s", forward_s},
           {"backward_s", backward_s},
           {"recompute_s", recompute_s},
@@ -63,6 +64,7 @@ Profile Profile::from_json(const nlohmann::json& j, const std::string& src) {
   p.batch = int64_t(num("batch", 0));
   p.seq = int64_t(num("seq", 0));
   p.compute = j.value("compute", std::string("f32"));
+  p.activations = j.value("activations", std::string("f32"));
   p.forward_s = arr("forward_s");
   p.backward_s = arr("backward_s");
   p.recompute_s = j.contains("recompute_s") ? arr("recompute_s") : p.forward_s;

@@ -39,6 +39,7 @@ struct Profile {
   std::string model;    // config it was made for (informative)
   int64_t batch = 0, seq = 0;            // the shape the per-layer times belong to (B, T)
   std::string compute = "f32";           // GEMM compute type: "f32" or "bf16"
+  std::string activations = "f32";       // activation storage the times were measured with: "f32" or "bf16"
   std::vector<double> forward_s;         // [L] block_forward on the device
   std::vector<double> backward_s;        // [L] block_backward (parameter-gradient zeroing included)
   std::vector<double> recompute_s;       // [L] block_forward run again in the backward

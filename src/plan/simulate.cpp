@@ -168,7 +168,7 @@ class Builder {
     nvme_rslot_.assign(2, -1);
     fences_.assign(size_t(in.num_windows()), {-1, -1, -1});
     // The working set's memory reuse (window fences) — the executor's own buffers and lifetimes.
-    if (in.opt.activation_scale == 1.0) {
+    {
       const WorkingSet ws = plan_working_set(in.cfg, in.B, in.T, plan, in.opt.exec);
       fence_waits_ = ws.fence_waits();
     }
@@ -570,13 +570,10 @@ SimResult simulate(const Instance& in, const Plan& plan_in, const TransferWindow
   // Memory: the executor's working set (what it allocates); the lifetime model's peak alongside.
   const Prediction p = evaluate(in, plan, tw);
   r.lifetime_device_bytes = p.lifetime_device_bytes;
-  if (in.opt.activation_scale == 1.0) {
+  {
     const WorkingSet ws = plan_working_set(in.cfg, in.B, in.T, plan, in.opt.exec);
     r.peak_device_bytes = ws.device_bytes();  // the packed block the executor allocates (>= every window)
     r.window_device_bytes = *std::max_element(ws.window_bytes.begin(), ws.window_bytes.end());
-  } else {
-    r.peak_device_bytes = size_t(p.model_device_bytes);
-    r.window_device_bytes = p.model_device_bytes;
   }
   r.host_act_bytes = p.host_act_bytes;
   r.nvme_bytes = p.nvme_bytes;

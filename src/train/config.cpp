@@ -142,6 +142,7 @@ const std::map<std::string, Key>& keys() {
       {"plan", text(&TrainConfig::plan)},
       {"optimizer_state_bits", number(&TrainConfig::optimizer_state_bits, int64_t(8))},
       {"compute_dtype", text(&TrainConfig::compute_dtype, {"bf16", "f32", "auto"})},
+      {"activation_dtype", text(&TrainConfig::activation_dtype, {"bf16", "f32", "auto"})},
       {"threads", number(&TrainConfig::threads, int64_t(0))},
   };
   return k;
@@ -203,7 +204,8 @@ const std::vector<std::string>& TrainConfig::result_keys() {
       "model_name_or_path", "dataset", "dataset_dir", "template", "cutoff_len", "packing", "on_bad_example",
       "per_device_train_batch_size", "gradient_accumulation_steps", "learning_rate", "lr_scheduler_type",
       "warmup_ratio", "warmup_steps", "max_steps", "num_train_epochs", "max_grad_norm", "weight_decay",
-      "adam_beta1", "adam_beta2", "adam_epsilon", "seed", "optimizer_state_bits", "compute_dtype"};
+      "adam_beta1", "adam_beta2", "adam_epsilon", "seed", "optimizer_state_bits", "compute_dtype",
+      "activation_dtype"};
   return k;
 }
 

@@ -60,6 +60,7 @@ struct TrainConfig {
   std::string plan = "auto";                 // auto | keep-all | every:K | host:K | nvme:K | a plan file
   int64_t optimizer_state_bits = 8;          // 8 (Hybrid 8-bit AdamW) | 32
   std::string compute_dtype = "bf16";        // bf16 | f32 | auto: bf16 where the host's GEMM runs bf16
+  std::string activation_dtype = "auto";     // bf16 | f32 | auto: storage of kept activations (auto: as compute)
                                              // natively, f32 where bf16 would be widened (AVX2-only CPUs)
   int64_t threads = 0;                       // 0: all cores
 

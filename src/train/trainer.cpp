@@ -116,6 +116,8 @@ TrainResult run_training(const TrainConfig& asked) {
   c.compute_dtype = resolve_compute_dtype(asked.compute_dtype, &compute_why);
   if (c.threads > 0) set_num_threads(int(c.threads));
   const ComputeType compute = c.compute_dtype == "bf16" ? ComputeType::bf16 : ComputeType::f32;
+  const DType activations = activation_storage(asked.activation_dtype, compute, "activation_dtype");
+  c.activation_dtype = dtype_name(activations);  // resolved, as recorded with checkpoints
   fs::create_directories(c.output_dir);
   if (!c.nvme_dir.empty()) ensure_nvme_dir(c.nvme_dir);
 
@@ -159,13 +161,15 @@ TrainResult run_training(const TrainConfig& asked) {
                           model_type_name(mc.type), mc.num_layers, double(mc.num_parameters()) / 1e6,
                           model.from_scratch ? ", random init" : ""));
   log.message(loader.data().summary());
-  log.message(fmt::format("compute: {} on {}{}", c.compute_dtype, isa_name(isa_level(cpu_features())), compute_why));
+  log.message(fmt::format("compute: {} on {}{}; activations stored in {}", c.compute_dtype,
+                          isa_name(isa_level(cpu_features())), compute_why, c.activation_dtype));
 
   // --- the plan, and the memory check before any work ---
   const int64_t B = c.per_device_train_batch_size, T = c.cutoff_len;  // the largest batch shape
   const size_t device_bytes = parse_size(c.device_memory, "device_memory");
   ExecOptions eo;
   eo.compute = compute;
+  eo.activations = activations;
   eo.weight_buffers = int(c.weight_buffers);
   eo.resident_head = c.resident_head;
   Plan plan;
@@ -176,6 +180,7 @@ TrainResult run_training(const TrainConfig& asked) {
     mo.device_memory = std::max(device_bytes, size_t(8) << 30);
     mo.link = LinkSpec{c.link_gbps, c.link_gbps, 0};
     mo.compute = compute;
+    mo.activations = activations;
     mo.nvme_dir = c.nvme_dir;
     mo.reps = 1;
     PlanRequest req;

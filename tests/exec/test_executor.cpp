@@ -17,10 +17,12 @@
 namespace lt {
 namespace {
 
-ModelConfig random_config(Rng& rng) {
+// A small random model; `type` (0 qwen2, 1 qwen3, 2 llama) picks the architecture, -1 a random one.
+ModelConfig random_config(Rng& rng, int type = -1) {
   ModelConfig c;
   const ModelType types[] = {ModelType::qwen2, ModelType::qwen3, ModelType::llama};
   c.type = types[rng.below(3)];
+  if (type >= 0) c.type = types[type];
   c.vocab_size = 40 + int64_t(rng.below(30));
   c.num_kv_heads = 1 + int64_t(rng.below(2));
   c.num_heads = c.num_kv_heads * (1 + int64_t(rng.below(3)));
@@ -134,10 +136,11 @@ std::unique_ptr<NvmeStore> nvme_store_for(const ModelConfig& cfg, const Batch& b
 }
 
 void check_plan(const ModelConfig& cfg, const ModelSlabs& params, const ModelSlabs& weights, const Batch& batch,
-                const Plan& plan, ComputeType ct, const Reference& ref, LinkSpec link, double budget_slack,
+                const Plan& plan, Precision precision, const Reference& ref, LinkSpec link, double budget_slack,
                 const std::string& what) {
   ExecOptions o;
-  o.compute = ct;
+  o.compute = precision.compute;
+  o.activations = precision.activations;
   const size_t predicted = predict_peak_device_bytes(cfg, batch.B, batch.T, plan, o);
   const size_t budget = size_t(double(predicted) * budget_slack) + 4096;
   auto dev = make_cpu_device(budget, link);
@@ -152,13 +155,17 @@ void check_plan(const ModelConfig& cfg, const ModelSlabs& params, const ModelSla
   EXPECT_LE(std::fabs(double(st.peak_device_bytes) - double(predicted)), 0.05 * double(predicted)) << what;
 }
 
-TEST(Executor, EveryPolicyMatchesInMemoryPathBitwise) {
-  for (uint64_t seed = 1; seed <= 12; ++seed) {
+// Every policy (device, host, NVMe tiers, dropped boundaries, kept or recomputed internals, transfer windows)
+// against the in-memory path at the same precision: seeds [first, last], activations stored in `act`, the
+// architecture by seed when `by_seed` (qwen2, qwen3, llama in turn), else at random.
+void every_policy_matches(uint64_t first, uint64_t last, DType act, bool by_seed) {
+  for (uint64_t seed = first; seed <= last; ++seed) {
     Rng rng(seed);
-    ModelConfig cfg = random_config(rng);
+    ModelConfig cfg = random_config(rng, by_seed ? int(seed % 3) : -1);
     ModelSlabs params = random_params(cfg, seed * 7);
     Batch batch = random_batch(cfg, rng, seed % 3 == 0);
     const ComputeType ct = seed % 2 == 0 ? ComputeType::bf16 : ComputeType::f32;
+    const Precision precision(ct, act);
     ModelSlabs bf16(cfg, DType::bf16);
     const ModelSlabs* weights = &params;
     if (ct == ComputeType::bf16) {
@@ -166,7 +173,7 @@ TEST(Executor, EveryPolicyMatchesInMemoryPathBitwise) {
       weights = &bf16;
     }
     Reference ref{ModelSlabs(cfg), {}};
-    ref.loss = model_forward_backward(ref.grads, params, batch, ct);
+    ref.loss = model_forward_backward(ref.grads, params, batch, precision);
     const int64_t L = cfg.num_layers;
     std::vector<Plan> plans = {Plan::keep_all(L), Plan::every(L, 1), Plan::every(L, 2), Plan::every(L, 4),
                                Plan::every(L, 3, Tier::host), Plan::every(L, 2, Tier::nvme), random_plan(L, rng),
@@ -178,12 +185,20 @@ TEST(Executor, EveryPolicyMatchesInMemoryPathBitwise) {
       // A budget that just fits, and a generous one; a slow link on some cases so transfers and
       // compute really overlap (ordering bugs would show as wrong bits).
       LinkSpec link = seed % 2 == 1 ? LinkSpec{1.0 + double(seed % 3), 2.0, 20e-6} : LinkSpec{};
-      check_plan(cfg, params, *weights, batch, plan, ct, ref, link, 1.0, what);
-      if (HasFatalFailure()) return;
-      check_plan(cfg, params, *weights, batch, plan, ct, ref, {}, 1.5, what + " (roomy)");
-      if (HasFatalFailure()) return;
+      check_plan(cfg, params, *weights, batch, plan, precision, ref, link, 1.0, what);
+      if (::testing::Test::HasFatalFailure()) return;
+      check_plan(cfg, params, *weights, batch, plan, precision, ref, {}, 1.5, what + " (roomy)");
+      if (::testing::Test::HasFatalFailure()) return;
     }
   }
+}
+
+TEST(Executor, EveryPolicyMatchesInMemoryPathBitwise) { every_policy_matches(1, 12, DType::f32, false); }
+
+// bf16 storage (boundaries, kept internals, their host and NVMe copies, the ring): still bitwise the in-memory
+// path at the same storage, on each architecture with f32 and bf16 GEMMs.
+TEST(Executor, EveryPolicyMatchesInMemoryPathBitwiseWithBf16Activations) {
+  every_policy_matches(101, 112, DType::bf16, true);
 }
 
 // The backward starts on the layers the forward left in the weight buffers (exec/weight_buffers.h): with
