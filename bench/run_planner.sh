@@ -1,19 +1,23 @@
 #!/usr/bin/env bash
 # The planner's measured numbers (docs/planner.md), all in one run:
-#   solve     MILP solve time, status and gap at 28, 36, 48 and 64 layers (Qwen2.5-7B, 3B, 14B and a dense
-#             27B-size model at the paper's batches, seq 1024, on the built-in h800; host 2 TiB, NVMe 2 TB),
-#             and the 64-layer instance with the device tier only (the hardest: nothing but recompute)
+#   solve     solve time (and wall time of the command), status and gap at 28, 36, 48 and 64 layers (Qwen2.5-7B,
+#             3B, 14B and a dense 27B-size model at the paper's batches, seq 1024, bf16 activations, on the
+#             built-in h800 capped at 70 GiB) with three activation budgets: the paper's (host 15 GiB, NVMe
+#             32 GiB), roomy (host 2 TiB, NVMe 2 TB) and the device tier only; then --time-limit 1 on the
+#             64-layer instance (the limit is a wall-clock promise: limit + 1 s)
+#   batch     the largest batch that fits (--search-batch) for Qwen2.5-7B and the 64-layer model, beside the
+#             paper's 144 and 72
 #   ratios    predicted LazyTrain / every:4 throughput for Qwen2.5-3B/7B/14B at batch 192/144/96 on h800,
 #             next to the paper's measured 1.24; with the paper's bf16 activations (--activation-dtype bf16)
 #             and with this executor's f32 ones (at the largest batch, down from the paper's in steps of 8,
 #             where every:4 fits)
 #   simexec   the simulator against the executor on the emulated CPU device: keep-all, every:1, every:4 and a
 #             solved plan at two emulated link bandwidths; step time and peak device memory, error in %
-# Usage: bench/run_planner.sh [BUILD_DIR] [SECTIONS...]   (default: solve ratios simexec)
+# Usage: bench/run_planner.sh [BUILD_DIR] [SECTIONS...]   (default: solve batch ratios simexec)
 set -euo pipefail
 build=${1:-build}
 shift || true
-sections=${*:-solve ratios simexec}
+sections=${*:-solve batch ratios simexec}
 lt="$build/lazytrain"
 work=runs/planner
 mkdir -p "$work/configs"
@@ -45,20 +49,49 @@ echo "machine: $cpu, $(nproc) cores; load: $(cut -d' ' -f1-3 /proc/loadavg)"
 
 if [[ " $sections " == *" solve "* ]]; then
   echo
-  echo "== MILP solve time on h800 (seq 1024, bf16 activations, host 2 TiB, NVMe 2 TB, 2 solver threads, limit 5 s)"
-  printf "%-24s %6s %6s %-11s %-9s %8s %8s %8s\n" model layers batch status proof solve_s gap dp_s
-  for spec in qwen2.5-7b:144 qwen2.5-3b:192 qwen2.5-14b:96 dense-27b:72 dense-27b:72:device-only; do
-    IFS=: read -r m b only <<<"$spec"
-    mem="--host-act-memory 2TiB --nvme 2TB"
-    [ -n "${only:-}" ] && mem="--host-act-memory 0 --nvme 0"
-    "$lt" plan --model "$work/configs/$m.json" --hardware h800 --batch "$b" --seq 1024 $mem --activation-dtype bf16 \
-      --threads 2 --time-limit 5 --json |
-      $py -c "
+  echo "== solve time on h800 at 70 GiB (seq 1024, bf16 activations, 2 solver threads, limit 5 s)"
+  printf "%-12s %6s %6s %-9s %-11s %-9s %8s %8s %8s %6s\n" model layers batch budgets status proof solve_s wall_s gap chunk
+  for spec in qwen2.5-7b:144 qwen2.5-3b:192 qwen2.5-14b:96 dense-27b:72; do
+    IFS=: read -r m b <<<"$spec"
+    for budgets in paper roomy device; do
+      case $budgets in
+        paper) mem="--host-act-memory 15GiB --nvme 32GiB" ;;
+        roomy) mem="--host-act-memory 2TiB --nvme 2TB" ;;
+        device) mem="--host-act-memory 0 --nvme 0" ;;
+      esac
+      t0=$(date +%s.%N)
+      out=$("$lt" plan --model "$work/configs/$m.json" --hardware h800 --device-memory 70GiB --batch "$b" --seq 1024 $mem \
+            --activation-dtype bf16 --threads 2 --time-limit 5 --json)
+      t1=$(date +%s.%N)
+      echo "$out" | $py -c "
 import json, sys
 j = json.load(sys.stdin)
-dp = j['chain_dp']['seconds'] if j['chain_dp'] else float('nan')
-print('%-24s %6d %6d %-11s %-9s %8.2f %8.4f %8.2f' % ('$m${only:+ (device only)}', j['layers'], j['batch'], j['status'],
-      j['proof'] or '-', j['solve_s'], j['gap'], dp))"
+print('%-12s %6d %6d %-9s %-11s %-9s %8.2f %8.2f %8.4f %6d' % ('$m', j['layers'], j['batch'], '$budgets', j['status'],
+      j['proof'] or '-', j['solve_s'], $t1 - $t0, j['gap'], j['mlp_chunk_tokens']))"
+    done
+  done
+  t0=$(date +%s.%N)
+  out=$("$lt" plan --model "$work/configs/dense-27b.json" --hardware h800 --device-memory 70GiB --batch 72 --seq 1024 \
+        --host-act-memory 15GiB --nvme 32GiB --activation-dtype bf16 --threads 2 --time-limit 1 --json)
+  t1=$(date +%s.%N)
+  echo "$out" | $py -c "
+import json, sys
+j = json.load(sys.stdin)
+print('--time-limit 1, 64 layers, paper budgets: wall %.2f s, status %s, gap %.4f' % ($t1 - $t0, j['status'], j['gap']))"
+fi
+
+if [[ " $sections " == *" batch "* ]]; then
+  echo
+  echo "== largest batch that fits on h800 at 70 GiB (seq 1024, bf16 activations, host 15 GiB, NVMe 32 GiB)"
+  printf "%-12s %8s %10s %10s %8s\n" model paper max_batch best_batch tok/s
+  for spec in qwen2.5-7b:144 dense-27b:72; do
+    IFS=: read -r m b <<<"$spec"
+    "$lt" plan --model "$work/configs/$m.json" --hardware h800 --device-memory 70GiB --batch "$b" --seq 1024 \
+      --host-act-memory 15GiB --nvme 32GiB --activation-dtype bf16 --threads 2 --time-limit 5 --search-batch 1024 --json |
+      $py -c "
+import json, sys
+s = json.load(sys.stdin)['batch_search']
+print('%-12s %8d %10d %10d %8.0f' % ('$m', $b, s['max_batch'], s['best_batch'], s['best_tokens_per_s']))"
   done
 fi
 

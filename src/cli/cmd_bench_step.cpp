@@ -99,7 +99,7 @@ void run_bench_step(const BenchStepOptions& o) {
   if (policy != "in-memory") {
     plan = Plan::parse(policy, m.config.num_layers);
     device = o.dev.make_device();
-    const ExecOptions eo = o.dev.exec_options(compute);
+    const ExecOptions eo = o.dev.exec_options(compute, &*plan);
     nvme = o.dev.open_nvme(plan_working_set(m.config, batch.B, batch.T, *plan, eo).nvme_bytes);
     ex = std::make_unique<StreamingExecutor>(m.config, *device, eo, nvme.get());
   }

@@ -39,7 +39,7 @@ void run_grad(const GradOptions& o) {
   } else {
     Plan plan = Plan::parse(o.dev.policy, m.config.num_layers);
     std::unique_ptr<Device> device = o.dev.make_device();
-    const ExecOptions eo = o.dev.exec_options(compute);
+    const ExecOptions eo = o.dev.exec_options(compute, &plan);
     std::optional<ModelSlabs> copy;
     const ModelSlabs* weights = &m.params;
     if (compute == ComputeType::bf16) {

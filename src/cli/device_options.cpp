@@ -29,6 +29,9 @@ void DeviceOptions::add_to(CLI::App& cmd) {
   cmd.add_option("--trace", trace_path, "write the step's Chrome trace JSON here (chrome://tracing, Perfetto)");
   cmd.add_option("--weight-buffers", weight_buffers, "layer weight buffers on the device (2 = double buffering)")
       ->check(CLI::Range(1, 8));
+  cmd.add_option("--mlp-chunk", mlp_chunk,
+                 "tokens per MLP chunk (a multiple of 4096; 0: one chunk); bounds a layer's scratch, same bits "
+                 "(default: the plan file's, else one chunk)");
   cmd.add_option("--activation-dtype", activation_dtype,
                  "storage of the activations kept for the backward: bf16, f32, or auto (bf16 when --dtype is bf16)")
       ->check(CLI::IsMember({"bf16", "f32", "auto"}));
@@ -40,10 +43,13 @@ Precision DeviceOptions::precision(ComputeType compute) const {
   return Precision(compute, activation_storage(activation_dtype, compute, "--activation-dtype"));
 }
 
-ExecOptions DeviceOptions::exec_options(ComputeType compute) const {
+ExecOptions DeviceOptions::exec_options(ComputeType compute, const Plan* plan) const {
   ExecOptions eo;
   eo.compute = compute;
   eo.activations = precision(compute).activations;
+  LT_CHECK(mlp_chunk < 0 || mlp_chunk % kTokenSlice == 0, "--mlp-chunk {}: must be a multiple of {} (0: one chunk)",
+           mlp_chunk, kTokenSlice);
+  eo.mlp_chunk_tokens = mlp_chunk >= 0 ? mlp_chunk : plan ? plan->mlp_chunk_tokens : 0;
   eo.weight_buffers = weight_buffers;
   eo.resident_head = resident_head;
   return eo;

@@ -29,9 +29,11 @@ struct DeviceOptions {
   std::string trace_path;
   int weight_buffers = 2;
   bool resident_head = false;
+  int64_t mlp_chunk = -1;  // --mlp-chunk: tokens per MLP chunk; -1: the plan file's, else one chunk
 
   void add_to(CLI::App& cmd);
-  ExecOptions exec_options(ComputeType compute) const;
+  // The executor's options; `plan` supplies the MLP chunk when --mlp-chunk is not given.
+  ExecOptions exec_options(ComputeType compute, const Plan* plan = nullptr) const;
   // The GEMM compute type with the activation storage --activation-dtype resolves to for it.
   Precision precision(ComputeType compute) const;
   LinkSpec link() const;

@@ -158,11 +158,11 @@ struct StreamingExecutor::Step {
   uint8_t* x0_host = nullptr;  // boundary 0 in the storage dtype
   float* dx0_host = nullptr;
 
-  // Internals of the layers that keep them: at f32 storage each layer's BlockActs, at bf16 its stored
-  // internals (block_stored_bytes); the block then computes in scratch_acts, the one f32 working copy.
+  // Internals of the layers that keep them: at f32 storage each layer's full BlockActs (computed in place), at
+  // bf16 its stored internals (block_stored_bytes), computed in scratch_acts, the one f32 working copy, which
+  // also holds a recomputed layer's internals (its MLP one chunk at a time).
   std::vector<uint8_t*> kept;
   float *scratch_acts = nullptr, *bscratch = nullptr, *dx[2] = {nullptr, nullptr};
-  uint8_t* recompute_out = nullptr;
   std::vector<uint8_t*> cache;
   std::map<int64_t, uint8_t*> cached;
 
@@ -178,7 +178,7 @@ struct StreamingExecutor::Step {
       : ex(e), dev(e.device_), host(hw), cfg(e.cfg_), o(e.options_), grads(g), params(p), weights(w), batch(b),
         plan(pl), L(cfg.num_layers), N(b.N()), C(cfg.hidden_size), xbytes(size_t(N * C) * dtype_size(e.options_.activations)),
         xe(dtype_size(e.options_.activations)), dxbytes(size_t(N * C) * 4),
-        s(BlockShape::make(cfg, b.B, b.T, e.options_.activations)), tok(StepTokens::make(b)), wl(w.layout(SlabKind::layer)),
+        s(BlockShape::make(cfg, b.B, b.T, e.options_.activations, e.options_.mlp_chunk_tokens)), tok(StepTokens::make(b)), wl(w.layout(SlabKind::layer)),
         gl(g.layout(SlabKind::layer)), wslots(e.options_.weight_buffers), gslots(e.options_.grad_buffers) {}
 
   ~Step() {
@@ -303,7 +303,6 @@ struct StreamingExecutor::Step {
     }
     if (recompute_internals || s.act != DType::f32)
       scratch_acts = buf<float>("internals scratch", BlockActs::floats(s) * 4);
-    if (recompute_internals) recompute_out = buf<uint8_t>("recompute output", xbytes);
     bscratch = buf<float>("backward scratch", BlockScratch::floats(s) * 4);
     dx[0] = buf<float>("activation grads 0", dxbytes);
     dx[1] = buf<float>("activation grads 1", dxbytes);
@@ -474,10 +473,10 @@ struct StreamingExecutor::Step {
         out.ptr = ring[size_t(out.ring)];
       }
       int b = acquire_weights(l);
-      // f32 storage: the kept internals are the working copy; bf16: the working copy is the scratch and the
-      // block stores the kept internals from it.
+      // f32 storage: a kept layer computes in its kept internals; bf16: in the working copy, storing from it.
       const bool keep = plan.keep_internals[size_t(l)];
-      float* acts_buf = keep && s.act == DType::f32 ? reinterpret_cast<float*>(kept[size_t(l)]) : scratch_acts;
+      const bool full = keep && s.act == DType::f32;
+      float* acts_buf = full ? reinterpret_cast<float*>(kept[size_t(l)]) : scratch_acts;
       uint8_t* stored = keep && s.act != DType::f32 ? kept[size_t(l)] : nullptr;
       BlockView w = view(b);
       uint8_t* x_out = out.ptr;
@@ -485,7 +484,7 @@ struct StreamingExecutor::Step {
       TokenInfo ti = token_info();
       BlockShape sh = s;
       Event* done = launch_on(b, {&in}, [=] {
-        BlockActs a = BlockActs::bind(acts_buf, sh);
+        BlockActs a = full ? BlockActs::bind_full(acts_buf, sh) : BlockActs::bind(acts_buf, sh);
         block_forward(x_out, a, x_in, w, ti, sh, stored);
       }, fmt::format("fwd L{}", l), l);
       used_by_compute(out, done);
@@ -752,18 +751,20 @@ struct StreamingExecutor::Step {
       const uint8_t* x_in = xin.ptr;
       TokenInfo ti = token_info();
       BlockShape sh = s;
-      // Kept: at f32 storage the working copy itself, at bf16 widened from the stored internals into the
-      // scratch by the MLP half. Not kept: recomputed into the scratch (nothing stored, nothing to widen).
+      // Kept: at f32 storage in place, at bf16 widened from the stored internals into the working copy by the
+      // MLP half. Not kept: the attention half recomputed into the working copy now, the MLP chunk by chunk in
+      // the MLP half.
       const bool keep = plan.keep_internals[size_t(l)];
-      float* acts_buf = keep && s.act == DType::f32 ? reinterpret_cast<float*>(kept[size_t(l)]) : scratch_acts;
+      const bool full = keep && s.act == DType::f32;
+      float* acts_buf = full ? reinterpret_cast<float*>(kept[size_t(l)]) : scratch_acts;
       const uint8_t* stored = keep && s.act != DType::f32 ? kept[size_t(l)] : nullptr;
+      const Saved saved = !keep ? Saved::recompute : full ? Saved::in_acts : Saved::stored;
       if (!keep) {
         int b = acquire_weights(l);
         BlockView w = view(b);
-        uint8_t* out = recompute_out;
         launch_on(b, {&xin}, [=] {
           BlockActs a = BlockActs::bind(acts_buf, sh);
-          block_forward(out, a, x_in, w, ti, sh);
+          block_recompute_internals(a, x_in, w, ti, sh);
         }, fmt::format("recompute internals L{}", l), l);
       }
       int b = acquire_weights(l);
@@ -782,13 +783,13 @@ struct StreamingExecutor::Step {
         std::memset(gb, 0, glp->bytes());
         BlockGrads gr = BlockGrads::bind(*glp, gb);
         BlockScratch sc = BlockScratch::bind(dscratch, sh);
-        BlockActs a = BlockActs::bind(acts_buf, sh);
-        block_backward_mlp(gr, sc, dx_out, a, w, sh, stored);
+        BlockActs a = full ? BlockActs::bind_full(acts_buf, sh) : BlockActs::bind(acts_buf, sh);
+        block_backward_mlp(gr, sc, dx_out, a, w, sh, saved, stored);
       }, fmt::format("bwd L{} mlp", l), l);
       Event* done = launch_on(b, {&xin}, [=] {
         BlockGrads gr = BlockGrads::bind(*glp, gb);
         BlockScratch sc = BlockScratch::bind(dscratch, sh);
-        BlockActs a = BlockActs::bind(acts_buf, sh);
+        BlockActs a = full ? BlockActs::bind_full(acts_buf, sh) : BlockActs::bind(acts_buf, sh);
         block_backward_attention(dx_in, gr, sc, x_in, a, w, ti, sh);
       }, fmt::format("bwd L{} attention", l), l);
       cur = 1 - cur;

@@ -188,6 +188,13 @@ Plan Plan::from_json(const nlohmann::json& j, const std::string& source, int64_t
   }
   p.validate(L);
   if (j.contains("windows")) parse_windows(p, j["windows"], source, L);
+  if (j.contains("mlp_chunk_tokens")) {
+    const auto& c = j["mlp_chunk_tokens"];
+    LT_CHECK(c.is_number_integer() && c.get<int64_t>() >= 0 && c.get<int64_t>() % kTokenSlice == 0,
+             "{}: \"mlp_chunk_tokens\" must be a multiple of {} (0: the MLP in one chunk), got {}", source,
+             kTokenSlice, c.dump());
+    p.mlp_chunk_tokens = c.get<int64_t>();
+  }
   return p;
 }
 
@@ -196,6 +203,7 @@ nlohmann::json Plan::to_json() const {
   for (Tier t : boundary) b.push_back(tier_name(t));
   nlohmann::json j = {{"format", "lazytrain-plan"}, {"version", 1}, {"name", name}, {"layers", num_layers()},
                       {"boundaries", b}, {"keep_internals", keep_internals}};
+  if (mlp_chunk_tokens > 0) j["mlp_chunk_tokens"] = mlp_chunk_tokens;
   if (has_windows()) {
     const int64_t L = num_layers();
     nlohmann::json w = nlohmann::json::array();

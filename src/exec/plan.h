@@ -44,6 +44,10 @@ struct Plan {
   // empty list for a boundary whose copy runs in its natural window: the offload (device to host) right
   // after the boundary is produced, the reload (host to device) in the window before its backward.
   std::vector<std::vector<TransferPart>> offload_parts, reload_parts;
+  // The planner's MLP chunk (tokens, a multiple of kTokenSlice; model/block.h), a plan file's
+  // "mlp_chunk_tokens": what the executor runs with when the user does not say (0: not given). Memory only:
+  // every chunk gives the same bits.
+  int64_t mlp_chunk_tokens = 0;
 
   int64_t num_layers() const { return int64_t(keep_internals.size()); }
   bool stored(int64_t i) const { return boundary[size_t(i)] != Tier::drop; }

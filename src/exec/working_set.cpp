@@ -25,14 +25,11 @@ bool conflict(const DeviceBuffer& x, const DeviceBuffer& y) {
   return false;
 }
 
-// First-fit packing of buffers with lifetimes, largest first (ties by tag order of creation): each buffer
-// goes at the lowest offset where it overlaps no placed buffer it conflicts with.
-void pack(std::vector<DeviceBuffer>& bufs, size_t* peak) {
-  std::vector<size_t> order(bufs.size());
-  std::iota(order.begin(), order.end(), size_t(0));
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return bufs[a].bytes > bufs[b].bytes; });
+// First-fit packing of buffers with lifetimes in the given order: each buffer goes at the lowest offset where
+// it overlaps no placed buffer it conflicts with. Returns the peak.
+size_t first_fit(std::vector<DeviceBuffer>& bufs, const std::vector<size_t>& order) {
   std::vector<size_t> placed;
-  *peak = 0;
+  size_t peak = 0;
   for (size_t idx : order) {
     DeviceBuffer& x = bufs[idx];
     // Ranges of placed buffers alive at the same time, sorted by offset.
@@ -50,8 +47,42 @@ void pack(std::vector<DeviceBuffer>& bufs, size_t* peak) {
     }
     x.offset = offset;
     placed.push_back(idx);
-    *peak = std::max(*peak, offset + x.bytes);
+    peak = std::max(peak, offset + x.bytes);
   }
+  return peak;
+}
+
+// The packing: first fit in three orders — largest first; by first window (stack-like lifetimes, the device
+// boundaries and kept internals, nest without holes that way); longest-lived first — each with ties by size
+// and then creation order, keeping the smallest peak (the first on a tie). Deterministic.
+void pack(std::vector<DeviceBuffer>& bufs, size_t* peak) {
+  std::vector<size_t> base(bufs.size());
+  std::iota(base.begin(), base.end(), size_t(0));
+  auto by_size = [&](size_t a, size_t b) { return bufs[a].bytes > bufs[b].bytes; };
+  auto by_start = [&](size_t a, size_t b) {
+    if (bufs[a].first_window != bufs[b].first_window) return bufs[a].first_window < bufs[b].first_window;
+    return by_size(a, b);
+  };
+  auto by_life = [&](size_t a, size_t b) {
+    const int la = bufs[a].last_window - bufs[a].first_window, lb = bufs[b].last_window - bufs[b].first_window;
+    if (la != lb) return la > lb;
+    return by_size(a, b);
+  };
+  std::vector<size_t> best_offsets;
+  *peak = SIZE_MAX;
+  for (int k = 0; k < 3; ++k) {
+    std::vector<size_t> order = base;
+    if (k == 0) std::stable_sort(order.begin(), order.end(), by_size);
+    if (k == 1) std::stable_sort(order.begin(), order.end(), by_start);
+    if (k == 2) std::stable_sort(order.begin(), order.end(), by_life);
+    const size_t p = first_fit(bufs, order);
+    if (p < *peak) {
+      *peak = p;
+      best_offsets.clear();
+      for (const DeviceBuffer& b : bufs) best_offsets.push_back(b.offset);
+    }
+  }
+  for (size_t i = 0; i < bufs.size(); ++i) bufs[i].offset = best_offsets[i];
   // Memory reuse: the earlier buffers that overlap x's range (and the latest window they end in).
   for (DeviceBuffer& x : bufs) {
     for (size_t j = 0; j < bufs.size(); ++j) {
@@ -140,7 +171,7 @@ WorkingSet plan_working_set(const ModelConfig& cfg, int64_t B, int64_t T, const 
   const int64_t L = cfg.num_layers, N = B * T, C = cfg.hidden_size;
   plan.validate(L);
   const DType mdt = o.compute == ComputeType::bf16 ? DType::bf16 : DType::f32;
-  const BlockShape s = BlockShape::make(cfg, B, T, o.activations);
+  const BlockShape s = BlockShape::make(cfg, B, T, o.activations, o.mlp_chunk_tokens);
   const size_t boundary = s.boundary_bytes();  // in the activation storage dtype
   const size_t act_grad = size_t(N * C) * 4;   // activation gradients stay f32
   const size_t layer_w = SlabLayout::make(cfg, SlabKind::layer, mdt).bytes();
@@ -184,9 +215,9 @@ WorkingSet plan_working_set(const ModelConfig& cfg, int64_t B, int64_t T, const 
     else
       recompute_internals = true;
   }
-  // The f32 working copy: for recomputed internals, and at bf16 storage for every layer's forward and backward.
+  // The f32 working copy (the MLP one chunk at a time): for recomputed internals, and at bf16 storage for every
+  // layer's forward and backward.
   if (recompute_internals || s.act != DType::f32) add("internals scratch", BlockActs::floats(s) * 4, first, last);
-  if (recompute_internals) add("recompute output", boundary, first_bwd, last);
   add("backward scratch", BlockScratch::floats(s) * 4, first_bwd, last);
   add("activation grads 0", act_grad, H, last);
   add("activation grads 1", act_grad, H, last);  // also the head's f32 input at bf16 storage
@@ -199,9 +230,14 @@ WorkingSet plan_working_set(const ModelConfig& cfg, int64_t B, int64_t T, const 
   for (int64_t i = 0; i < ws.recompute_depth; ++i) add(fmt::format("recompute cache {}", i), boundary, first_bwd, last);
 
   pack(ws.buffers, &ws.peak_bytes);
+  // A downloaded buffer's memory stays taken one window past its last (conflict(): buffers that start there
+  // may not reuse it while its download may still run) — the head gradients in B(L-1).
   ws.window_bytes.assign(size_t(2 * L + 1), 0);
-  for (const auto& b : ws.buffers)
-    for (int w = b.first_window; w <= b.last_window; ++w) ws.window_bytes[size_t(w)] += b.bytes;
+  for (const auto& b : ws.buffers) {
+    const bool downloaded = buffer_streams(b.tag) & (1u << unsigned(StreamKind::d2h));
+    const int until = std::min(b.last_window + (downloaded ? 1 : 0), last);
+    for (int w = b.first_window; w <= until; ++w) ws.window_bytes[size_t(w)] += b.bytes;
+  }
 
   // Boundary 0 never needs a copy: the embedding output stays on the host all step.
   for (int64_t i = 1; i < L; ++i) {

@@ -28,6 +28,7 @@ namespace lt {
 struct ExecOptions {
   ComputeType compute = ComputeType::f32;
   DType activations = DType::f32;  // activation storage (model/block.h): boundaries and kept internals
+  int64_t mlp_chunk_tokens = 0;    // tokens per MLP chunk (model/block.h; a multiple of kTokenSlice), 0: one
   int weight_buffers = 2;    // layer weight buffers on the device (2 = double buffering)
   int grad_buffers = 2;      // layer gradient buffers on the device (and host staging slabs)
   int boundary_ring = 3;     // transient boundary buffers (dropped / offloaded boundaries in flight)
@@ -67,8 +68,9 @@ struct FenceWait {
 struct WorkingSet {
   std::vector<DeviceBuffer> buffers;
   size_t peak_bytes = 0;               // the packed block: max over buffers of offset + bytes
-  // Device bytes alive in each window (Σ of the live buffers; index as above). The packed peak is at
-  // least their max (packing can leave holes), and equals it in the common cases.
+  // Device bytes taken in each window (Σ of the live buffers, and of a downloaded buffer one window past its
+  // last, which nothing starting then may reuse; index as above). The packed peak is at least their max
+  // (packing can leave holes), and equals it in the common cases.
   std::vector<size_t> window_bytes;
   // Longest run of consecutive dropped boundaries a backward recompute must rebuild at once.
   int64_t recompute_depth = 0;

@@ -1,6 +1,7 @@
 // model/block.cpp — the decoder block as a list of op calls, forward then backward in reverse.
 #include "model/block.h"
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -60,9 +61,12 @@ DType activation_storage(const std::string& name, ComputeType compute, const std
   LT_FAIL("{}: '{}' is not an activation dtype (expected bf16, f32 or auto)", what, name);
 }
 
-BlockShape BlockShape::make(const ModelConfig& cfg, int64_t B, int64_t T, DType act) {
+BlockShape BlockShape::make(const ModelConfig& cfg, int64_t B, int64_t T, DType act, int64_t mlp_chunk) {
   LT_CHECK(act == DType::f32 || act == DType::bf16, "activation storage must be f32 or bf16, got {}",
            dtype_name(act));
+  LT_CHECK(mlp_chunk >= 0 && mlp_chunk % kTokenSlice == 0,
+           "MLP chunk of {} tokens: must be a multiple of {} (the token slice of the parameter gradients)", mlp_chunk,
+           kTokenSlice);
   return BlockShape{B,
                     T,
                     cfg.hidden_size,
@@ -73,7 +77,8 @@ BlockShape BlockShape::make(const ModelConfig& cfg, int64_t B, int64_t T, DType 
                     float(cfg.rms_norm_eps),
                     cfg.rope_theta,
                     cfg.qk_norm,
-                    act};
+                    act,
+                    mlp_chunk};
 }
 
 BlockView BlockView::bind(const SlabLayout& layout, const void* base_ptr) {
@@ -136,9 +141,9 @@ struct Carver {
     return p;
   }
 };
-}  // namespace
 
-static BlockActs carve_acts(Carver& c, const BlockShape& s) {
+// mlp_rows: the rows of gate / up / h (one chunk, or N for the full layout); x32 only in the working copy.
+BlockActs carve_acts(Carver& c, const BlockShape& s, int64_t mlp_rows, bool with_x32) {
   const int64_t N = s.N();
   BlockActs a{};
   a.n1 = c.take(N * s.C);
@@ -157,32 +162,22 @@ static BlockActs carve_acts(Carver& c, const BlockShape& s) {
   a.x_mid = c.take(N * s.C);
   a.n2 = c.take(N * s.C);
   a.rstd2 = c.take(N);
-  a.gate = c.take(N * s.I);
-  a.up = c.take(N * s.I);
-  a.h = c.take(N * s.I);
-  if (s.act == DType::bf16) a.x32 = c.take(N * s.C);
+  a.gate = c.take(mlp_rows * s.I);
+  a.up = c.take(mlp_rows * s.I);
+  a.h = c.take(mlp_rows * s.I);
+  if (with_x32) a.x32 = c.take(N * s.C);
+  a.mlp_rows = mlp_rows;
   return a;
 }
 
-size_t BlockActs::floats(const BlockShape& s) {
-  Carver c{nullptr};
-  carve_acts(c, s);
-  return c.used;
-}
-
-BlockActs BlockActs::bind(float* buffer, const BlockShape& s) {
-  Carver c{buffer};
-  return carve_acts(c, s);
-}
-
-static BlockScratch carve_scratch(Carver& c, const BlockShape& s) {
-  const int64_t N = s.N();
+BlockScratch carve_scratch(Carver& c, const BlockShape& s) {
+  const int64_t N = s.N(), R = s.mlp_rows();
   BlockScratch b{};
   b.dn = c.take(N * s.C);
   b.dtmp = c.take(N * s.C);
-  b.dh = c.take(N * s.I);
-  b.dgate = c.take(N * s.I);
-  b.dup = c.take(N * s.I);
+  b.dh = c.take(R * s.I);
+  b.dgate = c.take(R * s.I);
+  b.dup = c.take(R * s.I);
   b.dx_mid = c.take(N * s.C);
   b.datt = c.take(N * s.QD());
   b.dq = c.take(N * s.QD());
@@ -193,6 +188,29 @@ static BlockScratch carve_scratch(Carver& c, const BlockShape& s) {
     b.dk_raw = c.take(N * s.KVD());
   }
   return b;
+}
+}  // namespace
+
+size_t BlockActs::floats(const BlockShape& s) {
+  Carver c{nullptr};
+  carve_acts(c, s, s.mlp_rows(), s.act != DType::f32);
+  return c.used;
+}
+
+BlockActs BlockActs::bind(float* buffer, const BlockShape& s) {
+  Carver c{buffer};
+  return carve_acts(c, s, s.mlp_rows(), s.act != DType::f32);
+}
+
+size_t BlockActs::full_floats(const BlockShape& s) {
+  Carver c{nullptr};
+  carve_acts(c, s, s.N(), false);
+  return c.used;
+}
+
+BlockActs BlockActs::bind_full(float* buffer, const BlockShape& s) {
+  Carver c{buffer};
+  return carve_acts(c, s, s.N(), false);
 }
 
 size_t BlockScratch::floats(const BlockShape& s) {
@@ -213,29 +231,36 @@ namespace {
 constexpr int64_t kConvertChunk = 4096;  // elements per conversion task (a stack buffer of bf16)
 
 // The activations a layer keeps for its backward, in the order of the stored buffer: the working copy's field,
-// its element count, and whether it is stored as bf16 (activations) or f32 (statistics that need range).
+// its elements per token (or in all, for lse), whether it is stored as bf16 (activations) or f32 (statistics
+// that need range), and whether the MLP computes it chunk by chunk.
 struct StoredField {
   float* BlockActs::*field;
-  int64_t n;
+  int64_t n;       // elements in all
+  int64_t row;     // elements per token
   bool bf16;
+  bool mlp;
   size_t offset = 0;  // in the stored buffer, 64-byte aligned
 };
 
 std::vector<StoredField> stored_fields(const BlockShape& s) {
   const int64_t N = s.N();
-  std::vector<StoredField> f = {{&BlockActs::n1, N * s.C, true}, {&BlockActs::rstd1, N, false},
-                                {&BlockActs::q, N * s.QD(), true}, {&BlockActs::k, N * s.KVD(), true},
-                                {&BlockActs::v, N * s.KVD(), true}};
+  auto f_ = [&](float* BlockActs::*field, int64_t row, bool bf16, bool mlp = false) {
+    return StoredField{field, N * row, row, bf16, mlp};
+  };
+  std::vector<StoredField> f = {f_(&BlockActs::n1, s.C, true), f_(&BlockActs::rstd1, 1, false),
+                                f_(&BlockActs::q, s.QD(), true), f_(&BlockActs::k, s.KVD(), true),
+                                f_(&BlockActs::v, s.KVD(), true)};
   if (s.qk_norm) {
-    f.push_back({&BlockActs::q_raw, N * s.QD(), true});
-    f.push_back({&BlockActs::k_raw, N * s.KVD(), true});
-    f.push_back({&BlockActs::q_rstd, N * s.Hq, false});
-    f.push_back({&BlockActs::k_rstd, N * s.Hkv, false});
+    f.push_back(f_(&BlockActs::q_raw, s.QD(), true));
+    f.push_back(f_(&BlockActs::k_raw, s.KVD(), true));
+    f.push_back(f_(&BlockActs::q_rstd, s.Hq, false));
+    f.push_back(f_(&BlockActs::k_rstd, s.Hkv, false));
   }
-  for (StoredField x : {StoredField{&BlockActs::att, N * s.QD(), true}, StoredField{&BlockActs::lse, s.B * s.Hq * s.T, false},
-                        StoredField{&BlockActs::x_mid, N * s.C, true}, StoredField{&BlockActs::n2, N * s.C, true},
-                        StoredField{&BlockActs::rstd2, N, false}, StoredField{&BlockActs::gate, N * s.I, true},
-                        StoredField{&BlockActs::up, N * s.I, true}, StoredField{&BlockActs::h, N * s.I, true}})
+  f.push_back(f_(&BlockActs::att, s.QD(), true));
+  f.push_back(StoredField{&BlockActs::lse, s.B * s.Hq * s.T, 0, false, false});  // [B, Hq, T]: not token-major
+  for (StoredField x : {f_(&BlockActs::x_mid, s.C, true), f_(&BlockActs::n2, s.C, true),
+                        f_(&BlockActs::rstd2, 1, false), f_(&BlockActs::gate, s.I, true, true),
+                        f_(&BlockActs::up, s.I, true, true), f_(&BlockActs::h, s.I, true, true)})
     f.push_back(x);
   size_t offset = 0;
   for (StoredField& x : f) {
@@ -264,75 +289,68 @@ void narrow(bf16_t* dst, const float* src, int64_t n) {
   parallel_chunks(n, kConvertChunk, [&](int64_t b, int64_t e) { convert_f32_to_bf16(dst + b, src + b, size_t(e - b)); });
 }
 
-// The forward's hook at each stored activation: at bf16 storage, rounds the working copy and stores it (or only
-// rounds it, when the internals are not kept); statistics are copied. At f32 storage, nothing.
-class Keeper {
+// The stored internals: where each field lives, and the forward's hook at each stored activation — at bf16
+// storage it rounds the working copy and stores it (or only rounds it, when the internals are not kept);
+// statistics are copied. At f32 storage, nothing.
+class Storage {
  public:
-  Keeper(const BlockShape& s, const BlockActs& a, void* stored)
-      : a_(a), stored_(static_cast<uint8_t*>(stored)), on_(s.act == DType::bf16) {
+  Storage(const BlockShape& s, const void* stored)
+      : base_(static_cast<uint8_t*>(const_cast<void*>(stored))), on_(s.act == DType::bf16) {
     if (on_) fields_ = stored_fields(s);
   }
-  void operator()(float* BlockActs::*field) const {
-    if (!on_) return;
-    for (const StoredField& f : fields_) {
-      if (f.field != field) continue;
-      float* x = a_.*field;
-      if (f.bf16) round_to_bf16(x, stored_ ? reinterpret_cast<bf16_t*>(stored_ + f.offset) : nullptr, f.n);
-      else if (stored_) std::memcpy(stored_ + f.offset, x, size_t(f.n) * 4);
-      return;
-    }
+  bool on() const { return on_; }
+  const std::vector<StoredField>& fields() const { return fields_; }
+  const StoredField& field(float* BlockActs::*member) const {
+    for (const StoredField& f : fields_)
+      if (f.field == member) return f;
     LT_FAIL("block: an activation with no stored slot");
+  }
+  // Rows [t0, t0 + rows) of a token-major field, x pointing at them (rows = -1: the whole field from x).
+  void keep(float* BlockActs::*member, float* x, int64_t t0 = 0, int64_t rows = -1) const {
+    if (!on_) return;
+    const StoredField& f = field(member);
+    const int64_t n = rows < 0 ? f.n : rows * f.row;
+    const size_t at = f.offset + size_t(t0 * f.row) * (f.bf16 ? 2 : 4);
+    if (f.bf16) round_to_bf16(x, base_ ? reinterpret_cast<bf16_t*>(base_ + at) : nullptr, n);
+    else if (base_) std::memcpy(base_ + at, x, size_t(n) * 4);
+  }
+  // The stored rows back into x (widened).
+  void load(float* BlockActs::*member, float* x, int64_t t0 = 0, int64_t rows = -1) const {
+    const StoredField& f = field(member);
+    const int64_t n = rows < 0 ? f.n : rows * f.row;
+    const uint8_t* src = base_ + f.offset + size_t(t0 * f.row) * (f.bf16 ? 2 : 4);
+    if (f.bf16) widen(x, reinterpret_cast<const bf16_t*>(src), n);
+    else std::memcpy(x, src, size_t(n) * 4);
   }
 
  private:
-  const BlockActs& a_;
-  uint8_t* stored_;
+  uint8_t* base_;
   bool on_;
   std::vector<StoredField> fields_;
 };
 
-// The stored internals widened back into the working copy.
-void unpack(const BlockActs& a, const void* stored, const BlockShape& s) {
-  const auto* base = static_cast<const uint8_t*>(stored);
-  for (const StoredField& f : stored_fields(s)) {
-    float* x = a.*(f.field);
-    if (f.bf16) widen(x, reinterpret_cast<const bf16_t*>(base + f.offset), f.n);
-    else std::memcpy(x, base + f.offset, size_t(f.n) * 4);
-  }
-}
-
-}  // namespace
-
-size_t block_stored_bytes(const BlockShape& s) {
-  if (s.act == DType::f32) return BlockActs::floats(s) * 4;
-  const std::vector<StoredField> f = stored_fields(s);
-  return f.back().offset + (size_t(f.back().n) * (f.back().bf16 ? 2 : 4) + 63) / 64 * 64;
-}
-
-void block_forward(void* x_out_ptr, BlockActs& a, const void* x_in_ptr, const BlockView& w, const TokenInfo& tok,
-                   const BlockShape& s, void* stored) {
-  const int64_t N = s.N(), C = s.C, QD = s.QD(), KVD = s.KVD(), I = s.I;
-  const bool b16 = s.act == DType::bf16;
-  LT_CHECK(b16 || stored == nullptr, "block_forward: stored internals are for bf16 storage only");
-  const Keeper keep(s, a, stored);
+// The attention half and n2 (everything before the MLP), with the storage hooks; x_in as f32 (widened into
+// a.x32 at bf16 storage). Returns the f32 input.
+const float* forward_attention_half(BlockActs& a, const void* x_in_ptr, const BlockView& w, const TokenInfo& tok,
+                                    const BlockShape& s, const Storage& st, float* o) {
+  const int64_t N = s.N(), C = s.C, QD = s.QD(), KVD = s.KVD();
   const float* x_in = static_cast<const float*>(x_in_ptr);
-  if (b16) {
+  if (st.on()) {
     widen(a.x32, static_cast<const bf16_t*>(x_in_ptr), N * C);
     x_in = a.x32;
   }
-  // Attention half.
   rmsnorm_forward(a.n1, a.rstd1, x_in, w.ln1, N, C, s.eps);
-  keep(&BlockActs::n1);
-  keep(&BlockActs::rstd1);
+  st.keep(&BlockActs::n1, a.n1);
+  st.keep(&BlockActs::rstd1, a.rstd1);
   if (s.qk_norm) {
     linear_forward(a.q_raw, a.n1, w.wq, w.bq, N, C, QD);
     linear_forward(a.k_raw, a.n1, w.wk, w.bk, N, C, KVD);
-    keep(&BlockActs::q_raw);
-    keep(&BlockActs::k_raw);
+    st.keep(&BlockActs::q_raw, a.q_raw);
+    st.keep(&BlockActs::k_raw, a.k_raw);
     rmsnorm_forward(a.q, a.q_rstd, a.q_raw, w.q_norm, N * s.Hq, s.D, s.eps);  // per head: rows N*Hq of D
     rmsnorm_forward(a.k, a.k_rstd, a.k_raw, w.k_norm, N * s.Hkv, s.D, s.eps);
-    keep(&BlockActs::q_rstd);
-    keep(&BlockActs::k_rstd);
+    st.keep(&BlockActs::q_rstd, a.q_rstd);
+    st.keep(&BlockActs::k_rstd, a.k_rstd);
   } else {
     linear_forward(a.q, a.n1, w.wq, w.bq, N, C, QD);
     linear_forward(a.k, a.n1, w.wk, w.bk, N, C, KVD);
@@ -340,52 +358,113 @@ void block_forward(void* x_out_ptr, BlockActs& a, const void* x_in_ptr, const Bl
   linear_forward(a.v, a.n1, w.wv, w.bv, N, C, KVD);
   rope_forward(a.q, tok.pos, N, s.Hq, s.D, s.rope_theta);
   rope_forward(a.k, tok.pos, N, s.Hkv, s.D, s.rope_theta);
-  keep(&BlockActs::q);
-  keep(&BlockActs::k);
-  keep(&BlockActs::v);
+  st.keep(&BlockActs::q, a.q);
+  st.keep(&BlockActs::k, a.k);
+  st.keep(&BlockActs::v, a.v);
   attention_forward(a.att, a.lse, a.q, a.k, a.v, tok.doc_ids, AttentionShape{s.B, s.T, s.Hq, s.Hkv, s.D});
-  keep(&BlockActs::att);
-  keep(&BlockActs::lse);
-  // o_proj(att) lands in x_out for a moment (f32), or in x_mid's working copy (bf16: x_out is bf16).
-  float* o = b16 ? a.x_mid : static_cast<float*>(x_out_ptr);
+  st.keep(&BlockActs::att, a.att);
+  st.keep(&BlockActs::lse, a.lse);
+  // o_proj(att) into o (x_out for a moment at f32 storage, x_mid's working copy at bf16), then the residual.
   linear_forward(o, a.att, w.wo, w.bo, N, QD, C);
   add(a.x_mid, x_in, o, N * C);
-  keep(&BlockActs::x_mid);
-  // MLP half.
+  st.keep(&BlockActs::x_mid, a.x_mid);
   rmsnorm_forward(a.n2, a.rstd2, a.x_mid, w.ln2, N, C, s.eps);
-  keep(&BlockActs::n2);
-  keep(&BlockActs::rstd2);
-  linear_forward(a.gate, a.n2, w.wgate, w.bgate, N, C, I);
-  linear_forward(a.up, a.n2, w.wup, w.bup, N, C, I);
-  keep(&BlockActs::gate);
-  keep(&BlockActs::up);
-  swiglu_forward(a.h, a.gate, a.up, N * I);
-  keep(&BlockActs::h);
-  float* y = b16 ? a.x32 : static_cast<float*>(x_out_ptr);  // x32 (the widened input) is free again
-  linear_forward(y, a.h, w.wdown, w.bdown, N, I, C);
+  st.keep(&BlockActs::n2, a.n2);
+  st.keep(&BlockActs::rstd2, a.rstd2);
+  return x_in;
+}
+
+// gate, up and h of tokens [t0, t0 + n) into gate / up / h (one chunk's rows), with the storage hooks.
+void mlp_internals(float* gate, float* up, float* h, const BlockActs& a, const BlockView& w, const BlockShape& s,
+                   const Storage& st, int64_t t0, int64_t n) {
+  const float* n2 = a.n2 + t0 * s.C;
+  linear_forward(gate, n2, w.wgate, w.bgate, n, s.C, s.I);
+  linear_forward(up, n2, w.wup, w.bup, n, s.C, s.I);
+  st.keep(&BlockActs::gate, gate, t0, n);
+  st.keep(&BlockActs::up, up, t0, n);
+  swiglu_forward(h, gate, up, n * s.I);
+  st.keep(&BlockActs::h, h, t0, n);
+}
+
+// Rows [t0, t0 + n) of a gate / up / h field: at t0 in a full layout, at 0 in a one-chunk working copy.
+float* mlp_row(float* field, const BlockActs& a, const BlockShape& s, int64_t t0) {
+  return a.mlp_rows == s.N() ? field + t0 * s.I : field;
+}
+
+}  // namespace
+
+size_t block_stored_bytes(const BlockShape& s) {
+  if (s.act == DType::f32) return BlockActs::full_floats(s) * 4;
+  const std::vector<StoredField> f = stored_fields(s);
+  return f.back().offset + (size_t(f.back().n) * (f.back().bf16 ? 2 : 4) + 63) / 64 * 64;
+}
+
+void block_forward(void* x_out_ptr, BlockActs& a, const void* x_in_ptr, const BlockView& w, const TokenInfo& tok,
+                   const BlockShape& s, void* stored) {
+  const int64_t N = s.N(), C = s.C, I = s.I, R = s.mlp_rows();
+  const bool b16 = s.act == DType::bf16;
+  LT_CHECK(b16 || stored == nullptr, "block_forward: stored internals are for bf16 storage only");
+  LT_CHECK(a.mlp_rows == R || a.mlp_rows == N, "block_forward: the internals hold {} MLP rows, the shape {} or {}",
+           a.mlp_rows, R, N);
+  const Storage st(s, stored);
+  float* o = b16 ? a.x_mid : static_cast<float*>(x_out_ptr);  // x_out is bf16 at bf16 storage
+  forward_attention_half(a, x_in_ptr, w, tok, s, st, o);
+  // The MLP over token chunks; its output y in x_out (f32) or in x32 (bf16: the widened input is free again).
+  float* y = b16 ? a.x32 : static_cast<float*>(x_out_ptr);
+  for (int64_t t0 = 0; t0 < N; t0 += R) {
+    const int64_t n = std::min(R, N - t0);
+    float* h = mlp_row(a.h, a, s, t0);
+    mlp_internals(mlp_row(a.gate, a, s, t0), mlp_row(a.up, a, s, t0), h, a, w, s, st, t0, n);
+    linear_forward(y + t0 * C, h, w.wdown, w.bdown, n, I, C);
+  }
   add_inplace(y, a.x_mid, N * C);
   if (b16) narrow(static_cast<bf16_t*>(x_out_ptr), y, N * C);
 }
 
+void block_recompute_internals(BlockActs& a, const void* x_in, const BlockView& w, const TokenInfo& tok,
+                               const BlockShape& s) {
+  const Storage st(s, nullptr);  // rounds as the forward did, stores nothing
+  // o_proj's output goes to x_mid's working copy (add() reads it element by element before writing).
+  forward_attention_half(a, x_in, w, tok, s, st, a.x_mid);
+}
+
 void block_backward(float* dx_in, BlockGrads& g, BlockScratch& b, const float* dx_out, const void* x_in,
-                    const BlockActs& a, const BlockView& w, const TokenInfo& tok, const BlockShape& s,
+                    const BlockActs& a, const BlockView& w, const TokenInfo& tok, const BlockShape& s, Saved saved,
                     const void* stored) {
-  block_backward_mlp(g, b, dx_out, a, w, s, stored);
+  block_backward_mlp(g, b, dx_out, a, w, s, saved, stored);
   block_backward_attention(dx_in, g, b, x_in, a, w, tok, s);
 }
 
 void block_backward_mlp(BlockGrads& g, BlockScratch& b, const float* dx_out, const BlockActs& a, const BlockView& w,
-                        const BlockShape& s, const void* stored) {
-  const int64_t N = s.N(), C = s.C, I = s.I;
-  if (stored != nullptr) {
-    LT_CHECK(s.act == DType::bf16, "block_backward: stored internals are for bf16 storage only");
-    unpack(a, stored, s);
+                        const BlockShape& s, Saved saved, const void* stored) {
+  const int64_t N = s.N(), C = s.C, I = s.I, R = s.mlp_rows();
+  const Storage st(s, saved == Saved::stored ? stored : nullptr);
+  if (saved == Saved::stored) {
+    LT_CHECK(s.act == DType::bf16 && stored != nullptr, "block_backward: stored internals are for bf16 storage");
+    for (const StoredField& f : st.fields())
+      if (!f.mlp) st.load(f.field, a.*(f.field));
   }
-  // x_out = x_mid + down(h).
-  linear_backward(b.dh, g.wdown, g.bdown, dx_out, a.h, w.wdown, N, I, C);
-  swiglu_backward(b.dgate, b.dup, b.dh, a.gate, a.up, N * I);
-  linear_backward(b.dn, g.wgate, g.bgate, b.dgate, a.n2, w.wgate, N, C, I);
-  linear_backward(b.dtmp, g.wup, g.bup, b.dup, a.n2, w.wup, N, C, I);
+  LT_CHECK(saved != Saved::in_acts || a.mlp_rows == N,
+           "block_backward: the internals hold the MLP of {} of {} tokens; a chunked layer needs bind_full",
+           a.mlp_rows, N);
+  // x_out = x_mid + down(h), chunk by chunk: each chunk's gate / up / h from where they are (or recomputed),
+  // its dn rows and its share of the MLP's parameter gradients (token slices in order, ops/linear.h).
+  for (int64_t t0 = 0; t0 < N; t0 += R) {
+    const int64_t n = std::min(R, N - t0);
+    float *gate = mlp_row(a.gate, a, s, t0), *up = mlp_row(a.up, a, s, t0), *h = mlp_row(a.h, a, s, t0);
+    if (saved == Saved::stored) {
+      st.load(&BlockActs::gate, gate, t0, n);
+      st.load(&BlockActs::up, up, t0, n);
+      st.load(&BlockActs::h, h, t0, n);
+    } else if (saved == Saved::recompute) {
+      mlp_internals(gate, up, h, a, w, s, Storage(s, nullptr), t0, n);
+    }
+    const float* n2 = a.n2 + t0 * C;
+    linear_backward(b.dh, g.wdown, g.bdown, dx_out + t0 * C, h, w.wdown, n, I, C);
+    swiglu_backward(b.dgate, b.dup, b.dh, gate, up, n * I);
+    linear_backward(b.dn + t0 * C, g.wgate, g.bgate, b.dgate, n2, w.wgate, n, C, I);
+    linear_backward(b.dtmp + t0 * C, g.wup, g.bup, b.dup, n2, w.wup, n, C, I);
+  }
   add_inplace(b.dn, b.dtmp, N * C);
   rmsnorm_backward(b.dx_mid, g.ln2, b.dn, a.x_mid, w.ln2, a.rstd2, N, C);
   add_inplace(b.dx_mid, dx_out, N * C);

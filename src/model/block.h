@@ -18,6 +18,14 @@
 // activation to bf16 where it is produced and computes on from the rounded value, so the forward, a recompute
 // and the backward (which widens the stored values back) all see the same numbers: the bf16-activation model
 // is one function whatever is kept. Activation gradients and parameter gradients stay f32.
+//
+// Bounded layer scratch (BlockShape::mlp_chunk). The MLP runs over token chunks: gate, up and h of a chunk
+// ([chunk, I] each, and their gradients in the backward) are all of the MLP a working copy holds, so a layer's
+// transient memory is O(chunk · I), not O(N · I); a kept layer's stored internals still hold them for every
+// token. A layer whose internals are recomputed recomputes its attention half and n2 before the backward
+// (block_recompute_internals) and its MLP chunk by chunk inside it. Chunks are multiples of kTokenSlice, and
+// neither the GEMMs' rows (ops/gemm.h) nor the parameter gradients' token slices (ops/linear.h) depend on
+// the split: every chunk size gives the same bits.
 #pragma once
 
 #include <cstddef>
@@ -48,12 +56,16 @@ struct BlockShape {
   double rope_theta;
   bool qk_norm;
   DType act = DType::f32;  // activation storage: f32 or bf16 (see above)
+  int64_t mlp_chunk = 0;   // tokens per MLP chunk (a multiple of kTokenSlice); 0 or >= N: one chunk
   int64_t N() const { return B * T; }
+  // Rows of gate / up / h a working copy holds: one chunk.
+  int64_t mlp_rows() const { return mlp_chunk > 0 && mlp_chunk < N() ? mlp_chunk : N(); }
   int64_t QD() const { return Hq * D; }
   int64_t KVD() const { return Hkv * D; }
   // Bytes of one layer boundary [N, C] in the storage dtype.
   size_t boundary_bytes() const { return size_t(N() * C) * dtype_size(act); }
-  static BlockShape make(const ModelConfig& cfg, int64_t B, int64_t T, DType act = DType::f32);
+  static BlockShape make(const ModelConfig& cfg, int64_t B, int64_t T, DType act = DType::f32,
+                         int64_t mlp_chunk = 0);
 };
 
 // Per-step token metadata shared by all blocks.
@@ -87,8 +99,10 @@ struct BlockGrads {
   static BlockGrads bind(const SlabLayout& layout, void* base);
 };
 
-// Activations a block's backward needs ("internals"), bound into one caller-owned f32 buffer so the
-// executor can place them in device memory. x_in and x_out (the layer boundaries) are not in here.
+// Activations a block's backward needs ("internals") in f32, bound into one caller-owned buffer so the executor
+// can place them in device memory. x_in and x_out (the layer boundaries) are not in here. Two layouts: the
+// working copy (bind: gate, up, h for one MLP chunk, x32 at bf16 storage) and the full one (bind_full: every
+// token's; the kept internals at f32 storage).
 struct BlockActs {
   float* n1;          // [N, C]    input_layernorm output
   float* rstd1;       // [N]
@@ -104,48 +118,64 @@ struct BlockActs {
   float* x_mid;       // [N, C]    residual after attention
   float* n2;          // [N, C]    post_attention_layernorm output
   float* rstd2;       // [N]
-  float* gate;        // [N, I]
-  float* up;          // [N, I]
-  float* h;           // [N, I]    silu(gate) * up
+  float* gate;        // [mlp_rows, I]  (one chunk in the working copy, all N rows in the full layout)
+  float* up;          // [mlp_rows, I]
+  float* h;           // [mlp_rows, I]  silu(gate) * up
   float* x32;         // [N, C]    bf16 storage only: the block input widened to f32, then x_out before rounding
+  int64_t mlp_rows;   // rows gate / up / h hold
   static size_t floats(const BlockShape& s);
   static BlockActs bind(float* buffer, const BlockShape& s);
+  static size_t full_floats(const BlockShape& s);
+  static BlockActs bind_full(float* buffer, const BlockShape& s);
 };
 
 // Temporaries of the backward pass, bound into one caller-owned f32 buffer.
 struct BlockScratch {
   float *dn, *dtmp;          // [N, C]
-  float *dh, *dgate, *dup;   // [N, I]
+  float *dh, *dgate, *dup;   // [mlp_rows, I]: one MLP chunk
   float* dx_mid;             // [N, C]
   float *datt, *dq, *dk, *dv, *dq_raw, *dk_raw;  // [N, QD], [N, QD], [N, KVD] x2, [N, QD], [N, KVD]
   static size_t floats(const BlockShape& s);
   static BlockScratch bind(float* buffer, const BlockShape& s);
 };
 
-// The stored internals of one layer at bf16 storage (block_stored_bytes): what a kept layer holds. At f32
-// storage the internals are BlockActs itself and this is BlockActs::floats(s) * 4.
+// What a kept layer holds (bytes): at f32 storage the full BlockActs layout (BlockActs::bind_full), at bf16
+// the stored internals — the bf16 activations and their f32 statistics for every token.
 size_t block_stored_bytes(const BlockShape& s);
 
+// Where the backward finds the forward's internals.
+enum class Saved : uint8_t {
+  in_acts,    // acts holds them all, gate / up / h for every token (bind_full, or a working copy of one chunk)
+  stored,     // in `stored`, the forward's bf16 stored internals: widened into acts (the MLP's chunk by chunk)
+  recompute,  // acts holds the attention half and n2 (block_recompute_internals); the MLP's are recomputed
+};
+
 // x_out[N, C] from x_in[N, C] (both in s.act); fills acts. At bf16 storage, `stored` (block_stored_bytes, or
-// null when the internals are not kept) receives the bf16 internals; at f32 it must be null.
+// null when the internals are not kept) receives the bf16 internals; at f32 it must be null (a kept layer's
+// acts are then bound with bind_full).
 void block_forward(void* x_out, BlockActs& acts, const void* x_in, const BlockView& w, const TokenInfo& tok,
                    const BlockShape& s, void* stored = nullptr);
 
+// The internals of a layer that did not keep them, for its backward with Saved::recompute: the attention half
+// and n2 exactly as block_forward computes them, nothing of the MLP (its backward recomputes that per chunk).
+void block_recompute_internals(BlockActs& acts, const void* x_in, const BlockView& w, const TokenInfo& tok,
+                               const BlockShape& s);
+
 // dx_in[N, C] written from dx_out[N, C] (f32 activation gradients); parameter gradients accumulated into g.
-// x_in must be the block's input and acts its forward's activations — at bf16 storage either as the forward
-// left them (stored == null) or widened here from `stored`, the forward's stored internals.
+// x_in must be the block's input; the forward's internals are found as `saved` says.
 void block_backward(float* dx_in, BlockGrads& g, BlockScratch& scratch, const float* dx_out, const void* x_in,
                     const BlockActs& acts, const BlockView& w, const TokenInfo& tok, const BlockShape& s,
-                    const void* stored = nullptr);
+                    Saved saved = Saved::in_acts, const void* stored = nullptr);
 
 // block_backward in its two halves, the same operations in the same order: the MLP half completes the
 // gradients of post_attention_layernorm and the MLP (the tail of the layer slab, kMlpGradsFirst onwards) and
 // leaves dx_mid in the scratch; the attention half does the rest. The executor downloads the MLP gradients
 // while the attention half runs.
 inline constexpr const char* kMlpGradsFirst = "post_attention_layernorm.weight";
-// The MLP half widens `stored` into acts (when given); the attention half widens a bf16 x_in into acts.x32.
+// The MLP half finds the internals as `saved` says; the attention half widens a bf16 x_in into acts.x32.
 void block_backward_mlp(BlockGrads& g, BlockScratch& scratch, const float* dx_out, const BlockActs& acts,
-                        const BlockView& w, const BlockShape& s, const void* stored = nullptr);
+                        const BlockView& w, const BlockShape& s, Saved saved = Saved::in_acts,
+                        const void* stored = nullptr);
 void block_backward_attention(float* dx_in, BlockGrads& g, BlockScratch& scratch, const void* x_in,
                               const BlockActs& acts, const BlockView& w, const TokenInfo& tok, const BlockShape& s);
 

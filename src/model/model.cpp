@@ -1,6 +1,6 @@
-// model/model.cpp — embedding, L blocks, head; then the same in reverse. All activations kept: the
-// boundaries in the storage dtype, every block's f32 working copy (at bf16 storage already rounded where the
-// block stores, so the backward reads exactly what a streamed step's stored internals widen to).
+// model/model.cpp — embedding, L blocks, head; then the same in reverse. All activations kept, the MLP in one
+// chunk: the boundaries in the storage dtype; every block's internals as a kept layer holds them (f32 storage:
+// the full BlockActs; bf16: the stored internals, computed in and widened back into one f32 working copy).
 #include "model/model.h"
 
 #include <optional>
@@ -38,9 +38,11 @@ struct ForwardState {
   StepTokens tok;
   TokenInfo info;
   uint8_t* boundaries = nullptr;  // (L+1) x [N, C] in the storage dtype
-  float* acts = nullptr;          // L x BlockActs
+  uint8_t* acts = nullptr;        // L x block_stored_bytes
+  float* work = nullptr;          // bf16 storage: the f32 working copy (BlockActs)
   float* x32 = nullptr;           // [N, C] f32: the embedding output and the head input at bf16 storage
-  std::vector<BlockActs> layer_acts;
+  std::vector<BlockActs> layer_acts;  // [L] f32 storage: each layer's; bf16: the working copy
+  void* stored(int64_t l) { return acts + size_t(l) * block_stored_bytes(shape); }
   void* boundary(int64_t i) { return boundaries + size_t(i) * shape.boundary_bytes(); }
   // Boundary i as f32 (widened into x32 at bf16 storage).
   const float* boundary_f32(int64_t i) {
@@ -58,8 +60,10 @@ void run_forward(ForwardState& st, const ModelSlabs& params, const ModelSlabs& c
   st.tok = StepTokens::make(batch);
   st.info = TokenInfo{st.tok.pos.data(), batch.doc_ids.empty() ? nullptr : batch.doc_ids.data()};
   st.boundaries = ws.get<uint8_t>("boundaries", size_t(L + 1) * st.shape.boundary_bytes());
-  const size_t per_layer = BlockActs::floats(st.shape);
-  st.acts = ws.get<float>("activations", per_layer * size_t(L));
+  const size_t per_layer = block_stored_bytes(st.shape);
+  st.acts = ws.get<uint8_t>("activations", per_layer * size_t(L));
+  const bool b16 = activations != DType::f32;
+  if (b16) st.work = ws.get<float>("working copy", BlockActs::floats(st.shape));
   st.x32 = ws.get<float>("boundary f32", size_t(N * C));
 
   float* x0 = activations == DType::f32 ? static_cast<float*>(st.boundary(0)) : st.x32;
@@ -68,9 +72,11 @@ void run_forward(ForwardState& st, const ModelSlabs& params, const ModelSlabs& c
   if (activations != DType::f32) convert_from_f32(st.boundary(0), activations, x0, size_t(N * C));
   const SlabLayout& layout = cw.layout(SlabKind::layer);
   for (int64_t l = 0; l < L; ++l) {
-    st.layer_acts.push_back(BlockActs::bind(st.acts + per_layer * size_t(l), st.shape));
+    st.layer_acts.push_back(b16 ? BlockActs::bind(st.work, st.shape)
+                                : BlockActs::bind_full(reinterpret_cast<float*>(st.stored(l)), st.shape));
     BlockView w = BlockView::bind(layout, cw.layer(l));
-    block_forward(st.boundary(l + 1), st.layer_acts.back(), st.boundary(l), w, st.info, st.shape);
+    block_forward(st.boundary(l + 1), st.layer_acts.back(), st.boundary(l), w, st.info, st.shape,
+                  b16 ? st.stored(l) : nullptr);
   }
 }
 
@@ -118,8 +124,9 @@ LossResult model_forward_backward(ModelSlabs& grads, const ModelSlabs& params, c
   for (int64_t l = L - 1; l >= 0; --l) {
     BlockView w = BlockView::bind(layout, cw.w->layer(l));
     BlockGrads g = BlockGrads::bind(glayout, grads.layer(l));
-    block_backward(dx_prev, g, scratch, dx, st.boundary(l), st.layer_acts[size_t(l)], w, st.info,
-                   st.shape);
+    const bool b16 = st.shape.act != DType::f32;
+    block_backward(dx_prev, g, scratch, dx, st.boundary(l), st.layer_acts[size_t(l)], w, st.info, st.shape,
+                   b16 ? Saved::stored : Saved::in_acts, b16 ? st.stored(l) : nullptr);
     std::swap(dx, dx_prev);
   }
   embedding_backward(grads.tensor(SlabKind::embedding, 0, "embed_tokens.weight").ptr<float>(), dx,

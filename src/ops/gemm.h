@@ -9,8 +9,10 @@
 // Why oneDNN: measured on this machine (AVX-512, AVX512-BF16), its f32 matmul runs ~2x OpenBLAS 0.3.21's
 // sgemm and its bf16 matmul ~2x its own f32 (docs/performance.md), and Debian's OpenBLAS has no bf16.
 //
-// Determinism: the product is cut into fixed row blocks of C chosen from M alone; each block is one
-// single-threaded oneDNN call inside our parallel_for. So the bits never depend on the thread count.
+// Determinism: the product is cut into fixed blocks of C — rows in blocks of kGemmRowBlock, columns in
+// blocks chosen from N alone; each block is one single-threaded oneDNN call inside our parallel_for. So the
+// bits never depend on the thread count, and a row's result never depends on M: splitting the rows of a
+// product at multiples of kGemmRowBlock (the token chunks of the MLP, model/block.h) gives the same bits.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +23,8 @@
 namespace lt {
 
 enum class Trans : uint8_t { no, yes };
+
+constexpr int64_t kGemmRowBlock = 256;
 enum class Accumulate : uint8_t { no, yes };
 
 // f32 operands, f32 accumulation and output.

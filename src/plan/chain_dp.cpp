@@ -102,7 +102,7 @@ Instance restrict_instance(const Instance& in0) {
   return in;
 }
 
-ChainResult chain_dp(const Instance& in, int64_t work_limit) {
+ChainResult chain_dp(const Instance& in, int64_t work_limit, double time_limit_s) {
   LT_CHECK(in.restricted, "chain_dp solves the restricted problem: build the instance with restrict_instance()");
   Timer timer;
   ChainResult best;
@@ -149,8 +149,7 @@ ChainResult chain_dp(const Instance& in, int64_t work_limit) {
     const double S = in.recompute_scratch();
     const double yI = double(o.y) * S;
     const double static_extra = std::max({in.fixed_window(in.fwd(L - 1)) + yI, in.fixed_window(in.head_window()) + yI,
-                                          in.fixed_window(in.bwd(L - 1)) + yI + double(o.y) * in.A +
-                                              double(o.R) * in.A});
+                                          in.fixed_window(in.bwd(L - 1)) + yI + double(o.R) * in.A});
     if (!lifetime && static_extra > budget) continue;
     // Base: boundary 0 (its "host" tier needs no host memory: the embedding output is there anyway).
     for (int t = 0; t < 2; ++t)
@@ -160,7 +159,7 @@ ChainResult chain_dp(const Instance& in, int64_t work_limit) {
         if (nd > dp.nd_cap || nk > dp.nk_cap) continue;
         if (lifetime) {
           const double m = in.fixed_window(in.bwd(0)) + in.A * double(nd) + in.I * double(nk) +
-                           (k ? 0.0 : S + in.A);
+                           (k ? 0.0 : S);
           if (m > budget) continue;
         }
         const double f0 = window_time(in, in.f[0], L > 1 ? in.W : in.HW, 0, 0);
@@ -179,14 +178,16 @@ ChainResult chain_dp(const Instance& in, int64_t work_limit) {
               const bool host_s = ts == 1;
               const int64_t e_max = std::min<int64_t>(L, s + 1 + o.R);
               for (int64_t e = s + 1; e <= e_max; ++e) {
-                if (work_limit > 0 && ++work > work_limit) {
+                ++work;
+                if ((work_limit > 0 && work > work_limit) ||
+                    (time_limit_s > 0 && (work & 0xffff) == 0 && timer.seconds() > time_limit_s)) {
                   best.complete = false;
                   goto done;
                 }
                 if (o.y == 0 && e > s + 1) break;  // every layer keeps: nothing is dropped
                 if (lifetime && e > s + 1) {  // the recompute cache peaks in B(e-1)
                   const double m = in.fixed_window(in.bwd(e - 1)) + in.A * double(nd) + in.I * double(nk) + S +
-                                   in.A + in.A * double(e - 1 - s);
+                                   in.A * double(e - 1 - s);
                   if (m > budget) break;
                 }
                 const double mid = dp.between(s, e, host_s);
@@ -218,7 +219,7 @@ ChainResult chain_dp(const Instance& in, int64_t work_limit) {
                     if (in.A * double(nd2) + in.I * double(nk2) > budget) continue;
                     if (lifetime) {
                       const double m = in.fixed_window(in.bwd(e)) + in.A * double(nd2) + in.I * double(nk2) +
-                                       (ke ? 0.0 : S + in.A);
+                                       (ke ? 0.0 : S);
                       if (m > budget) continue;
                     }
                     const double fe = te == 1 ? dp.f_host[size_t(e)] : dp.f_plain[size_t(e)];

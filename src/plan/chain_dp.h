@@ -23,15 +23,16 @@ namespace lt {
 
 struct ChainResult {
   bool feasible = false;
-  bool complete = true;   // false: stopped at the work limit (the result, if any, is the best found)
+  bool complete = true;   // false: stopped at the work or time limit (the result, if any, is the best found)
   Plan plan;
   double objective = 0;   // evaluate(plan).iteration_s under the restricted rules
   double seconds = 0;     // wall time spent
   int64_t states = 0;     // states expanded
 };
 
-// `work_limit`: maximum edge relaxations before giving up (0 = none).
-ChainResult chain_dp(const Instance& restricted_instance, int64_t work_limit = 0);
+// `work_limit`: maximum edge relaxations before giving up (0 = none); `time_limit_s`: wall seconds before
+// giving up (0 = none). Stopped early, the result is the best plan of the passes that finished.
+ChainResult chain_dp(const Instance& restricted_instance, int64_t work_limit = 0, double time_limit_s = 0);
 
 // Every plan of the restricted space (2·5^(L-1) of them); refuses L > 10.
 ChainResult brute_force(const Instance& restricted_instance);

@@ -166,14 +166,14 @@ std::vector<double> window_device_bytes(const Instance& in, const Plan& plan0, M
     }
     const bool backward = w > L;
     if (model == MemoryModel::executor) {
-      // Internals scratch all step, recompute output and the cache (deepest run) all backward.
-      if (any_recompute) m += in.recompute_scratch() + (backward ? in.A : 0.0);
+      // Internals scratch all step, the recompute cache (deepest run) all backward.
+      if (any_recompute) m += in.recompute_scratch();
       if (backward) m += in.A * double(depth);
     } else if (w < L) {
       if (!plan.keep_internals[size_t(w)]) m += in.recompute_scratch();  // layer w's internals: the scratch
     } else if (backward) {
       const int64_t k = 2 * L - w;
-      if (!plan.keep_internals[size_t(k)]) m += in.recompute_scratch() + in.A;  // scratch + recompute output
+      if (!plan.keep_internals[size_t(k)]) m += in.recompute_scratch();  // the recomputed internals
       // The recompute cache in B(k), k dropped: boundaries source+1 .. k, rebuilt at the run's top and kept
       // until their own backward.
       if (!plan.stored(k)) m += double(k - plan.source_below(k)) * in.A;

@@ -29,6 +29,9 @@ double Instance::fixed_window(int w) const {
   if (w == L || e.resident_head) m += HW;
   if (w == L) m += A + HG + 2 * AG;
   if (w > L) m += double(e.grad_buffers) * G + BS + 2 * AG;
+  // B(L-1): the buffers that start there may not take the head gradients' memory while their download may
+  // still run (exec/working_set.cpp, conflict()), so that memory stays taken one window longer.
+  if (w == L + 1) m += HG;
   if (scratch_always) m += IS;
   return m;
 }
@@ -67,7 +70,7 @@ Instance make_instance(const ModelConfig& cfg, int64_t B, int64_t T, const Profi
   in.profile_name = profile.name;
   const int64_t N = B * T, C = cfg.hidden_size;
   const DType mdt = o.exec.compute == ComputeType::bf16 ? DType::bf16 : DType::f32;
-  const BlockShape s = BlockShape::make(cfg, B, T, o.exec.activations);
+  const BlockShape s = BlockShape::make(cfg, B, T, o.exec.activations, o.exec.mlp_chunk_tokens);
   auto al = [](double bytes) { return double(align_up(size_t(std::ceil(bytes)), kDeviceAlign)); };
   in.A = al(double(s.boundary_bytes()));
   in.A_nvme = double(align_up(s.boundary_bytes(), kPageAlign));

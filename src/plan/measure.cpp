@@ -94,8 +94,12 @@ Profile measure_profile(const ModelConfig& cfg0, int64_t B, int64_t T, const Mea
   auto* dx_out = static_cast<float*>(dalloc(dxbytes, "dx_out"));
   // At bf16 storage a kept layer's forward stores its internals and its backward widens them back.
   auto* stored = s.act == DType::f32 ? nullptr : static_cast<uint8_t*>(dalloc(block_stored_bytes(s), "stored"));
-  auto* acts = static_cast<float*>(dalloc(BlockActs::floats(s) * 4, "acts"));
+  // A kept layer's internals (f32 storage: the full layout, computed in place; bf16: the working copy beside the
+  // stored internals), and the working copy of a layer that recomputes them.
+  const bool full = s.act == DType::f32;
+  auto* acts = static_cast<float*>(dalloc((full ? BlockActs::full_floats(s) : BlockActs::floats(s)) * 4, "acts"));
   auto* acts2 = static_cast<float*>(dalloc(BlockActs::floats(s) * 4, "acts recompute"));
+  const Saved kept = full ? Saved::in_acts : Saved::stored;
   auto* scratch = static_cast<float*>(dalloc(BlockScratch::floats(s) * 4, "scratch"));
   auto* pos = static_cast<int32_t*>(dalloc(size_t(N) * 4, "positions"));
   auto* targets = static_cast<int32_t*>(dalloc(size_t(N) * 4, "targets"));
@@ -139,7 +143,7 @@ Profile measure_profile(const ModelConfig& cfg0, int64_t B, int64_t T, const Mea
     const std::string fwd = fmt::format("fwd L{}#{}", l, rep), bwd = fmt::format("bwd L{}#{}", l, rep),
                       rc = fmt::format("recompute L{}#{}", l, rep);
     dev->launch(kC, [=] {
-      BlockActs a = BlockActs::bind(acts, s);
+      BlockActs a = full ? BlockActs::bind_full(acts, s) : BlockActs::bind(acts, s);
       block_forward(x_out, a, x_in, view, ti, s, stored);
     }, fwd, int(l));
     const SlabLayout* glp = &gl;
@@ -147,13 +151,21 @@ Profile measure_profile(const ModelConfig& cfg0, int64_t B, int64_t T, const Mea
       std::memset(g, 0, glp->bytes());
       BlockGrads gr = BlockGrads::bind(*glp, g);
       BlockScratch sc = BlockScratch::bind(scratch, s);
-      BlockActs a = BlockActs::bind(acts, s);
-      block_backward(dx_in, gr, sc, dx_out, x_in, a, view, ti, s, stored);
+      BlockActs a = full ? BlockActs::bind_full(acts, s) : BlockActs::bind(acts, s);
+      block_backward(dx_in, gr, sc, dx_out, x_in, a, view, ti, s, kept, stored);
     }, bwd, int(l));
+    // A layer without its internals: the attention half again, then a backward that recomputes the MLP's.
     dev->launch(kC, [=] {
       BlockActs a = BlockActs::bind(acts2, s);
-      block_forward(x_out, a, x_in, view, ti, s);
+      block_recompute_internals(a, x_in, view, ti, s);
     }, rc, int(l));
+    dev->launch(kC, [=] {
+      std::memset(g, 0, glp->bytes());
+      BlockGrads gr = BlockGrads::bind(*glp, g);
+      BlockScratch sc = BlockScratch::bind(scratch, s);
+      BlockActs a = BlockActs::bind(acts2, s);
+      block_backward(dx_in, gr, sc, dx_out, x_in, a, view, ti, s, Saved::recompute);
+    }, rc + " bwd", int(l));
     dev->synchronize();
   };
   run_layer(-1, 0);
@@ -165,8 +177,11 @@ Profile measure_profile(const ModelConfig& cfg0, int64_t B, int64_t T, const Mea
     for (int rep = 0; rep < o.reps; ++rep) {
       run_layer(l, rep);
       f.push_back(op_seconds(rec, fmt::format("fwd L{}#{}", l, rep)));
-      b.push_back(op_seconds(rec, fmt::format("bwd L{}#{}", l, rep)));
-      r.push_back(op_seconds(rec, fmt::format("recompute L{}#{}", l, rep)));
+      const double bk = op_seconds(rec, fmt::format("bwd L{}#{}", l, rep));
+      b.push_back(bk);
+      // Recomputing costs the attention half plus what the MLP's recompute adds to the backward.
+      const std::string rc = fmt::format("recompute L{}#{}", l, rep);
+      r.push_back(op_seconds(rec, rc) + std::max(0.0, op_seconds(rec, rc + " bwd") - bk));
     }
     p.forward_s[size_t(l)] = fastest(f);
     p.backward_s[size_t(l)] = fastest(b);

@@ -364,7 +364,7 @@ Built build(const Instance& in) {
 
   // --- device memory, per window ---------------------------------------------------------------------
   // Executor model: plan_working_set()'s lifetimes (device boundary i F(i-1)..B(i), kept internals F(l)..B(l),
-  // scratch all step and recompute output + cache over the backward when any layer recomputes, y and R).
+  // scratch all step and the recompute cache over the backward when any layer recomputes, y and R).
   // Lifetime model: scratch only where used, the recompute cache only as deep as the run's top.
   const double budget = double(in.budget.device_bytes);
   const double A = in.A * kGBScale, I = in.I * kGBScale, S = in.recompute_scratch() * kGBScale;
@@ -376,15 +376,15 @@ Built build(const Instance& in) {
     for (int64_t i = 0; i <= dev_upto; ++i) t.push_back({v.dev[size_t(i)], A});
     for (int64_t q = 0; q <= keep_upto; ++q) t.push_back({v.keep[size_t(q)], I});
     if (static_mem) {
-      t.push_back({v.y, w > L ? S + A : S});
+      t.push_back({v.y, S});
       if (w > L) t.push_back({v.R, A});
     } else if (w < L) {
       t.push_back({v.keep[size_t(w)], -S});  // layer w's internals: kept (counted) or in the scratch
       rhs -= S;
     } else if (w > L) {
       const int64_t k = 2 * L - w;
-      t.push_back({v.keep[size_t(k)], -(S + A)});
-      rhs -= S + A;
+      t.push_back({v.keep[size_t(k)], -S});
+      rhs -= S;
       for (int64_t s = 0; s < k; ++s) t.push_back({v.x[size_t(s)][size_t(k + 1)], double(k - s) * A});
     }
     lp.row(t, -kInf, rhs);

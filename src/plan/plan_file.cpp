@@ -8,7 +8,9 @@ namespace lt {
 
 nlohmann::json plan_file_json(const Instance& in, const Plan& plan, const TransferWindows& windows,
                               const Prediction* pred) {
-  nlohmann::json j = normalize_plan(plan).to_json();
+  Plan p = normalize_plan(plan);
+  p.mlp_chunk_tokens = in.opt.exec.mlp_chunk_tokens;  // what the plan's memory was computed with
+  nlohmann::json j = p.to_json();
   j["windows"] = windows.to_json(in);
   j["shape"] = {{"batch", in.B}, {"seq", in.T}, {"profile", in.profile_name}};
   if (pred)

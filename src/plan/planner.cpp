@@ -72,7 +72,7 @@ MemoryNeed minimum_device_memory(const Instance& in) {
     // B(L-1) are the largest.
     const double S = in.recompute_scratch();
     const double m = std::max({in.fixed_window(in.fwd(L - 1)) + S, in.fixed_window(in.head_window()) + S,
-                               in.fixed_window(in.bwd(L - 1)) + S + in.A + in.A * double(R)}) +
+                               in.fixed_window(in.bwd(L - 1)) + S + in.A * double(R)}) +
                      in.A * double(dev);
     if (m < best) {
       best = m;
@@ -84,21 +84,50 @@ MemoryNeed minimum_device_memory(const Instance& in) {
   n.device_bytes = best;
   n.breakdown = fmt::format(
       "{} weight buffers {} + gradient buffers {} + head {} + backward scratch {} + one layer's internals {} + "
-      "boundaries {} x {} (ring, head input, activation gradients, recompute output, a recompute run of {}, {} on the "
+      "boundaries {} x {} (ring, head input, activation gradients, a recompute run of {}, {} on the "
       "device), in the executor's largest window",
       in.opt.exec.weight_buffers, gb(in.opt.exec.weight_buffers * in.W), gb(in.opt.exec.grad_buffers * in.G),
-      gb(in.HW + in.HG), gb(in.BS), gb(in.IS), int64_t(in.opt.exec.boundary_ring) + 4 + best_r + best_dev, gb(in.A),
+      gb(in.HW + in.HG), gb(in.BS), gb(in.IS), int64_t(in.opt.exec.boundary_ring) + 3 + best_r + best_dev, gb(in.A),
       best_r, best_dev);
   return n;
 }
 
+int64_t choose_mlp_chunk(const ModelConfig& cfg, int64_t B, int64_t T, size_t device_bytes) {
+  const double per_token = 6.0 * double(cfg.intermediate_size) * 4, cap = double(device_bytes) / 8;
+  const int64_t N = B * T;
+  if (double(N) * per_token <= cap || N <= kTokenSlice) return 0;
+  int64_t chunk = kTokenSlice;
+  while (chunk * 2 < N && double(chunk * 2) * per_token <= cap) chunk *= 2;
+  return chunk;
+}
+
+namespace {
+// The instance options with the MLP chunk resolved for batch B.
+InstanceOptions resolved_options(const PlanRequest& rq, int64_t B) {
+  InstanceOptions o = rq.options;
+  o.exec.mlp_chunk_tokens =
+      rq.mlp_chunk_tokens >= 0 ? rq.mlp_chunk_tokens : choose_mlp_chunk(rq.cfg, B, rq.T, rq.budget.device_bytes);
+  return o;
+}
+}  // namespace
+
+// The share of the time limit the chain DP may take before the MILP: most of it where the DP can prove the
+// optimum alone (no host or NVMe tier), a tenth where it is only a warm start (its first passes, the shortest
+// recompute runs, give good plans early; the host budget's dimension makes the later ones slow).
+constexpr double kDpShareExact = 0.6, kDpShareWarm = 0.1;
+
 PlanReport make_plan(const PlanRequest& rq) {
   Timer clock;
   PlanReport rep;
-  rep.instance = make_instance(rq.cfg, rq.B, rq.T, rq.profile, rq.budget, rq.options);
+  rep.instance = make_instance(rq.cfg, rq.B, rq.T, rq.profile, rq.budget, resolved_options(rq, rq.B));
   Instance& in = rep.instance;
   const int64_t L = in.L;
   rep.notes.push_back(fmt::format("activations stored in {}", dtype_name(in.opt.exec.activations)));
+  if (in.opt.exec.mlp_chunk_tokens > 0)
+    rep.notes.push_back(fmt::format("MLP in chunks of {} tokens (of {}): its scratch {} instead of {}",
+                                    in.opt.exec.mlp_chunk_tokens, in.B * in.T,
+                                    gb(6.0 * double(in.opt.exec.mlp_chunk_tokens * in.cfg.intermediate_size) * 4),
+                                    gb(6.0 * double(in.B * in.T * in.cfg.intermediate_size) * 4)));
   rep.notes.push_back(fmt::format("memory model: {}", memory_model_name(in.memory)));
 
   // Baselines.
@@ -110,10 +139,18 @@ PlanReport make_plan(const PlanRequest& rq) {
   // The exact DP on the restricted problem (warm start and cross-check).
   std::vector<Plan> starts;
   {
+    // The DP may use a share of the time limit; the MILP gets the rest (the limit is a wall-clock promise).
     const Instance rin = restrict_instance(in);
-    rep.dp = chain_dp(rin, rq.dp_work_limit);
+    const bool can_prove = !(in.allow_host && double(in.budget.host_act_bytes) >= in.A) && !in.allow_nvme;
+    const double dp_limit =
+        std::max(0.05, (can_prove ? kDpShareExact : kDpShareWarm) * rq.milp.time_limit_s - clock.seconds());
+    rep.dp = chain_dp(rin, rq.dp_work_limit, dp_limit);
     rep.dp_run = rep.dp.complete;
-    if (!rep.dp.complete) rep.notes.push_back("chain DP stopped at its work limit (the MILP runs without it)");
+    if (!rep.dp.complete)
+      rep.notes.push_back(fmt::format("chain DP stopped at its {} limit after {:.2f} s ({}); the MILP goes on {}",
+                                      rep.dp.seconds >= dp_limit ? "time" : "work", rep.dp.seconds,
+                                      rep.dp.feasible ? "its best plan so far is a warm start" : "no plan yet",
+                                      rep.dp.feasible ? "from it" : "without it"));
     if (rep.dp.feasible) {
       rep.dp.plan.name = "chain-dp";
       starts.push_back(rep.dp.plan);
@@ -234,6 +271,8 @@ nlohmann::json PlanReport::to_json() const {
           {"host_act_budget_bytes", instance.budget.host_act_bytes},
           {"nvme_budget_bytes", instance.budget.nvme_bytes},
           {"executor_device_bytes", executor_device_bytes},
+          {"activation_dtype", dtype_name(instance.opt.exec.activations)},
+          {"mlp_chunk_tokens", instance.opt.exec.mlp_chunk_tokens},
           {"resolves", resolves},
           {"chain_dp", dpj},
           {"notes", notes},
@@ -290,7 +329,7 @@ nlohmann::json BatchSearch::to_json() const {
 
 BatchSearch search_batch(const PlanRequest& rq, int64_t limit) {
   BatchSearch bs;
-  auto inst = [&](int64_t B) { return make_instance(rq.cfg, B, rq.T, rq.profile, rq.budget, rq.options); };
+  auto inst = [&](int64_t B) { return make_instance(rq.cfg, B, rq.T, rq.profile, rq.budget, resolved_options(rq, B)); };
   auto fits = [&](int64_t B) {
     const Instance in = inst(B);
     return minimum_device_memory(in).device_bytes <= double(in.budget.device_bytes);

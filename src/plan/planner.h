@@ -31,7 +31,17 @@ struct PlanRequest {
   InstanceOptions options;
   MilpOptions milp;
   int64_t dp_work_limit = 400'000'000;  // edge relaxations; beyond it the DP is skipped (reported)
+  // Tokens per MLP chunk (model/block.h): -1 chooses from the budget (choose_mlp_chunk), 0 runs the MLP in one
+  // chunk, anything else is taken as given. Resolved into options.exec.mlp_chunk_tokens.
+  int64_t mlp_chunk_tokens = -1;
 };
+
+// The MLP chunk for a shape and a device budget: one chunk (0) when the MLP's chunk-sized scratch for the
+// whole batch — gate, up, h and their gradients, 6 · N · I f32 — is at most an eighth of the budget, else the
+// largest power-of-two multiple of kTokenSlice whose scratch is (at least kTokenSlice). The chunk changes
+// memory, not bits; GEMMs of kTokenSlice rows already run at full rate, so the rest of the budget is better
+// spent keeping activations.
+int64_t choose_mlp_chunk(const ModelConfig& cfg, int64_t B, int64_t T, size_t device_bytes);
 
 struct PlanCandidate {
   std::string name;

@@ -202,6 +202,7 @@ TrainResult run_training(const TrainConfig& asked) {
   } else {
     plan = Plan::parse(c.plan, mc.num_layers);
   }
+  eo.mlp_chunk_tokens = plan.mlp_chunk_tokens;  // the planner's (or the plan file's) MLP chunk
   const WorkingSet ws = plan_working_set(mc, B, T, plan, eo);
   LT_CHECK(ws.device_bytes() <= device_bytes,
            "plan '{}' needs {} of device memory at batch {} x {} but device_memory is {}", plan.name,

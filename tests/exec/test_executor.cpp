@@ -137,10 +137,11 @@ std::unique_ptr<NvmeStore> nvme_store_for(const ModelConfig& cfg, const Batch& b
 
 void check_plan(const ModelConfig& cfg, const ModelSlabs& params, const ModelSlabs& weights, const Batch& batch,
                 const Plan& plan, Precision precision, const Reference& ref, LinkSpec link, double budget_slack,
-                const std::string& what) {
+                const std::string& what, int64_t mlp_chunk = 0) {
   ExecOptions o;
   o.compute = precision.compute;
   o.activations = precision.activations;
+  o.mlp_chunk_tokens = mlp_chunk;
   const size_t predicted = predict_peak_device_bytes(cfg, batch.B, batch.T, plan, o);
   const size_t budget = size_t(double(predicted) * budget_slack) + 4096;
   auto dev = make_cpu_device(budget, link);
@@ -199,6 +200,53 @@ TEST(Executor, EveryPolicyMatchesInMemoryPathBitwise) { every_policy_matches(1, 
 // path at the same storage, on each architecture with f32 and bf16 GEMMs.
 TEST(Executor, EveryPolicyMatchesInMemoryPathBitwiseWithBf16Activations) {
   every_policy_matches(101, 112, DType::bf16, true);
+}
+
+// Bounded layer scratch: the MLP in token chunks of kTokenSlice (here 3 chunks, the last short) gives the
+// in-memory path's bits (one chunk) under every kind of plan, at both activation storages, on each
+// architecture; and the working copy and backward scratch shrink to one chunk's MLP rows.
+TEST(Executor, ChunkedMlpMatchesTheUnchunkedInMemoryPathBitwise) {
+  for (uint64_t seed = 201; seed <= 206; ++seed) {
+    Rng rng(seed);
+    ModelConfig cfg = random_config(rng, int(seed % 3));
+    cfg.num_layers = 3;
+    cfg.max_position_embeddings = 8192;
+    ModelSlabs params = random_params(cfg, seed);
+    Batch batch;
+    batch.B = 2;
+    batch.T = kTokenSlice + 37;  // N = 2 T: chunks of kTokenSlice, kTokenSlice, 74
+    for (int64_t i = 0; i < batch.N(); ++i) batch.input_ids.push_back(int32_t(rng.below(uint64_t(cfg.vocab_size))));
+    batch.labels = batch.input_ids;
+    for (int64_t r = 0; r < batch.B; ++r) batch.labels[size_t(r * batch.T)] = kIgnoreIndex;
+    const Precision precision(seed % 2 == 0 ? ComputeType::bf16 : ComputeType::f32,
+                              seed < 204 ? DType::bf16 : DType::f32);
+    ModelSlabs bf16(cfg, DType::bf16);
+    const ModelSlabs* weights = &params;
+    if (precision.compute == ComputeType::bf16) {
+      make_compute_copy(bf16, params);
+      weights = &bf16;
+    }
+    Reference ref{ModelSlabs(cfg), {}};
+    ref.loss = model_forward_backward(ref.grads, params, batch, precision);
+    const int64_t L = cfg.num_layers;
+    for (const Plan& plan : {Plan::keep_all(L), Plan::every(L, 1), Plan::every(L, 2, Tier::host), random_plan(L, rng)}) {
+      const std::string what = "seed " + std::to_string(seed) + " plan " + plan.to_json().dump();
+      check_plan(cfg, params, *weights, batch, plan, precision, ref, {}, 1.0, what + " (chunked)", kTokenSlice);
+      if (HasFatalFailure()) return;
+    }
+    ExecOptions whole, chunked;
+    whole.activations = chunked.activations = precision.activations;
+    chunked.mlp_chunk_tokens = kTokenSlice;
+    const Plan every = Plan::every(L, 1);
+    const BlockShape s = BlockShape::make(cfg, batch.B, batch.T, precision.activations, kTokenSlice);
+    EXPECT_EQ(s.mlp_rows(), kTokenSlice);
+    // gate, up, h (their gradients in the backward scratch) for all but one chunk of tokens, less alignment padding
+    const size_t saved = 3 * size_t(batch.N() - kTokenSlice) * size_t(cfg.intermediate_size) * 4 - 256;
+    EXPECT_GE(plan_working_set(cfg, batch.B, batch.T, every, whole).buffer("internals scratch").bytes,
+              plan_working_set(cfg, batch.B, batch.T, every, chunked).buffer("internals scratch").bytes + saved);
+    EXPECT_GE(plan_working_set(cfg, batch.B, batch.T, every, whole).buffer("backward scratch").bytes,
+              plan_working_set(cfg, batch.B, batch.T, every, chunked).buffer("backward scratch").bytes + saved);
+  }
 }
 
 // The backward starts on the layers the forward left in the weight buffers (exec/weight_buffers.h): with

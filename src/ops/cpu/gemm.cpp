@@ -10,6 +10,7 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <dnnl.hpp>
 #include <map>
@@ -130,22 +131,21 @@ void run_block(const GemmKey& key, const void* A, const void* B, float* C) {
   }
 }
 
-// Fixed blocking from the shape alone: cut the longer of M and N into at most 8 blocks of at least
-// 64 (multiples of 16), so two threads stay busy and each block is still a large GEMM.
+// Fixed blocking: rows in blocks of kGemmRowBlock whatever M is, columns in blocks chosen from N alone (a
+// quarter of N, 16-aligned, within [64, 1024]: at least 4 for N >= 256, so two threads stay busy on a narrow
+// product). Every oneDNN call therefore sees the same shapes for the same rows whether a caller passes all
+// the rows at once or splits them at multiples of kGemmRowBlock: row results never depend on M (ops/gemm.h).
 struct Blocking {
-  bool along_m;
-  int64_t block, count;
+  int64_t row_block, row_count, col_block, col_count;
+  int64_t count() const { return row_count * col_count; }
 };
 
 Blocking choose_blocking(int64_t M, int64_t N) {
   Blocking b;
-  b.along_m = M >= N;
-  int64_t extent = b.along_m ? M : N;
-  int64_t block = (extent + 7) / 8;
-  block = (block + 15) / 16 * 16;
-  if (block < 64) block = 64;
-  b.block = block;
-  b.count = (extent + block - 1) / block;
+  b.row_block = kGemmRowBlock;
+  b.row_count = (M + b.row_block - 1) / b.row_block;
+  b.col_block = std::clamp<int64_t>(((N + 3) / 4 + 15) / 16 * 16, 64, 1024);
+  b.col_count = (N + b.col_block - 1) / b.col_block;
   return b;
 }
 
@@ -162,30 +162,22 @@ void gemm_blocked(memory::data_type dt, Trans ta, Trans tb, int64_t M, int64_t N
   }
   const Blocking bl = choose_blocking(M, N);
   auto run = [&](int64_t t) {
-    int64_t begin = t * bl.block;
-    int64_t len = std::min(bl.block, (bl.along_m ? M : N) - begin);
-    GemmKey key{dt, ta, tb, bl.along_m ? len : M, bl.along_m ? N : len, K, lda, ldb, ldc, acc};
-    const T* a = A;
-    const T* b = B;
-    float* c = C;
-    if (bl.along_m) {
-      a += ta == Trans::no ? begin * lda : begin;
-      c += begin * ldc;
-    } else {
-      b += tb == Trans::no ? begin : begin * ldb;
-      c += begin;
-    }
-    run_block(key, a, b, c);
+    const int64_t r0 = (t / bl.col_count) * bl.row_block, c0 = (t % bl.col_count) * bl.col_block;
+    const int64_t rows = std::min(bl.row_block, M - r0), cols = std::min(bl.col_block, N - c0);
+    GemmKey key{dt, ta, tb, rows, cols, K, lda, ldb, ldc, acc};
+    const T* a = A + (ta == Trans::no ? r0 * lda : r0);
+    const T* b = B + (tb == Trans::no ? c0 : c0 * ldb);
+    run_block(key, a, b, C + r0 * ldc + c0);
   };
   // Always inside a parallel region (even for one block) so oneDNN never threads internally: its own
   // threading could split K and make the bits depend on the thread count.
   if (omp_in_parallel()) {
-    for (int64_t t = 0; t < bl.count; ++t) run(t);
+    for (int64_t t = 0; t < bl.count(); ++t) run(t);
     return;
   }
   std::exception_ptr error;
 #pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t t = 0; t < bl.count; ++t) {
+  for (int64_t t = 0; t < bl.count(); ++t) {
     try {
       run(t);
     } catch (...) {

@@ -9,7 +9,8 @@
 //
 // Determinism: the GEMMs are deterministic (ops/gemm.h); the bias gradient is parallel over fixed column
 // blocks, each summing its columns over the rows in row order in double, so its bits never depend on the
-// thread count.
+// thread count. dW and dbias add one token slice (kTokenSlice) at a time, so they do not depend on how a
+// caller splits the tokens at slice boundaries either.
 #include "ops/linear.h"
 
 #include <algorithm>
@@ -82,25 +83,31 @@ void linear_backward(float* din, float* dW, float* dbias, const float* dout, con
     // din[N, in_f] = dout[N, out_f] · W[out_f, in_f]
     if (din != nullptr)
       gemm_bf16(Trans::no, Trans::no, N, in_f, out_f, dout_b, out_f, W.bf16(), in_f, din, in_f, Accumulate::no);
-    // dW[out_f, in_f] += dout[N, out_f]ᵀ · in[N, in_f]
+    // dW[out_f, in_f] += dout[t, out_f]ᵀ · in[t, in_f] for each token slice t
     const bf16_t* in_b = to_bf16_scratch(in, N * in_f, 1);
-    gemm_bf16(Trans::yes, Trans::no, out_f, in_f, N, dout_b, out_f, in_b, in_f, dW, in_f, Accumulate::yes);
+    for (int64_t t0 = 0; t0 < N; t0 += kTokenSlice)
+      gemm_bf16(Trans::yes, Trans::no, out_f, in_f, std::min(kTokenSlice, N - t0), dout_b + t0 * out_f, out_f,
+                in_b + t0 * in_f, in_f, dW, in_f, Accumulate::yes);
   } else {
     if (din != nullptr)
       gemm_f32(Trans::no, Trans::no, N, in_f, out_f, dout, out_f, W.f32(), in_f, din, in_f, Accumulate::no);
-    gemm_f32(Trans::yes, Trans::no, out_f, in_f, N, dout, out_f, in, in_f, dW, in_f, Accumulate::yes);
+    for (int64_t t0 = 0; t0 < N; t0 += kTokenSlice)
+      gemm_f32(Trans::yes, Trans::no, out_f, in_f, std::min(kTokenSlice, N - t0), dout + t0 * out_f, out_f,
+               in + t0 * in_f, in_f, dW, in_f, Accumulate::yes);
   }
   if (dbias == nullptr) return;
   // dbias[out_f] += Σ_rows dout: each task owns columns [c0, c1) and walks the rows in order, so the rows
-  // are read contiguously and the sum order is fixed. One f32 add per call keeps "two calls = 2x" exact.
+  // are read contiguously and the sum order is fixed; one f32 add per token slice.
   parallel_chunks(out_f, kColChunk, [&](int64_t c0, int64_t c1) {
-    double acc[kColChunk] = {};
     const int64_t w = c1 - c0;
-    for (int64_t n = 0; n < N; ++n) {
-      const float* g = dout + n * out_f + c0;
-      for (int64_t j = 0; j < w; ++j) acc[j] += double(g[j]);
+    for (int64_t t0 = 0; t0 < N; t0 += kTokenSlice) {
+      double acc[kColChunk] = {};
+      for (int64_t n = t0; n < std::min(N, t0 + kTokenSlice); ++n) {
+        const float* g = dout + n * out_f + c0;
+        for (int64_t j = 0; j < w; ++j) acc[j] += double(g[j]);
+      }
+      for (int64_t j = 0; j < w; ++j) dbias[c0 + j] += float(acc[j]);
     }
-    for (int64_t j = 0; j < w; ++j) dbias[c0 + j] += float(acc[j]);
   });
 }
 
