@@ -22,6 +22,7 @@ lt="$build/lazytrain"
 work=runs/planner
 mkdir -p "$work/configs"
 py=/usr/bin/python3
+source "$(dirname "$0")/bench_model.sh"
 
 # Model shapes (config.json only: the planner needs no weights). Qwen2.5 from their published configs; the
 # 27B-size model is a dense Qwen3-style stand-in for the paper's Qwen3.6-27B (64 layers, hidden 5120).
@@ -132,14 +133,7 @@ fi
 
 if [[ " $sections " == *" simexec "* ]]; then
   echo
-  model=$work/model-26m
-  batch=$work/batch-8x256.json
-  [ -f "$model/config.json" ] || "$lt" init --config examples/bench-25m/config.json --out "$model" --seed 1 >/dev/null
-  [ -f "$batch" ] || $py -c "
-import json, random
-random.seed(1)
-rows = [[random.randrange(8192) for _ in range(256)] for _ in range(8)]
-json.dump({'input_ids': rows, 'labels': rows}, open('$batch', 'w'))"
+  bench_model_and_batch "$work"
   echo "== simulator vs executor on the emulated CPU device (~26M params, B=8 T=256, f32, no optimizer, best of 3 steps)"
   printf "%-10s %6s %10s %10s %7s %12s %12s %7s\n" policy GB/s measured_s sim_s err meas_peak sim_peak err
   # The machine is shared: each policy is profiled right before it is simulated and measured, so that the
