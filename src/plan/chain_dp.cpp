@@ -59,7 +59,7 @@ struct Dp {
     double compute = in.b[size_t(k)] + in.r[size_t(k)];
     double h2d = k >= 1 && !resident_src ? in.W : 0.0;
     if (e >= 0 && k == e - 1) {
-      for (int64_t m = s; m < k; ++m) compute += in.r[size_t(m)];
+      for (int64_t m = s; m < k; ++m) compute += in.f[size_t(m)];  // the segment: whole forwards
       if (!resident_src) h2d += double(k - s) * in.W;
     }
     if (s >= 0 && k - 1 == s && host_s) h2d += in.A;

@@ -210,15 +210,17 @@ Prediction evaluate(const Instance& in, const Plan& plan_in, const TransferWindo
     WindowCost& c = win[size_t(in.bwd(k))];
     c.compute_s += in.b[size_t(k)];
     flops += 2 * in.layer_flops;
+    // Recomputed internals: the layer's forward but the down projection (model/block.h); a recompute segment
+    // runs whole forwards.
     if (!plan.keep_internals[size_t(k)]) {
       c.compute_s += in.r[size_t(k)];
       c.recompute_s += in.r[size_t(k)];
-      flops += in.layer_flops;
+      flops += in.layer_flops * (1 - in.mlp_share / 3);
     }
     if (src[size_t(k)] >= 0)
       for (int64_t m = src[size_t(k)]; m < k; ++m) {
-        c.compute_s += in.r[size_t(m)];
-        c.recompute_s += in.r[size_t(m)];
+        c.compute_s += in.f[size_t(m)];
+        c.recompute_s += in.f[size_t(m)];
         flops += in.layer_flops;
       }
   }

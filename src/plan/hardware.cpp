@@ -136,7 +136,9 @@ Profile hardware_profile(const Hardware& hw, const ModelConfig& cfg, int64_t B, 
   const double rate = hw.sustained_tflops * 1e12;
   const double fwd = layer_forward_flops(cfg, B, T) / rate;
   p.forward_s.assign(size_t(cfg.num_layers), fwd);
-  p.recompute_s.assign(size_t(cfg.num_layers), fwd);
+  // Recomputing a layer's internals runs its forward but the down projection (model/block.h).
+  const double down = 2.0 * double(B) * double(T) * double(cfg.hidden_size) * double(cfg.intermediate_size) / rate;
+  p.recompute_s.assign(size_t(cfg.num_layers), fwd - down);
   p.backward_s.assign(size_t(cfg.num_layers), 2.0 * fwd);
   p.head_s = head_flops(cfg, B, T) / rate;
   const double act_bytes = double(B) * double(T) * double(cfg.hidden_size) * 4.0;

@@ -319,7 +319,7 @@ Built build(const Instance& in) {
       for (int64_t s = 0; s + 1 < k + 1; ++s) {
         if (k + 1 - s < 2) continue;
         double cost = 0;
-        for (int64_t m = s; m < k; ++m) cost += in.r[size_t(m)];
+        for (int64_t m = s; m < k; ++m) cost += in.f[size_t(m)];  // a segment recomputes whole forwards
         t.push_back({v.x[size_t(s)][size_t(k + 1)], -cost});
       }
       lp.row(t, in.b[size_t(k)] + in.r[size_t(k)], kInf);

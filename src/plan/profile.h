@@ -42,7 +42,8 @@ struct Profile {
   std::string activations = "f32";       // activation storage the times were measured with: "f32" or "bf16"
   std::vector<double> forward_s;         // [L] block_forward on the device
   std::vector<double> backward_s;        // [L] block_backward (parameter-gradient zeroing included)
-  std::vector<double> recompute_s;       // [L] block_forward run again in the backward
+  std::vector<double> recompute_s;       // [L] what recomputing internals adds to a backward (the forward but
+                                         // the down projection: block_recompute_internals + the MLP per chunk)
   double head_s = 0;                     // fused norm + lm_head + cross-entropy, forward and backward
   double embed_forward_s = 0;            // host: embedding lookup
   double embed_backward_s = 0;           // host: embedding scatter-add

@@ -412,7 +412,7 @@ class Builder {
     Boundary in = get_boundary(j, false);
     for (int64_t m = j; m < i; ++m) {
       const int b = acquire_weights(m);
-      launch_on(b, {&in}, fmt::format("recompute L{}", m), m, in_.r[size_t(m)], true);
+      launch_on(b, {&in}, fmt::format("recompute L{}", m), m, in_.f[size_t(m)], true);  // whole forwards
       cached_.insert(m + 1);
       in = Boundary{-1, -1};
     }
