@@ -10,7 +10,7 @@ packages=(
   libopenblas-dev libdnnl-dev ocl-icd-opencl-dev zlib1g-dev
   nlohmann-json3-dev libfmt-dev libcli11-dev
   libpcre2-dev libutf8proc-dev liburing-dev
-  coinor-libcbc-dev libyaml-cpp-dev
+  coinor-libcbc-dev libyaml-cpp-dev libboost-context-dev
   nodejs npm
   libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-numpy python3-torch
