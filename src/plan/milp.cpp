@@ -700,6 +700,9 @@ MilpResult solve_milp(const Instance& in, const MilpOptions& o) {
   Cbc_setParameter(m, "ratioGap", "1e-6");  // proof to 1e-6 relative, not CBC's loose 1e-4 default
   Cbc_setParameter(m, "allowableGap", "1e-7");
   Cbc_setParameter(m, "increment", "1e-7");
+  // One round of cuts at the root: on the paper's instances further rounds never moved the bound and held
+  // the root past the limit (docs/planner.md, "Solve time"); branching closes the gaps instead.
+  Cbc_setParameter(m, "passCuts", "1");
   // CBC 2.10 maps a MIP start by column names after its integer preprocessing has renumbered the columns
   // ("Illegal index in ClpModel::getColumnName", the start then lost): with a start, preprocessing is off.
   if (start) Cbc_setParameter(m, "preprocess", "off");
