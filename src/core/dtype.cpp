@@ -3,6 +3,8 @@
 // included (tested on every path the CPU has).
 #include "core/dtype.h"
 
+#include "core/parallel.h"
+
 // GCC 12's AVX-512 intrinsics fill "undefined" vectors by self-initialisation, which -Wmaybe-uninitialized
 // reports once they are inlined; the diagnostic state is kept per source location, so silence it for the header.
 #pragma GCC diagnostic push
@@ -213,6 +215,26 @@ void convert_from_f32(void* dst, DType dst_type, const float* src, size_t n) {
     case DType::f16: return convert_f32_to_f16(static_cast<f16_t*>(dst), src, n);
     default: LT_FAIL("cannot convert f32 to {}: not a floating type", dtype_name(dst_type));
   }
+}
+
+namespace {
+constexpr int64_t kParallelConvertChunk = int64_t(1) << 16;  // elements per task
+}  // namespace
+
+void parallel_convert_to_f32(float* dst, const void* src, DType src_type, size_t n) {
+  const auto* s = static_cast<const uint8_t*>(src);
+  const size_t e = dtype_size(src_type);
+  parallel_chunks(int64_t(n), kParallelConvertChunk, [&](int64_t b, int64_t end) {
+    convert_to_f32(dst + b, s + size_t(b) * e, src_type, size_t(end - b));
+  });
+}
+
+void parallel_convert_from_f32(void* dst, DType dst_type, const float* src, size_t n) {
+  auto* d = static_cast<uint8_t*>(dst);
+  const size_t e = dtype_size(dst_type);
+  parallel_chunks(int64_t(n), kParallelConvertChunk, [&](int64_t b, int64_t end) {
+    convert_from_f32(d + size_t(b) * e, dst_type, src + b, size_t(end - b));
+  });
 }
 
 }  // namespace lt

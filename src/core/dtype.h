@@ -55,5 +55,9 @@ void convert_f32_to_f16(f16_t* dst, const float* src, size_t n);
 void convert_to_f32(float* dst, const void* src, DType src_type, size_t n);
 // Converts n f32 elements to a floating dtype (f32, bf16, f16).
 void convert_from_f32(void* dst, DType dst_type, const float* src, size_t n);
+// The two above in chunks over the thread pool (core/parallel.h), for activations; element by element, so the
+// bits do not depend on the split.
+void parallel_convert_to_f32(float* dst, const void* src, DType src_type, size_t n);
+void parallel_convert_from_f32(void* dst, DType dst_type, const float* src, size_t n);
 
 }  // namespace lt

@@ -102,8 +102,8 @@ struct StreamingExecutor::Step {
   const Batch& batch;
   const Plan& plan;
   const int64_t L, N, C;
+  const size_t xe;       // bytes per boundary element (the activation storage dtype)
   const size_t xbytes;   // one boundary [N, C] in the storage dtype
-  const size_t xe;       // bytes per boundary element
   const size_t dxbytes;  // one activation gradient [N, C] (always f32)
   const BlockShape s;
   const StepTokens tok;
@@ -176,8 +176,8 @@ struct StreamingExecutor::Step {
   Step(StreamingExecutor& e, HostWorker& hw, ModelSlabs& g, const ModelSlabs& p, const ModelSlabs& w,
        const Batch& b, const Plan& pl)
       : ex(e), dev(e.device_), host(hw), cfg(e.cfg_), o(e.options_), grads(g), params(p), weights(w), batch(b),
-        plan(pl), L(cfg.num_layers), N(b.N()), C(cfg.hidden_size), xbytes(size_t(N * C) * dtype_size(e.options_.activations)),
-        xe(dtype_size(e.options_.activations)), dxbytes(size_t(N * C) * 4),
+        plan(pl), L(cfg.num_layers), N(b.N()), C(cfg.hidden_size), xe(dtype_size(e.options_.activations)),
+        xbytes(size_t(N * C) * xe), dxbytes(size_t(N * C) * 4),
         s(BlockShape::make(cfg, b.B, b.T, e.options_.activations, e.options_.mlp_chunk_tokens)), tok(StepTokens::make(b)), wl(w.layout(SlabKind::layer)),
         gl(g.layout(SlabKind::layer)), wslots(e.options_.weight_buffers), gslots(e.options_.grad_buffers) {}
 
@@ -448,7 +448,7 @@ struct StreamingExecutor::Step {
     embedding_forward(x0_f32, batch.input_ids.data(),
                       params.tensor(SlabKind::embedding, 0, "embed_tokens.weight").ptr<float>(), N, C,
                       cfg.vocab_size);
-    if (s.act != DType::f32) convert_from_f32(x0_host, s.act, x0_f32, size_t(N * C));
+    if (s.act != DType::f32) parallel_convert_from_f32(x0_host, s.act, x0_f32, size_t(N * C));
     wait(kCompute, tokens_ready);
     Boundary in;
     if (plan.boundary[0] == Tier::device) {
@@ -473,19 +473,14 @@ struct StreamingExecutor::Step {
         out.ptr = ring[size_t(out.ring)];
       }
       int b = acquire_weights(l);
-      // f32 storage: a kept layer computes in its kept internals; bf16: in the working copy, storing from it.
-      const bool keep = plan.keep_internals[size_t(l)];
-      const bool full = keep && s.act == DType::f32;
-      float* acts_buf = full ? reinterpret_cast<float*>(kept[size_t(l)]) : scratch_acts;
-      uint8_t* stored = keep && s.act != DType::f32 ? kept[size_t(l)] : nullptr;
+      LayerInternals li = bind_internals(kept[size_t(l)], scratch_acts, s);  // kept[l] null: not kept
       BlockView w = view(b);
       uint8_t* x_out = out.ptr;
       const uint8_t* x_in = in.ptr;
       TokenInfo ti = token_info();
       BlockShape sh = s;
-      Event* done = launch_on(b, {&in}, [=] {
-        BlockActs a = full ? BlockActs::bind_full(acts_buf, sh) : BlockActs::bind(acts_buf, sh);
-        block_forward(x_out, a, x_in, w, ti, sh, stored);
+      Event* done = launch_on(b, {&in}, [=]() mutable {
+        block_forward(x_out, li.acts, x_in, w, ti, sh, li.stored);
       }, fmt::format("fwd L{}", l), l);
       used_by_compute(out, done);
       if (l + 1 < L && t == Tier::nvme) offload_to_nvme(l + 1, out, done);
@@ -664,7 +659,7 @@ struct StreamingExecutor::Step {
       std::memset(hg, 0, hg_bytes);
       const float* x = reinterpret_cast<const float*>(xL);
       if (xL32) {
-        convert_to_f32(xL32, xL, act, size_t(hs.N * hs.C));
+        parallel_convert_to_f32(xL32, xL, act, size_t(hs.N * hs.C));
         x = xL32;
       }
       *loss_out = head_forward_backward(dx0, reinterpret_cast<float*>(dnorm), reinterpret_cast<float*>(dlm), x,
@@ -754,17 +749,12 @@ struct StreamingExecutor::Step {
       // Kept: at f32 storage in place, at bf16 widened from the stored internals into the working copy by the
       // MLP half. Not kept: the attention half recomputed into the working copy now, the MLP chunk by chunk in
       // the MLP half.
-      const bool keep = plan.keep_internals[size_t(l)];
-      const bool full = keep && s.act == DType::f32;
-      float* acts_buf = full ? reinterpret_cast<float*>(kept[size_t(l)]) : scratch_acts;
-      const uint8_t* stored = keep && s.act != DType::f32 ? kept[size_t(l)] : nullptr;
-      const Saved saved = !keep ? Saved::recompute : full ? Saved::in_acts : Saved::stored;
-      if (!keep) {
+      LayerInternals li = bind_internals(kept[size_t(l)], scratch_acts, s);
+      if (li.saved == Saved::recompute) {
         int b = acquire_weights(l);
         BlockView w = view(b);
-        launch_on(b, {&xin}, [=] {
-          BlockActs a = BlockActs::bind(acts_buf, sh);
-          block_recompute_internals(a, x_in, w, ti, sh);
+        launch_on(b, {&xin}, [=]() mutable {
+          block_recompute_internals(li.acts, x_in, w, ti, sh);
         }, fmt::format("recompute internals L{}", l), l);
       }
       int b = acquire_weights(l);
@@ -783,14 +773,12 @@ struct StreamingExecutor::Step {
         std::memset(gb, 0, glp->bytes());
         BlockGrads gr = BlockGrads::bind(*glp, gb);
         BlockScratch sc = BlockScratch::bind(dscratch, sh);
-        BlockActs a = full ? BlockActs::bind_full(acts_buf, sh) : BlockActs::bind(acts_buf, sh);
-        block_backward_mlp(gr, sc, dx_out, a, w, sh, saved, stored);
+        block_backward_mlp(gr, sc, dx_out, li.acts, w, sh, li.saved, li.stored);
       }, fmt::format("bwd L{} mlp", l), l);
       Event* done = launch_on(b, {&xin}, [=] {
         BlockGrads gr = BlockGrads::bind(*glp, gb);
         BlockScratch sc = BlockScratch::bind(dscratch, sh);
-        BlockActs a = full ? BlockActs::bind_full(acts_buf, sh) : BlockActs::bind(acts_buf, sh);
-        block_backward_attention(dx_in, gr, sc, x_in, a, w, ti, sh);
+        block_backward_attention(dx_in, gr, sc, x_in, li.acts, w, ti, sh);
       }, fmt::format("bwd L{} attention", l), l);
       cur = 1 - cur;
       // Gradients out: d2h into a host staging slab (once the host worker has emptied it), then the host

@@ -240,6 +240,7 @@ struct StoredField {
   bool bf16;
   bool mlp;
   size_t offset = 0;  // in the stored buffer, 64-byte aligned
+  size_t bytes() const { return (size_t(n) * (bf16 ? 2 : 4) + 63) / 64 * 64; }  // with the alignment padding
 };
 
 std::vector<StoredField> stored_fields(const BlockShape& s) {
@@ -265,7 +266,7 @@ std::vector<StoredField> stored_fields(const BlockShape& s) {
   size_t offset = 0;
   for (StoredField& x : f) {
     x.offset = offset;
-    offset += (size_t(x.n) * (x.bf16 ? 2 : 4) + 63) / 64 * 64;
+    offset += x.bytes();
   }
   return f;
 }
@@ -281,13 +282,7 @@ void round_to_bf16(float* x, bf16_t* store, int64_t n) {
   });
 }
 
-void widen(float* dst, const bf16_t* src, int64_t n) {
-  parallel_chunks(n, kConvertChunk, [&](int64_t b, int64_t e) { convert_bf16_to_f32(dst + b, src + b, size_t(e - b)); });
-}
-
-void narrow(bf16_t* dst, const float* src, int64_t n) {
-  parallel_chunks(n, kConvertChunk, [&](int64_t b, int64_t e) { convert_f32_to_bf16(dst + b, src + b, size_t(e - b)); });
-}
+void widen(float* dst, const bf16_t* src, int64_t n) { parallel_convert_to_f32(dst, src, DType::bf16, size_t(n)); }
 
 // The stored internals: where each field lives, and the forward's hook at each stored activation — at bf16
 // storage it rounds the working copy and stores it (or only rounds it, when the internals are not kept);
@@ -396,7 +391,13 @@ float* mlp_row(float* field, const BlockActs& a, const BlockShape& s, int64_t t0
 size_t block_stored_bytes(const BlockShape& s) {
   if (s.act == DType::f32) return BlockActs::full_floats(s) * 4;
   const std::vector<StoredField> f = stored_fields(s);
-  return f.back().offset + (size_t(f.back().n) * (f.back().bf16 ? 2 : 4) + 63) / 64 * 64;
+  return f.back().offset + f.back().bytes();
+}
+
+LayerInternals bind_internals(void* kept, float* work, const BlockShape& s) {
+  if (kept == nullptr) return {BlockActs::bind(work, s), nullptr, Saved::recompute};
+  if (s.act == DType::f32) return {BlockActs::bind_full(static_cast<float*>(kept), s), nullptr, Saved::in_acts};
+  return {BlockActs::bind(work, s), kept, Saved::stored};
 }
 
 void block_forward(void* x_out_ptr, BlockActs& a, const void* x_in_ptr, const BlockView& w, const TokenInfo& tok,
@@ -418,7 +419,7 @@ void block_forward(void* x_out_ptr, BlockActs& a, const void* x_in_ptr, const Bl
     linear_forward(y + t0 * C, h, w.wdown, w.bdown, n, I, C);
   }
   add_inplace(y, a.x_mid, N * C);
-  if (b16) narrow(static_cast<bf16_t*>(x_out_ptr), y, N * C);
+  if (b16) parallel_convert_from_f32(x_out_ptr, DType::bf16, y, size_t(N * C));
 }
 
 void block_recompute_internals(BlockActs& a, const void* x_in, const BlockView& w, const TokenInfo& tok,
@@ -447,8 +448,10 @@ void block_backward_mlp(BlockGrads& g, BlockScratch& b, const float* dx_out, con
   LT_CHECK(saved != Saved::in_acts || a.mlp_rows == N,
            "block_backward: the internals hold the MLP of {} of {} tokens; a chunked layer needs bind_full",
            a.mlp_rows, N);
-  // x_out = x_mid + down(h), chunk by chunk: each chunk's gate / up / h from where they are (or recomputed),
-  // its dn rows and its share of the MLP's parameter gradients (token slices in order, ops/linear.h).
+  // x_out = x_mid + down(h), chunk by chunk: each chunk's gate / up / h from where they are (or recomputed,
+  // rounded as the forward did), its dn rows and its share of the MLP's parameter gradients (token slices in
+  // order, ops/linear.h).
+  const Storage rounding(s, nullptr);
   for (int64_t t0 = 0; t0 < N; t0 += R) {
     const int64_t n = std::min(R, N - t0);
     float *gate = mlp_row(a.gate, a, s, t0), *up = mlp_row(a.up, a, s, t0), *h = mlp_row(a.h, a, s, t0);
@@ -457,7 +460,7 @@ void block_backward_mlp(BlockGrads& g, BlockScratch& b, const float* dx_out, con
       st.load(&BlockActs::up, up, t0, n);
       st.load(&BlockActs::h, h, t0, n);
     } else if (saved == Saved::recompute) {
-      mlp_internals(gate, up, h, a, w, s, Storage(s, nullptr), t0, n);
+      mlp_internals(gate, up, h, a, w, s, rounding, t0, n);
     }
     const float* n2 = a.n2 + t0 * C;
     linear_backward(b.dh, g.wdown, g.bdown, dx_out + t0 * C, h, w.wdown, n, I, C);

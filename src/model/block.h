@@ -150,6 +150,18 @@ enum class Saved : uint8_t {
   recompute,  // acts holds the attention half and n2 (block_recompute_internals); the MLP's are recomputed
 };
 
+// One layer's internals as the block reads and writes them, from the kept buffer (block_stored_bytes, or null
+// when the plan recomputes them) and the f32 working copy (BlockActs::floats): at f32 storage a kept layer
+// computes in place in its kept buffer (bind_full); at bf16 it computes in the working copy and stores into the
+// kept buffer; a recomputed layer has only the working copy. Pass acts and stored to block_forward, and acts,
+// saved and stored to the backward.
+struct LayerInternals {
+  BlockActs acts;
+  void* stored;  // the bf16 stored internals, or null
+  Saved saved;
+};
+LayerInternals bind_internals(void* kept, float* work, const BlockShape& s);
+
 // x_out[N, C] from x_in[N, C] (both in s.act); fills acts. At bf16 storage, `stored` (block_stored_bytes, or
 // null when the internals are not kept) receives the bf16 internals; at f32 it must be null (a kept layer's
 // acts are then bound with bind_full).

@@ -39,15 +39,15 @@ struct ForwardState {
   TokenInfo info;
   uint8_t* boundaries = nullptr;  // (L+1) x [N, C] in the storage dtype
   uint8_t* acts = nullptr;        // L x block_stored_bytes
-  float* work = nullptr;          // bf16 storage: the f32 working copy (BlockActs)
+  float* work = nullptr;          // the f32 working copy (BlockActs; bf16 storage only)
   float* x32 = nullptr;           // [N, C] f32: the embedding output and the head input at bf16 storage
-  std::vector<BlockActs> layer_acts;  // [L] f32 storage: each layer's; bf16: the working copy
+  std::vector<LayerInternals> layers;  // [L] every layer's, kept (bind_internals)
   void* stored(int64_t l) { return acts + size_t(l) * block_stored_bytes(shape); }
   void* boundary(int64_t i) { return boundaries + size_t(i) * shape.boundary_bytes(); }
   // Boundary i as f32 (widened into x32 at bf16 storage).
   const float* boundary_f32(int64_t i) {
     if (shape.act == DType::f32) return static_cast<const float*>(boundary(i));
-    convert_to_f32(x32, boundary(i), shape.act, size_t(shape.N() * shape.C));
+    parallel_convert_to_f32(x32, boundary(i), shape.act, size_t(shape.N() * shape.C));
     return x32;
   }
 };
@@ -69,14 +69,13 @@ void run_forward(ForwardState& st, const ModelSlabs& params, const ModelSlabs& c
   float* x0 = activations == DType::f32 ? static_cast<float*>(st.boundary(0)) : st.x32;
   embedding_forward(x0, batch.input_ids.data(), params.tensor(SlabKind::embedding, 0, "embed_tokens.weight").ptr<float>(),
                     N, C, cfg.vocab_size);
-  if (activations != DType::f32) convert_from_f32(st.boundary(0), activations, x0, size_t(N * C));
+  if (activations != DType::f32) parallel_convert_from_f32(st.boundary(0), activations, x0, size_t(N * C));
   const SlabLayout& layout = cw.layout(SlabKind::layer);
   for (int64_t l = 0; l < L; ++l) {
-    st.layer_acts.push_back(b16 ? BlockActs::bind(st.work, st.shape)
-                                : BlockActs::bind_full(reinterpret_cast<float*>(st.stored(l)), st.shape));
+    st.layers.push_back(bind_internals(st.stored(l), st.work, st.shape));
+    LayerInternals& li = st.layers.back();
     BlockView w = BlockView::bind(layout, cw.layer(l));
-    block_forward(st.boundary(l + 1), st.layer_acts.back(), st.boundary(l), w, st.info, st.shape,
-                  b16 ? st.stored(l) : nullptr);
+    block_forward(st.boundary(l + 1), li.acts, st.boundary(l), w, st.info, st.shape, li.stored);
   }
 }
 
@@ -124,9 +123,8 @@ LossResult model_forward_backward(ModelSlabs& grads, const ModelSlabs& params, c
   for (int64_t l = L - 1; l >= 0; --l) {
     BlockView w = BlockView::bind(layout, cw.w->layer(l));
     BlockGrads g = BlockGrads::bind(glayout, grads.layer(l));
-    const bool b16 = st.shape.act != DType::f32;
-    block_backward(dx_prev, g, scratch, dx, st.boundary(l), st.layer_acts[size_t(l)], w, st.info, st.shape,
-                   b16 ? Saved::stored : Saved::in_acts, b16 ? st.stored(l) : nullptr);
+    const LayerInternals& li = st.layers[size_t(l)];
+    block_backward(dx_prev, g, scratch, dx, st.boundary(l), li.acts, w, st.info, st.shape, li.saved, li.stored);
     std::swap(dx, dx_prev);
   }
   embedding_backward(grads.tensor(SlabKind::embedding, 0, "embed_tokens.weight").ptr<float>(), dx,

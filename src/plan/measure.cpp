@@ -92,14 +92,11 @@ Profile measure_profile(const ModelConfig& cfg0, int64_t B, int64_t T, const Mea
   auto* x_out = static_cast<uint8_t*>(dalloc(xbytes, "x_out"));
   auto* dx_in = static_cast<float*>(dalloc(dxbytes, "dx_in"));
   auto* dx_out = static_cast<float*>(dalloc(dxbytes, "dx_out"));
-  // At bf16 storage a kept layer's forward stores its internals and its backward widens them back.
-  auto* stored = s.act == DType::f32 ? nullptr : static_cast<uint8_t*>(dalloc(block_stored_bytes(s), "stored"));
-  // A kept layer's internals (f32 storage: the full layout, computed in place; bf16: the working copy beside the
-  // stored internals), and the working copy of a layer that recomputes them.
-  const bool full = s.act == DType::f32;
-  auto* acts = static_cast<float*>(dalloc((full ? BlockActs::full_floats(s) : BlockActs::floats(s)) * 4, "acts"));
-  auto* acts2 = static_cast<float*>(dalloc(BlockActs::floats(s) * 4, "acts recompute"));
-  const Saved kept = full ? Saved::in_acts : Saved::stored;
+  // A kept layer (its kept internals and the working copy, as bind_internals lays them out) and a layer that
+  // recomputes its internals (a working copy of its own).
+  auto* kept = dalloc(block_stored_bytes(s), "kept internals");
+  auto* work = s.act == DType::f32 ? nullptr : static_cast<float*>(dalloc(BlockActs::floats(s) * 4, "working copy"));
+  auto* work2 = static_cast<float*>(dalloc(BlockActs::floats(s) * 4, "working copy (recompute)"));
   auto* scratch = static_cast<float*>(dalloc(BlockScratch::floats(s) * 4, "scratch"));
   auto* pos = static_cast<int32_t*>(dalloc(size_t(N) * 4, "positions"));
   auto* targets = static_cast<int32_t*>(dalloc(size_t(N) * 4, "targets"));
@@ -143,27 +140,27 @@ Profile measure_profile(const ModelConfig& cfg0, int64_t B, int64_t T, const Mea
     const std::string fwd = fmt::format("fwd L{}#{}", l, rep), bwd = fmt::format("bwd L{}#{}", l, rep),
                       rc = fmt::format("recompute L{}#{}", l, rep);
     dev->launch(kC, [=] {
-      BlockActs a = full ? BlockActs::bind_full(acts, s) : BlockActs::bind(acts, s);
-      block_forward(x_out, a, x_in, view, ti, s, stored);
+      LayerInternals li = bind_internals(kept, work, s);
+      block_forward(x_out, li.acts, x_in, view, ti, s, li.stored);
     }, fwd, int(l));
     const SlabLayout* glp = &gl;
     dev->launch(kC, [=] {
       std::memset(g, 0, glp->bytes());
       BlockGrads gr = BlockGrads::bind(*glp, g);
       BlockScratch sc = BlockScratch::bind(scratch, s);
-      BlockActs a = full ? BlockActs::bind_full(acts, s) : BlockActs::bind(acts, s);
-      block_backward(dx_in, gr, sc, dx_out, x_in, a, view, ti, s, kept, stored);
+      const LayerInternals li = bind_internals(kept, work, s);
+      block_backward(dx_in, gr, sc, dx_out, x_in, li.acts, view, ti, s, li.saved, li.stored);
     }, bwd, int(l));
     // A layer without its internals: the attention half again, then a backward that recomputes the MLP's.
     dev->launch(kC, [=] {
-      BlockActs a = BlockActs::bind(acts2, s);
+      BlockActs a = BlockActs::bind(work2, s);
       block_recompute_internals(a, x_in, view, ti, s);
     }, rc, int(l));
     dev->launch(kC, [=] {
       std::memset(g, 0, glp->bytes());
       BlockGrads gr = BlockGrads::bind(*glp, g);
       BlockScratch sc = BlockScratch::bind(scratch, s);
-      BlockActs a = BlockActs::bind(acts2, s);
+      BlockActs a = BlockActs::bind(work2, s);
       block_backward(dx_in, gr, sc, dx_out, x_in, a, view, ti, s, Saved::recompute);
     }, rc + " bwd", int(l));
     dev->synchronize();

@@ -92,12 +92,19 @@ MemoryNeed minimum_device_memory(const Instance& in) {
   return n;
 }
 
+namespace {
+// The MLP's chunk-sized scratch for `tokens` tokens: gate, up, h and their gradients, f32.
+double mlp_scratch_bytes(const ModelConfig& cfg, int64_t tokens) {
+  return 6.0 * double(tokens) * double(cfg.intermediate_size) * 4;
+}
+}  // namespace
+
 int64_t choose_mlp_chunk(const ModelConfig& cfg, int64_t B, int64_t T, size_t device_bytes) {
-  const double per_token = 6.0 * double(cfg.intermediate_size) * 4, cap = double(device_bytes) / 8;
+  const double cap = double(device_bytes) / 8;
   const int64_t N = B * T;
-  if (double(N) * per_token <= cap || N <= kTokenSlice) return 0;
+  if (mlp_scratch_bytes(cfg, N) <= cap || N <= kTokenSlice) return 0;
   int64_t chunk = kTokenSlice;
-  while (chunk * 2 < N && double(chunk * 2) * per_token <= cap) chunk *= 2;
+  while (chunk * 2 < N && mlp_scratch_bytes(cfg, chunk * 2) <= cap) chunk *= 2;
   return chunk;
 }
 
@@ -126,8 +133,8 @@ PlanReport make_plan(const PlanRequest& rq) {
   if (in.opt.exec.mlp_chunk_tokens > 0)
     rep.notes.push_back(fmt::format("MLP in chunks of {} tokens (of {}): its scratch {} instead of {}",
                                     in.opt.exec.mlp_chunk_tokens, in.B * in.T,
-                                    gb(6.0 * double(in.opt.exec.mlp_chunk_tokens * in.cfg.intermediate_size) * 4),
-                                    gb(6.0 * double(in.B * in.T * in.cfg.intermediate_size) * 4)));
+                                    gb(mlp_scratch_bytes(in.cfg, in.opt.exec.mlp_chunk_tokens)),
+                                    gb(mlp_scratch_bytes(in.cfg, in.B * in.T))));
   rep.notes.push_back(fmt::format("memory model: {}", memory_model_name(in.memory)));
 
   // Baselines.
@@ -138,12 +145,15 @@ PlanReport make_plan(const PlanRequest& rq) {
 
   // The exact DP on the restricted problem (warm start and cross-check).
   std::vector<Plan> starts;
+  // With no activation able to leave the device (beyond boundary 0's fixed re-upload) there is no transfer to
+  // place, the forward windows and so the optimizer term do not depend on the plan, and the chain DP is exact
+  // for the full problem.
+  const bool chain_is_exact = !(in.allow_host && double(in.budget.host_act_bytes) >= in.A) && !in.allow_nvme;
   {
     // The DP may use a share of the time limit; the MILP gets the rest (the limit is a wall-clock promise).
     const Instance rin = restrict_instance(in);
-    const bool can_prove = !(in.allow_host && double(in.budget.host_act_bytes) >= in.A) && !in.allow_nvme;
     const double dp_limit =
-        std::max(0.05, (can_prove ? kDpShareExact : kDpShareWarm) * rq.milp.time_limit_s - clock.seconds());
+        std::max(0.05, (chain_is_exact ? kDpShareExact : kDpShareWarm) * rq.milp.time_limit_s - clock.seconds());
     rep.dp = chain_dp(rin, rq.dp_work_limit, dp_limit);
     rep.dp_run = rep.dp.complete;
     if (!rep.dp.complete)
@@ -162,11 +172,9 @@ PlanReport make_plan(const PlanRequest& rq) {
   // The MILP, re-solved with a tighter budget if the executor's own memory function disagrees.
   MilpOptions mo = rq.milp;
   mo.warm_starts = starts;
-  // With no activation able to leave the device (beyond boundary 0's fixed re-upload) there is no transfer to
-  // place, the forward windows and so the optimizer term do not depend on the plan, and the chain DP is exact
-  // for the full problem: its optimum bounds the MILP's from below (used below), and CBC gets at most 1 s.
-  const bool dp_exact = !(in.allow_host && double(in.budget.host_act_bytes) >= in.A) && !in.allow_nvme &&
-                        rep.dp.feasible && rep.dp.complete;
+  // Where the chain DP is exact and finished, its optimum bounds the MILP's from below (used below), and CBC
+  // gets at most 1 s.
+  const bool dp_exact = chain_is_exact && rep.dp.feasible && rep.dp.complete;
   double time_limit = rq.milp.time_limit_s;
   if (dp_exact) time_limit = std::min(time_limit, clock.seconds() + 1.0);
   Instance solve_in = in;

@@ -34,7 +34,6 @@ const bf16_t* WeightRef::bf16() const {
 
 namespace {
 
-constexpr int64_t kConvertChunk = int64_t(1) << 16;  // elements per conversion task
 constexpr int64_t kRowChunk = 64;                   // rows per bias-add task
 constexpr int64_t kColChunk = 256;                  // columns per bias-grad task
 
@@ -48,9 +47,8 @@ const bf16_t* to_bf16_scratch(const float* src, int64_t n, int slot) {
   thread_local std::vector<bf16_t> scratch[2];
   std::vector<bf16_t>& buf = scratch[slot];
   if (buf.size() < size_t(n)) buf.resize(size_t(n));
-  bf16_t* dst = buf.data();
-  parallel_chunks(n, kConvertChunk, [&](int64_t b, int64_t e) { convert_f32_to_bf16(dst + b, src + b, size_t(e - b)); });
-  return dst;
+  parallel_convert_from_f32(buf.data(), DType::bf16, src, size_t(n));
+  return buf.data();
 }
 
 }  // namespace
