@@ -1,5 +1,7 @@
 #include "core/cpu_features.h"
 
+#include <fstream>
+
 #include <cstdlib>
 
 #include "core/error.h"
@@ -68,6 +70,13 @@ CpuFeatures cap_features(CpuFeatures f, IsaLevel cap) {
   if (cap == IsaLevel::plain) return CpuFeatures{};
   if (cap == IsaLevel::avx2) f.avx512f = f.avx512bw = f.avx512vl = f.avx512bf16 = f.avx512vbmi = false;
   return f;
+}
+
+std::string cpu_model_name() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  return "unknown";
 }
 
 }  // namespace lt

@@ -6,6 +6,7 @@
 // (ops/cpu/gemm.cpp sets oneDNN's max ISA unless DNNL_MAX_CPU_ISA is set by the user).
 #pragma once
 
+#include <string>
 #include <string_view>
 
 namespace lt {
@@ -35,5 +36,8 @@ IsaLevel isa_level(const CpuFeatures& f);
 std::string_view isa_name(IsaLevel level);
 // Features masked down to `cap`.
 CpuFeatures cap_features(CpuFeatures f, IsaLevel cap);
+
+// The CPU's model name from /proc/cpuinfo ("AMD EPYC 9654 96-Core Processor"), or "unknown".
+std::string cpu_model_name();
 
 }  // namespace lt

@@ -10,6 +10,8 @@
 //   warp collectives  __shfl_sync __shfl_up_sync __shfl_down_sync __shfl_xor_sync, __ballot_sync __any_sync
 //                     __all_sync, __activemask (32-lane warps over the linear thread index)
 //   atomics           atomicAdd Sub Max Min CAS Exch (std::atomic_ref, relaxed, as CUDA's)
+//   bf16, math       __nv_bfloat16 and its conversions, rsqrtf __expf __logf __fdividef __saturatef __ldg
+//                    (cuda_sim/device_math.h; under nvcc <cuda_bf16.h> and CUDA's own)
 //   portable macros   LT_DYNAMIC_SHARED(T) (the launch's dynamic shared bytes as T*),
 //                     LT_LAUNCH(kernel, grid, block, shared_bytes, stream, args...)
 //
@@ -25,6 +27,8 @@
 #include <cstdint>
 
 #ifdef __CUDACC__
+
+#include <cuda_bf16.h>
 
 // nvcc: the real built-ins. One unsized byte array for the dynamic shared memory of every kernel (one
 // declaration per type would clash between instantiations), viewed as T*.
@@ -44,6 +48,8 @@ extern __shared__ __align__(16) unsigned char lt_dynamic_shared_bytes[];
 #include <type_traits>
 #include <typeinfo>
 #include <utility>
+
+#include "cuda_sim/device_math.h"
 
 #define __global__
 #define __device__

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 namespace lt {
 
@@ -11,4 +12,13 @@ void embedding_forward(float* out, const int32_t* ids, const float* table, int64
 // dtable[V, C] += scatter of dout[N, C] by ids (accumulated; deterministic order).
 void embedding_backward(float* dtable, const float* dout, const int32_t* ids, int64_t N, int64_t C, int64_t V);
 
+// Token positions grouped by id, the backward's deterministic order (a stable counting sort): the ids
+// present, ascending, and for present[i] its positions order[start[i] .. start[i+1]), ascending. int32 so a
+// GPU reads it as is (N < 2^31 is checked). Every id is checked against V.
+struct TokenGroups {
+  std::vector<int32_t> present;  // [P]
+  std::vector<int32_t> start;    // [P + 1]
+  std::vector<int32_t> order;    // [N]
+};
+TokenGroups group_tokens_by_id(const int32_t* ids, int64_t N, int64_t V);
 }  // namespace lt

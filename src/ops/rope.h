@@ -13,4 +13,7 @@ void rope_forward(float* x, const int32_t* pos, int64_t N, int64_t H, int64_t D,
 // Backward of the rotation (its transpose), in place on dx[N, H, D].
 void rope_backward(float* dx, const int32_t* pos, int64_t N, int64_t H, int64_t D, double theta);
 
+// The f32 cos and sin rope_forward rotates position p by, for p in [0, P): cos[P, D/2], sin[P, D/2]. The
+// CUDA kernels read this table, so they rotate by the CPU op's bits.
+void rope_table(float* cos, float* sin, int64_t P, int64_t D, double theta);
 }  // namespace lt

@@ -42,34 +42,43 @@ void embedding_forward(float* out, const int32_t* ids, const float* table, int64
   });
 }
 
-void embedding_backward(float* dtable, const float* dout, const int32_t* ids, int64_t N, int64_t C, int64_t V) {
-  check_ids("embedding_backward", ids, N, C, V);
-  // Stable counting sort of token positions by id: order[start[v] .. start[v+1]) are id v's tokens in order.
-  std::vector<int64_t> start(size_t(V) + 1, 0);
-  for (int64_t n = 0; n < N; ++n) ++start[size_t(ids[n]) + 1];
-  for (int64_t v = 0; v < V; ++v) start[size_t(v) + 1] += start[size_t(v)];
-  std::vector<int64_t> order(static_cast<size_t>(N)), fill(start.begin(), start.end() - 1);
-  for (int64_t n = 0; n < N; ++n) order[size_t(fill[size_t(ids[n])]++)] = n;
-  // The ids present, in increasing order, with their token ranges.
-  std::vector<int64_t> present;
+TokenGroups group_tokens_by_id(const int32_t* ids, int64_t N, int64_t V) {
+  check_ids("embedding_backward", ids, N, 1, V);
+  LT_CHECK(N < (int64_t(1) << 31), "embedding_backward: {} tokens, at most 2^31 - 1 are supported", N);
+  std::vector<int32_t> count(size_t(V) + 1, 0);  // count[v + 1]: tokens of id v, then prefix sums
+  for (int64_t n = 0; n < N; ++n) ++count[size_t(ids[n]) + 1];
+  TokenGroups g;
+  g.start.push_back(0);
   for (int64_t v = 0; v < V; ++v)
-    if (start[size_t(v) + 1] > start[size_t(v)]) present.push_back(v);
+    if (count[size_t(v) + 1] > 0) {
+      g.present.push_back(int32_t(v));
+      g.start.push_back(g.start.back() + count[size_t(v) + 1]);
+    }
+  for (int64_t v = 0; v < V; ++v) count[size_t(v) + 1] += count[size_t(v)];  // count[v]: id v's first slot
+  g.order.resize(size_t(N));
+  for (int64_t n = 0; n < N; ++n) g.order[size_t(count[size_t(ids[n])]++)] = int32_t(n);
+  return g;
+}
+
+void embedding_backward(float* dtable, const float* dout, const int32_t* ids, int64_t N, int64_t C, int64_t V) {
+  const TokenGroups groups = group_tokens_by_id(ids, N, V);
+  LT_CHECK(C > 0, "embedding_backward: bad size C={}", C);
 
   // dtable[V, C] += Σ_{n: ids[n] = v} dout[n, :]
   parallel_chunks(C, kColChunk, [&](int64_t c0, int64_t c1) {
     const int64_t w = c1 - c0;
     double acc[kColChunk];
-    for (int64_t v : present) {
-      const int64_t k0 = start[size_t(v)], k1 = start[size_t(v) + 1];
-      float* dst = dtable + v * C + c0;
+    for (size_t i = 0; i < groups.present.size(); ++i) {
+      const int64_t k0 = groups.start[i], k1 = groups.start[i + 1];
+      float* dst = dtable + int64_t(groups.present[i]) * C + c0;
       if (k1 - k0 == 1) {  // the common case: float(double(x)) == x, so add the row directly
-        const float* g = dout + order[size_t(k0)] * C + c0;
+        const float* g = dout + int64_t(groups.order[size_t(k0)]) * C + c0;
         for (int64_t j = 0; j < w; ++j) dst[j] += g[j];
         continue;
       }
       for (int64_t j = 0; j < w; ++j) acc[j] = 0.0;
       for (int64_t k = k0; k < k1; ++k) {
-        const float* g = dout + order[size_t(k)] * C + c0;
+        const float* g = dout + int64_t(groups.order[size_t(k)]) * C + c0;
         for (int64_t j = 0; j < w; ++j) acc[j] += double(g[j]);
       }
       for (int64_t j = 0; j < w; ++j) dst[j] += float(acc[j]);

@@ -29,9 +29,8 @@
 namespace lt {
 namespace {
 
-constexpr int kLanes = 16;
+constexpr int kLanes = kRmsnormLanes;
 constexpr int64_t kFwdRowChunk = 32;  // rows per forward task
-constexpr int64_t kMaxChunks = 64;    // dweight partials: at most this many row chunks
 
 // Σ_c a_c · b_c in f32 lanes: lane k sums c ≡ k (mod 16) in order; lanes combine as a fixed pairwise tree.
 // The lane loop is written so the compiler vectorises it without changing the order of any lane's sum.
@@ -47,6 +46,9 @@ float lane_dot(const float* a, const float* b, int64_t C) {
 }
 
 }  // namespace
+
+// At most 64 partial rows of dweight, from the problem size alone.
+int64_t rmsnorm_dweight_chunk_rows(int64_t rows) { return std::max<int64_t>(32, (rows + 63) / 64); }
 
 void rmsnorm_forward(float* out, float* rstd, const float* in, const float* weight, int64_t rows, int64_t C,
                      float eps) {
@@ -66,8 +68,8 @@ void rmsnorm_forward(float* out, float* rstd, const float* in, const float* weig
 void rmsnorm_backward(float* din, float* dweight, const float* dout, const float* in, const float* weight,
                       const float* rstd, int64_t rows, int64_t C) {
   LT_CHECK(rows >= 0 && C > 0, "rmsnorm_backward: bad sizes rows={}, C={}", rows, C);
-  // Fixed row chunks from the problem size alone: at most kMaxChunks partial rows of dweight.
-  const int64_t chunk = std::max<int64_t>(32, (rows + kMaxChunks - 1) / kMaxChunks);
+  // Fixed row chunks from the problem size alone: at most 64 partial rows of dweight.
+  const int64_t chunk = rmsnorm_dweight_chunk_rows(rows);
   const int64_t n_chunks = (rows + chunk - 1) / chunk;
   std::vector<double> partial(size_t(n_chunks * C), 0.0);  // [n_chunks, C]
   parallel_for(n_chunks, [&](int64_t t) {

@@ -35,6 +35,15 @@ std::vector<float> inv_freq(int64_t D, double theta) {
   return f;
 }
 
+// cos_t[h], sin_t[h] of position p: angle = f32(p) · inv_freq_j, cos and sin in double of that f32 angle.
+void cos_sin_row(float* cos_t, float* sin_t, int32_t p, const float* freq, int64_t h) {
+  for (int64_t j = 0; j < h; ++j) {
+    const double angle = double(float(p) * freq[j]);
+    cos_t[j] = float(std::cos(angle));
+    sin_t[j] = float(std::sin(angle));
+  }
+}
+
 // sign = +1 rotates by +angle (forward), -1 by -angle (backward: the transpose).
 void rope_apply(float* x, const int32_t* pos, int64_t N, int64_t H, int64_t D, double theta, float sign) {
   LT_CHECK(D > 0 && D % 2 == 0, "rope: head dimension D must be even and positive, got {}", D);
@@ -47,12 +56,8 @@ void rope_apply(float* x, const int32_t* pos, int64_t N, int64_t H, int64_t D, d
     float* cos_t = cs.data();
     float* sin_t = cs.data() + h;
     for (int64_t n = n0; n < n1; ++n) {
-      const float p = float(pos[n]);
-      for (int64_t j = 0; j < h; ++j) {
-        const double angle = double(p * freq[size_t(j)]);
-        cos_t[j] = float(std::cos(angle));
-        sin_t[j] = sign * float(std::sin(angle));
-      }
+      cos_sin_row(cos_t, sin_t, pos[n], freq.data(), h);
+      for (int64_t j = 0; j < h; ++j) sin_t[j] = sign * sin_t[j];
       for (int64_t head = 0; head < H; ++head) {
         float* a = x + (n * H + head) * D;  // [h]
         float* b = a + h;                   // [h]
@@ -67,6 +72,17 @@ void rope_apply(float* x, const int32_t* pos, int64_t N, int64_t H, int64_t D, d
 }
 
 }  // namespace
+
+void rope_table(float* cos, float* sin, int64_t P, int64_t D, double theta) {
+  LT_CHECK(D > 0 && D % 2 == 0, "rope_table: head dimension D must be even and positive, got {}", D);
+  LT_CHECK(P >= 0 && P <= int64_t(1) << 31, "rope_table: bad number of positions {}", P);
+  LT_CHECK(theta > 0, "rope_table: theta must be positive, got {}", theta);
+  const int64_t h = D / 2;
+  const std::vector<float> freq = inv_freq(D, theta);  // [h]
+  parallel_chunks(P, kTokenChunk, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) cos_sin_row(cos + p * h, sin + p * h, int32_t(p), freq.data(), h);
+  });
+}
 
 void rope_forward(float* x, const int32_t* pos, int64_t N, int64_t H, int64_t D, double theta) {
   rope_apply(x, pos, N, H, D, theta, 1.0f);

@@ -1,10 +1,7 @@
 // ops/cpu/swiglu.cpp — h = silu(gate) · up and its backward, elementwise over n = N·I.
 //
-// sigmoid is computed stably from e = exp(-|g|) ∈ (0, 1]: σ = 1/(1+e) for g ≥ 0, e/(1+e) for g < 0, so
-// nothing overflows for any finite g. exp is our own f32 routine (Cody-Waite reduction and Cephes' degree-6
-// polynomial) in plain arithmetic, so the loops vectorise; glibc's expf is a call per element and does not
-// vectorise without fast-math. silu(g) measured within 3.7 ulp of double over every 64th f32 in
-// [-87.3, 87.3].
+// The per-element arithmetic (a stable sigmoid from our own exp, and the backward's formulas) is in
+// ops/swiglu_math.h, shared with the CUDA kernel.
 //
 // Three builds of the same loop bodies: the baseline (SSE2) one is the specification, and an AVX-512 and an
 // AVX2 + FMA one chosen at run time from cpu_features() (AVX-512 first). FMA contraction is turned off for
@@ -14,79 +11,30 @@
 // 14 ms AVX-512 (19 GB/s); backward 40 ms baseline, 12 ms AVX-512 (36 GB/s). Roughly memory-bound.
 // The AVX2 build, later, with other jobs holding both cores (load average ~6; best of 7, a throwaway driver
 // run with LT_MAX_ISA=plain|avx2|avx512): forward 88 / 25 / 20 ms, backward 124 / 54 / 38 ms.
-//
-// Backward (σ' = σ(1-σ)):  d silu/dg = σ + g σ (1-σ) = σ (1 + g (1-σ))
-//   dgate = dout · up · σ · (1 + g (1 - σ)),  dup = dout · silu(g)
-// with 1 - σ computed as σ(-g), not by subtraction.
+
 #include "ops/swiglu.h"
 
-#include <bit>
-#include <cmath>
 #include <cstdint>
 
 #include "core/cpu_features.h"
 #include "core/error.h"
 #include "core/parallel.h"
+#include "ops/swiglu_math.h"
 
 namespace lt {
 namespace {
 
 constexpr int64_t kChunk = int64_t(1) << 14;  // elements per task
 
-// e^(-|g|) ∈ (0, 1]; 0 where |g| > 87.3 (f32 would go denormal) and for NaN. The range test and the
-// clamp work on |g|'s bit pattern as integers: float `? :` forms get turned into branches that GCC does
-// not if-convert under -ftrapping-math, and then the loop does not vectorise.
-[[gnu::always_inline]] inline float exp_neg_abs(float g) {
-  constexpr uint32_t kMaxBits = std::bit_cast<uint32_t>(87.3f);
-  const uint32_t a = std::bit_cast<uint32_t>(g) & 0x7fffffffu;  // |g|, ordered like its value
-  const float t = -std::bit_cast<float>(a < kMaxBits ? a : kMaxBits);
-  // n = round(t / ln2) by the 1.5·2^23 trick (exact for |n| < 2^22); r = t - n·ln2 in two parts.
-  const float magic = 12582912.0f;
-  const float n = (t * 1.44269504088896341f + magic) - magic;
-  const float r = (t - n * 0.693359375f) - n * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  const float er = (p * (r * r) + r) + 1.0f;                                    // e^r, |r| ≤ ln2/2
-  const float scale = std::bit_cast<float>(uint32_t(int32_t(n) + 127) << 23);  // 2^n, n ∈ [-126, 0]
-  const uint32_t keep = -uint32_t(a <= kMaxBits);
-  return std::bit_cast<float>(std::bit_cast<uint32_t>(er * scale) & keep);
-}
-
-[[gnu::always_inline]] inline float sigmoid(float g) {
-  const float e = exp_neg_abs(g);
-  return (g >= 0.0f ? 1.0f : e) / (1.0f + e);
-}
-
-// σ(g) and 1 - σ(g) = σ(-g), each from e without cancellation (1 - σ in f32 loses all digits for g ≳ 17).
-[[gnu::always_inline]] inline void sigmoid_pair(float g, float* s, float* one_minus_s) {
-  const float e = exp_neg_abs(g);
-  const float big = g >= 0.0f ? 1.0f : e, small = g >= 0.0f ? e : 1.0f;
-  *s = big / (1.0f + e);
-  *one_minus_s = small / (1.0f + e);
-}
-
 // out[i] = silu(gate[i]) · up[i], i in [b, e)
 [[gnu::always_inline]] inline void forward_loop(float* out, const float* gate, const float* up, int64_t b,
                                                 int64_t e) {
-  for (int64_t i = b; i < e; ++i) {
-    const float g = gate[i];
-    out[i] = (g * sigmoid(g)) * up[i];
-  }
+  for (int64_t i = b; i < e; ++i) out[i] = swiglu_math::forward(gate[i], up[i]);
 }
 
 [[gnu::always_inline]] inline void backward_loop(float* dgate, float* dup, const float* dout, const float* gate,
                                                  const float* up, int64_t b, int64_t e) {
-  for (int64_t i = b; i < e; ++i) {
-    const float g = gate[i], u = up[i], d = dout[i];
-    float s, sm;
-    sigmoid_pair(g, &s, &sm);
-    dgate[i] = (d * u) * (s * (1.0f + g * sm));
-    dup[i] = d * (g * s);
-  }
+  for (int64_t i = b; i < e; ++i) swiglu_math::backward(dout[i], gate[i], up[i], &dgate[i], &dup[i]);
 }
 
 void forward_plain(float* out, const float* gate, const float* up, int64_t b, int64_t e) {

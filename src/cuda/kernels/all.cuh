@@ -1,0 +1,9 @@
+// cuda/kernels/all.cuh — every kernel source, for the two translation units that compile them
+// (cuda/kernels_sim.cpp, cuda/native/kernels.cu).
+#pragma once
+
+#include "cuda/kernels/bias_grad.cuh"
+#include "cuda/kernels/elementwise.cuh"
+#include "cuda/kernels/embedding.cuh"
+#include "cuda/kernels/rmsnorm.cuh"
+#include "cuda/kernels/rope.cuh"

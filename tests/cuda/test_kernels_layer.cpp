@@ -1,0 +1,337 @@
+// The layer kernels (RMSNorm, RoPE, SwiGLU, residual add, accumulation, conversions, embedding) under
+// cuda-sim against the CPU ops: on f32 storage bit for bit (the kernels perform the CPU ops' operations in
+// their order), on bf16 storage equal to the CPU op on the widened inputs rounded once to bf16 — in every
+// thread order, on odd shapes, with sentinel guards around every output; the backward kernels also against
+// central finite differences of the forward kernels.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <numeric>
+
+#include "cuda/kernels.h"
+#include "cuda/kernel_testing.h"
+#include "ops/embedding.h"
+#include "ops/linear.h"
+#include "ops/rmsnorm.h"
+#include "ops/rope.h"
+#include "ops/swiglu.h"
+
+namespace lt::cuda {
+namespace {
+
+using testing::for_each_order;
+using testing::Guarded;
+using testing::random_floats;
+using testing::to_bf16;
+using testing::to_f32;
+
+constexpr Stream kStream = nullptr;
+
+// Directional derivative of `loss` at x along v by central differences, in double.
+double central_difference(const std::function<double(const std::vector<float>&)>& loss, std::vector<float> x,
+                          const std::vector<float>& v, float eps) {
+  std::vector<float> plus = x, minus = x;
+  for (size_t i = 0; i < x.size(); ++i) {
+    plus[i] += eps * v[i];
+    minus[i] -= eps * v[i];
+  }
+  return (loss(plus) - loss(minus)) / (2.0 * double(eps));
+}
+
+double dot(const std::vector<float>& a, const std::vector<float>& b) {
+  double s = 0;
+  for (size_t i = 0; i < a.size(); ++i) s += double(a[i]) * double(b[i]);
+  return s;
+}
+
+// ---- RMSNorm ----
+
+struct NormShape {
+  int64_t rows, C;
+};
+// Odd shapes: a partial block of rows, C below, between and above the 16 lanes, and enough rows for several
+// dweight chunks (rmsnorm_dweight_chunk_rows: 32 rows per chunk up to 2048 rows).
+const NormShape kNormShapes[] = {{1, 1}, {7, 5}, {9, 33}, {37, 100}, {130, 17}};
+
+TEST(CudaSimKernels, RmsnormForwardF32MatchesCpuBitwise) {
+  for (const auto [rows, C] : kNormShapes) {
+    SCOPED_TRACE(testing::shape_name({rows, C}));
+    const auto x = random_floats(size_t(rows * C), 1 + rows), w = random_floats(static_cast<size_t>(C), 2 + C, 0.5f, 1.5f);
+    std::vector<float> want(x.size()), want_rstd(static_cast<size_t>(rows));
+    rmsnorm_forward(want.data(), want_rstd.data(), x.data(), w.data(), rows, C, 1e-6f);
+    for_each_order([&] {
+      Guarded<float> out(x.size()), rstd(static_cast<size_t>(rows));
+      sim::rmsnorm_forward(kStream, out.data(), rstd.data(), x.data(), w.data(), rows, C, 1e-6f);
+      EXPECT_BITWISE_EQ(out.values(), want);
+      EXPECT_BITWISE_EQ(rstd.values(), want_rstd);
+      EXPECT_TRUE(out.guards_intact() && rstd.guards_intact());
+    });
+  }
+}
+
+TEST(CudaSimKernels, RmsnormForwardBf16IsTheCpuOpRoundedOnce) {
+  for (const auto [rows, C] : kNormShapes) {
+    SCOPED_TRACE(testing::shape_name({rows, C}));
+    const auto x = to_bf16(random_floats(size_t(rows * C), 3 + rows));
+    const auto w = random_floats(static_cast<size_t>(C), 4 + C, 0.5f, 1.5f);
+    std::vector<float> want(x.size()), want_rstd(static_cast<size_t>(rows));
+    rmsnorm_forward(want.data(), want_rstd.data(), to_f32(x).data(), w.data(), rows, C, 1e-5f);
+    for_each_order([&] {
+      Guarded<bf16_t> out(x.size());
+      Guarded<float> rstd(static_cast<size_t>(rows));
+      sim::rmsnorm_forward(kStream, out.data(), rstd.data(), x.data(), w.data(), rows, C, 1e-5f);
+      EXPECT_BITWISE_EQ(out.values(), to_bf16(want));
+      EXPECT_BITWISE_EQ(rstd.values(), want_rstd);
+      EXPECT_TRUE(out.guards_intact() && rstd.guards_intact());
+    });
+  }
+}
+
+template <class T>
+void check_rmsnorm_backward(const std::vector<T>& x, const std::vector<float>& x_f32, int64_t rows, int64_t C) {
+  const auto w = random_floats(static_cast<size_t>(C), 6 + C, 0.5f, 1.5f), g = random_floats(x.size(), 7 + rows);
+  std::vector<float> n(x.size()), rstd(static_cast<size_t>(rows));
+  rmsnorm_forward(n.data(), rstd.data(), x_f32.data(), w.data(), rows, C, 1e-6f);
+  std::vector<float> want_din(x.size()), want_dw = random_floats(static_cast<size_t>(C), 8);  // accumulated onto
+  const std::vector<float> dw0 = want_dw;
+  rmsnorm_backward(want_din.data(), want_dw.data(), g.data(), x_f32.data(), w.data(), rstd.data(), rows, C);
+  for_each_order([&] {
+    Guarded<float> din(x.size()), dw(dw0);
+    Guarded<unsigned char> workspace(rmsnorm_backward_workspace_bytes(rows, C));
+    sim::rmsnorm_backward(kStream, din.data(), dw.data(), g.data(), x.data(), w.data(), rstd.data(), rows, C,
+                          workspace.data());
+    EXPECT_BITWISE_EQ(din.values(), want_din);
+    EXPECT_BITWISE_EQ(dw.values(), want_dw);
+    EXPECT_TRUE(din.guards_intact() && dw.guards_intact() && workspace.guards_intact());
+  });
+}
+
+TEST(CudaSimKernels, RmsnormBackwardMatchesCpuBitwise) {
+  for (const auto [rows, C] : kNormShapes) {
+    SCOPED_TRACE(testing::shape_name({rows, C}));
+    const auto x = random_floats(size_t(rows * C), 5 + rows);
+    check_rmsnorm_backward(x, x, rows, C);
+    const auto xb = to_bf16(x);
+    check_rmsnorm_backward(xb, to_f32(xb), rows, C);
+  }
+}
+
+TEST(CudaSimKernels, RmsnormBackwardMatchesFiniteDifferencesOfTheForwardKernel) {
+  const int64_t rows = 5, C = 19;
+  const auto x = random_floats(size_t(rows * C), 21), w = random_floats(static_cast<size_t>(C), 22, 0.5f, 1.5f);
+  const auto g = random_floats(x.size(), 23), vx = random_floats(x.size(), 24), vw = random_floats(static_cast<size_t>(C), 25);
+  // L(x, w) = Σ g · rmsnorm(x; w), the forward on the kernel.
+  auto loss = [&](const std::vector<float>& xs, const std::vector<float>& ws) {
+    std::vector<float> out(xs.size()), rstd(static_cast<size_t>(rows));
+    sim::rmsnorm_forward(kStream, out.data(), rstd.data(), xs.data(), ws.data(), rows, C, 1e-6f);
+    return dot(out, g);
+  };
+  std::vector<float> n(x.size()), rstd(static_cast<size_t>(rows)), din(x.size()), dw(static_cast<size_t>(C), 0.0f);
+  sim::rmsnorm_forward(kStream, n.data(), rstd.data(), x.data(), w.data(), rows, C, 1e-6f);
+  std::vector<unsigned char> workspace(rmsnorm_backward_workspace_bytes(rows, C));
+  sim::rmsnorm_backward(kStream, din.data(), dw.data(), g.data(), x.data(), w.data(), rstd.data(), rows, C,
+                        workspace.data());
+  // f32 forward, eps 1e-2: truncation O(eps²) and rounding ~1e-6/eps, both below 1e-3 relative here.
+  const double fd_x = central_difference([&](const auto& xs) { return loss(xs, w); }, x, vx, 1e-2f);
+  const double fd_w = central_difference([&](const auto& ws) { return loss(x, ws); }, w, vw, 1e-2f);
+  EXPECT_NEAR(dot(din, vx), fd_x, 2e-3 * std::abs(fd_x) + 1e-4);
+  EXPECT_NEAR(dot(dw, vw), fd_w, 2e-3 * std::abs(fd_w) + 1e-4);
+}
+
+// ---- RoPE ----
+
+struct RopeCase {
+  int64_t N, H, D;
+};
+const RopeCase kRopeCases[] = {{1, 1, 2}, {13, 3, 6}, {7, 5, 64}, {3, 2, 256}};
+constexpr int64_t kPositions = 50;
+
+std::vector<int32_t> packed_positions(int64_t N, uint64_t seed) {  // not monotonic: packed documents
+  Rng rng(seed);
+  std::vector<int32_t> pos(static_cast<size_t>(N));
+  for (auto& p : pos) p = int32_t(rng.below(kPositions));
+  return pos;
+}
+
+TEST(CudaSimKernels, RopeMatchesCpuBitwiseForwardAndBackward) {
+  for (const auto [N, H, D] : kRopeCases) {
+    SCOPED_TRACE(testing::shape_name({N, H, D}));
+    std::vector<float> cos(size_t(kPositions * D / 2)), sin(cos.size());
+    rope_table(cos.data(), sin.data(), kPositions, D, 1e6);
+    const auto pos = packed_positions(N, uint64_t(N + D));
+    const auto x = random_floats(size_t(N * H * D), 31 + D);
+    std::vector<float> want_fwd = x, want_bwd = x;
+    rope_forward(want_fwd.data(), pos.data(), N, H, D, 1e6);
+    rope_backward(want_bwd.data(), pos.data(), N, H, D, 1e6);
+    const auto xb = to_bf16(x);
+    std::vector<float> want_fwd_bf16 = to_f32(xb);
+    rope_forward(want_fwd_bf16.data(), pos.data(), N, H, D, 1e6);
+    for_each_order([&] {
+      Guarded<float> fwd(x), bwd(x);
+      Guarded<bf16_t> fwd_bf16(xb);
+      sim::rope_forward(kStream, fwd.data(), pos.data(), cos.data(), sin.data(), N, H, D);
+      sim::rope_backward(kStream, bwd.data(), pos.data(), cos.data(), sin.data(), N, H, D);
+      sim::rope_forward(kStream, fwd_bf16.data(), pos.data(), cos.data(), sin.data(), N, H, D);
+      EXPECT_BITWISE_EQ(fwd.values(), want_fwd);
+      EXPECT_BITWISE_EQ(bwd.values(), want_bwd);
+      EXPECT_BITWISE_EQ(fwd_bf16.values(), to_bf16(want_fwd_bf16));
+      EXPECT_TRUE(fwd.guards_intact() && bwd.guards_intact() && fwd_bf16.guards_intact());
+    });
+  }
+}
+
+TEST(CudaSimKernels, RopeBackwardIsTheTransposeOfTheForward) {
+  // <R x, y> = <x, Rᵀ y> for the rotation R: the backward's definition, checked on the kernels alone.
+  const int64_t N = 9, H = 3, D = 10;
+  std::vector<float> cos(size_t(kPositions * D / 2)), sin(cos.size());
+  rope_table(cos.data(), sin.data(), kPositions, D, 1e4);
+  const auto pos = packed_positions(N, 41);
+  std::vector<float> x = random_floats(size_t(N * H * D), 42), y = random_floats(x.size(), 43);
+  std::vector<float> rx = x, rty = y;
+  sim::rope_forward(kStream, rx.data(), pos.data(), cos.data(), sin.data(), N, H, D);
+  sim::rope_backward(kStream, rty.data(), pos.data(), cos.data(), sin.data(), N, H, D);
+  EXPECT_NEAR(dot(rx, y), dot(x, rty), 1e-5 * double(x.size()));  // f32 rotations: ~1 ulp per element
+}
+
+// ---- SwiGLU ----
+
+const int64_t kElementCounts[] = {1, 31, 257, 3001};
+
+TEST(CudaSimKernels, SwigluMatchesCpuBitwise) {
+  for (const int64_t n : kElementCounts) {
+    SCOPED_TRACE("n=" + std::to_string(n));
+    // Gates across the whole range the stable sigmoid handles differently (|g| > 87.3, large negative).
+    auto gate = random_floats(static_cast<size_t>(n), 51 + n, -12.0f, 12.0f);
+    if (n > 2) gate[1] = -100.0f, gate[2] = 95.0f;
+    const auto up = random_floats(static_cast<size_t>(n), 52 + n), dout = random_floats(static_cast<size_t>(n), 53 + n);
+    std::vector<float> want(static_cast<size_t>(n)), want_dg(static_cast<size_t>(n)), want_du(static_cast<size_t>(n));
+    swiglu_forward(want.data(), gate.data(), up.data(), n);
+    swiglu_backward(want_dg.data(), want_du.data(), dout.data(), gate.data(), up.data(), n);
+    const auto gb = to_bf16(gate), ub = to_bf16(up);
+    std::vector<float> want_b(static_cast<size_t>(n)), want_dg_b(static_cast<size_t>(n)), want_du_b(static_cast<size_t>(n));
+    swiglu_forward(want_b.data(), to_f32(gb).data(), to_f32(ub).data(), n);
+    swiglu_backward(want_dg_b.data(), want_du_b.data(), dout.data(), to_f32(gb).data(), to_f32(ub).data(), n);
+    for_each_order([&] {
+      Guarded<float> out(static_cast<size_t>(n)), dg(static_cast<size_t>(n)), du(static_cast<size_t>(n)), dg_b(static_cast<size_t>(n)), du_b(static_cast<size_t>(n));
+      Guarded<bf16_t> out_b(static_cast<size_t>(n));
+      sim::swiglu_forward(kStream, out.data(), gate.data(), up.data(), n);
+      sim::swiglu_backward(kStream, dg.data(), du.data(), dout.data(), gate.data(), up.data(), n);
+      sim::swiglu_forward(kStream, out_b.data(), gb.data(), ub.data(), n);
+      sim::swiglu_backward(kStream, dg_b.data(), du_b.data(), dout.data(), gb.data(), ub.data(), n);
+      EXPECT_BITWISE_EQ(out.values(), want);
+      EXPECT_BITWISE_EQ(dg.values(), want_dg);
+      EXPECT_BITWISE_EQ(du.values(), want_du);
+      EXPECT_BITWISE_EQ(out_b.values(), to_bf16(want_b));
+      EXPECT_BITWISE_EQ(dg_b.values(), want_dg_b);
+      EXPECT_BITWISE_EQ(du_b.values(), want_du_b);
+      EXPECT_TRUE(out.guards_intact() && dg.guards_intact() && du.guards_intact() && out_b.guards_intact() &&
+                  dg_b.guards_intact() && du_b.guards_intact());
+    });
+  }
+}
+
+TEST(CudaSimKernels, SwigluBackwardMatchesFiniteDifferencesOfTheForwardKernel) {
+  const int64_t n = 301;
+  const auto gate = random_floats(static_cast<size_t>(n), 61, -6.0f, 6.0f), up = random_floats(static_cast<size_t>(n), 62);
+  const auto g = random_floats(static_cast<size_t>(n), 63), vg = random_floats(static_cast<size_t>(n), 64), vu = random_floats(static_cast<size_t>(n), 65);
+  auto loss = [&](const std::vector<float>& ga, const std::vector<float>& u) {
+    std::vector<float> out(static_cast<size_t>(n));
+    sim::swiglu_forward(kStream, out.data(), ga.data(), u.data(), n);
+    return dot(out, g);
+  };
+  std::vector<float> dgate(static_cast<size_t>(n)), dup(static_cast<size_t>(n));
+  sim::swiglu_backward(kStream, dgate.data(), dup.data(), g.data(), gate.data(), up.data(), n);
+  // f32 forward (silu within 4 ulp), eps 1e-2: truncation O(eps²) dominates, ~1e-4 relative.
+  const double fd_g = central_difference([&](const auto& ga) { return loss(ga, up); }, gate, vg, 1e-2f);
+  const double fd_u = central_difference([&](const auto& u) { return loss(gate, u); }, up, vu, 1e-2f);
+  EXPECT_NEAR(dot(dgate, vg), fd_g, 2e-3 * std::abs(fd_g) + 1e-4);
+  EXPECT_NEAR(dot(dup, vu), fd_u, 2e-3 * std::abs(fd_u) + 1e-4);
+}
+
+// ---- residual add, accumulation, conversions ----
+
+TEST(CudaSimKernels, AddAccumulateAndConvertAreExact) {
+  for (const int64_t n : kElementCounts) {
+    SCOPED_TRACE("n=" + std::to_string(n));
+    auto a = random_floats(static_cast<size_t>(n), 71 + n), b = random_floats(static_cast<size_t>(n), 72 + n);
+    if (n > 3) a[3] = 3.0e38f, b[3] = 3.0e38f;  // overflows to inf in f32 and in bf16 alike
+    std::vector<float> sum(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) sum[static_cast<size_t>(i)] = a[static_cast<size_t>(i)] + b[static_cast<size_t>(i)];
+    std::vector<float> bf16_sum(static_cast<size_t>(n));
+    const auto ab = to_bf16(a), bb = to_bf16(b);
+    for (int64_t i = 0; i < n; ++i) bf16_sum[static_cast<size_t>(i)] = bf16_to_f32(ab[static_cast<size_t>(i)]) + bf16_to_f32(bb[static_cast<size_t>(i)]);
+    for_each_order([&] {
+      Guarded<float> out(static_cast<size_t>(n)), acc(a), widened(static_cast<size_t>(n));
+      Guarded<bf16_t> out_b(static_cast<size_t>(n)), rounded(static_cast<size_t>(n));
+      sim::add(kStream, out.data(), a.data(), b.data(), n);
+      sim::add(kStream, out_b.data(), ab.data(), bb.data(), n);
+      sim::accumulate(kStream, acc.data(), b.data(), n);
+      sim::convert(kStream, rounded.data(), a.data(), n);
+      sim::convert(kStream, widened.data(), ab.data(), n);
+      EXPECT_BITWISE_EQ(out.values(), sum);
+      EXPECT_BITWISE_EQ(acc.values(), sum);
+      EXPECT_BITWISE_EQ(out_b.values(), to_bf16(bf16_sum));
+      EXPECT_BITWISE_EQ(rounded.values(), ab);
+      EXPECT_BITWISE_EQ(widened.values(), to_f32(ab));
+      EXPECT_TRUE(out.guards_intact() && acc.guards_intact() && widened.guards_intact() &&
+                  out_b.guards_intact() && rounded.guards_intact());
+    });
+  }
+}
+
+// ---- embedding ----
+
+TEST(CudaSimKernels, EmbeddingMatchesCpuBitwise) {
+  const int64_t V = 23;
+  for (const auto [N, C] : {std::pair<int64_t, int64_t>{1, 3}, {17, 37}, {64, 129}}) {
+    SCOPED_TRACE(testing::shape_name({N, C}));
+    Rng rng(uint64_t(N * C));
+    std::vector<int32_t> ids(static_cast<size_t>(N));
+    for (auto& id : ids) id = int32_t(rng.below(uint64_t(V / 2)));  // repeats, and ids seen once
+    if (N > 1) ids[0] = int32_t(V - 1);
+    const auto table = random_floats(size_t(V * C), 81 + N), dout = random_floats(size_t(N * C), 82 + N);
+    std::vector<float> want(size_t(N * C)), want_dtable = random_floats(size_t(V * C), 83);
+    const std::vector<float> dtable0 = want_dtable;
+    embedding_forward(want.data(), ids.data(), table.data(), N, C, V);
+    embedding_backward(want_dtable.data(), dout.data(), ids.data(), N, C, V);
+    const TokenGroups groups = group_tokens_by_id(ids.data(), N, V);
+    for_each_order([&] {
+      Guarded<float> out(size_t(N * C)), dtable(dtable0);
+      Guarded<bf16_t> out_b(size_t(N * C));
+      sim::embedding_forward(kStream, out.data(), ids.data(), table.data(), N, C);
+      sim::embedding_forward(kStream, out_b.data(), ids.data(), table.data(), N, C);
+      sim::embedding_backward(kStream, dtable.data(), dout.data(), groups.present.data(), groups.start.data(),
+                              groups.order.data(), int64_t(groups.present.size()), C);
+      EXPECT_BITWISE_EQ(out.values(), want);
+      EXPECT_BITWISE_EQ(out_b.values(), to_bf16(want));
+      EXPECT_BITWISE_EQ(dtable.values(), want_dtable);
+      EXPECT_TRUE(out.guards_intact() && out_b.guards_intact() && dtable.guards_intact());
+    });
+  }
+}
+
+// ---- linear bias gradient ----
+
+TEST(CudaSimKernels, BiasGradMatchesTheCpuLinearOpBitwise) {
+  // Rows across a kTokenSlice boundary (two f32 adds into dbias), odd column counts.
+  for (const auto [M, N] : {std::pair<int64_t, int64_t>{1, 1}, {5, 130}, {kTokenSlice + 3, 7}}) {
+    SCOPED_TRACE(testing::shape_name({M, N}));
+    const int64_t K = 2;
+    const auto x = random_floats(static_cast<size_t>(M * K), 91), w = random_floats(static_cast<size_t>(N * K), 92);
+    const auto dout = random_floats(static_cast<size_t>(M * N), 93);
+    std::vector<float> dx(static_cast<size_t>(M * K)), dw(static_cast<size_t>(N * K));
+    std::vector<float> want = random_floats(static_cast<size_t>(N), 94);
+    const std::vector<float> dbias0 = want;
+    linear_backward(dx.data(), dw.data(), want.data(), dout.data(), x.data(), WeightRef{w.data(), DType::f32}, M, K,
+                    N);
+    for_each_order([&] {
+      Guarded<float> dbias(dbias0);
+      sim::bias_grad(kStream, dbias.data(), dout.data(), M, N);
+      EXPECT_BITWISE_EQ(dbias.values(), want);
+      EXPECT_TRUE(dbias.guards_intact());
+    });
+  }
+}
+
+}  // namespace
+}  // namespace lt::cuda
