@@ -2,6 +2,7 @@
 // (cuda/kernels_sim.cpp, cuda/native/kernels.cu).
 #pragma once
 
+#include "cuda/kernels/attention.cuh"
 #include "cuda/kernels/bias_grad.cuh"
 #include "cuda/kernels/elementwise.cuh"
 #include "cuda/kernels/embedding.cuh"

@@ -1,0 +1,185 @@
+// The attention kernels under cuda-sim against the CPU op (ops/attention.h): forward (out, lse) and backward
+// (dq, dk, dv) on odd sequence lengths (not multiples of the 32- or 16-row tiles), grouped heads, packed
+// documents, head dims 64/128/256, f32 and bf16 storage; bitwise identical in every thread order (no atomics,
+// fixed sums); sentinel guards around every output; the backward against finite differences of the forward
+// kernel; an unsupported head dimension refused with the op named.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+
+#include "core/error.h"
+#include "cuda/kernel_testing.h"
+#include "cuda/kernels.h"
+#include "ops/attention.h"
+
+namespace lt::cuda {
+namespace {
+
+using testing::for_each_order;
+using testing::Guarded;
+using testing::random_floats;
+using testing::to_bf16;
+using testing::to_f32;
+
+constexpr Stream kStream = nullptr;
+
+struct Case {
+  AttentionShape s;
+  bool packed;  // two documents per row (doc_ids), else plain causal
+};
+const Case kCases[] = {{{2, 37, 4, 2, 64}, false}, {{1, 45, 3, 1, 128}, true}, {{1, 19, 2, 2, 256}, false},
+                       {{1, 1, 2, 1, 64}, false}};
+
+std::string name(const Case& c) {
+  return "B=" + std::to_string(c.s.B) + " T=" + std::to_string(c.s.T) + " Hq=" + std::to_string(c.s.Hq) +
+         " Hkv=" + std::to_string(c.s.Hkv) + " D=" + std::to_string(c.s.D) + (c.packed ? " packed" : "");
+}
+
+std::vector<int32_t> doc_ids_for(const Case& c) {
+  if (!c.packed) return {};
+  std::vector<int32_t> ids(static_cast<size_t>(c.s.B * c.s.T));
+  for (int64_t b = 0; b < c.s.B; ++b)
+    for (int64_t t = 0; t < c.s.T; ++t) ids[static_cast<size_t>(b * c.s.T + t)] = t < c.s.T / 3 ? 0 : 1;
+  return ids;
+}
+
+size_t q_size(const AttentionShape& s) { return static_cast<size_t>(s.B * s.T * s.Hq * s.D); }
+size_t kv_size(const AttentionShape& s) { return static_cast<size_t>(s.B * s.T * s.Hkv * s.D); }
+size_t lse_size(const AttentionShape& s) { return static_cast<size_t>(s.B * s.Hq * s.T); }
+
+// |got - want| ≤ tol · (1 + max|want|): f32 sums in another order than the CPU op's and a GPU-style expf.
+void expect_close(const std::vector<float>& got, const std::vector<float>& want, double tol, const char* what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  double scale = 1.0;
+  for (float w : want) scale = std::max(scale, double(std::abs(w)));
+  for (size_t i = 0; i < got.size(); ++i)
+    ASSERT_NEAR(got[i], want[i], tol * scale) << what << " element " << i;
+}
+
+struct Inputs {
+  std::vector<float> q, k, v, dout;
+};
+Inputs inputs_for(const AttentionShape& s, uint64_t seed) {
+  return {random_floats(q_size(s), seed), random_floats(kv_size(s), seed + 1), random_floats(kv_size(s), seed + 2),
+          random_floats(q_size(s), seed + 3)};
+}
+
+TEST(CudaSimAttention, F32MatchesTheCpuOpAndIsTheSameInEveryThreadOrder) {
+  for (const Case& c : kCases) {
+    SCOPED_TRACE(name(c));
+    const AttentionShape s = c.s;
+    const Inputs in = inputs_for(s, uint64_t(s.T * s.D));
+    const auto docs = doc_ids_for(c);
+    const int32_t* doc_ids = docs.empty() ? nullptr : docs.data();
+    std::vector<float> want_out(q_size(s)), want_lse(lse_size(s));
+    attention_forward(want_out.data(), want_lse.data(), in.q.data(), in.k.data(), in.v.data(), doc_ids, s);
+    std::vector<float> want_dq(q_size(s)), want_dk(kv_size(s)), want_dv(kv_size(s));
+    attention_backward(want_dq.data(), want_dk.data(), want_dv.data(), in.dout.data(), want_out.data(),
+                       want_lse.data(), in.q.data(), in.k.data(), in.v.data(), doc_ids, s);
+    std::vector<std::vector<float>> first;  // the forward order's results, which every order must repeat
+    for_each_order([&] {
+      Guarded<float> out(q_size(s)), lse(lse_size(s)), dq(q_size(s)), dk(kv_size(s)), dv(kv_size(s));
+      Guarded<unsigned char> workspace(attention_backward_workspace_bytes(s));
+      sim::attention_forward(kStream, out.data(), lse.data(), in.q.data(), in.k.data(), in.v.data(), doc_ids, s);
+      sim::attention_backward(kStream, dq.data(), dk.data(), dv.data(), in.dout.data(), out.data(), lse.data(),
+                              in.q.data(), in.k.data(), in.v.data(), doc_ids, s, workspace.data());
+      expect_close(out.values(), want_out, 2e-6, "out");
+      expect_close(lse.values(), want_lse, 2e-6, "lse");
+      expect_close(dq.values(), want_dq, 2e-5, "dq");
+      expect_close(dk.values(), want_dk, 2e-5, "dk");
+      expect_close(dv.values(), want_dv, 2e-5, "dv");
+      EXPECT_TRUE(out.guards_intact() && lse.guards_intact() && dq.guards_intact() && dk.guards_intact() &&
+                  dv.guards_intact() && workspace.guards_intact());
+      const std::vector<std::vector<float>> now{out.values(), lse.values(), dq.values(), dk.values(), dv.values()};
+      if (first.empty()) first = now;
+      for (size_t i = 0; i < now.size(); ++i) EXPECT_BITWISE_EQ(now[i], first[i]);
+    });
+  }
+}
+
+TEST(CudaSimAttention, Bf16StorageIsTheCpuOpOnTheWidenedInputs) {
+  for (const Case& c : kCases) {
+    SCOPED_TRACE(name(c));
+    const AttentionShape s = c.s;
+    const Inputs in = inputs_for(s, uint64_t(s.T + s.D));
+    const auto docs = doc_ids_for(c);
+    const int32_t* doc_ids = docs.empty() ? nullptr : docs.data();
+    const auto qb = to_bf16(in.q), kb = to_bf16(in.k), vb = to_bf16(in.v);
+    std::vector<float> want_out(q_size(s)), want_lse(lse_size(s));
+    attention_forward(want_out.data(), want_lse.data(), to_f32(qb).data(), to_f32(kb).data(), to_f32(vb).data(),
+                      doc_ids, s);
+    Guarded<bf16_t> out(q_size(s));
+    Guarded<float> lse(lse_size(s)), dq(q_size(s)), dk(kv_size(s)), dv(kv_size(s));
+    sim::attention_forward(kStream, out.data(), lse.data(), qb.data(), kb.data(), vb.data(), doc_ids, s);
+    // One bf16 rounding of the output: within half a bf16 ulp (2^-9 relative) of the f32 result, plus the f32
+    // difference that can move a value across a rounding boundary.
+    const auto got = to_f32(out.values());
+    for (size_t i = 0; i < got.size(); ++i)
+      ASSERT_NEAR(got[i], want_out[i], std::abs(want_out[i]) * 0x1p-8 + 1e-6) << "out element " << i;
+    expect_close(lse.values(), want_lse, 2e-6, "lse");
+    // The backward reads the bf16 output for Di = rowsum(dO ∘ O), as the GPU executor will.
+    std::vector<float> want_dq(q_size(s)), want_dk(kv_size(s)), want_dv(kv_size(s));
+    attention_backward(want_dq.data(), want_dk.data(), want_dv.data(), in.dout.data(), got.data(), lse.values().data(),
+                       to_f32(qb).data(), to_f32(kb).data(), to_f32(vb).data(), doc_ids, s);
+    Guarded<unsigned char> workspace(attention_backward_workspace_bytes(s));
+    sim::attention_backward(kStream, dq.data(), dk.data(), dv.data(), in.dout.data(), out.data(), lse.data(),
+                            qb.data(), kb.data(), vb.data(), doc_ids, s, workspace.data());
+    expect_close(dq.values(), want_dq, 2e-5, "dq");
+    expect_close(dk.values(), want_dk, 2e-5, "dk");
+    expect_close(dv.values(), want_dv, 2e-5, "dv");
+    EXPECT_TRUE(out.guards_intact() && lse.guards_intact() && dq.guards_intact() && dk.guards_intact() &&
+                dv.guards_intact() && workspace.guards_intact());
+  }
+}
+
+TEST(CudaSimAttention, BackwardMatchesFiniteDifferencesOfTheForwardKernel) {
+  const AttentionShape s{1, 21, 2, 1, 64};
+  const Inputs in = inputs_for(s, 77);
+  auto loss = [&](const std::vector<float>& q, const std::vector<float>& k, const std::vector<float>& v) {
+    std::vector<float> out(q_size(s)), lse(lse_size(s));
+    sim::attention_forward(kStream, out.data(), lse.data(), q.data(), k.data(), v.data(), nullptr, s);
+    double sum = 0;
+    for (size_t i = 0; i < out.size(); ++i) sum += double(out[i]) * double(in.dout[i]);
+    return sum;
+  };
+  std::vector<float> out(q_size(s)), lse(lse_size(s)), dq(q_size(s)), dk(kv_size(s)), dv(kv_size(s));
+  std::vector<unsigned char> workspace(attention_backward_workspace_bytes(s));
+  sim::attention_forward(kStream, out.data(), lse.data(), in.q.data(), in.k.data(), in.v.data(), nullptr, s);
+  sim::attention_backward(kStream, dq.data(), dk.data(), dv.data(), in.dout.data(), out.data(), lse.data(),
+                          in.q.data(), in.k.data(), in.v.data(), nullptr, s, workspace.data());
+  auto directional = [&](const std::vector<float>& grad, int which, uint64_t seed) {
+    const auto dir = random_floats(grad.size(), seed);
+    const float eps = 1e-2f;  // f32 forward: truncation O(eps²) and rounding ~1e-7·|L|/eps, both ≲ 1e-3 relative
+    auto shifted = [&](float sign) {
+      std::vector<float> q = in.q, k = in.k, v = in.v;
+      std::vector<float>& x = which == 0 ? q : (which == 1 ? k : v);
+      for (size_t i = 0; i < x.size(); ++i) x[i] += sign * eps * dir[i];
+      return loss(q, k, v);
+    };
+    const double fd = (shifted(1.0f) - shifted(-1.0f)) / (2.0 * eps);
+    double analytic = 0;
+    for (size_t i = 0; i < grad.size(); ++i) analytic += double(grad[i]) * double(dir[i]);
+    EXPECT_NEAR(analytic, fd, 3e-3 * std::abs(fd) + 1e-3) << "input " << which;
+  };
+  directional(dq, 0, 81);
+  directional(dk, 1, 82);
+  directional(dv, 2, 83);
+}
+
+TEST(CudaSimAttention, RefusesAHeadDimensionItHasNoKernelFor) {
+  const AttentionShape s{1, 5, 2, 1, 48};
+  std::vector<float> x(q_size(s), 0.5f), lse(lse_size(s));
+  try {
+    sim::attention_forward(kStream, x.data(), lse.data(), x.data(), x.data(), x.data(), nullptr, s);
+    ADD_FAILURE() << "head dimension 48 was accepted";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("attention_forward"), std::string::npos) << m;
+    EXPECT_NE(m.find("head dimension 48"), std::string::npos) << m;
+  }
+}
+
+}  // namespace
+}  // namespace lt::cuda
