@@ -4,7 +4,9 @@
 
 #include "cuda/kernels/attention.cuh"
 #include "cuda/kernels/bias_grad.cuh"
+#include "cuda/kernels/cross_entropy.cuh"
 #include "cuda/kernels/elementwise.cuh"
 #include "cuda/kernels/embedding.cuh"
+#include "cuda/kernels/head.cuh"
 #include "cuda/kernels/rmsnorm.cuh"
 #include "cuda/kernels/rope.cuh"

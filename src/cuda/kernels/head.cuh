@@ -1,0 +1,86 @@
+// cuda/kernels/head.cuh — the fused LM head as a sequence of launches (host code, compiled into both kernel
+// builds like the kernels, so it calls its own build's kernels): per chunk of tokens [n0, n0 + n)
+//   xn = rmsnorm(x) → (bf16: rounded copy) → logits = xn · lm_wᵀ (f32) → cross-entropy in place → dlogits
+//   dxn = dlogits · lm_w,  dlm_w += dlogitsᵀ · xn (token slices), dx, dnorm_w from rmsnorm's backward
+// Only one chunk's logits exist at a time ([chunk, V] f32 in the workspace). dnorm_w is added per chunk
+// (the CPU op sums it in f64 over all chunks first), so the two agree to f32 rounding.
+#pragma once
+
+#include "cuda/gemm.h"
+#include "cuda/kernels/common.cuh"
+
+namespace lt::cuda::LT_KERNELS_NS {
+
+// A Matmul on this build's GEMM: cuBLASLt natively, the emulation under cuda-sim.
+inline void run_matmul(const GemmContext& gemm, const Matmul& mm, Stream s) {
+#ifdef __CUDACC__
+  static_cast<native::CublasLt*>(gemm.cublas)->run(mm, s, gemm.workspace);
+#else
+  (void)gemm, (void)s;
+  emulate_matmul(mm);
+#endif
+}
+
+namespace detail {
+
+// The workspace of head_forward_backward, carved in this order (each piece 256-byte aligned).
+struct HeadScratch {
+  float* xn;         // [n_c, C]
+  float* rstd;       // [n_c]
+  bf16_t* xn_b;      // [n_c, C] (bf16 GEMMs)
+  float* logits;     // [n_c, V]
+  bf16_t* dlogits_b; // [n_c, V] (bf16 GEMMs)
+  double* row_loss;  // [n_c]
+  float* dxn;        // [n_c, C]
+  void* norm_ws;     // rmsnorm_backward_workspace_bytes(n_c, C)
+  size_t bytes;
+  static HeadScratch carve(void* base, const HeadShape& s, DType lm_type) {
+    const int64_t n_c = s.chunk_tokens < s.N ? s.chunk_tokens : s.N;
+    const bool b16 = lm_type == DType::bf16;
+    char* p = static_cast<char*>(base);
+    size_t off = 0;
+    auto take = [&](size_t bytes) -> void* {
+      void* at = p ? p + off : nullptr;
+      off += (bytes + 255) / 256 * 256;
+      return at;
+    };
+    HeadScratch h;
+    h.xn = static_cast<float*>(take(size_t(n_c * s.C) * 4));
+    h.rstd = static_cast<float*>(take(size_t(n_c) * 4));
+    h.xn_b = b16 ? static_cast<bf16_t*>(take(size_t(n_c * s.C) * 2)) : nullptr;
+    h.logits = static_cast<float*>(take(size_t(n_c * s.V) * 4));
+    h.dlogits_b = b16 ? static_cast<bf16_t*>(take(size_t(n_c * s.V) * 2)) : nullptr;
+    h.row_loss = static_cast<double*>(take(size_t(n_c) * 8));
+    h.dxn = static_cast<float*>(take(size_t(n_c * s.C) * 4));
+    h.norm_ws = take(rmsnorm_backward_workspace_bytes(n_c, s.C));
+    h.bytes = off;
+    return h;
+  }
+};
+
+}  // namespace detail
+
+void head_forward_backward(const GemmContext& gemm, Stream s, const HeadArgs& a) {
+  const HeadShape& sh = a.shape;
+  const detail::HeadScratch w = detail::HeadScratch::carve(a.workspace, sh, a.lm_type);
+  const bool b16 = a.lm_type == DType::bf16;
+  const MatType in_type = b16 ? MatType::bf16 : MatType::f32;
+  for (int64_t n0 = 0; n0 < sh.N; n0 += sh.chunk_tokens) {
+    const int64_t n = sh.N - n0 < sh.chunk_tokens ? sh.N - n0 : sh.chunk_tokens;
+    const float* x = a.x + n0 * sh.C;
+    rmsnorm_forward(s, w.xn, w.rstd, x, a.norm_w, n, sh.C, sh.eps);
+    if (b16) convert(s, w.xn_b, w.xn, n * sh.C);
+    const void* xn_op = b16 ? static_cast<const void*>(w.xn_b) : w.xn;
+    run_matmul(gemm, linear_forward_matmul(w.logits, MatType::f32, xn_op, a.lm_w, in_type, nullptr, n, sh.V, sh.C),
+               s);
+    cross_entropy(s, w.logits, w.dlogits_b, w.row_loss, a.targets + n0, n, sh.V, a.grad_scale);
+    sum_in_order(s, a.loss, w.row_loss, n);
+    const void* dlogits_op = b16 ? static_cast<const void*>(w.dlogits_b) : w.logits;
+    run_matmul(gemm, linear_dinput_matmul(w.dxn, dlogits_op, a.lm_w, in_type, n, sh.V, sh.C), s);
+    for (const Matmul& mm : linear_dweight_matmuls(a.dlm_w, dlogits_op, xn_op, in_type, n, sh.V, sh.C))
+      run_matmul(gemm, mm, s);
+    rmsnorm_backward(s, a.dx + n0 * sh.C, a.dnorm_w, w.dxn, x, a.norm_w, w.rstd, n, sh.C, w.norm_ws);
+  }
+}
+
+}  // namespace lt::cuda::LT_KERNELS_NS
