@@ -24,7 +24,7 @@ void check_attention_shape(const char* op, AttentionShape s) {
 }
 
 void throw_unsupported_head_dim(const char* op, int64_t D) {
-  LT_FAIL("{}: head dimension {} is not supported by the CUDA attention kernels (64, 128 or 256)", op, D);
+  LT_FAIL("{}: head dimension {} is not supported by the CUDA attention kernels (1 to 256)", op, D);
 }
 
 }  // namespace lt::cuda

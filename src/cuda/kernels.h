@@ -58,7 +58,7 @@ size_t rmsnorm_backward_workspace_bytes(int64_t rows, int64_t C);
 // Device scratch attention_backward needs: Di = rowsum(dO ∘ O), f32 [B, Hq, T].
 size_t attention_backward_workspace_bytes(AttentionShape s);
 // lt::Error naming the op unless the shape is one the attention kernels take (B, T ≥ 0; Hq a multiple of
-// Hkv; grid limits), and for an unsupported head dimension (the kernels take 64, 128, 256).
+// Hkv; grid limits), and for an unsupported head dimension (the kernels take 1 to 256).
 void check_attention_shape(const char* op, AttentionShape s);
 [[noreturn]] void throw_unsupported_head_dim(const char* op, int64_t D);
 

@@ -2,9 +2,10 @@
 // deterministic backward: no float atomics anywhere, every sum in a fixed order, so a run's bits do not depend
 // on scheduling (checked under cuda-sim's reverse and random thread orders).
 //
-// Tiles: kTile query rows × kTile keys (32 for D ≤ 128, 16 for D = 256, so shared memory stays under the
-// 99 KiB of sm_86/89), 128 threads. Q is scaled by 1/sqrt(D) as it is loaded (the CPU op's order). Per
-// thread, the [kTile, D] accumulators are elements e = tid + 128·i (row e / D, dim e % D).
+// Head dims up to 256, each compiled for the next of 64, 128, 256 (DMAX; the loops run to the real D). Tiles:
+// R query rows × R keys (R = 32 for DMAX ≤ 128, 16 for 256, so shared memory stays under the 99 KiB of
+// sm_86/89), 128 threads. Q is scaled by 1/sqrt(D) as it is loaded (the CPU op's order). Per thread, the
+// [R, D] accumulators are elements e = tid + 128·i < R·D (row e / D, dim e % D).
 //
 // Forward, block (query tile, query head, batch row): walks the key tiles up to the diagonal; per tile
 //   S = Qs Kᵀ (masked: key after query or another document → -inf), one thread per row updates the running
@@ -27,11 +28,11 @@ namespace lt::cuda::LT_KERNELS_NS {
 
 constexpr int kAttnThreads = 128;
 
-template <int D>
+template <int DMAX>
 struct AttnTile {
-  static_assert(D == 64 || D == 128 || D == 256, "attention kernels take head dims 64, 128, 256");
-  static constexpr int kRows = D <= 128 ? 32 : 16;                 // query rows = keys per tile
-  static constexpr int kPerThread = kRows * D / kAttnThreads;      // accumulator elements per thread
+  static_assert(DMAX == 64 || DMAX == 128 || DMAX == 256, "attention kernels are built for D ≤ 64, 128, 256");
+  static constexpr int kRows = DMAX <= 128 ? 32 : 16;                // query rows = keys per tile
+  static constexpr int kPerThread = kRows * DMAX / kAttnThreads;     // accumulator elements per thread, at most
   static constexpr int kScoresPerThread = kRows * kRows / kAttnThreads;
 };
 
@@ -46,9 +47,9 @@ __device__ __forceinline__ bool attends(const int32_t* doc_ids, int64_t b, int64
 }
 
 // dst[rows, D] (f32, shared) = scale · src rows [row0, row0 + rows) of head h; rows past T are zero.
-template <int D, class T>
+template <class T>
 __device__ __forceinline__ void load_tile(float* dst, const T* src, int64_t b, int64_t row0, int64_t h,
-                                          int64_t seq, int64_t H, float scale, int rows) {
+                                          int64_t seq, int64_t H, int D, float scale, int rows) {
   for (int e = int(threadIdx.x); e < rows * D; e += kAttnThreads) {
     const int r = e / D, d = e % D;
     const int64_t t = row0 + r;
@@ -56,11 +57,12 @@ __device__ __forceinline__ void load_tile(float* dst, const T* src, int64_t b, i
   }
 }
 
-template <class T, int D>
+template <class T, int DMAX>
 __global__ void __launch_bounds__(kAttnThreads)
     attention_forward_kernel(T* out, float* lse, const T* q, const T* k, const T* v, const int32_t* doc_ids,
                              AttentionShape s, float scale) {
-  using Tile = AttnTile<D>;
+  using Tile = AttnTile<DMAX>;
+  const int D = int(s.D);
   constexpr int R = Tile::kRows;
   float* Qs = LT_DYNAMIC_SHARED(float);  // [R, D]
   float* Ks = Qs + R * D;                // [R, D]
@@ -72,15 +74,15 @@ __global__ void __launch_bounds__(kAttnThreads)
   const int tid = int(threadIdx.x);
   const int64_t b = blockIdx.z, h = blockIdx.y, q0 = int64_t(blockIdx.x) * R;
   const int64_t hk = h / (s.Hq / s.Hkv);
-  load_tile<D>(Qs, q, b, q0, h, s.T, s.Hq, scale, R);
+  load_tile(Qs, q, b, q0, h, s.T, s.Hq, D, scale, R);
   if (tid < R) m[tid] = -INFINITY, l[tid] = 0.0f;
   float acc[Tile::kPerThread];
   for (int i = 0; i < Tile::kPerThread; ++i) acc[i] = 0.0f;
   const int64_t last_query = (q0 + R < s.T ? q0 + R : s.T) - 1;
   for (int64_t k0 = 0; k0 <= last_query; k0 += R) {
     __syncthreads();  // the previous tile's K, V, P are no longer read
-    load_tile<D>(Ks, k, b, k0, hk, s.T, s.Hkv, 1.0f, R);
-    load_tile<D>(Vs, v, b, k0, hk, s.T, s.Hkv, 1.0f, R);
+    load_tile(Ks, k, b, k0, hk, s.T, s.Hkv, D, 1.0f, R);
+    load_tile(Vs, v, b, k0, hk, s.T, s.Hkv, D, 1.0f, R);
     __syncthreads();
     for (int n = 0; n < Tile::kScoresPerThread; ++n) {
       const int e = tid + kAttnThreads * n, r = e / R, c = e % R;
@@ -110,7 +112,7 @@ __global__ void __launch_bounds__(kAttnThreads)
       m[tid] = m_new;
     }
     __syncthreads();
-    for (int i = 0; i < Tile::kPerThread; ++i) {
+    for (int i = 0; i < Tile::kPerThread && tid + kAttnThreads * i < R * D; ++i) {
       const int e = tid + kAttnThreads * i, r = e / D, d = e % D;
       float o = acc[i] * alpha[r];
       for (int c = 0; c < R; ++c) o += S[r * R + c] * Vs[c * D + d];
@@ -118,7 +120,7 @@ __global__ void __launch_bounds__(kAttnThreads)
     }
   }
   __syncthreads();
-  for (int i = 0; i < Tile::kPerThread; ++i) {
+  for (int i = 0; i < Tile::kPerThread && tid + kAttnThreads * i < R * D; ++i) {
     const int e = tid + kAttnThreads * i, r = e / D, d = e % D;
     const int64_t t = q0 + r;
     if (t < s.T) store(out + head_row(b, t, h, s.T, s.Hq, D) + d, acc[i] / l[r]);
@@ -140,13 +142,13 @@ __global__ void attention_rowdot_kernel(float* Di, const float* dout, const T* o
 
 // P[r, c] = exp(Qs_r · K_c - lse_r) (0 where masked) and dS = P ∘ (dO_r · V_c - Di_r), for query rows
 // [q0, q0 + R) and keys [k0, k0 + R); every thread takes kScoresPerThread entries.
-template <int D>
+template <int DMAX>
 __device__ __forceinline__ void attention_probabilities(float* P, float* dS, const float* Qs, const float* dOs,
                                                         const float* Ks, const float* Vs, const float* lse_s,
                                                         const float* Di_s, const int32_t* doc_ids, int64_t b,
-                                                        int64_t T, int64_t q0, int64_t k0) {
-  constexpr int R = AttnTile<D>::kRows;
-  for (int n = 0; n < AttnTile<D>::kScoresPerThread; ++n) {
+                                                        int64_t T, int D, int64_t q0, int64_t k0) {
+  constexpr int R = AttnTile<DMAX>::kRows;
+  for (int n = 0; n < AttnTile<DMAX>::kScoresPerThread; ++n) {
     const int e = int(threadIdx.x) + kAttnThreads * n, r = e / R, c = e % R;
     const int64_t i = q0 + r, j = k0 + c;
     float p = 0.0f, ds = 0.0f;
@@ -175,12 +177,13 @@ __device__ __forceinline__ void load_row_stats(float* lse_s, float* Di_s, const 
 }
 
 // Pass 1: dK, dV of one key tile of one kv head.
-template <class T, int D>
+template <class T, int DMAX>
 __global__ void __launch_bounds__(kAttnThreads)
     attention_backward_kv_kernel(float* dk, float* dv, const float* dout, const float* lse, const float* Di,
                                  const T* q, const T* k, const T* v, const int32_t* doc_ids, AttentionShape s,
                                  float scale) {
-  using Tile = AttnTile<D>;
+  using Tile = AttnTile<DMAX>;
+  const int D = int(s.D);
   constexpr int R = Tile::kRows;
   float* Ks = LT_DYNAMIC_SHARED(float);  // [R, D]
   float* Vs = Ks + R * D;                // [R, D]
@@ -192,25 +195,25 @@ __global__ void __launch_bounds__(kAttnThreads)
   float* Di_s = lse_s + R;               // [R]
   const int tid = int(threadIdx.x);
   const int64_t b = blockIdx.z, hk = blockIdx.y, k0 = int64_t(blockIdx.x) * R, G = s.Hq / s.Hkv;
-  load_tile<D>(Ks, k, b, k0, hk, s.T, s.Hkv, 1.0f, R);
-  load_tile<D>(Vs, v, b, k0, hk, s.T, s.Hkv, 1.0f, R);
+  load_tile(Ks, k, b, k0, hk, s.T, s.Hkv, D, 1.0f, R);
+  load_tile(Vs, v, b, k0, hk, s.T, s.Hkv, D, 1.0f, R);
   float acc_dk[Tile::kPerThread], acc_dv[Tile::kPerThread];
   for (int i = 0; i < Tile::kPerThread; ++i) acc_dk[i] = 0.0f, acc_dv[i] = 0.0f;
   for (int64_t g = 0; g < G; ++g) {
     const int64_t h = hk * G + g;
     for (int64_t q0 = (k0 / R) * R; q0 < s.T; q0 += R) {  // query tiles from the diagonal on
       __syncthreads();  // the previous tile's Q, dO, P, dS are no longer read
-      load_tile<D>(Qs, q, b, q0, h, s.T, s.Hq, scale, R);
+      load_tile(Qs, q, b, q0, h, s.T, s.Hq, D, scale, R);
       for (int e = tid; e < R * D; e += kAttnThreads) {
         const int64_t t = q0 + e / D;
         dOs[e] = t < s.T ? dout[head_row(b, t, h, s.T, s.Hq, D) + e % D] : 0.0f;
       }
       load_row_stats<R>(lse_s, Di_s, lse, Di, b, h, q0, s);
       __syncthreads();
-      attention_probabilities<D>(P, dS, Qs, dOs, Ks, Vs, lse_s, Di_s, doc_ids, b, s.T, q0, k0);
+      attention_probabilities<DMAX>(P, dS, Qs, dOs, Ks, Vs, lse_s, Di_s, doc_ids, b, s.T, D, q0, k0);
       __syncthreads();
-      for (int i = 0; i < Tile::kPerThread; ++i) {  // dV += Pᵀ dO, dK += dSᵀ Qs for key row c, dim d
-        const int e = tid + kAttnThreads * i, c = e / D, d = e % D;
+      for (int i = 0; i < Tile::kPerThread && tid + kAttnThreads * i < R * D; ++i) {  // dV += Pᵀ dO, dK += dSᵀ Qs
+        const int e = tid + kAttnThreads * i, c = e / D, d = e % D;                       // for key row c, dim d
         float sv = acc_dv[i], sk = acc_dk[i];
         for (int r = 0; r < R; ++r) {
           sv += P[r * R + c] * dOs[r * D + d];
@@ -220,7 +223,7 @@ __global__ void __launch_bounds__(kAttnThreads)
       }
     }
   }
-  for (int i = 0; i < Tile::kPerThread; ++i) {
+  for (int i = 0; i < Tile::kPerThread && tid + kAttnThreads * i < R * D; ++i) {
     const int e = tid + kAttnThreads * i, c = e / D, d = e % D;
     const int64_t t = k0 + c;
     if (t < s.T) {
@@ -231,11 +234,12 @@ __global__ void __launch_bounds__(kAttnThreads)
 }
 
 // Pass 2: dQ of one query tile of one query head.
-template <class T, int D>
+template <class T, int DMAX>
 __global__ void __launch_bounds__(kAttnThreads)
     attention_backward_q_kernel(float* dq, const float* dout, const float* lse, const float* Di, const T* q,
                                 const T* k, const T* v, const int32_t* doc_ids, AttentionShape s, float scale) {
-  using Tile = AttnTile<D>;
+  using Tile = AttnTile<DMAX>;
+  const int D = int(s.D);
   constexpr int R = Tile::kRows;
   float* Qs = LT_DYNAMIC_SHARED(float);  // [R, D] scale · q
   float* dOs = Qs + R * D;               // [R, D]
@@ -248,7 +252,7 @@ __global__ void __launch_bounds__(kAttnThreads)
   const int tid = int(threadIdx.x);
   const int64_t b = blockIdx.z, h = blockIdx.y, q0 = int64_t(blockIdx.x) * R;
   const int64_t hk = h / (s.Hq / s.Hkv);
-  load_tile<D>(Qs, q, b, q0, h, s.T, s.Hq, scale, R);
+  load_tile(Qs, q, b, q0, h, s.T, s.Hq, D, scale, R);
   for (int e = tid; e < R * D; e += kAttnThreads) {
     const int64_t t = q0 + e / D;
     dOs[e] = t < s.T ? dout[head_row(b, t, h, s.T, s.Hq, D) + e % D] : 0.0f;
@@ -259,19 +263,19 @@ __global__ void __launch_bounds__(kAttnThreads)
   const int64_t last_query = (q0 + R < s.T ? q0 + R : s.T) - 1;
   for (int64_t k0 = 0; k0 <= last_query; k0 += R) {
     __syncthreads();
-    load_tile<D>(Ks, k, b, k0, hk, s.T, s.Hkv, 1.0f, R);
-    load_tile<D>(Vs, v, b, k0, hk, s.T, s.Hkv, 1.0f, R);
+    load_tile(Ks, k, b, k0, hk, s.T, s.Hkv, D, 1.0f, R);
+    load_tile(Vs, v, b, k0, hk, s.T, s.Hkv, D, 1.0f, R);
     __syncthreads();
-    attention_probabilities<D>(P, dS, Qs, dOs, Ks, Vs, lse_s, Di_s, doc_ids, b, s.T, q0, k0);
+    attention_probabilities<DMAX>(P, dS, Qs, dOs, Ks, Vs, lse_s, Di_s, doc_ids, b, s.T, D, q0, k0);
     __syncthreads();
-    for (int i = 0; i < Tile::kPerThread; ++i) {  // dQ += dS K for query row r, dim d
+    for (int i = 0; i < Tile::kPerThread && tid + kAttnThreads * i < R * D; ++i) {  // dQ += dS K, row r, dim d
       const int e = tid + kAttnThreads * i, r = e / D, d = e % D;
       float sum = acc[i];
       for (int c = 0; c < R; ++c) sum += dS[r * R + c] * Ks[c * D + d];
       acc[i] = sum;
     }
   }
-  for (int i = 0; i < Tile::kPerThread; ++i) {
+  for (int i = 0; i < Tile::kPerThread && tid + kAttnThreads * i < R * D; ++i) {
     const int e = tid + kAttnThreads * i, r = e / D, d = e % D;
     const int64_t t = q0 + r;
     if (t < s.T) dq[head_row(b, t, h, s.T, s.Hq, D) + d] = scale * acc[i];
@@ -280,12 +284,12 @@ __global__ void __launch_bounds__(kAttnThreads)
 
 namespace detail {
 
-constexpr size_t attention_forward_shared(int D) {
-  const size_t R = D <= 128 ? 32 : 16;
+constexpr size_t attention_forward_shared(int DMAX, int64_t D) {
+  const size_t R = DMAX <= 128 ? 32 : 16;
   return (3 * R * size_t(D) + R * R + 3 * R) * sizeof(float);
 }
-constexpr size_t attention_backward_shared(int D) {
-  const size_t R = D <= 128 ? 32 : 16;
+constexpr size_t attention_backward_shared(int DMAX, int64_t D) {
+  const size_t R = DMAX <= 128 ? 32 : 16;
   return (4 * R * size_t(D) + 2 * R * R + 2 * R) * sizeof(float);
 }
 
@@ -303,44 +307,42 @@ void allow_shared(Kernel kernel, size_t bytes) {
 
 inline float attention_scale(int64_t D) { return float(1.0 / std::sqrt(double(D))); }  // the CPU op's
 
-template <class T, int D>
+template <class T, int DMAX>
 void attention_forward(Stream st, T* out, float* lse, const T* q, const T* k, const T* v, const int32_t* doc_ids,
                        AttentionShape s) {
-  constexpr int R = AttnTile<D>::kRows;
-  const size_t shared = attention_forward_shared(D);
-  allow_shared(attention_forward_kernel<T, D>, shared);
+  constexpr int R = AttnTile<DMAX>::kRows;
+  const size_t shared = attention_forward_shared(DMAX, s.D);
+  allow_shared(attention_forward_kernel<T, DMAX>, attention_forward_shared(DMAX, DMAX));
   const dim3 grid(unsigned((s.T + R - 1) / R), unsigned(s.Hq), unsigned(s.B));
-  LT_LAUNCH((attention_forward_kernel<T, D>), grid, dim3(kAttnThreads), shared, native_stream(st), out, lse, q, k,
-            v, doc_ids, s, attention_scale(D));
+  LT_LAUNCH((attention_forward_kernel<T, DMAX>), grid, dim3(kAttnThreads), shared, native_stream(st), out, lse, q, k,
+            v, doc_ids, s, attention_scale(s.D));
 }
 
-template <class T, int D>
+template <class T, int DMAX>
 void attention_backward(Stream st, float* dq, float* dk, float* dv, const float* dout, const T* out,
                         const float* lse, const T* q, const T* k, const T* v, const int32_t* doc_ids,
                         AttentionShape s, float* Di) {
-  constexpr int R = AttnTile<D>::kRows;
+  constexpr int R = AttnTile<DMAX>::kRows;
   const int64_t rows = s.B * s.T * s.Hq;
   LT_LAUNCH(attention_rowdot_kernel<T>, dim3(elementwise_blocks(rows)), dim3(kElementwiseThreads), 0,
             native_stream(st), Di, dout, out, s);
-  const size_t shared = attention_backward_shared(D);
-  allow_shared(attention_backward_kv_kernel<T, D>, shared);
-  allow_shared(attention_backward_q_kernel<T, D>, shared);
+  const size_t shared = attention_backward_shared(DMAX, s.D);
+  allow_shared(attention_backward_kv_kernel<T, DMAX>, attention_backward_shared(DMAX, DMAX));
+  allow_shared(attention_backward_q_kernel<T, DMAX>, attention_backward_shared(DMAX, DMAX));
   const unsigned tiles = unsigned((s.T + R - 1) / R);
-  LT_LAUNCH((attention_backward_kv_kernel<T, D>), dim3(tiles, unsigned(s.Hkv), unsigned(s.B)), dim3(kAttnThreads),
-            shared, native_stream(st), dk, dv, dout, lse, Di, q, k, v, doc_ids, s, attention_scale(D));
-  LT_LAUNCH((attention_backward_q_kernel<T, D>), dim3(tiles, unsigned(s.Hq), unsigned(s.B)), dim3(kAttnThreads),
-            shared, native_stream(st), dq, dout, lse, Di, q, k, v, doc_ids, s, attention_scale(D));
+  LT_LAUNCH((attention_backward_kv_kernel<T, DMAX>), dim3(tiles, unsigned(s.Hkv), unsigned(s.B)), dim3(kAttnThreads),
+            shared, native_stream(st), dk, dv, dout, lse, Di, q, k, v, doc_ids, s, attention_scale(s.D));
+  LT_LAUNCH((attention_backward_q_kernel<T, DMAX>), dim3(tiles, unsigned(s.Hq), unsigned(s.B)), dim3(kAttnThreads),
+            shared, native_stream(st), dq, dout, lse, Di, q, k, v, doc_ids, s, attention_scale(s.D));
 }
 
-// Calls fn.template operator()<D>() for the shape's head dimension.
+// Calls fn.template operator()<DMAX>() with the build for the shape's head dimension (the next of 64, 128, 256).
 template <class Fn>
 void with_head_dim(int64_t D, const char* op, Fn&& fn) {
-  switch (D) {
-    case 64: fn.template operator()<64>(); break;
-    case 128: fn.template operator()<128>(); break;
-    case 256: fn.template operator()<256>(); break;
-    default: throw_unsupported_head_dim(op, D);
-  }
+  if (D >= 1 && D <= 64) fn.template operator()<64>();
+  else if (D > 64 && D <= 128) fn.template operator()<128>();
+  else if (D > 128 && D <= 256) fn.template operator()<256>();
+  else throw_unsupported_head_dim(op, D);
 }
 
 }  // namespace detail
@@ -353,7 +355,7 @@ void attention_forward_any(Stream st, Dev* out, float* lse, const Dev* q, const 
   check_attention_shape("attention_forward", s);
   if (s.B * s.T == 0) return;
   with_head_dim(s.D, "attention_forward",
-                [&]<int D>() { attention_forward<Dev, D>(st, out, lse, q, k, v, doc_ids, s); });
+                [&]<int DMAX>() { attention_forward<Dev, DMAX>(st, out, lse, q, k, v, doc_ids, s); });
 }
 
 template <class Dev>
@@ -362,8 +364,8 @@ void attention_backward_any(Stream st, float* dq, float* dk, float* dv, const fl
                             AttentionShape s, void* workspace) {
   check_attention_shape("attention_backward", s);
   if (s.B * s.T == 0) return;
-  with_head_dim(s.D, "attention_backward", [&]<int D>() {
-    attention_backward<Dev, D>(st, dq, dk, dv, dout, out, lse, q, k, v, doc_ids, s, static_cast<float*>(workspace));
+  with_head_dim(s.D, "attention_backward", [&]<int DMAX>() {
+    attention_backward<Dev, DMAX>(st, dq, dk, dv, dout, out, lse, q, k, v, doc_ids, s, static_cast<float*>(workspace));
   });
 }
 
