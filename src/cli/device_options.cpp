@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "core/units.h"
+#include "cuda/sim_ops.h"
 #include "io/nvme.h"
 
 #include <algorithm>
@@ -15,7 +16,11 @@ void DeviceOptions::add_to(CLI::App& cmd) {
   cmd.add_option("--policy", policy,
                  "run on the streaming executor with this activation policy: keep-all, every:K, host:K, nvme:K or a "
                  "plan JSON file (default: the in-memory reference path)");
-  cmd.add_option("--device", device, "device to stream through")->check(CLI::IsMember({"cpu"}));
+  // cuda-sim: the cpu device's memory and streams, every op on the CUDA kernels emulated (cuda/sim_ops.h).
+  cmd.add_option("--device", device,
+                 "device to run on: cpu, or cuda-sim (the CUDA kernels emulated on the CPU; small models)")
+      ->check(CLI::IsMember({"cpu", "cuda-sim"}))
+      ->each([](const std::string& name) { cuda::use_cuda_sim_kernels(name == "cuda-sim"); });
   cmd.add_option("--device-memory", device_memory, "device memory budget (bytes or with a unit: 512MiB, 8GiB, 80GB)");
   cmd.add_option("--link-gbps", link_gbps, "emulated host<->device bandwidth per direction, GB/s (0 = unlimited)")
       ->check(CLI::NonNegativeNumber);
@@ -60,7 +65,7 @@ LinkSpec DeviceOptions::link() const {
 }
 
 std::unique_ptr<Device> DeviceOptions::make_device() const {
-  LT_CHECK(device == "cpu", "--device {}: only the emulated 'cpu' device is built", device);
+  LT_CHECK(device == "cpu" || device == "cuda-sim", "--device {}: the devices are cpu and cuda-sim", device);
   return make_cpu_device(parse_size(device_memory, "--device-memory"), link());
 }
 

@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "core/parallel.h"
 #include "core/timer.h"
+#include "cuda/sim_ops.h"
 #include "core/units.h"
 #include "device/device.h"
 #include "exec/executor.h"
@@ -231,6 +232,8 @@ TrainResult run_training(const TrainConfig& asked) {
   }
 
   // --- device, executor, optimizer ---
+  // cuda-sim: the cpu device, with every op on the CUDA kernels emulated (cuda/sim_ops.h).
+  cuda::use_cuda_sim_kernels(c.device == "cuda-sim");
   std::unique_ptr<Device> device = make_cpu_device(device_bytes, LinkSpec{c.link_gbps, c.link_gbps, 0});
   std::unique_ptr<NvmeStore> nvme;
   if (ws.nvme_bytes > 0) {

@@ -17,7 +17,7 @@ Bounds:
        so the bf16 bounds apply whenever either the GEMMs or the storage are bf16.
 
 Usage: check_model.py --lazytrain build/lazytrain --case qwen3_untied [--workdir DIR] [--dtype f32|bf16]
-                      [--activation-dtype auto|f32|bf16]
+                      [--activation-dtype auto|f32|bf16] [--device cpu|cuda-sim] [--policy P]
 """
 import argparse
 import json
@@ -76,6 +76,9 @@ def main():
     ap.add_argument("--case", required=True, choices=sorted(CASES))
     ap.add_argument("--dtype", default="f32", choices=sorted(BOUNDS))
     ap.add_argument("--activation-dtype", default="auto", choices=["auto", "f32", "bf16"])
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda-sim"],
+                    help="cuda-sim: every op on the CUDA kernels emulated on the CPU")
+    ap.add_argument("--policy", help="run lazytrain on the streaming executor with this policy")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--workdir")
     args = ap.parse_args()
@@ -88,7 +91,8 @@ def main():
                               "--out", os.path.join(work, "ref.safetensors")]))
     ours = last_json_line(run([args.lazytrain, "grad", "--model", model, "--batch",
                                os.path.join(model, "batch.json"), "--out", os.path.join(work, "ours.safetensors"),
-                               "--dtype", args.dtype, "--activation-dtype", args.activation_dtype]))
+                               "--dtype", args.dtype, "--activation-dtype", args.activation_dtype,
+                               "--device", args.device] + (["--policy", args.policy] if args.policy else [])))
     if ours["tokens"] != ref["tokens"]:
         sys.exit(f"counted tokens differ: lazytrain {ours['tokens']} vs torch {ref['tokens']}")
     storage = args.dtype if args.activation_dtype == "auto" else args.activation_dtype
@@ -97,7 +101,7 @@ def main():
                "--ref", os.path.join(work, "ref.safetensors"), "--rtol-l2", str(grad_rtol),
                "--loss-ours", repr(ours["loss"]), "--loss-ref", repr(ref["loss"]), "--loss-rtol", str(loss_rtol)])
     print(out)
-    print(f"{args.case} [{args.dtype}, activations {storage}]: loss lazytrain {ours['loss']:.9g} torch {ref['loss']:.9g}: pass")
+    print(f"{args.case} [{args.dtype}, activations {storage}, {args.device}]: loss lazytrain {ours['loss']:.9g} torch {ref['loss']:.9g}: pass")
 
 
 if __name__ == "__main__":

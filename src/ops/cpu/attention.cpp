@@ -49,6 +49,7 @@
 // ratios within one run mean anything): AVX2 took 1.0-1.25x the AVX-512 time, e.g. forward 30.3 ms against
 // 28.5 and backward 98.1 against 93.0 in the least loaded run; the plain path 7-8x.
 #include "ops/attention.h"
+#include "ops/override.h"
 
 // GCC 12's AVX-512 intrinsics fill "undefined" vectors by self-initialisation, which -Wmaybe-uninitialized
 // reports once they are inlined; the diagnostic state is kept per source location, so silence it for the header.
@@ -676,6 +677,7 @@ void backward_q_task(const TileKernels& kn, const Problem& p, float* dq, const f
 
 void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
                        const int32_t* doc_ids, AttentionShape s) {
+  LT_OPS_OVERRIDE(attention_forward, out, lse, q, k, v, doc_ids, s);
   Problem p(s, doc_ids);
   const TileKernels kn = select_kernels();
   p.pack_kv(k, v, /*want_kt=*/true, /*want_vt=*/false, /*want_kr=*/false, /*want_vr=*/true);
@@ -689,6 +691,7 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
 
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* out, const float* lse,
                         const float* q, const float* k, const float* v, const int32_t* doc_ids, AttentionShape s) {
+  LT_OPS_OVERRIDE(attention_backward, dq, dk, dv, dout, out, lse, q, k, v, doc_ids, s);
   Problem p(s, doc_ids);
   const TileKernels kn = select_kernels();
   p.pack_kv(k, v, /*want_kt=*/true, /*want_vt=*/true, /*want_kr=*/true, /*want_vr=*/false);

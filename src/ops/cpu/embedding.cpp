@@ -17,6 +17,7 @@
 
 #include "core/error.h"
 #include "core/parallel.h"
+#include "ops/override.h"
 
 namespace lt {
 namespace {
@@ -35,6 +36,7 @@ void check_ids(const char* op, const int32_t* ids, int64_t N, int64_t C, int64_t
 }  // namespace
 
 void embedding_forward(float* out, const int32_t* ids, const float* table, int64_t N, int64_t C, int64_t V) {
+  LT_OPS_OVERRIDE(embedding_forward, out, ids, table, N, C, V);
   check_ids("embedding_forward", ids, N, C, V);
   // out[N, C] = table[V, C][ids[N]]
   parallel_chunks(N, kRowChunk, [&](int64_t r0, int64_t r1) {
@@ -61,6 +63,7 @@ TokenGroups group_tokens_by_id(const int32_t* ids, int64_t N, int64_t V) {
 }
 
 void embedding_backward(float* dtable, const float* dout, const int32_t* ids, int64_t N, int64_t C, int64_t V) {
+  LT_OPS_OVERRIDE(embedding_backward, dtable, dout, ids, N, C, V);
   const TokenGroups groups = group_tokens_by_id(ids, N, V);
   LT_CHECK(C > 0, "embedding_backward: bad size C={}", C);
 

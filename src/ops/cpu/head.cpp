@@ -57,6 +57,7 @@
 #include "core/parallel.h"
 #include "ops/gemm.h"
 #include "ops/head.h"
+#include "ops/override.h"
 
 namespace lt {
 namespace {
@@ -376,6 +377,8 @@ double head_run(float* dx, float* dnorm_w, float* dlm_w, const float* x, const i
   const bool grad = pass == Pass::forward_backward;
   if (grad) LT_CHECK(dx && dnorm_w && dlm_w, "head: null gradient pointer");
   if (s.N == 0) return 0.0;
+  if (grad) LT_OPS_OVERRIDE(head_forward_backward, dx, dnorm_w, dlm_w, x, targets, norm_w, lm_w, gs, s);
+  else LT_OPS_OVERRIDE(head_forward, x, targets, norm_w, lm_w, s);
   const int64_t N = s.N, C = s.C, V = s.V, nc = std::min(s.chunk_tokens, s.N);
   const bool bf16 = lm_w.dtype == DType::bf16;
   const float* W = bf16 ? nullptr : static_cast<const float*>(lm_w.data);      // [V, C]

@@ -12,6 +12,7 @@
 // thread count. dW and dbias add one token slice (kTokenSlice) at a time, so they do not depend on how a
 // caller splits the tokens at slice boundaries either.
 #include "ops/linear.h"
+#include "ops/override.h"
 
 #include <algorithm>
 #include <vector>
@@ -56,6 +57,7 @@ const bf16_t* to_bf16_scratch(const float* src, int64_t n, int slot) {
 void linear_forward(float* out, const float* in, WeightRef W, const float* bias, int64_t N, int64_t in_f,
                     int64_t out_f) {
   check_sizes(W.data, N, in_f, out_f);
+  LT_OPS_OVERRIDE(linear_forward, out, in, W, bias, N, in_f, out_f);
   // out[N, out_f] = in[N, in_f] · W[out_f, in_f]ᵀ
   if (W.dtype == DType::bf16) {
     const bf16_t* in_b = to_bf16_scratch(in, N * in_f, 0);
@@ -76,6 +78,7 @@ void linear_backward(float* din, float* dW, float* dbias, const float* dout, con
                      int64_t N, int64_t in_f, int64_t out_f) {
   check_sizes(W.data, N, in_f, out_f);
   LT_CHECK(dW != nullptr, "linear_backward: dW is null (the weight gradient is always computed)");
+  LT_OPS_OVERRIDE(linear_backward, din, dW, dbias, dout, in, W, N, in_f, out_f);
   if (W.dtype == DType::bf16) {
     const bf16_t* dout_b = to_bf16_scratch(dout, N * out_f, 0);
     // din[N, in_f] = dout[N, out_f] · W[out_f, in_f]

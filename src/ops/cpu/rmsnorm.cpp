@@ -25,6 +25,7 @@
 
 #include "core/error.h"
 #include "core/parallel.h"
+#include "ops/override.h"
 
 namespace lt {
 namespace {
@@ -52,6 +53,7 @@ int64_t rmsnorm_dweight_chunk_rows(int64_t rows) { return std::max<int64_t>(32, 
 
 void rmsnorm_forward(float* out, float* rstd, const float* in, const float* weight, int64_t rows, int64_t C,
                      float eps) {
+  LT_OPS_OVERRIDE(rmsnorm_forward, out, rstd, in, weight, rows, C, eps);
   LT_CHECK(rows >= 0 && C > 0, "rmsnorm_forward: bad sizes rows={}, C={}", rows, C);
   parallel_chunks(rows, kFwdRowChunk, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
@@ -67,6 +69,7 @@ void rmsnorm_forward(float* out, float* rstd, const float* in, const float* weig
 
 void rmsnorm_backward(float* din, float* dweight, const float* dout, const float* in, const float* weight,
                       const float* rstd, int64_t rows, int64_t C) {
+  LT_OPS_OVERRIDE(rmsnorm_backward, din, dweight, dout, in, weight, rstd, rows, C);
   LT_CHECK(rows >= 0 && C > 0, "rmsnorm_backward: bad sizes rows={}, C={}", rows, C);
   // Fixed row chunks from the problem size alone: at most 64 partial rows of dweight.
   const int64_t chunk = rmsnorm_dweight_chunk_rows(rows);

@@ -20,6 +20,7 @@
 
 #include "core/error.h"
 #include "core/parallel.h"
+#include "ops/override.h"
 
 namespace lt {
 namespace {
@@ -85,10 +86,12 @@ void rope_table(float* cos, float* sin, int64_t P, int64_t D, double theta) {
 }
 
 void rope_forward(float* x, const int32_t* pos, int64_t N, int64_t H, int64_t D, double theta) {
+  LT_OPS_OVERRIDE(rope_forward, x, pos, N, H, D, theta);
   rope_apply(x, pos, N, H, D, theta, 1.0f);
 }
 
 void rope_backward(float* dx, const int32_t* pos, int64_t N, int64_t H, int64_t D, double theta) {
+  LT_OPS_OVERRIDE(rope_backward, dx, pos, N, H, D, theta);
   rope_apply(dx, pos, N, H, D, theta, -1.0f);
 }
 

@@ -19,6 +19,7 @@
 #include "core/cpu_features.h"
 #include "core/error.h"
 #include "core/parallel.h"
+#include "ops/override.h"
 #include "ops/swiglu_math.h"
 
 namespace lt {
@@ -88,6 +89,7 @@ Loops select_loops() {
 }  // namespace
 
 void swiglu_forward(float* out, const float* gate, const float* up, int64_t n) {
+  LT_OPS_OVERRIDE(swiglu_forward, out, gate, up, n);
   LT_CHECK(n >= 0, "swiglu_forward: bad size n={}", n);
   // out[n] = silu(gate[n]) · up[n]
   const auto loop = select_loops().forward;
@@ -95,6 +97,7 @@ void swiglu_forward(float* out, const float* gate, const float* up, int64_t n) {
 }
 
 void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate, const float* up, int64_t n) {
+  LT_OPS_OVERRIDE(swiglu_backward, dgate, dup, dout, gate, up, n);
   LT_CHECK(n >= 0, "swiglu_backward: bad size n={}", n);
   // dgate[n], dup[n] written
   const auto loop = select_loops().backward;

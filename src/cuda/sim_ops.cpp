@@ -1,0 +1,153 @@
+// cuda/sim_ops.cpp — the OpsOverride of `--device cuda-sim` (cuda/sim_ops.h): each op's arguments handed to
+// the cuda-sim kernel launchers, with the host-side preparation a GPU executor does once per step done per
+// call here (RoPE's cos/sin table, the embedding's token groups, bf16 copies of GEMM operands, workspaces).
+#include "cuda/sim_ops.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "core/error.h"
+#include "cuda/gemm.h"
+#include "cuda/kernels.h"
+#include "ops/override.h"
+
+namespace lt::cuda {
+namespace {
+
+constexpr Stream kSim = nullptr;  // cuda-sim launches run before they return; no stream
+
+std::vector<bf16_t> rounded(const float* x, int64_t n) {
+  std::vector<bf16_t> out(static_cast<size_t>(n));
+  convert_f32_to_bf16(out.data(), x, size_t(n));
+  return out;
+}
+
+MatType mat_type(const WeightRef& W) { return W.dtype == DType::bf16 ? MatType::bf16 : MatType::f32; }
+
+void sim_rmsnorm_forward(float* out, float* rstd, const float* in, const float* weight, int64_t rows, int64_t C,
+                         float eps) {
+  sim::rmsnorm_forward(kSim, out, rstd, in, weight, rows, C, eps);
+}
+
+void sim_rmsnorm_backward(float* din, float* dweight, const float* dout, const float* in, const float* weight,
+                          const float* rstd, int64_t rows, int64_t C) {
+  std::vector<unsigned char> ws(rmsnorm_backward_workspace_bytes(rows, C));
+  sim::rmsnorm_backward(kSim, din, dweight, dout, in, weight, rstd, rows, C, ws.data());
+}
+
+// cos/sin [P, D/2] for every position the call uses (ops' rope_table: the CPU op's angles).
+void rope_sim(float* x, const int32_t* pos, int64_t N, int64_t H, int64_t D, double theta, bool forward) {
+  LT_CHECK(D > 0 && D % 2 == 0, "rope: head dimension D must be even and positive, got {}", D);
+  int32_t max_pos = 0;
+  for (int64_t n = 0; n < N; ++n) {
+    LT_CHECK(pos[n] >= 0, "rope: negative position {} at token {}", pos[n], n);
+    max_pos = std::max(max_pos, pos[n]);
+  }
+  const int64_t P = int64_t(max_pos) + 1;
+  std::vector<float> cos(static_cast<size_t>(P * D / 2)), sin(cos.size());
+  rope_table(cos.data(), sin.data(), P, D, theta);
+  if (forward) sim::rope_forward(kSim, x, pos, cos.data(), sin.data(), N, H, D);
+  else sim::rope_backward(kSim, x, pos, cos.data(), sin.data(), N, H, D);
+}
+void sim_rope_forward(float* x, const int32_t* pos, int64_t N, int64_t H, int64_t D, double theta) {
+  rope_sim(x, pos, N, H, D, theta, true);
+}
+void sim_rope_backward(float* dx, const int32_t* pos, int64_t N, int64_t H, int64_t D, double theta) {
+  rope_sim(dx, pos, N, H, D, theta, false);
+}
+
+void sim_swiglu_forward(float* out, const float* gate, const float* up, int64_t n) {
+  sim::swiglu_forward(kSim, out, gate, up, n);
+}
+void sim_swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate, const float* up, int64_t n) {
+  sim::swiglu_backward(kSim, dgate, dup, dout, gate, up, n);
+}
+
+void sim_attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
+                           const int32_t* doc_ids, AttentionShape s) {
+  sim::attention_forward(kSim, out, lse, q, k, v, doc_ids, s);
+}
+void sim_attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* out, const float* lse,
+                            const float* q, const float* k, const float* v, const int32_t* doc_ids,
+                            AttentionShape s) {
+  std::vector<unsigned char> ws(attention_backward_workspace_bytes(s));
+  sim::attention_backward(kSim, dq, dk, dv, dout, out, lse, q, k, v, doc_ids, s, ws.data());
+}
+
+void sim_embedding_forward(float* out, const int32_t* ids, const float* table, int64_t N, int64_t C, int64_t V) {
+  group_tokens_by_id(ids, N, V);  // checks every id against V, naming the first bad one
+  sim::embedding_forward(kSim, out, ids, table, N, C);
+}
+void sim_embedding_backward(float* dtable, const float* dout, const int32_t* ids, int64_t N, int64_t C, int64_t V) {
+  const TokenGroups g = group_tokens_by_id(ids, N, V);
+  sim::embedding_backward(kSim, dtable, dout, g.present.data(), g.start.data(), g.order.data(),
+                          int64_t(g.present.size()), C);
+}
+
+// The GEMMs in bf16 mode read bf16 copies of the activations, as cuBLASLt would on the GPU.
+void sim_linear_forward(float* out, const float* in, WeightRef W, const float* bias, int64_t N, int64_t in_f,
+                        int64_t out_f) {
+  if (N == 0) return;
+  const MatType t = mat_type(W);
+  std::vector<bf16_t> in_b = t == MatType::bf16 ? rounded(in, N * in_f) : std::vector<bf16_t>{};
+  const void* x = t == MatType::bf16 ? static_cast<const void*>(in_b.data()) : in;
+  emulate_matmul(linear_forward_matmul(out, MatType::f32, x, W.data, t, bias, N, out_f, in_f));
+}
+
+void sim_linear_backward(float* din, float* dW, float* dbias, const float* dout, const float* in, WeightRef W,
+                         int64_t N, int64_t in_f, int64_t out_f) {
+  if (N == 0) return;
+  const MatType t = mat_type(W);
+  std::vector<bf16_t> dout_b, in_b;
+  const void* dy = dout;
+  const void* x = in;
+  if (t == MatType::bf16) {
+    dout_b = rounded(dout, N * out_f), in_b = rounded(in, N * in_f);
+    dy = dout_b.data(), x = in_b.data();
+  }
+  if (din) emulate_matmul(linear_dinput_matmul(din, dy, W.data, t, N, out_f, in_f));
+  for (const Matmul& mm : linear_dweight_matmuls(dW, dy, x, t, N, out_f, in_f)) emulate_matmul(mm);
+  if (dbias) sim::bias_grad(kSim, dbias, dout, N, out_f);
+}
+
+double sim_head_forward_backward(float* dx, float* dnorm_w, float* dlm_w, const float* x, const int32_t* targets,
+                                 const float* norm_w, WeightRef lm_w, float grad_scale, HeadShape s) {
+  std::vector<unsigned char> ws(head_workspace_bytes(s, lm_w.dtype));
+  double loss = 0.0;
+  HeadArgs a;
+  a.dx = dx, a.dnorm_w = dnorm_w, a.dlm_w = dlm_w, a.loss = &loss;
+  a.x = x, a.targets = targets, a.norm_w = norm_w, a.lm_w = lm_w.data, a.lm_type = lm_w.dtype;
+  a.grad_scale = grad_scale, a.shape = s, a.workspace = ws.data();
+  sim::head_forward_backward(GemmContext{}, kSim, a);
+  return loss;
+}
+
+// The loss alone: the fused forward-backward into throwaway gradients (cuda-sim runs small models).
+double sim_head_forward(const float* x, const int32_t* targets, const float* norm_w, WeightRef lm_w, HeadShape s) {
+  std::vector<float> dx(static_cast<size_t>(s.N * s.C)), dnorm(static_cast<size_t>(s.C));
+  std::vector<float> dlm(static_cast<size_t>(s.V * s.C));
+  return sim_head_forward_backward(dx.data(), dnorm.data(), dlm.data(), x, targets, norm_w, lm_w, 1.0f, s);
+}
+
+const OpsOverride kCudaSimOps{"cuda-sim",
+                              sim_rmsnorm_forward,
+                              sim_rmsnorm_backward,
+                              sim_rope_forward,
+                              sim_rope_backward,
+                              sim_swiglu_forward,
+                              sim_swiglu_backward,
+                              sim_attention_forward,
+                              sim_attention_backward,
+                              sim_embedding_forward,
+                              sim_embedding_backward,
+                              sim_linear_forward,
+                              sim_linear_backward,
+                              sim_head_forward,
+                              sim_head_forward_backward};
+
+}  // namespace
+
+void use_cuda_sim_kernels(bool on) { set_ops_override(on ? &kCudaSimOps : nullptr); }
+bool using_cuda_sim_kernels() { return ops_override() == &kCudaSimOps; }
+
+}  // namespace lt::cuda

@@ -1,0 +1,48 @@
+// ops/override.h — a process-wide replacement of the ops' implementations, so a whole step (the in-memory
+// path, the streaming executor, the profiler) can run other kernels without a second copy of the model.
+// `--device cuda-sim` installs the CUDA kernels run under cuda-sim (cuda/sim_ops.h); nothing else does, and
+// without one every op runs its CPU implementation. Each op reads the pointer at entry (one atomic load)
+// and calls the replacement, when it has one for that op, with its own arguments.
+#pragma once
+
+#include "ops/attention.h"
+#include "ops/embedding.h"
+#include "ops/head.h"
+#include "ops/linear.h"
+#include "ops/rmsnorm.h"
+#include "ops/rope.h"
+#include "ops/swiglu.h"
+
+namespace lt {
+
+struct OpsOverride {
+  const char* name;  // for logs: "cuda-sim"
+  decltype(&rmsnorm_forward) rmsnorm_forward_fn;
+  decltype(&rmsnorm_backward) rmsnorm_backward_fn;
+  decltype(&rope_forward) rope_forward_fn;
+  decltype(&rope_backward) rope_backward_fn;
+  decltype(&swiglu_forward) swiglu_forward_fn;
+  decltype(&swiglu_backward) swiglu_backward_fn;
+  decltype(&attention_forward) attention_forward_fn;
+  decltype(&attention_backward) attention_backward_fn;
+  decltype(&embedding_forward) embedding_forward_fn;
+  decltype(&embedding_backward) embedding_backward_fn;
+  decltype(&linear_forward) linear_forward_fn;
+  decltype(&linear_backward) linear_backward_fn;
+  decltype(&head_forward) head_forward_fn;
+  decltype(&head_forward_backward) head_forward_backward_fn;
+};
+
+// The installed replacement, or nullptr (the CPU ops).
+const OpsOverride* ops_override();
+// Installs `o` (nullptr: back to the CPU ops). Not while a step runs.
+void set_ops_override(const OpsOverride* o);
+
+}  // namespace lt
+
+// At the top of an op: `LT_OPS_OVERRIDE(rmsnorm_forward, out, rstd, in, weight, rows, C, eps);`
+#define LT_OPS_OVERRIDE(op, ...)                                                        \
+  do {                                                                                  \
+    if (const ::lt::OpsOverride* lt_o = ::lt::ops_override(); lt_o && lt_o->op##_fn)    \
+      return lt_o->op##_fn(__VA_ARGS__);                                                \
+  } while (0)
