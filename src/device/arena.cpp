@@ -140,4 +140,15 @@ void DeviceArena::throw_out_of_memory(size_t bytes, const std::string& tag) cons
           users);
 }
 
+void DeviceArena::check_copy(const char* what, const std::string& name, const void* device_ptr,
+                             const char* device_side, const void* host_ptr, const char* host_side,
+                             size_t bytes) const {
+  if (bytes == 0) return;
+  LT_CHECK(contains_live(device_ptr, bytes), "{} '{}': the {} {} .. +{} bytes is not inside one live device allocation",
+           what, name, device_side, device_ptr, bytes);
+  LT_CHECK(host_ptr != nullptr, "{} '{}': the host {} is null", what, name, host_side);
+  LT_CHECK(!in_range(host_ptr), "{} '{}': the {} {} is device memory, not host memory", what, name, host_side,
+           host_ptr);
+}
+
 }  // namespace lt

@@ -45,6 +45,10 @@ class DeviceArena {
   bool contains_live(const void* ptr, size_t bytes) const;
   // True when ptr lies anywhere in the arena's address range, live or free.
   bool in_range(const void* ptr) const;
+  // A device's check of a copy at enqueue (what = "copy_h2d" / "copy_d2h", name = the op's label): the device
+  // side lies inside one live block and the host side is not null and not device memory; else lt::Error.
+  void check_copy(const char* what, const std::string& name, const void* device_ptr, const char* device_side,
+                  const void* host_ptr, const char* host_side, size_t bytes) const;
 
   DeviceMemoryStats stats() const;
   void reset_peak();

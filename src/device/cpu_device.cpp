@@ -211,14 +211,14 @@ class CpuDevice final : public Device {
 
   void copy_h2d(void* dst_device, const void* src_host, size_t bytes, StreamKind stream, const std::string& name,
                 int layer) override {
-    check_copy("copy_h2d", name, dst_device, "destination", src_host, "source", bytes);
+    arena_->check_copy("copy_h2d", name, dst_device, "destination", src_host, "source", bytes);
     Op op{OpKind::copy_h2d, name, layer, dst_device, src_host, bytes, {}, {}, 0};
     enqueue(stream, std::move(op));
   }
 
   void copy_d2h(void* dst_host, const void* src_device, size_t bytes, StreamKind stream, const std::string& name,
                 int layer) override {
-    check_copy("copy_d2h", name, src_device, "source", dst_host, "destination", bytes);
+    arena_->check_copy("copy_d2h", name, src_device, "source", dst_host, "destination", bytes);
     Op op{OpKind::copy_d2h, name, layer, dst_host, src_device, bytes, {}, {}, 0};
     enqueue(stream, std::move(op));
   }
@@ -319,17 +319,6 @@ class CpuDevice final : public Device {
     auto* e = dynamic_cast<CpuEvent*>(&event);
     LT_CHECK(e != nullptr && e->owner() == this, "{}: the event was not created by this device", what);
     return *e;
-  }
-
-  void check_copy(const char* what, const std::string& name, const void* device_ptr, const char* device_side,
-                  const void* host_ptr, const char* host_side, size_t bytes) const {
-    if (bytes == 0) return;
-    LT_CHECK(arena_->contains_live(device_ptr, bytes),
-             "{} '{}': the {} {} .. +{} bytes is not inside one live device allocation", what, name, device_side,
-             device_ptr, bytes);
-    LT_CHECK(host_ptr != nullptr, "{} '{}': the host {} is null", what, name, host_side);
-    LT_CHECK(!arena_->in_range(host_ptr), "{} '{}': the {} {} is device memory, not host memory", what, name,
-             host_side, host_ptr);
   }
 
   void enqueue(StreamKind stream, Op op) {

@@ -108,23 +108,16 @@ void CublasLt::run(const Matmul& mm, Stream stream, void* workspace) {
     const uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE |
                              CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE;  // never INPLACE (atomics)
     const uint32_t align_a = alignment(mm.A), align_b = alignment(mm.B), align_d = alignment(mm.D);
-    LT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)),
-                    "{}", describe(mm));
-    LT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes,
-                                                         sizeof(schemes)),
-                    "{}", describe(mm));
-    LT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a,
-                                                         sizeof(align_a)),
-                    "{}", describe(mm));
-    LT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b,
-                                                         sizeof(align_b)),
-                    "{}", describe(mm));
-    LT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_d,
-                                                         sizeof(align_d)),
-                    "{}", describe(mm));
-    LT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d,
-                                                         sizeof(align_d)),
-                    "{}", describe(mm));
+    auto prefer = [&](cublasLtMatmulPreferenceAttributes_t attribute, const auto& value) {
+      LT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attribute, &value, sizeof(value)),
+                      "{}: preference {}", describe(mm), int(attribute));
+    };
+    prefer(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, ws);
+    prefer(CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, schemes);
+    prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_a);
+    prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_b);
+    prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_d);
+    prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_d);
     cublasLtMatmulHeuristicResult_t result{};
     int count = 0;
     LT_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(state_->handle, ds.op, ds.a, ds.b, ds.d, ds.d, pref, 1, &result,
