@@ -62,7 +62,8 @@ CudaInventory query_cuda() {
     char bus[32] = {};
     if (cudaDeviceGetPCIBusId(bus, sizeof(bus), i) == cudaSuccess) g.pci_bus_id = bus;
     size_t free_bytes = 0, total = 0;
-    if (cudaSetDevice(i) == cudaSuccess && cudaMemGetInfo(&free_bytes, &total) == cudaSuccess) g.free_bytes = free_bytes;
+    if (cudaSetDevice(i) == cudaSuccess && cudaMemGetInfo(&free_bytes, &total) == cudaSuccess)
+      g.free_bytes = free_bytes;
     cudaGetLastError();
     g.supported = supported(g.cc_major, g.cc_minor, inv.architectures);
     inv.devices.push_back(g);

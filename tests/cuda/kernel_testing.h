@@ -1,6 +1,6 @@
-// Helpers for the kernel tests under cuda-sim: buffers with sentinel guards around them, seeded data, bf16
-// rounding of inputs, bitwise comparison, and a run of a check under every thread order a correct kernel
-// must pass (forward, reverse, seeded random).
+// Helpers for the kernel tests: buffers with sentinel guards around them, seeded data, bf16 rounding of
+// inputs, bitwise comparison. No CUDA or cuda-sim header, so native tests include it too; the thread orders
+// of cuda-sim are in cuda/sim_orders.h.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -12,7 +12,6 @@
 
 #include "core/dtype.h"
 #include "core/rng.h"
-#include "cuda_sim/cuda_sim.h"
 
 namespace lt::cuda::testing {
 
@@ -87,21 +86,6 @@ inline std::string shape_name(std::initializer_list<int64_t> dims) {
   std::string s = "shape";
   for (int64_t d : dims) s += " " + std::to_string(d);
   return s;
-}
-
-// Runs `check` once per thread order (forward, reverse, two seeded random orders), each under a trace
-// naming the order.
-inline void for_each_order(const std::function<void()>& check) {
-  using cuda_sim::Order;
-  const cuda_sim::OrderSetting settings[] = {
-      {Order::forward, 0}, {Order::reverse, 0}, {Order::random, 11}, {Order::random, 12}};
-  for (const auto& setting : settings) {
-    SCOPED_TRACE(std::string("thread order ") + cuda_sim::order_name(setting.order) + " seed " +
-                 std::to_string(setting.seed));
-    cuda_sim::set_default_order(setting);
-    check();
-  }
-  cuda_sim::clear_default_order();
 }
 
 }  // namespace lt::cuda::testing

@@ -1,7 +1,7 @@
 // The attention kernels under cuda-sim against the CPU op (ops/attention.h): forward (out, lse) and backward
 // (dq, dk, dv) on odd sequence lengths (not multiples of the 32- or 16-row tiles), grouped heads, packed
-// documents, head dims 64/128/256 and between (40, 96), f32 and bf16 storage; bitwise identical in every thread order (no atomics,
-// fixed sums); sentinel guards around every output; the backward against finite differences of the forward
+// documents, head dims 64/128/256 and between (40, 96), f32 and bf16 storage; bitwise identical in every thread order
+// (no atomics, fixed sums); sentinel guards around every output; the backward against finite differences of the forward
 // kernel; an unsupported head dimension refused with the op named.
 #include <gtest/gtest.h>
 
@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "cuda/kernel_testing.h"
 #include "cuda/kernels.h"
+#include "cuda/sim_orders.h"
 #include "ops/attention.h"
 
 namespace lt::cuda {
@@ -54,8 +55,7 @@ void expect_close(const std::vector<float>& got, const std::vector<float>& want,
   ASSERT_EQ(got.size(), want.size()) << what;
   double scale = 1.0;
   for (float w : want) scale = std::max(scale, double(std::abs(w)));
-  for (size_t i = 0; i < got.size(); ++i)
-    ASSERT_NEAR(got[i], want[i], tol * scale) << what << " element " << i;
+  for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], tol * scale) << what << " element " << i;
 }
 
 struct Inputs {
@@ -76,8 +76,8 @@ TEST(CudaSimAttention, F32MatchesTheCpuOpAndIsTheSameInEveryThreadOrder) {
     std::vector<float> want_out(q_size(s)), want_lse(lse_size(s));
     attention_forward(want_out.data(), want_lse.data(), in.q.data(), in.k.data(), in.v.data(), doc_ids, s);
     std::vector<float> want_dq(q_size(s)), want_dk(kv_size(s)), want_dv(kv_size(s));
-    attention_backward(want_dq.data(), want_dk.data(), want_dv.data(), in.dout.data(), want_out.data(),
-                       want_lse.data(), in.q.data(), in.k.data(), in.v.data(), doc_ids, s);
+    attention_backward(want_dq.data(), want_dk.data(), want_dv.data(), in.dout.data(), want_out.data(), want_lse.data(),
+                       in.q.data(), in.k.data(), in.v.data(), doc_ids, s);
     std::vector<std::vector<float>> first;  // the forward order's results, which every order must repeat
     for_each_order([&] {
       Guarded<float> out(q_size(s)), lse(lse_size(s)), dq(q_size(s)), dk(kv_size(s)), dv(kv_size(s));
@@ -124,8 +124,8 @@ TEST(CudaSimAttention, Bf16StorageIsTheCpuOpOnTheWidenedInputs) {
     attention_backward(want_dq.data(), want_dk.data(), want_dv.data(), in.dout.data(), got.data(), lse.values().data(),
                        to_f32(qb).data(), to_f32(kb).data(), to_f32(vb).data(), doc_ids, s);
     Guarded<unsigned char> workspace(attention_backward_workspace_bytes(s));
-    sim::attention_backward(kStream, dq.data(), dk.data(), dv.data(), in.dout.data(), out.data(), lse.data(),
-                            qb.data(), kb.data(), vb.data(), doc_ids, s, workspace.data());
+    sim::attention_backward(kStream, dq.data(), dk.data(), dv.data(), in.dout.data(), out.data(), lse.data(), qb.data(),
+                            kb.data(), vb.data(), doc_ids, s, workspace.data());
     expect_close(dq.values(), want_dq, 2e-5, "dq");
     expect_close(dk.values(), want_dk, 2e-5, "dk");
     expect_close(dv.values(), want_dv, 2e-5, "dv");
@@ -147,8 +147,8 @@ TEST(CudaSimAttention, BackwardMatchesFiniteDifferencesOfTheForwardKernel) {
   std::vector<float> out(q_size(s)), lse(lse_size(s)), dq(q_size(s)), dk(kv_size(s)), dv(kv_size(s));
   std::vector<unsigned char> workspace(attention_backward_workspace_bytes(s));
   sim::attention_forward(kStream, out.data(), lse.data(), in.q.data(), in.k.data(), in.v.data(), nullptr, s);
-  sim::attention_backward(kStream, dq.data(), dk.data(), dv.data(), in.dout.data(), out.data(), lse.data(),
-                          in.q.data(), in.k.data(), in.v.data(), nullptr, s, workspace.data());
+  sim::attention_backward(kStream, dq.data(), dk.data(), dv.data(), in.dout.data(), out.data(), lse.data(), in.q.data(),
+                          in.k.data(), in.v.data(), nullptr, s, workspace.data());
   auto directional = [&](const std::vector<float>& grad, int which, uint64_t seed) {
     const auto dir = random_floats(grad.size(), seed);
     const float eps = 1e-2f;  // f32 forward: truncation O(eps²) and rounding ~1e-7·|L|/eps, both ≲ 1e-3 relative

@@ -10,6 +10,7 @@
 #include "core/rng.h"
 #include "cuda/kernel_testing.h"
 #include "cuda/kernels.h"
+#include "cuda/sim_orders.h"
 #include "ops/head.h"
 
 namespace lt::cuda {
@@ -82,9 +83,9 @@ TEST(CudaSimHead, FusedHeadMatchesTheCpuHead) {
     std::vector<float> want_dx(x.size()), want_dnorm = random_floats(norm_w.size(), 11);
     std::vector<float> want_dlm = random_floats(lm_w.size(), 12);
     const std::vector<float> dnorm0 = want_dnorm, dlm0 = want_dlm;
-    const double want_loss = head_forward_backward(want_dx.data(), want_dnorm.data(), want_dlm.data(), x.data(),
-                                                   targets.data(), norm_w.data(), WeightRef{lm, lm_type},
-                                                   grad_scale, shape);
+    const double want_loss =
+        head_forward_backward(want_dx.data(), want_dnorm.data(), want_dlm.data(), x.data(), targets.data(),
+                              norm_w.data(), WeightRef{lm, lm_type}, grad_scale, shape);
     // f32: sums in other orders, 2e-6 of the largest value. bf16 GEMMs round xn and dlogits to bf16 in
     // both, but one that lies near a rounding boundary may round the other way after an f32-level
     // difference: that moves one product of a dot by 2^-8 relative, diluted over its C or V terms: 2e-3.

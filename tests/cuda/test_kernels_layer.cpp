@@ -8,8 +8,9 @@
 #include <cmath>
 #include <numeric>
 
-#include "cuda/kernels.h"
 #include "cuda/kernel_testing.h"
+#include "cuda/kernels.h"
+#include "cuda/sim_orders.h"
 #include "ops/embedding.h"
 #include "ops/linear.h"
 #include "ops/rmsnorm.h"
@@ -56,7 +57,8 @@ const NormShape kNormShapes[] = {{1, 1}, {7, 5}, {9, 33}, {37, 100}, {130, 17}};
 TEST(CudaSimKernels, RmsnormForwardF32MatchesCpuBitwise) {
   for (const auto [rows, C] : kNormShapes) {
     SCOPED_TRACE(testing::shape_name({rows, C}));
-    const auto x = random_floats(size_t(rows * C), 1 + rows), w = random_floats(static_cast<size_t>(C), 2 + C, 0.5f, 1.5f);
+    const auto x = random_floats(size_t(rows * C), 1 + rows),
+               w = random_floats(static_cast<size_t>(C), 2 + C, 0.5f, 1.5f);
     std::vector<float> want(x.size()), want_rstd(static_cast<size_t>(rows));
     rmsnorm_forward(want.data(), want_rstd.data(), x.data(), w.data(), rows, C, 1e-6f);
     for_each_order([&] {
@@ -119,7 +121,8 @@ TEST(CudaSimKernels, RmsnormBackwardMatchesCpuBitwise) {
 TEST(CudaSimKernels, RmsnormBackwardMatchesFiniteDifferencesOfTheForwardKernel) {
   const int64_t rows = 5, C = 19;
   const auto x = random_floats(size_t(rows * C), 21), w = random_floats(static_cast<size_t>(C), 22, 0.5f, 1.5f);
-  const auto g = random_floats(x.size(), 23), vx = random_floats(x.size(), 24), vw = random_floats(static_cast<size_t>(C), 25);
+  const auto g = random_floats(x.size(), 23), vx = random_floats(x.size(), 24),
+             vw = random_floats(static_cast<size_t>(C), 25);
   // L(x, w) = Σ g · rmsnorm(x; w), the forward on the kernel.
   auto loss = [&](const std::vector<float>& xs, const std::vector<float>& ws) {
     std::vector<float> out(xs.size()), rstd(static_cast<size_t>(rows));
@@ -208,11 +211,13 @@ TEST(CudaSimKernels, SwigluMatchesCpuBitwise) {
     swiglu_forward(want.data(), gate.data(), up.data(), n);
     swiglu_backward(want_dg.data(), want_du.data(), dout.data(), gate.data(), up.data(), n);
     const auto gb = to_bf16(gate), ub = to_bf16(up);
-    std::vector<float> want_b(static_cast<size_t>(n)), want_dg_b(static_cast<size_t>(n)), want_du_b(static_cast<size_t>(n));
+    std::vector<float> want_b(static_cast<size_t>(n)), want_dg_b(static_cast<size_t>(n)),
+        want_du_b(static_cast<size_t>(n));
     swiglu_forward(want_b.data(), to_f32(gb).data(), to_f32(ub).data(), n);
     swiglu_backward(want_dg_b.data(), want_du_b.data(), dout.data(), to_f32(gb).data(), to_f32(ub).data(), n);
     for_each_order([&] {
-      Guarded<float> out(static_cast<size_t>(n)), dg(static_cast<size_t>(n)), du(static_cast<size_t>(n)), dg_b(static_cast<size_t>(n)), du_b(static_cast<size_t>(n));
+      Guarded<float> out(static_cast<size_t>(n)), dg(static_cast<size_t>(n)), du(static_cast<size_t>(n)),
+          dg_b(static_cast<size_t>(n)), du_b(static_cast<size_t>(n));
       Guarded<bf16_t> out_b(static_cast<size_t>(n));
       sim::swiglu_forward(kStream, out.data(), gate.data(), up.data(), n);
       sim::swiglu_backward(kStream, dg.data(), du.data(), dout.data(), gate.data(), up.data(), n);
@@ -232,8 +237,10 @@ TEST(CudaSimKernels, SwigluMatchesCpuBitwise) {
 
 TEST(CudaSimKernels, SwigluBackwardMatchesFiniteDifferencesOfTheForwardKernel) {
   const int64_t n = 301;
-  const auto gate = random_floats(static_cast<size_t>(n), 61, -6.0f, 6.0f), up = random_floats(static_cast<size_t>(n), 62);
-  const auto g = random_floats(static_cast<size_t>(n), 63), vg = random_floats(static_cast<size_t>(n), 64), vu = random_floats(static_cast<size_t>(n), 65);
+  const auto gate = random_floats(static_cast<size_t>(n), 61, -6.0f, 6.0f),
+             up = random_floats(static_cast<size_t>(n), 62);
+  const auto g = random_floats(static_cast<size_t>(n), 63), vg = random_floats(static_cast<size_t>(n), 64),
+             vu = random_floats(static_cast<size_t>(n), 65);
   auto loss = [&](const std::vector<float>& ga, const std::vector<float>& u) {
     std::vector<float> out(static_cast<size_t>(n));
     sim::swiglu_forward(kStream, out.data(), ga.data(), u.data(), n);
@@ -259,7 +266,9 @@ TEST(CudaSimKernels, AddAccumulateAndConvertAreExact) {
     for (int64_t i = 0; i < n; ++i) sum[static_cast<size_t>(i)] = a[static_cast<size_t>(i)] + b[static_cast<size_t>(i)];
     std::vector<float> bf16_sum(static_cast<size_t>(n));
     const auto ab = to_bf16(a), bb = to_bf16(b);
-    for (int64_t i = 0; i < n; ++i) bf16_sum[static_cast<size_t>(i)] = bf16_to_f32(ab[static_cast<size_t>(i)]) + bf16_to_f32(bb[static_cast<size_t>(i)]);
+    for (int64_t i = 0; i < n; ++i)
+      bf16_sum[static_cast<size_t>(i)] =
+          bf16_to_f32(ab[static_cast<size_t>(i)]) + bf16_to_f32(bb[static_cast<size_t>(i)]);
     for_each_order([&] {
       Guarded<float> out(static_cast<size_t>(n)), acc(a), widened(static_cast<size_t>(n));
       Guarded<bf16_t> out_b(static_cast<size_t>(n)), rounded(static_cast<size_t>(n));
@@ -273,8 +282,8 @@ TEST(CudaSimKernels, AddAccumulateAndConvertAreExact) {
       EXPECT_BITWISE_EQ(out_b.values(), to_bf16(bf16_sum));
       EXPECT_BITWISE_EQ(rounded.values(), ab);
       EXPECT_BITWISE_EQ(widened.values(), to_f32(ab));
-      EXPECT_TRUE(out.guards_intact() && acc.guards_intact() && widened.guards_intact() &&
-                  out_b.guards_intact() && rounded.guards_intact());
+      EXPECT_TRUE(out.guards_intact() && acc.guards_intact() && widened.guards_intact() && out_b.guards_intact() &&
+                  rounded.guards_intact());
     });
   }
 }
@@ -322,8 +331,7 @@ TEST(CudaSimKernels, BiasGradMatchesTheCpuLinearOpBitwise) {
     std::vector<float> dx(static_cast<size_t>(M * K)), dw(static_cast<size_t>(N * K));
     std::vector<float> want = random_floats(static_cast<size_t>(N), 94);
     const std::vector<float> dbias0 = want;
-    linear_backward(dx.data(), dw.data(), want.data(), dout.data(), x.data(), WeightRef{w.data(), DType::f32}, M, K,
-                    N);
+    linear_backward(dx.data(), dw.data(), want.data(), dout.data(), x.data(), WeightRef{w.data(), DType::f32}, M, K, N);
     for_each_order([&] {
       Guarded<float> dbias(dbias0);
       sim::bias_grad(kStream, dbias.data(), dout.data(), M, N);
