@@ -3,7 +3,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build test demo bench asan fresh-check clean
+.PHONY: all deps configure build test demo bench asan fresh-check gpu-check clean
 
 all: build
 
@@ -35,6 +35,11 @@ bench: deps
 	bash bench/run_exec.sh $(BUILD)
 	bash bench/run_optimizer.sh $(BUILD)
 	bash bench/run_tokenizer.sh $(BUILD)
+
+# On a machine with an NVIDIA GPU: the CUDA backend's native tests and layer benchmark, one JSON line at the
+# end (scripts/gpu-check.sh, docs/cuda.md). Within 10 minutes on a 16-core GPU host.
+gpu-check: deps
+	bash scripts/gpu-check.sh
 
 # Debug build with AddressSanitizer and UBSan; runs the C++ tests.
 asan: deps
