@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "core/parallel.h"
 #include "ops/linear.h"
 
 namespace lt::cuda {
@@ -48,27 +49,42 @@ void check(const Matmul& mm) {
 
 void emulate_matmul(const Matmul& mm) {
   check(mm);
-  // Column by column of D; each element's sum runs over k in order in f32, then alpha, beta · D, the bias,
-  // and one rounding to D's type — the order of operations cuBLASLt documents for D = alpha·AB + beta·C.
-  std::vector<float> col(static_cast<size_t>(mm.m));
-  for (int64_t j = 0; j < mm.n; ++j) {
-    for (int64_t i = 0; i < mm.m; ++i) {
-      float acc = 0.0f;
-      for (int64_t l = 0; l < mm.k; ++l)
-        acc += op_element(mm.A, mm.a_type, mm.op_a, mm.lda, i, l) * op_element(mm.B, mm.b_type, mm.op_b, mm.ldb, l, j);
-      float d = mm.alpha * acc;
-      if (mm.beta != 0.0f) d += mm.beta * load(mm.D, mm.d_type, i + j * mm.ldd);
-      if (mm.bias) d += mm.bias[i];
-      col[size_t(i)] = d;
-    }
-    for (int64_t i = 0; i < mm.m; ++i) {
-      const int64_t at = i + j * mm.ldd;
-      if (mm.d_type == MatType::f32)
-        static_cast<float*>(mm.D)[at] = col[size_t(i)];
-      else
-        static_cast<bf16_t*>(mm.D)[at] = f32_to_bf16(col[size_t(i)]);
-    }
-  }
+  // Each element's sum runs over k in order in f32, then alpha, beta · D, the bias, and one rounding to D's
+  // type — the order of operations cuBLASLt documents for D = alpha·AB + beta·C. op(A) is widened into a
+  // row-major [m, k] copy and op(B) into [k, n], so the loop below runs kColumns elements of a row of D side by
+  // side: each keeps its own sequential sum (vectorised across elements, never reassociated within one).
+  constexpr int64_t kColumns = 16;
+  const int64_t m = mm.m, n = mm.n, k = mm.k;
+  std::vector<float> a(static_cast<size_t>(m * k)), bt(static_cast<size_t>(k * n));
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t l = 0; l < k; ++l) a[size_t(i * k + l)] = op_element(mm.A, mm.a_type, mm.op_a, mm.lda, i, l);
+  for (int64_t l = 0; l < k; ++l)
+    for (int64_t j = 0; j < n; ++j) bt[size_t(l * n + j)] = op_element(mm.B, mm.b_type, mm.op_b, mm.ldb, l, j);
+  parallel_chunks(m, 8, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i)
+      for (int64_t j0 = 0; j0 < n; j0 += kColumns) {
+        const int64_t w = std::min(kColumns, n - j0);
+        float acc[kColumns] = {};
+        const float* ai = a.data() + i * k;
+        for (int64_t l = 0; l < k; ++l) {
+          const float* bl = bt.data() + l * n + j0;
+          if (w == kColumns)
+            for (int64_t jj = 0; jj < kColumns; ++jj) acc[jj] += ai[l] * bl[jj];
+          else
+            for (int64_t jj = 0; jj < w; ++jj) acc[jj] += ai[l] * bl[jj];
+        }
+        for (int64_t jj = 0; jj < w; ++jj) {
+          const int64_t at = i + (j0 + jj) * mm.ldd;
+          float d = mm.alpha * acc[jj];
+          if (mm.beta != 0.0f) d += mm.beta * load(mm.D, mm.d_type, at);
+          if (mm.bias) d += mm.bias[i];
+          if (mm.d_type == MatType::f32)
+            static_cast<float*>(mm.D)[at] = d;
+          else
+            static_cast<bf16_t*>(mm.D)[at] = f32_to_bf16(d);
+        }
+      }
+  });
 }
 
 Matmul linear_forward_matmul(void* Y, MatType y_type, const void* X, const void* W, MatType in_type,

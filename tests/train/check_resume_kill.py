@@ -3,7 +3,7 @@
 resumed with resume_from_checkpoint=true until it finishes must end with model files byte-identical to
 an uninterrupted run of the same config.
 
-Usage: check_resume_kill.py --lazytrain BIN [--kills N] [--seed S]"""
+Usage: check_resume_kill.py --lazytrain BIN [--kills N] [--seed S] [--steps N] [--device cpu|cuda-sim]"""
 import argparse
 import os
 import random
@@ -22,6 +22,9 @@ def main():
     ap.add_argument("--lazytrain", required=True)
     ap.add_argument("--kills", type=int, default=3)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=16)
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda-sim"],
+                    help="cuda-sim: every op on the CUDA kernels emulated on the CPU")
     a = ap.parse_args()
     rng = random.Random(a.seed)
     work = tempfile.mkdtemp(prefix="lt_resume_kill_")
@@ -30,8 +33,8 @@ def main():
                         "--test", "10"], check=True, capture_output=True)
         config = os.path.join(ROOT, "examples/arith/config.yaml")
         common = [f"model_name_or_path={work}/model/config.json", f"dataset_dir={work}/data", "eval_dataset=",
-                  "per_device_train_batch_size=4", "max_steps=16", "save_steps=2", "save_total_limit=2",
-                  "logging_steps=4", "plan=every:2", "cutoff_len=160", "device_memory=256MiB"]
+                  "per_device_train_batch_size=4", f"max_steps={a.steps}", "save_steps=2", "save_total_limit=2",
+                  "logging_steps=4", "plan=every:2", "cutoff_len=160", "device_memory=256MiB", f"device={a.device}"]
 
         def run(out, extra=(), kill_after=None):
             cmd = [a.lazytrain, "train", config, f"output_dir={out}"] + common + list(extra)
@@ -65,15 +68,15 @@ def main():
             else:
                 done = run(killed, ["resume_from_checkpoint=true"])
         for name in ("model.safetensors", "config.json", "resume/optimizer.safetensors", "resume/params.safetensors"):
-            x = open(os.path.join(ref, "checkpoint-16", name), "rb").read()
-            y = open(os.path.join(killed, "checkpoint-16", name), "rb").read()
+            x = open(os.path.join(ref, f"checkpoint-{a.steps}", name), "rb").read()
+            y = open(os.path.join(killed, f"checkpoint-{a.steps}", name), "rb").read()
             if x != y:
-                sys.exit(f"FAIL: checkpoint-16/{name} differs after {kills} kills")
+                sys.exit(f"FAIL: checkpoint-{a.steps}/{name} differs after {kills} kills")
         print(f"pass: {kills} kills, resumed run byte-identical to the uninterrupted one")
 
         # The saved checkpoint is a Hugging Face model: PyTorch's reference loads it and agrees on the loss.
         import json
-        ckpt = os.path.join(ref, "checkpoint-16")
+        ckpt = os.path.join(ref, f"checkpoint-{a.steps}")
         batch = os.path.join(work, "batch.json")
         ids = [[rng.randrange(259) for _ in range(40)] for _ in range(2)]
         json.dump({"input_ids": ids, "labels": ids}, open(batch, "w"))
