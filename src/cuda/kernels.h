@@ -17,40 +17,12 @@
 
 #include "core/dtype.h"
 #include "ops/attention.h"
-#include "ops/head.h"
 
 namespace lt::cuda {
 
 // A cudaStream_t for native launches (nullptr: the default stream); ignored by cuda-sim, whose launches
 // run to completion before they return.
 using Stream = void*;
-
-// How the GEMMs of a composite op (head_forward_backward) run: natively, on `cublas` (a native::CublasLt of
-// cuda/gemm.h) with its per-stream `workspace`; under cuda-sim both are ignored (emulate_matmul).
-struct GemmContext {
-  void* cublas = nullptr;
-  void* workspace = nullptr;
-};
-
-// The fused LM head on a GPU: per chunk of shape.chunk_tokens tokens, the final RMSNorm, the logits GEMM,
-// cross-entropy, and their backward (ops/head.h's contract: dx written, dnorm_w and dlm_w accumulated,
-// *loss += Σ CE over counted tokens). All pointers are device pointers; targets are checked by the caller;
-// workspace: head_workspace_bytes.
-struct HeadArgs {
-  float* dx;             // [N, C]
-  float* dnorm_w;        // [C]
-  float* dlm_w;          // [V, C]
-  double* loss;          // one f64
-  const float* x;        // [N, C] the last block's output
-  const int32_t* targets;  // [N]
-  const float* norm_w;   // [C]
-  const void* lm_w;      // [V, C] in lm_type
-  DType lm_type = DType::f32;  // f32, or bf16 for bf16 GEMMs (xn and dlogits are then rounded to bf16)
-  float grad_scale = 1.0f;
-  HeadShape shape{};
-  void* workspace = nullptr;
-};
-size_t head_workspace_bytes(const HeadShape& s, DType lm_type);
 
 // Device scratch rmsnorm_backward needs for rows × C: the f64 partial sums of dweight per fixed row chunk.
 size_t rmsnorm_backward_workspace_bytes(int64_t rows, int64_t C);

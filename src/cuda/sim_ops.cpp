@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "cuda/gemm.h"
 #include "cuda/kernels.h"
+#include "cuda/layers.h"
 #include "ops/override.h"
 
 namespace lt::cuda {

@@ -394,6 +394,25 @@ size_t block_stored_bytes(const BlockShape& s) {
   return f.back().offset + f.back().bytes();
 }
 
+StoredOffsets block_stored_offsets(const BlockShape& s) {
+  LT_CHECK(s.act == DType::bf16, "block_stored_offsets: the stored internals are for bf16 storage");
+  StoredOffsets o{-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1};
+  const std::pair<float* BlockActs::*, int64_t StoredOffsets::*> map[] = {
+      {&BlockActs::n1, &StoredOffsets::n1},       {&BlockActs::rstd1, &StoredOffsets::rstd1},
+      {&BlockActs::q, &StoredOffsets::q},         {&BlockActs::k, &StoredOffsets::k},
+      {&BlockActs::v, &StoredOffsets::v},         {&BlockActs::q_raw, &StoredOffsets::q_raw},
+      {&BlockActs::k_raw, &StoredOffsets::k_raw}, {&BlockActs::q_rstd, &StoredOffsets::q_rstd},
+      {&BlockActs::k_rstd, &StoredOffsets::k_rstd}, {&BlockActs::att, &StoredOffsets::att},
+      {&BlockActs::lse, &StoredOffsets::lse},     {&BlockActs::x_mid, &StoredOffsets::x_mid},
+      {&BlockActs::n2, &StoredOffsets::n2},       {&BlockActs::rstd2, &StoredOffsets::rstd2},
+      {&BlockActs::gate, &StoredOffsets::gate},   {&BlockActs::up, &StoredOffsets::up},
+      {&BlockActs::h, &StoredOffsets::h}};
+  for (const StoredField& f : stored_fields(s))
+    for (const auto& [field, slot] : map)
+      if (f.field == field) o.*slot = int64_t(f.offset);
+  return o;
+}
+
 LayerInternals bind_internals(void* kept, float* work, const BlockShape& s) {
   if (kept == nullptr) return {BlockActs::bind(work, s), nullptr, Saved::recompute};
   if (s.act == DType::f32) return {BlockActs::bind_full(static_cast<float*>(kept), s), nullptr, Saved::in_acts};

@@ -143,6 +143,14 @@ struct BlockScratch {
 // the stored internals — the bf16 activations and their f32 statistics for every token.
 size_t block_stored_bytes(const BlockShape& s);
 
+// Byte offsets of each stored internal in the buffer block_stored_bytes sizes (bf16 storage), for code other
+// than block_forward that writes or reads them (the CUDA block, cuda/layers/block.inl); -1 for the fields a
+// shape has not (q_raw, k_raw, q_rstd, k_rstd without qk_norm). Activations bf16, statistics f32.
+struct StoredOffsets {
+  int64_t n1, rstd1, q, k, v, q_raw, k_raw, q_rstd, k_rstd, att, lse, x_mid, n2, rstd2, gate, up, h;
+};
+StoredOffsets block_stored_offsets(const BlockShape& s);
+
 // Where the backward finds the forward's internals.
 enum class Saved : uint8_t {
   in_acts,    // acts holds them all, gate / up / h for every token (bind_full, or a working copy of one chunk)

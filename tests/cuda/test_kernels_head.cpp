@@ -10,6 +10,7 @@
 #include "core/rng.h"
 #include "cuda/kernel_testing.h"
 #include "cuda/kernels.h"
+#include "cuda/layers.h"
 #include "cuda/sim_orders.h"
 #include "ops/head.h"
 

@@ -16,6 +16,7 @@
 #include "cuda/gemm.h"
 #include "cuda/kernel_testing.h"
 #include "cuda/kernels.h"
+#include "cuda/layers.h"
 #include "cuda/native/cuda_check.h"
 #include "ops/embedding.h"
 #include "ops/rope.h"

@@ -293,13 +293,13 @@ constexpr size_t attention_backward_shared(int DMAX, int64_t D) {
   return (4 * R * size_t(D) + 2 * R * R + 2 * R) * sizeof(float);
 }
 
-// Above 48 KiB a kernel needs the opt-in attribute on a GPU (set once per kernel); cuda-sim takes up to 227 KiB.
+// Above 48 KiB a kernel needs the opt-in attribute on a GPU; set before every launch (a host call of about a
+// microsecond, and per kernel and device, which a once-only static would get wrong: kernels of one signature
+// share a template instance). An error surfaces at the launch. cuda-sim takes up to 227 KiB.
 template <class Kernel>
 void allow_shared(Kernel kernel, size_t bytes) {
 #ifdef __CUDACC__
-  static const cudaError_t status =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
-  (void)status;  // an error surfaces at the launch, which the caller checks
+  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
 #else
   (void)kernel, (void)bytes;
 #endif

@@ -1,19 +1,22 @@
-// cuda/kernels/head.cuh — the fused LM head as a sequence of launches (host code, compiled into both kernel
-// builds like the kernels, so it calls its own build's kernels): per chunk of tokens [n0, n0 + n)
+// cuda/layers/head.inl — the fused LM head as a sequence of launches: host code, compiled by the host compiler
+// into both namespaces (cuda/layers_sim.cpp, cuda/native/layers_native.cpp), so it calls that build's kernels: per chunk of tokens [n0, n0 + n)
 //   xn = rmsnorm(x) → (bf16: rounded copy) → logits = xn · lm_wᵀ (f32) → cross-entropy in place → dlogits
 //   dxn = dlogits · lm_w,  dlm_w += dlogitsᵀ · xn (token slices), dx, dnorm_w from rmsnorm's backward
 // Only one chunk's logits exist at a time ([chunk, V] f32 in the workspace). dnorm_w is added per chunk
 // (the CPU op sums it in f64 over all chunks first), so the two agree to f32 rounding.
 #pragma once
 
+#include "core/error.h"
 #include "cuda/gemm.h"
-#include "cuda/kernels/common.cuh"
+#include "cuda/layers.h"
+#include "cuda/scratch.h"
 
 namespace lt::cuda::LT_KERNELS_NS {
 
 // A Matmul on this build's GEMM: cuBLASLt natively, the emulation under cuda-sim.
 inline void run_matmul(const GemmContext& gemm, const Matmul& mm, Stream s) {
-#ifdef __CUDACC__
+#if LT_LAYERS_NATIVE
+  LT_CHECK(gemm.cublas != nullptr, "{}: a native launch needs a cuBLASLt handle (GemmContext::cublas)", mm.name);
   static_cast<native::CublasLt*>(gemm.cublas)->run(mm, s, gemm.workspace);
 #else
   (void)gemm, (void)s;
@@ -37,23 +40,17 @@ struct HeadScratch {
   static HeadScratch carve(void* base, const HeadShape& s, DType lm_type) {
     const int64_t n_c = s.chunk_tokens < s.N ? s.chunk_tokens : s.N;
     const bool b16 = lm_type == DType::bf16;
-    char* p = static_cast<char*>(base);
-    size_t off = 0;
-    auto take = [&](size_t bytes) -> void* {
-      void* at = p ? p + off : nullptr;
-      off += (bytes + 255) / 256 * 256;
-      return at;
-    };
+    ScratchCarver c(base);
     HeadScratch h;
-    h.xn = static_cast<float*>(take(size_t(n_c * s.C) * 4));
-    h.rstd = static_cast<float*>(take(size_t(n_c) * 4));
-    h.xn_b = b16 ? static_cast<bf16_t*>(take(size_t(n_c * s.C) * 2)) : nullptr;
-    h.logits = static_cast<float*>(take(size_t(n_c * s.V) * 4));
-    h.dlogits_b = b16 ? static_cast<bf16_t*>(take(size_t(n_c * s.V) * 2)) : nullptr;
-    h.row_loss = static_cast<double*>(take(size_t(n_c) * 8));
-    h.dxn = static_cast<float*>(take(size_t(n_c * s.C) * 4));
-    h.norm_ws = take(rmsnorm_backward_workspace_bytes(n_c, s.C));
-    h.bytes = off;
+    h.xn = c.take<float>(n_c * s.C);
+    h.rstd = c.take<float>(n_c);
+    h.xn_b = b16 ? c.take<bf16_t>(n_c * s.C) : nullptr;
+    h.logits = c.take<float>(n_c * s.V);
+    h.dlogits_b = b16 ? c.take<bf16_t>(n_c * s.V) : nullptr;
+    h.row_loss = c.take<double>(n_c);
+    h.dxn = c.take<float>(n_c * s.C);
+    h.norm_ws = c.take_bytes(rmsnorm_backward_workspace_bytes(n_c, s.C));
+    h.bytes = c.bytes();
     return h;
   }
 };
