@@ -58,8 +58,8 @@ TEST(CudaSimBlock, MatchesTheCpuBlockAtBf16Storage) {
                         {ModelType::llama, ComputeType::f32, false},
                         {ModelType::qwen3, ComputeType::f32, false}};
   for (const Case& c : cases) {
-    SCOPED_TRACE(std::string(model_type_name(c.type)) + (c.compute == ComputeType::bf16 ? " bf16" : " f32") +
-                 " GEMMs" + (c.packed ? ", packed" : ""));
+    SCOPED_TRACE(std::string(model_type_name(c.type)) + (c.compute == ComputeType::bf16 ? " bf16" : " f32") + " GEMMs" +
+                 (c.packed ? ", packed" : ""));
     const ModelConfig cfg = lt::testing::small_model_config(c.type);
     const int64_t B = 2, T = 13, N = B * T, C = cfg.hidden_size;
     const BlockShape sh = BlockShape::make(cfg, B, T, DType::bf16);
@@ -110,9 +110,9 @@ TEST(CudaSimBlock, MatchesTheCpuBlockAtBf16Storage) {
       EXPECT_BITWISE_EQ(floats_at(stored, o.n1, N * C, true), floats_at(stored_cpu, o.n1, N * C, true));
       EXPECT_BITWISE_EQ(floats_at(stored, o.rstd1, N, false), floats_at(stored_cpu, o.rstd1, N, false));
       EXPECT_LT(rel_l2(to_f32(x_out), to_f32(x_out_cpu)), kTol);
-      const std::pair<int64_t, int64_t> acts[] = {{o.q, sh.QD()}, {o.k, sh.KVD()}, {o.v, sh.KVD()},
+      const std::pair<int64_t, int64_t> acts[] = {{o.q, sh.QD()},   {o.k, sh.KVD()}, {o.v, sh.KVD()},
                                                   {o.att, sh.QD()}, {o.x_mid, C},    {o.n2, C},
-                                                  {o.gate, sh.I},  {o.up, sh.I},     {o.h, sh.I}};
+                                                  {o.gate, sh.I},   {o.up, sh.I},    {o.h, sh.I}};
       for (const auto& [offset, width] : acts)
         EXPECT_LT(rel_l2(floats_at(stored, offset, N * width, true), floats_at(stored_cpu, offset, N * width, true)),
                   kTol)
@@ -133,6 +133,69 @@ TEST(CudaSimBlock, MatchesTheCpuBlockAtBf16Storage) {
       EXPECT_BITWISE_EQ(dx_in, first[1]);
     });
   }
+}
+
+TEST(CudaSimBlock, MlpTokenChunksGiveTheSameBitsAsOneChunk) {
+  // 4133 tokens: a 4096-token chunk and a 37-token one (chunks are multiples of kTokenSlice), against the
+  // whole MLP at once — bit for bit, as the CPU block promises — and against the CPU block's chunks.
+  lt::testing::SmallShape shape;
+  shape.heads = 2, shape.kv_heads = 1, shape.hidden = 16, shape.intermediate = 24, shape.max_positions = 8192;
+  const ModelConfig cfg = lt::testing::small_model_config(ModelType::qwen3, shape);
+  const int64_t B = 1, T = kTokenSlice + 37, N = B * T, C = cfg.hidden_size;
+  const ModelSlabs params = lt::testing::random_model_params(cfg, 7);
+  ModelSlabs weights(cfg, DType::bf16);
+  make_compute_copy(weights, params);
+  const BlockView w = BlockView::bind(weights.layout(SlabKind::layer), weights.layer(0));
+  std::vector<int32_t> pos(static_cast<size_t>(N));
+  for (int64_t t = 0; t < N; ++t) pos[size_t(t)] = int32_t(t);
+  const TokenInfo ti{pos.data(), nullptr};
+  const auto x_in = to_bf16(random_floats(static_cast<size_t>(N * C), 8));
+  const auto dx_out = random_floats(static_cast<size_t>(N * C), 9, -0.1f, 0.1f);
+  const BlockShape whole = BlockShape::make(cfg, B, T, DType::bf16),
+                   chunked = BlockShape::make(cfg, B, T, DType::bf16, kTokenSlice);
+  ASSERT_EQ(chunked.mlp_rows(), kTokenSlice);
+  std::vector<float> cos(static_cast<size_t>(T * whole.D / 2)), sin(cos.size());
+  rope_table(cos.data(), sin.data(), T, whole.D, whole.rope_theta);
+  struct Result {
+    std::vector<bf16_t> x_out;
+    std::vector<uint8_t> stored;
+    std::vector<float> dx_in, grads;
+  };
+  auto run_gpu = [&](const BlockShape& sh) {
+    std::vector<uint8_t> scratch(gpu_block_scratch_bytes(sh));
+    const GpuBlock blk{sh, w, ti, cos.data(), sin.data(), scratch.data()};
+    Result r{std::vector<bf16_t>(static_cast<size_t>(N * C)),
+             std::vector<uint8_t>(block_stored_bytes(sh)),
+             std::vector<float>(static_cast<size_t>(N * C)),
+             {}};
+    sim::block_forward(GemmContext{}, nullptr, blk, r.x_out.data(), r.stored.data(), x_in.data());
+    ModelSlabs grads(cfg);
+    BlockGrads g = BlockGrads::bind(grads.layout(SlabKind::layer), grads.layer(0));
+    sim::block_backward(GemmContext{}, nullptr, blk, r.dx_in.data(), g, dx_out.data(), x_in.data(), r.stored.data());
+    const uint8_t* layer = grads.layer(0);
+    const size_t bytes = grads.layout(SlabKind::layer).bytes();
+    r.grads.assign(reinterpret_cast<const float*>(layer), reinterpret_cast<const float*>(layer + bytes));
+    return r;
+  };
+  const Result one = run_gpu(whole), two = run_gpu(chunked);
+  EXPECT_LT(gpu_block_scratch_bytes(chunked), gpu_block_scratch_bytes(whole));
+  EXPECT_BITWISE_EQ(two.x_out, one.x_out);
+  EXPECT_BITWISE_EQ(two.stored, one.stored);
+  EXPECT_BITWISE_EQ(two.dx_in, one.dx_in);
+  EXPECT_BITWISE_EQ(two.grads, one.grads);
+  // The CPU block with the same chunks.
+  std::vector<uint8_t> stored_cpu(block_stored_bytes(chunked));
+  std::vector<float> work(BlockActs::floats(chunked)), scratch(BlockScratch::floats(chunked));
+  LayerInternals li = bind_internals(stored_cpu.data(), work.data(), chunked);
+  std::vector<bf16_t> x_out_cpu(static_cast<size_t>(N * C));
+  block_forward(x_out_cpu.data(), li.acts, x_in.data(), w, ti, chunked, li.stored);
+  ModelSlabs grads_cpu(cfg);
+  BlockGrads g_cpu = BlockGrads::bind(grads_cpu.layout(SlabKind::layer), grads_cpu.layer(0));
+  BlockScratch bs = BlockScratch::bind(scratch.data(), chunked);
+  std::vector<float> dx_in_cpu(static_cast<size_t>(N * C));
+  block_backward(dx_in_cpu.data(), g_cpu, bs, dx_out.data(), x_in.data(), li.acts, w, ti, chunked, li.saved, li.stored);
+  EXPECT_LT(rel_l2(to_f32(two.x_out), to_f32(x_out_cpu)), kTol);
+  EXPECT_LT(rel_l2(two.dx_in, dx_in_cpu), kTol);
 }
 
 }  // namespace

@@ -13,8 +13,10 @@
 // attention's sums, plus a rounding that may fall the other way near a bf16 boundary; with the kernels'
 // determinism, the same inputs give the same bits on every run.
 //
-// Not yet: the MLP in token chunks (BlockShape::mlp_chunk; this block runs all N tokens at once and its
-// scratch is O(N·I)), and the working set's count of that scratch (gpu_block_scratch_bytes).
+// The MLP runs over token chunks of BlockShape::mlp_rows() (multiples of kTokenSlice), as the CPU block's, so
+// its scratch is O(chunk·I), not O(N·I), and every chunk size gives the same bits (the GEMMs' rows do not
+// depend on the call's M, and the weight gradients' token slices are the same). Not yet: the working set's
+// count of this scratch for the cuda device (gpu_block_scratch_bytes).
 #pragma once
 
 #include <algorithm>
@@ -29,24 +31,25 @@ namespace lt::cuda::LT_KERNELS_NS {
 namespace detail {
 
 struct BlockScratchGpu {
-  float *x32, *p, *p2;                        // forward: [N, C], [N, max(QD, C, I)], [N, max(QD, C)]
-  float *dh, *dgate, *dup;                    // [N, I]
+  float *x32, *p, *p2, *pm;                   // [N, C], [max(N·max(QD, C), R·I)], [N, max(QD, C)], [R, I]
+  float *dh, *dgate, *dup;                    // [R, I]: one MLP chunk (R = mlp_rows)
   float *dn, *dtmp, *dx_mid;                  // [N, C]
   float *datt, *dq, *dq_raw, *dk, *dv, *dk_raw;  // [N, QD] x3, [N, KVD] x3
-  bf16_t* operand;                            // [N, max(C, QD, I)]: dY rounded for the GEMMs
+  bf16_t* operand;                            // as p: dY rounded for the GEMMs
   void *norm_ws, *attn_ws;
   size_t bytes;
   static BlockScratchGpu carve(void* base, const BlockShape& s) {
-    const int64_t N = s.N(), C = s.C, QD = s.QD(), KVD = s.KVD(), I = s.I;
-    const int64_t wide = std::max({QD, C, I}), mid = std::max(QD, C);
+    const int64_t N = s.N(), C = s.C, QD = s.QD(), KVD = s.KVD(), I = s.I, R = s.mlp_rows();
+    const int64_t mid = std::max(QD, C), wide = std::max(N * mid, R * I);
     ScratchCarver c(base);
     BlockScratchGpu b;
-    b.x32 = c.take<float>(N * C), b.p = c.take<float>(N * wide), b.p2 = c.take<float>(N * mid);
-    b.dh = c.take<float>(N * I), b.dgate = c.take<float>(N * I), b.dup = c.take<float>(N * I);
+    b.x32 = c.take<float>(N * C), b.p = c.take<float>(wide), b.p2 = c.take<float>(N * mid);
+    b.pm = c.take<float>(R * I);
+    b.dh = c.take<float>(R * I), b.dgate = c.take<float>(R * I), b.dup = c.take<float>(R * I);
     b.dn = c.take<float>(N * C), b.dtmp = c.take<float>(N * C), b.dx_mid = c.take<float>(N * C);
     b.datt = c.take<float>(N * QD), b.dq = c.take<float>(N * QD), b.dq_raw = c.take<float>(N * QD);
     b.dk = c.take<float>(N * KVD), b.dv = c.take<float>(N * KVD), b.dk_raw = c.take<float>(N * KVD);
-    b.operand = c.take<bf16_t>(N * wide);
+    b.operand = c.take<bf16_t>(wide);
     b.norm_ws = c.take_bytes(std::max({rmsnorm_backward_workspace_bytes(N, C),
                                        rmsnorm_backward_workspace_bytes(N * s.Hq, s.D),
                                        rmsnorm_backward_workspace_bytes(N * s.Hkv, s.D)}));
@@ -142,13 +145,18 @@ void block_forward(const GemmContext& g, Stream s, const GpuBlock& blk, bf16_t* 
   add(s, b.p2, b.x32, b.p, N * C);
   convert(s, st.x_mid, b.p2, N * C);
   rmsnorm_forward(s, st.n2, st.rstd2, st.x_mid, w.ln2, N, C, sh.eps);
-  // The MLP: gate and up rounded into the store, h = silu(gate)·up from them, y = down(h) + x_mid (rounded).
-  detail::gpu_linear(g, s, b.p, st.n2, w.wgate, w.bgate, N, C, I, b.p2);
-  convert(s, st.gate, b.p, N * I);
-  detail::gpu_linear(g, s, b.p, st.n2, w.wup, w.bup, N, C, I, b.p2);
-  convert(s, st.up, b.p, N * I);
-  swiglu_forward(s, st.h, st.gate, st.up, N * I);
-  detail::gpu_linear(g, s, b.p2, st.h, w.wdown, w.bdown, N, I, C, b.p);
+  // The MLP chunk by chunk: gate and up rounded into the store, h = silu(gate)·up from them, y = down(h) into
+  // p2's rows; then x_out = y + x_mid (rounded).
+  const int64_t R = sh.mlp_rows();
+  for (int64_t t0 = 0; t0 < N; t0 += R) {
+    const int64_t n = std::min(R, N - t0);
+    detail::gpu_linear(g, s, b.pm, st.n2 + t0 * C, w.wgate, w.bgate, n, C, I, b.x32);
+    convert(s, st.gate + t0 * I, b.pm, n * I);
+    detail::gpu_linear(g, s, b.pm, st.n2 + t0 * C, w.wup, w.bup, n, C, I, b.x32);
+    convert(s, st.up + t0 * I, b.pm, n * I);
+    swiglu_forward(s, st.h + t0 * I, st.gate + t0 * I, st.up + t0 * I, n * I);
+    detail::gpu_linear(g, s, b.p2 + t0 * C, st.h + t0 * I, w.wdown, w.bdown, n, I, C, b.pm);
+  }
   convert(s, b.x32, st.x_mid, N * C);
   accumulate(s, b.p2, b.x32, N * C);
   convert(s, x_out, b.p2, N * C);
@@ -162,11 +170,18 @@ void block_backward(const GemmContext& g, Stream s, const GpuBlock& blk, float* 
   const detail::BlockScratchGpu b = detail::BlockScratchGpu::carve(blk.scratch, sh);
   const detail::StoredView st = detail::StoredView::bind(const_cast<void*>(stored), sh);
   float* wide = b.p;  // f32 widening of stored operands in f32 GEMM mode
-  // The MLP half: x_out = x_mid + down(h).
-  detail::gpu_linear_backward(g, s, b.dh, gr.wdown, gr.bdown, dx_out, st.h, w.wdown, N, I, C, b.operand, wide);
-  swiglu_backward(s, b.dgate, b.dup, b.dh, st.gate, st.up, N * I);
-  detail::gpu_linear_backward(g, s, b.dn, gr.wgate, gr.bgate, b.dgate, st.n2, w.wgate, N, C, I, b.operand, wide);
-  detail::gpu_linear_backward(g, s, b.dtmp, gr.wup, gr.bup, b.dup, st.n2, w.wup, N, C, I, b.operand, wide);
+  // The MLP half, chunk by chunk as the forward: x_out = x_mid + down(h).
+  const int64_t R = sh.mlp_rows();
+  for (int64_t t0 = 0; t0 < N; t0 += R) {
+    const int64_t n = std::min(R, N - t0);
+    const bf16_t *h = st.h + t0 * I, *gate = st.gate + t0 * I, *up = st.up + t0 * I, *n2 = st.n2 + t0 * C;
+    detail::gpu_linear_backward(g, s, b.dh, gr.wdown, gr.bdown, dx_out + t0 * C, h, w.wdown, n, I, C, b.operand,
+                                wide);
+    swiglu_backward(s, b.dgate, b.dup, b.dh, gate, up, n * I);
+    detail::gpu_linear_backward(g, s, b.dn + t0 * C, gr.wgate, gr.bgate, b.dgate, n2, w.wgate, n, C, I, b.operand,
+                                wide);
+    detail::gpu_linear_backward(g, s, b.dtmp + t0 * C, gr.wup, gr.bup, b.dup, n2, w.wup, n, C, I, b.operand, wide);
+  }
   accumulate(s, b.dn, b.dtmp, N * C);
   rmsnorm_backward(s, b.dx_mid, gr.ln2, b.dn, st.x_mid, w.ln2, st.rstd2, N, C, b.norm_ws);
   accumulate(s, b.dx_mid, dx_out, N * C);
