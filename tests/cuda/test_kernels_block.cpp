@@ -135,6 +135,47 @@ TEST(CudaSimBlock, MatchesTheCpuBlockAtBf16Storage) {
   }
 }
 
+TEST(CudaSimBlock, ARecomputedLayerGivesTheKeptLayersBits) {
+  // Kept: forward into the stored internals, backward from them. Recomputed: only the attention half and n2
+  // recomputed into a fresh buffer, the MLP's internals chunk by chunk inside the backward.
+  for (const ModelType type : {ModelType::qwen2, ModelType::qwen3}) {
+    SCOPED_TRACE(std::string(model_type_name(type)));
+    const ModelConfig cfg = lt::testing::small_model_config(type);
+    const int64_t B = 2, T = 11, N = B * T, C = cfg.hidden_size;
+    const BlockShape sh = BlockShape::make(cfg, B, T, DType::bf16);
+    const ModelSlabs params = lt::testing::random_model_params(cfg, 13);
+    ModelSlabs weights(cfg, DType::bf16);
+    make_compute_copy(weights, params);
+    const BlockView w = BlockView::bind(weights.layout(SlabKind::layer), weights.layer(0));
+    std::vector<int32_t> pos(static_cast<size_t>(N));
+    for (int64_t t = 0; t < N; ++t) pos[size_t(t)] = int32_t(t % T);
+    const TokenInfo ti{pos.data(), nullptr};
+    const auto x_in = to_bf16(random_floats(static_cast<size_t>(N * C), 14));
+    const auto dx_out = random_floats(static_cast<size_t>(N * C), 15, -0.1f, 0.1f);
+    std::vector<float> cos(static_cast<size_t>(T * sh.D / 2)), sin(cos.size());
+    rope_table(cos.data(), sin.data(), T, sh.D, sh.rope_theta);
+    std::vector<uint8_t> scratch(gpu_block_scratch_bytes(sh));
+    const GpuBlock blk{sh, w, ti, cos.data(), sin.data(), scratch.data()};
+    auto backward = [&](const std::vector<uint8_t>& stored, Saved saved) {
+      ModelSlabs grads(cfg);
+      BlockGrads g = BlockGrads::bind(grads.layout(SlabKind::layer), grads.layer(0));
+      std::vector<float> dx_in(static_cast<size_t>(N * C));
+      sim::block_backward(GemmContext{}, nullptr, blk, dx_in.data(), g, dx_out.data(), x_in.data(), stored.data(),
+                          saved);
+      const uint8_t* layer = grads.layer(0);
+      std::vector<float> all(reinterpret_cast<const float*>(layer),
+                             reinterpret_cast<const float*>(layer + grads.layout(SlabKind::layer).bytes()));
+      all.insert(all.end(), dx_in.begin(), dx_in.end());
+      return all;
+    };
+    std::vector<uint8_t> kept(block_stored_bytes(sh)), recomputed(block_stored_bytes(sh));
+    std::vector<bf16_t> x_out(static_cast<size_t>(N * C));
+    sim::block_forward(GemmContext{}, nullptr, blk, x_out.data(), kept.data(), x_in.data());
+    sim::block_recompute_internals(GemmContext{}, nullptr, blk, recomputed.data(), x_in.data());
+    EXPECT_BITWISE_EQ(backward(recomputed, Saved::recompute), backward(kept, Saved::stored));
+  }
+}
+
 TEST(CudaSimBlock, MlpTokenChunksGiveTheSameBitsAsOneChunk) {
   // 4133 tokens: a 4096-token chunk and a 37-token one (chunks are multiples of kTokenSlice), against the
   // whole MLP at once — bit for bit, as the CPU block promises — and against the CPU block's chunks.

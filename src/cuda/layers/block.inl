@@ -13,6 +13,10 @@
 // attention's sums, plus a rounding that may fall the other way near a bf16 boundary; with the kernels'
 // determinism, the same inputs give the same bits on every run.
 //
+// A layer that does not keep its internals recomputes the attention half and n2 into a stored buffer
+// (block_recompute_internals) and its MLP chunk by chunk inside the backward (Saved::recompute), as the CPU
+// block does; the backward then gives the kept layer's bits.
+//
 // The MLP runs over token chunks of BlockShape::mlp_rows() (multiples of kTokenSlice), as the CPU block's, so
 // its scratch is O(chunk·I), not O(N·I), and every chunk size gives the same bits (the GEMMs' rows do not
 // depend on the call's M, and the weight gradients' token slices are the same). Not yet: the working set's
@@ -36,6 +40,7 @@ struct BlockScratchGpu {
   float *dn, *dtmp, *dx_mid;                  // [N, C]
   float *datt, *dq, *dq_raw, *dk, *dv, *dk_raw;  // [N, QD] x3, [N, KVD] x3
   bf16_t* operand;                            // as p: dY rounded for the GEMMs
+  bf16_t *gate_c, *up_c, *h_c;                // [R, I]: a recomputed layer's MLP internals, one chunk
   void *norm_ws, *attn_ws;
   size_t bytes;
   static BlockScratchGpu carve(void* base, const BlockShape& s) {
@@ -50,6 +55,7 @@ struct BlockScratchGpu {
     b.datt = c.take<float>(N * QD), b.dq = c.take<float>(N * QD), b.dq_raw = c.take<float>(N * QD);
     b.dk = c.take<float>(N * KVD), b.dv = c.take<float>(N * KVD), b.dk_raw = c.take<float>(N * KVD);
     b.operand = c.take<bf16_t>(wide);
+    b.gate_c = c.take<bf16_t>(R * I), b.up_c = c.take<bf16_t>(R * I), b.h_c = c.take<bf16_t>(R * I);
     b.norm_ws = c.take_bytes(std::max({rmsnorm_backward_workspace_bytes(N, C),
                                        rmsnorm_backward_workspace_bytes(N * s.Hq, s.D),
                                        rmsnorm_backward_workspace_bytes(N * s.Hkv, s.D)}));
@@ -111,18 +117,19 @@ inline void gpu_linear_backward(const GemmContext& g, Stream s, float* din, floa
 
 }  // namespace detail
 
-void block_forward(const GemmContext& g, Stream s, const GpuBlock& blk, bf16_t* x_out, void* stored,
-                   const bf16_t* x_in) {
+namespace detail {
+
+// The attention half and n2 (everything before the MLP) into the stored internals, as the forward computes them.
+inline void forward_attention_half(const GemmContext& g, Stream s, const GpuBlock& blk, const BlockScratchGpu& b,
+                                   const StoredView& st, const bf16_t* x_in) {
   const BlockShape& sh = blk.shape;
   const BlockView& w = blk.weights;
-  const int64_t N = sh.N(), C = sh.C, QD = sh.QD(), KVD = sh.KVD(), I = sh.I;
-  const detail::BlockScratchGpu b = detail::BlockScratchGpu::carve(blk.scratch, sh);
-  const detail::StoredView st = detail::StoredView::bind(stored, sh);
+  const int64_t N = sh.N(), C = sh.C, QD = sh.QD(), KVD = sh.KVD();
   rmsnorm_forward(s, st.n1, st.rstd1, x_in, w.ln1, N, C, sh.eps);
   // q and k: projection (f32) → [rounded q_raw → norm per head (f32)] → RoPE (f32) → rounded into the store.
   auto query_key = [&](const WeightRef& W, const float* bias, const float* norm_w, bf16_t* raw, float* rstd,
                        bf16_t* out, int64_t width, int64_t heads) {
-    detail::gpu_linear(g, s, b.p, st.n1, W, bias, N, C, width, b.x32);
+    gpu_linear(g, s, b.p, st.n1, W, bias, N, C, width, b.x32);
     float* x = b.p;
     if (sh.qk_norm) {
       convert(s, raw, b.p, N * width);
@@ -135,26 +142,46 @@ void block_forward(const GemmContext& g, Stream s, const GpuBlock& blk, bf16_t* 
   };
   query_key(w.wq, w.bq, w.q_norm, st.q_raw, st.q_rstd, st.q, QD, sh.Hq);
   query_key(w.wk, w.bk, w.k_norm, st.k_raw, st.k_rstd, st.k, KVD, sh.Hkv);
-  detail::gpu_linear(g, s, b.p, st.n1, w.wv, w.bv, N, C, KVD, b.x32);
+  gpu_linear(g, s, b.p, st.n1, w.wv, w.bv, N, C, KVD, b.x32);
   convert(s, st.v, b.p, N * KVD);
   attention_forward(s, st.att, st.lse, st.q, st.k, st.v, blk.tok.doc_ids,
                     AttentionShape{sh.B, sh.T, sh.Hq, sh.Hkv, sh.D});
   // x_mid = x_in + o_proj(att), in f32, rounded into the store; n2 from the rounded x_mid.
-  detail::gpu_linear(g, s, b.p, st.att, w.wo, w.bo, N, QD, C, b.p2);
+  gpu_linear(g, s, b.p, st.att, w.wo, w.bo, N, QD, C, b.p2);
   convert(s, b.x32, x_in, N * C);
   add(s, b.p2, b.x32, b.p, N * C);
   convert(s, st.x_mid, b.p2, N * C);
   rmsnorm_forward(s, st.n2, st.rstd2, st.x_mid, w.ln2, N, C, sh.eps);
-  // The MLP chunk by chunk: gate and up rounded into the store, h = silu(gate)·up from them, y = down(h) into
-  // p2's rows; then x_out = y + x_mid (rounded).
+}
+
+// gate, up (rounded) and h = silu(gate)·up of the n tokens whose n2 rows start at n2, into gate / up / h.
+inline void mlp_internals(const GemmContext& g, Stream s, const GpuBlock& blk, const BlockScratchGpu& b, bf16_t* gate,
+                          bf16_t* up, bf16_t* h, const bf16_t* n2, int64_t n) {
+  const BlockView& w = blk.weights;
+  const int64_t C = blk.shape.C, I = blk.shape.I;
+  gpu_linear(g, s, b.pm, n2, w.wgate, w.bgate, n, C, I, b.x32);
+  convert(s, gate, b.pm, n * I);
+  gpu_linear(g, s, b.pm, n2, w.wup, w.bup, n, C, I, b.x32);
+  convert(s, up, b.pm, n * I);
+  swiglu_forward(s, h, gate, up, n * I);
+}
+
+}  // namespace detail
+
+void block_forward(const GemmContext& g, Stream s, const GpuBlock& blk, bf16_t* x_out, void* stored,
+                   const bf16_t* x_in) {
+  const BlockShape& sh = blk.shape;
+  const BlockView& w = blk.weights;
+  const int64_t N = sh.N(), C = sh.C, I = sh.I;
+  const detail::BlockScratchGpu b = detail::BlockScratchGpu::carve(blk.scratch, sh);
+  const detail::StoredView st = detail::StoredView::bind(stored, sh);
+  detail::forward_attention_half(g, s, blk, b, st, x_in);
+  // The MLP chunk by chunk: gate, up, h into the store, y = down(h) into p2's rows; then x_out = y + x_mid
+  // (rounded).
   const int64_t R = sh.mlp_rows();
   for (int64_t t0 = 0; t0 < N; t0 += R) {
     const int64_t n = std::min(R, N - t0);
-    detail::gpu_linear(g, s, b.pm, st.n2 + t0 * C, w.wgate, w.bgate, n, C, I, b.x32);
-    convert(s, st.gate + t0 * I, b.pm, n * I);
-    detail::gpu_linear(g, s, b.pm, st.n2 + t0 * C, w.wup, w.bup, n, C, I, b.x32);
-    convert(s, st.up + t0 * I, b.pm, n * I);
-    swiglu_forward(s, st.h + t0 * I, st.gate + t0 * I, st.up + t0 * I, n * I);
+    detail::mlp_internals(g, s, blk, b, st.gate + t0 * I, st.up + t0 * I, st.h + t0 * I, st.n2 + t0 * C, n);
     detail::gpu_linear(g, s, b.p2 + t0 * C, st.h + t0 * I, w.wdown, w.bdown, n, I, C, b.pm);
   }
   convert(s, b.x32, st.x_mid, N * C);
@@ -162,8 +189,16 @@ void block_forward(const GemmContext& g, Stream s, const GpuBlock& blk, bf16_t* 
   convert(s, x_out, b.p2, N * C);
 }
 
+void block_recompute_internals(const GemmContext& g, Stream s, const GpuBlock& blk, void* stored,
+                               const bf16_t* x_in) {
+  const detail::BlockScratchGpu b = detail::BlockScratchGpu::carve(blk.scratch, blk.shape);
+  detail::forward_attention_half(g, s, blk, b, detail::StoredView::bind(stored, blk.shape), x_in);
+}
+
 void block_backward(const GemmContext& g, Stream s, const GpuBlock& blk, float* dx_in, BlockGrads& gr,
-                    const float* dx_out, const bf16_t* x_in, const void* stored) {
+                    const float* dx_out, const bf16_t* x_in, const void* stored, Saved saved) {
+  LT_CHECK(saved == Saved::stored || saved == Saved::recompute,
+           "GPU block backward: the internals are stored (kept) or recomputed, not in an f32 working copy");
   const BlockShape& sh = blk.shape;
   const BlockView& w = blk.weights;
   const int64_t N = sh.N(), C = sh.C, QD = sh.QD(), KVD = sh.KVD(), I = sh.I;
@@ -174,7 +209,12 @@ void block_backward(const GemmContext& g, Stream s, const GpuBlock& blk, float* 
   const int64_t R = sh.mlp_rows();
   for (int64_t t0 = 0; t0 < N; t0 += R) {
     const int64_t n = std::min(R, N - t0);
-    const bf16_t *h = st.h + t0 * I, *gate = st.gate + t0 * I, *up = st.up + t0 * I, *n2 = st.n2 + t0 * C;
+    const bf16_t* n2 = st.n2 + t0 * C;
+    const bf16_t *h = st.h + t0 * I, *gate = st.gate + t0 * I, *up = st.up + t0 * I;
+    if (saved == Saved::recompute) {  // this chunk's gate, up, h again, as the forward computed them
+      detail::mlp_internals(g, s, blk, b, b.gate_c, b.up_c, b.h_c, n2, n);
+      h = b.h_c, gate = b.gate_c, up = b.up_c;
+    }
     detail::gpu_linear_backward(g, s, b.dh, gr.wdown, gr.bdown, dx_out + t0 * C, h, w.wdown, n, I, C, b.operand,
                                 wide);
     swiglu_backward(s, b.dgate, b.dup, b.dh, gate, up, n * I);
