@@ -156,12 +156,18 @@ TEST(CudaSimBlock, ARecomputedLayerGivesTheKeptLayersBits) {
     rope_table(cos.data(), sin.data(), T, sh.D, sh.rope_theta);
     std::vector<uint8_t> scratch(gpu_block_scratch_bytes(sh));
     const GpuBlock blk{sh, w, ti, cos.data(), sin.data(), scratch.data()};
+    // The kept layer through block_backward, the recomputed one through the executor's two halves.
     auto backward = [&](const std::vector<uint8_t>& stored, Saved saved) {
       ModelSlabs grads(cfg);
       BlockGrads g = BlockGrads::bind(grads.layout(SlabKind::layer), grads.layer(0));
       std::vector<float> dx_in(static_cast<size_t>(N * C));
-      sim::block_backward(GemmContext{}, nullptr, blk, dx_in.data(), g, dx_out.data(), x_in.data(), stored.data(),
-                          saved);
+      if (saved == Saved::stored) {
+        sim::block_backward(GemmContext{}, nullptr, blk, dx_in.data(), g, dx_out.data(), x_in.data(), stored.data(),
+                            saved);
+      } else {
+        sim::block_backward_mlp(GemmContext{}, nullptr, blk, g, dx_out.data(), stored.data(), saved);
+        sim::block_backward_attention(GemmContext{}, nullptr, blk, dx_in.data(), g, x_in.data(), stored.data());
+      }
       const uint8_t* layer = grads.layer(0);
       std::vector<float> all(reinterpret_cast<const float*>(layer),
                              reinterpret_cast<const float*>(layer + grads.layout(SlabKind::layer).bytes()));

@@ -195,17 +195,17 @@ void block_recompute_internals(const GemmContext& g, Stream s, const GpuBlock& b
   detail::forward_attention_half(g, s, blk, b, detail::StoredView::bind(stored, blk.shape), x_in);
 }
 
-void block_backward(const GemmContext& g, Stream s, const GpuBlock& blk, float* dx_in, BlockGrads& gr,
-                    const float* dx_out, const bf16_t* x_in, const void* stored, Saved saved) {
+void block_backward_mlp(const GemmContext& g, Stream s, const GpuBlock& blk, BlockGrads& gr, const float* dx_out,
+                        const void* stored, Saved saved) {
   LT_CHECK(saved == Saved::stored || saved == Saved::recompute,
            "GPU block backward: the internals are stored (kept) or recomputed, not in an f32 working copy");
   const BlockShape& sh = blk.shape;
   const BlockView& w = blk.weights;
-  const int64_t N = sh.N(), C = sh.C, QD = sh.QD(), KVD = sh.KVD(), I = sh.I;
+  const int64_t N = sh.N(), C = sh.C, I = sh.I;
   const detail::BlockScratchGpu b = detail::BlockScratchGpu::carve(blk.scratch, sh);
   const detail::StoredView st = detail::StoredView::bind(const_cast<void*>(stored), sh);
   float* wide = b.p;  // f32 widening of stored operands in f32 GEMM mode
-  // The MLP half, chunk by chunk as the forward: x_out = x_mid + down(h).
+  // Chunk by chunk as the forward: x_out = x_mid + down(h).
   const int64_t R = sh.mlp_rows();
   for (int64_t t0 = 0; t0 < N; t0 += R) {
     const int64_t n = std::min(R, N - t0);
@@ -225,7 +225,17 @@ void block_backward(const GemmContext& g, Stream s, const GpuBlock& blk, float* 
   accumulate(s, b.dn, b.dtmp, N * C);
   rmsnorm_backward(s, b.dx_mid, gr.ln2, b.dn, st.x_mid, w.ln2, st.rstd2, N, C, b.norm_ws);
   accumulate(s, b.dx_mid, dx_out, N * C);
-  // The attention half: x_mid = x_in + o(att).
+}
+
+void block_backward_attention(const GemmContext& g, Stream s, const GpuBlock& blk, float* dx_in, BlockGrads& gr,
+                              const bf16_t* x_in, const void* stored) {
+  const BlockShape& sh = blk.shape;
+  const BlockView& w = blk.weights;
+  const int64_t N = sh.N(), C = sh.C, QD = sh.QD(), KVD = sh.KVD();
+  const detail::BlockScratchGpu b = detail::BlockScratchGpu::carve(blk.scratch, sh);
+  const detail::StoredView st = detail::StoredView::bind(const_cast<void*>(stored), sh);
+  float* wide = b.p;
+  // x_mid = x_in + o(att), from the MLP half's dx_mid (in the scratch).
   detail::gpu_linear_backward(g, s, b.datt, gr.wo, gr.bo, b.dx_mid, st.att, w.wo, N, QD, C, b.operand, wide);
   attention_backward(s, b.dq, b.dk, b.dv, b.datt, st.att, st.lse, st.q, st.k, st.v, blk.tok.doc_ids,
                      AttentionShape{sh.B, sh.T, sh.Hq, sh.Hkv, sh.D}, b.attn_ws);
@@ -245,6 +255,12 @@ void block_backward(const GemmContext& g, Stream s, const GpuBlock& blk, float* 
   accumulate(s, b.dn, b.dtmp, N * C);
   rmsnorm_backward(s, dx_in, gr.ln1, b.dn, x_in, w.ln1, st.rstd1, N, C, b.norm_ws);
   accumulate(s, dx_in, b.dx_mid, N * C);
+}
+
+void block_backward(const GemmContext& g, Stream s, const GpuBlock& blk, float* dx_in, BlockGrads& gr,
+                    const float* dx_out, const bf16_t* x_in, const void* stored, Saved saved) {
+  block_backward_mlp(g, s, blk, gr, dx_out, stored, saved);
+  block_backward_attention(g, s, blk, dx_in, gr, x_in, stored);
 }
 
 }  // namespace lt::cuda::LT_KERNELS_NS
