@@ -36,7 +36,23 @@ void sim_rmsnorm_backward(float* din, float* dweight, const float* dout, const f
   sim::rmsnorm_backward(kSim, din, dweight, dout, in, weight, rstd, rows, C, ws.data());
 }
 
-// cos/sin [P, D/2] for every position the call uses (ops' rope_table: the CPU op's angles).
+// cos/sin [P, D/2] for every position the call uses (ops' rope_table: the CPU op's angles). A row depends on
+// its position alone, so one table per (D, theta) on each thread serves every call whose positions it covers
+// (RoPE runs four times per layer and step; a GPU executor uploads the table once).
+struct RopeTableCache {
+  int64_t D = 0, P = 0;
+  double theta = 0;
+  std::vector<float> cos, sin;
+  void cover(int64_t rows, int64_t d, double th) {
+    const bool same = d == D && th == theta;
+    if (same && rows <= P) return;
+    P = same ? std::max(rows, P) : rows;
+    D = d, theta = th;
+    cos.resize(static_cast<size_t>(P * D / 2)), sin.resize(cos.size());
+    rope_table(cos.data(), sin.data(), P, D, theta);
+  }
+};
+
 void rope_sim(float* x, const int32_t* pos, int64_t N, int64_t H, int64_t D, double theta, bool forward) {
   LT_CHECK(D > 0 && D % 2 == 0, "rope: head dimension D must be even and positive, got {}", D);
   int32_t max_pos = 0;
@@ -44,11 +60,10 @@ void rope_sim(float* x, const int32_t* pos, int64_t N, int64_t H, int64_t D, dou
     LT_CHECK(pos[n] >= 0, "rope: negative position {} at token {}", pos[n], n);
     max_pos = std::max(max_pos, pos[n]);
   }
-  const int64_t P = int64_t(max_pos) + 1;
-  std::vector<float> cos(static_cast<size_t>(P * D / 2)), sin(cos.size());
-  rope_table(cos.data(), sin.data(), P, D, theta);
-  if (forward) sim::rope_forward(kSim, x, pos, cos.data(), sin.data(), N, H, D);
-  else sim::rope_backward(kSim, x, pos, cos.data(), sin.data(), N, H, D);
+  thread_local RopeTableCache table;
+  table.cover(int64_t(max_pos) + 1, D, theta);
+  if (forward) sim::rope_forward(kSim, x, pos, table.cos.data(), table.sin.data(), N, H, D);
+  else sim::rope_backward(kSim, x, pos, table.cos.data(), table.sin.data(), N, H, D);
 }
 void sim_rope_forward(float* x, const int32_t* pos, int64_t N, int64_t H, int64_t D, double theta) {
   rope_sim(x, pos, N, H, D, theta, true);

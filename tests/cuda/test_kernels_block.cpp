@@ -46,6 +46,27 @@ std::vector<float> floats_at(const std::vector<uint8_t>& buf, int64_t offset, in
 // over these shapes; 1e-3 leaves room for other seeds, far below what a wrong formula gives (>= 1e-1).
 constexpr double kTol = 1e-3;
 
+// The CPU block (model/block.h) forward and backward with its internals kept: the reference the GPU block meets.
+struct CpuRun {
+  std::vector<bf16_t> x_out;
+  std::vector<uint8_t> stored;
+  std::vector<float> dx_in;
+  ModelSlabs grads;
+};
+CpuRun run_cpu_block(const ModelConfig& cfg, const BlockShape& sh, const BlockView& w, const TokenInfo& ti,
+                     const std::vector<bf16_t>& x_in, const std::vector<float>& dx_out) {
+  const size_t n = static_cast<size_t>(sh.N() * sh.C);
+  CpuRun r{std::vector<bf16_t>(n), std::vector<uint8_t>(block_stored_bytes(sh)), std::vector<float>(n),
+           ModelSlabs(cfg)};
+  std::vector<float> work(BlockActs::floats(sh)), scratch(BlockScratch::floats(sh));
+  LayerInternals li = bind_internals(r.stored.data(), work.data(), sh);
+  block_forward(r.x_out.data(), li.acts, x_in.data(), w, ti, sh, li.stored);
+  BlockGrads g = BlockGrads::bind(r.grads.layout(SlabKind::layer), r.grads.layer(0));
+  BlockScratch bs = BlockScratch::bind(scratch.data(), sh);
+  block_backward(r.dx_in.data(), g, bs, dx_out.data(), x_in.data(), li.acts, w, ti, sh, li.saved, li.stored);
+  return r;
+}
+
 struct Case {
   ModelType type;
   ComputeType compute;
@@ -80,17 +101,11 @@ TEST(CudaSimBlock, MatchesTheCpuBlockAtBf16Storage) {
     const auto dx_out = random_floats(static_cast<size_t>(N * C), 5, -0.1f, 0.1f);
 
     // The CPU block, internals kept (Saved::stored).
-    std::vector<uint8_t> stored_cpu(block_stored_bytes(sh));
-    std::vector<float> work(BlockActs::floats(sh)), scratch(BlockScratch::floats(sh));
-    LayerInternals li = bind_internals(stored_cpu.data(), work.data(), sh);
-    std::vector<bf16_t> x_out_cpu(static_cast<size_t>(N * C));
-    block_forward(x_out_cpu.data(), li.acts, x_in.data(), w, ti, sh, li.stored);
-    ModelSlabs grads_cpu(cfg);
-    BlockGrads g_cpu = BlockGrads::bind(grads_cpu.layout(SlabKind::layer), grads_cpu.layer(0));
-    BlockScratch bs = BlockScratch::bind(scratch.data(), sh);
-    std::vector<float> dx_in_cpu(static_cast<size_t>(N * C));
-    block_backward(dx_in_cpu.data(), g_cpu, bs, dx_out.data(), x_in.data(), li.acts, w, ti, sh, li.saved, li.stored);
-
+    const CpuRun cpu = run_cpu_block(cfg, sh, w, ti, x_in, dx_out);
+    const std::vector<uint8_t>& stored_cpu = cpu.stored;
+    const std::vector<bf16_t>& x_out_cpu = cpu.x_out;
+    const std::vector<float>& dx_in_cpu = cpu.dx_in;
+    const ModelSlabs& grads_cpu = cpu.grads;
     // The GPU block under cuda-sim.
     std::vector<float> cos(static_cast<size_t>(T * sh.D / 2)), sin(cos.size());
     rope_table(cos.data(), sin.data(), T, sh.D, sh.rope_theta);
@@ -231,18 +246,9 @@ TEST(CudaSimBlock, MlpTokenChunksGiveTheSameBitsAsOneChunk) {
   EXPECT_BITWISE_EQ(two.dx_in, one.dx_in);
   EXPECT_BITWISE_EQ(two.grads, one.grads);
   // The CPU block with the same chunks.
-  std::vector<uint8_t> stored_cpu(block_stored_bytes(chunked));
-  std::vector<float> work(BlockActs::floats(chunked)), scratch(BlockScratch::floats(chunked));
-  LayerInternals li = bind_internals(stored_cpu.data(), work.data(), chunked);
-  std::vector<bf16_t> x_out_cpu(static_cast<size_t>(N * C));
-  block_forward(x_out_cpu.data(), li.acts, x_in.data(), w, ti, chunked, li.stored);
-  ModelSlabs grads_cpu(cfg);
-  BlockGrads g_cpu = BlockGrads::bind(grads_cpu.layout(SlabKind::layer), grads_cpu.layer(0));
-  BlockScratch bs = BlockScratch::bind(scratch.data(), chunked);
-  std::vector<float> dx_in_cpu(static_cast<size_t>(N * C));
-  block_backward(dx_in_cpu.data(), g_cpu, bs, dx_out.data(), x_in.data(), li.acts, w, ti, chunked, li.saved, li.stored);
-  EXPECT_LT(rel_l2(to_f32(two.x_out), to_f32(x_out_cpu)), kTol);
-  EXPECT_LT(rel_l2(two.dx_in, dx_in_cpu), kTol);
+  const CpuRun cpu = run_cpu_block(cfg, chunked, w, ti, x_in, dx_out);
+  EXPECT_LT(rel_l2(to_f32(two.x_out), to_f32(cpu.x_out)), kTol);
+  EXPECT_LT(rel_l2(two.dx_in, cpu.dx_in), kTol);
 }
 
 }  // namespace
