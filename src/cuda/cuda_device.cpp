@@ -35,6 +35,8 @@ std::unique_ptr<Device> make_cuda_device(const CudaDeviceOptions& options) {
   LT_FAIL("cannot open CUDA device {}: {}", options.gpu, kNotBuilt);
 }
 
+bool is_cuda_device(const Device&) { return false; }
+
 void* cuda_native_stream(Device& device, StreamKind stream) {
   LT_FAIL("no {} stream of '{}': not a CUDA device ({})", stream_kind_name(stream), device.name(), kNotBuilt);
 }

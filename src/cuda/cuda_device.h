@@ -27,6 +27,9 @@ struct CudaDeviceOptions {
 // not enough free memory).
 std::unique_ptr<Device> make_cuda_device(const CudaDeviceOptions& options);
 
+// Whether `device` is a CUDA device (make_cuda_device); false in a build without nvcc.
+bool is_cuda_device(const Device& device);
+
 // The cudaStream_t behind `stream` of a CUDA device, for kernel launchers (cuda/kernels.h: Stream = void*)
 // called from a launch() function. lt::Error if `device` is not a CUDA device.
 void* cuda_native_stream(Device& device, StreamKind stream);

@@ -66,6 +66,10 @@ Matmul linear_dinput_matmul(float* dX, const void* dY, const void* W, MatType in
 std::vector<Matmul> linear_dweight_matmuls(float* dW, const void* dY, const void* X, MatType in_type, int64_t M,
                                            int64_t N, int64_t K);
 
+// The GEMM workspace of the compute stream (cuBLASLt's split-K reductions): a fixed size, so the algorithm a
+// shape gets does not depend on what else is allocated; part of the step's working set on the GPU.
+inline constexpr size_t kGemmWorkspaceBytes = size_t(32) << 20;
+
 }  // namespace lt::cuda
 
 #if LT_WITH_CUDA
@@ -77,7 +81,7 @@ namespace lt::cuda::native {
 // computes the same bits every time. Not thread-safe: one per compute stream.
 class CublasLt {
  public:
-  explicit CublasLt(size_t workspace_bytes = size_t(32) << 20);
+  explicit CublasLt(size_t workspace_bytes = kGemmWorkspaceBytes);
   ~CublasLt();
   CublasLt(const CublasLt&) = delete;
   CublasLt& operator=(const CublasLt&) = delete;

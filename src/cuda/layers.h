@@ -11,7 +11,9 @@
 #include <cstdint>
 
 #include "cuda/kernels.h"
+#include "device/device.h"
 #include "model/block.h"
+#include "model/layer_compute.h"
 #include "ops/head.h"
 
 namespace lt::cuda {
@@ -54,6 +56,11 @@ struct GpuBlock {
   void* scratch = nullptr;
 };
 size_t gpu_block_scratch_bytes(const BlockShape& s);
+
+// The GPU layer compute (model/layer_compute.h; cuda/layers/compute.inl) for `device`: natively on a CUDA
+// device's compute stream (cuda/cuda_device.h), on cuda-sim's kernels and emulated GEMMs for any other device
+// (the CPU device runs them on its compute stream) — the executor's GPU path, testable without a GPU.
+std::unique_ptr<LayerCompute> make_gpu_layer_compute(Device& device);
 
 }  // namespace lt::cuda
 

@@ -3,6 +3,8 @@
 #define LT_LAYERS_NATIVE 0
 #include "cuda/layers/block.inl"
 #include "cuda/layers/head.inl"
+#include "cuda/layers/compute.inl"
+#include "cuda/cuda_device.h"
 
 namespace lt::cuda {
 
@@ -12,5 +14,12 @@ size_t head_workspace_bytes(const HeadShape& s, DType lm_type) {
 }
 
 size_t gpu_block_scratch_bytes(const BlockShape& s) { return sim::detail::BlockScratchGpu::carve(nullptr, s).bytes; }
+
+std::unique_ptr<LayerCompute> make_gpu_layer_compute(Device& device) {
+#if LT_WITH_CUDA
+  if (is_cuda_device(device)) return native::make_layer_compute(cuda_native_stream(device, StreamKind::compute));
+#endif
+  return sim::make_layer_compute(nullptr);
+}
 
 }  // namespace lt::cuda

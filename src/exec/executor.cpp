@@ -22,10 +22,13 @@
 #include "core/parallel.h"
 #include "core/timer.h"
 #include "exec/host_worker.h"
+#include "cuda/gemm.h"
+#include "cuda/layers.h"
 #include "exec/weight_buffers.h"
 #include "io/nvme.h"
 #include "model/block.h"
 #include "ops/ops.h"
+#include "ops/rope.h"
 
 namespace lt {
 namespace {
@@ -89,6 +92,7 @@ struct StreamingExecutor::Step {
 
   StreamingExecutor& ex;
   Device& dev;
+  LayerCompute& compute;  // what each launch runs (model/layer_compute.h), bound to this step's buffers
   HostWorker& host;
   const PendingUpdate* update = nullptr;
   GradTarget target;
@@ -158,24 +162,28 @@ struct StreamingExecutor::Step {
   uint8_t* x0_host = nullptr;  // boundary 0 in the storage dtype
   float* dx0_host = nullptr;
 
-  // Internals of the layers that keep them: at f32 storage each layer's full BlockActs (computed in place), at
-  // bf16 its stored internals (block_stored_bytes), computed in scratch_acts, the one f32 working copy, which
-  // also holds a recomputed layer's internals (its MLP one chunk at a time).
+  // Internals of the layers that keep them (null: recomputed): for the CPU block at f32 storage each layer's
+  // full BlockActs (computed in place), else its stored internals (block_stored_bytes). The CPU block computes
+  // in scratch_acts, the one f32 working copy, which also holds a recomputed layer's internals (its MLP one
+  // chunk at a time); the GPU block in its own scratch (ComputeBinding).
   std::vector<uint8_t*> kept;
   float *scratch_acts = nullptr, *bscratch = nullptr, *dx[2] = {nullptr, nullptr};
   std::vector<uint8_t*> cache;
   std::map<int64_t, uint8_t*> cached;
 
   int32_t *pos_dev = nullptr, *targets_dev = nullptr, *doc_dev = nullptr;
+  float* rope_dev = nullptr;  // GPU compute: cos, sin [T, D/2] each, uploaded with the tokens
   Event* tokens_ready = nullptr;
   uint8_t *head_w = nullptr, *head_g = nullptr;
   uint8_t* head_stage = nullptr;
   size_t head_stage_bytes = 0;
   double loss = 0;
+  double* loss_dev = nullptr;  // where the head writes the loss: `loss` itself for the CPU compute, else device
+                               // memory the d2h stream copies into `loss`
 
   Step(StreamingExecutor& e, HostWorker& hw, ModelSlabs& g, const ModelSlabs& p, const ModelSlabs& w,
        const Batch& b, const Plan& pl)
-      : ex(e), dev(e.device_), host(hw), cfg(e.cfg_), o(e.options_), grads(g), params(p), weights(w), batch(b),
+      : ex(e), dev(e.device_), compute(*e.compute_), host(hw), cfg(e.cfg_), o(e.options_), grads(g), params(p), weights(w), batch(b),
         plan(pl), L(cfg.num_layers), N(b.N()), C(cfg.hidden_size), xe(dtype_size(e.options_.activations)),
         xbytes(size_t(N * C) * xe), dxbytes(size_t(N * C) * 4),
         s(BlockShape::make(cfg, b.B, b.T, e.options_.activations, e.options_.mlp_chunk_tokens)), tok(StepTokens::make(b)), wl(w.layout(SlabKind::layer)),
@@ -301,11 +309,30 @@ struct StreamingExecutor::Step {
         kept[size_t(l)] = buf<uint8_t>(fmt::format("internals {}", l), block_stored_bytes(s));
       else recompute_internals = true;
     }
-    if (recompute_internals || s.act != DType::f32)
-      scratch_acts = buf<float>("internals scratch", BlockActs::floats(s) * 4);
-    bscratch = buf<float>("backward scratch", BlockScratch::floats(s) * 4);
     dx[0] = buf<float>("activation grads 0", dxbytes);
     dx[1] = buf<float>("activation grads 1", dxbytes);
+    ComputeBinding binding;
+    binding.shape = s;
+    binding.tok = token_info();
+    if (o.kernels == LayerKernels::cpu) {
+      if (recompute_internals || s.act != DType::f32)
+        scratch_acts = buf<float>("internals scratch", BlockActs::floats(s) * 4);
+      bscratch = buf<float>("backward scratch", BlockScratch::floats(s) * 4);
+      binding.acts = scratch_acts;
+      binding.backward_scratch = bscratch;
+      loss_dev = &loss;
+    } else {
+      if (recompute_internals) binding.recompute_stored = buf<uint8_t>("recompute internals", block_stored_bytes(s));
+      binding.block_scratch = buf<uint8_t>("block scratch", cuda::gpu_block_scratch_bytes(s));
+      binding.head_workspace = buf<uint8_t>("head workspace", 0);
+      binding.gemm_workspace = buf<uint8_t>("gemm workspace", cuda::kGemmWorkspaceBytes);
+      const size_t half = size_t(batch.T) * size_t(s.D / 2);
+      rope_dev = buf<float>("rope table", half * 2 * sizeof(float));
+      binding.rope_cos = rope_dev;
+      binding.rope_sin = rope_dev + half;
+      loss_dev = buf<double>("loss", sizeof(double));
+    }
+    compute.bind(binding);
     for (int64_t i = 0; i < ws.recompute_depth; ++i)
       cache.push_back(buf<uint8_t>(fmt::format("recompute cache {}", i), xbytes));
 
@@ -345,6 +372,20 @@ struct StreamingExecutor::Step {
     dev.copy_h2d(pos_dev, tok.pos.data(), size_t(N) * 4, kH2D, "h2d tokens");
     dev.copy_h2d(targets_dev, tok.targets.data(), size_t(N) * 4, kH2D, "h2d targets");
     if (!batch.doc_ids.empty()) dev.copy_h2d(doc_dev, batch.doc_ids.data(), size_t(N) * 4, kH2D, "h2d doc ids");
+    if (rope_dev) {
+      // The GPU kernels read targets and positions unchecked: a bad one is an error here, not a wild read there.
+      for (int64_t n = 0; n < N; ++n) {
+        const int32_t t = tok.targets[size_t(n)], p = tok.pos[size_t(n)];
+        LT_CHECK(t == kIgnoreIndex || (t >= 0 && t < cfg.vocab_size),
+                 "token {}: target {} is outside the vocabulary [0, {})", n, t, cfg.vocab_size);
+        LT_CHECK(p >= 0 && p < batch.T, "token {}: position {} is outside the sequence [0, {})", n, p, batch.T);
+      }
+      // RoPE's cos/sin for every position of the sequence (ops' rope_table: the CPU op's angles), once per step.
+      const size_t half = size_t(batch.T) * size_t(s.D / 2);
+      float* table = ex.host_ws_.get<float>("rope table", half * 2);
+      rope_table(table, table + half, batch.T, s.D, s.rope_theta);
+      dev.copy_h2d(rope_dev, table, half * 2 * sizeof(float), kH2D, "h2d rope table");
+    }
     tokens_ready = record(kH2D);
   }
 
@@ -473,15 +514,12 @@ struct StreamingExecutor::Step {
         out.ptr = ring[size_t(out.ring)];
       }
       int b = acquire_weights(l);
-      LayerInternals li = bind_internals(kept[size_t(l)], scratch_acts, s);  // kept[l] null: not kept
+      void* kept_l = kept[size_t(l)];  // null: not kept
       BlockView w = view(b);
       uint8_t* x_out = out.ptr;
       const uint8_t* x_in = in.ptr;
-      TokenInfo ti = token_info();
-      BlockShape sh = s;
-      Event* done = launch_on(b, {&in}, [=]() mutable {
-        block_forward(x_out, li.acts, x_in, w, ti, sh, li.stored);
-      }, fmt::format("fwd L{}", l), l);
+      LayerCompute* c = &compute;
+      Event* done = launch_on(b, {&in}, [=] { c->forward(x_out, kept_l, x_in, w); }, fmt::format("fwd L{}", l), l);
       used_by_compute(out, done);
       if (l + 1 < L && t == Tier::nvme) offload_to_nvme(l + 1, out, done);
       if (l + 1 < L && t == Tier::host) {
@@ -643,32 +681,27 @@ struct StreamingExecutor::Step {
     auto [lm_w, lm_dt] = entry_ptr(head_w, hwl, weights.layout(SlabKind::embedding), "lm_head.weight");
     uint8_t* dnorm = entry_ptr(head_g, hgl, grads.layout(SlabKind::embedding), "norm.weight").first;
     uint8_t* dlm = entry_ptr(head_g, hgl, grads.layout(SlabKind::embedding), "lm_head.weight").first;
-    const size_t hg_bytes = head_stage_bytes;
-    uint8_t* hg = head_g;
-    float* dx0 = dx[0];
-    const uint8_t* xL = xdev[size_t(L)];
-    // At bf16 storage the head reads its input widened to f32 in dx[1], free until the first backward.
-    float* xL32 = s.act == DType::f32 ? nullptr : dx[1];
-    const DType act = s.act;
-    const int32_t* targets = targets_dev;
-    const float scale = float(1.0 / double(target.tokens_in_step > 0 ? target.tokens_in_step : tok.count));
-    HeadShape hs{N, C, cfg.vocab_size, float(cfg.rms_norm_eps)};
-    double* loss_out = &loss;
+    HeadCall call;
+    call.dx = dx[0];
+    call.grads = head_g;
+    call.grads_bytes = head_stage_bytes;
+    call.dnorm_w = reinterpret_cast<float*>(dnorm);
+    call.dlm_w = reinterpret_cast<float*>(dlm);
+    call.x = xdev[size_t(L)];
+    call.x32 = dx[1];  // the input widened to f32 (bf16 storage): dx[1] is free until the first backward
+    call.targets = targets_dev;
+    call.norm_w = reinterpret_cast<const float*>(norm_w);
+    call.lm_w = WeightRef{lm_w, lm_dt};
+    call.grad_scale = float(1.0 / double(target.tokens_in_step > 0 ? target.tokens_in_step : tok.count));
+    call.shape = HeadShape{N, C, cfg.vocab_size, float(cfg.rms_norm_eps)};
+    call.loss = loss_dev;
+    LayerCompute* c = &compute;
     wait(kCompute, ready);
-    dev.launch(kCompute, [=] {
-      std::memset(hg, 0, hg_bytes);
-      const float* x = reinterpret_cast<const float*>(xL);
-      if (xL32) {
-        parallel_convert_to_f32(xL32, xL, act, size_t(hs.N * hs.C));
-        x = xL32;
-      }
-      *loss_out = head_forward_backward(dx0, reinterpret_cast<float*>(dnorm), reinterpret_cast<float*>(dlm), x,
-                                        targets, reinterpret_cast<const float*>(norm_w), WeightRef{lm_w, lm_dt},
-                                        scale, hs);
-    }, "head fwd+bwd");
+    dev.launch(kCompute, [=] { c->head(call); }, "head fwd+bwd");
     Event* done = record(kCompute);
     wait(kD2H, done);
-    dev.copy_d2h(head_stage, head_g, hg_bytes, kD2H, "d2h head grads");
+    if (loss_dev != &loss) dev.copy_d2h(&loss, loss_dev, sizeof(double), kD2H, "d2h loss");
+    dev.copy_d2h(head_stage, head_g, head_stage_bytes, kD2H, "d2h head grads");
     dev.host_callback(kD2H, [this] {
       host.submit([this] {
         const SlabLayout& hl = grads.layout(SlabKind::head);
@@ -724,13 +757,9 @@ struct StreamingExecutor::Step {
       int b = acquire_weights(m);
       BlockView w = view(b);
       const uint8_t* x_in = in.ptr;
-      float* acts_buf = scratch_acts;
-      TokenInfo ti = token_info();
-      BlockShape sh = s;
-      launch_on(b, {&in}, [=] {
-        BlockActs a = BlockActs::bind(acts_buf, sh);
-        block_forward(out, a, x_in, w, ti, sh);
-      }, fmt::format("recompute L{}", m), m);
+      LayerCompute* c = &compute;
+      // The output alone: a kept layer's internals stay as its forward stored them.
+      launch_on(b, {&in}, [=] { c->forward(out, nullptr, x_in, w); }, fmt::format("recompute L{}", m), m);
       cached[m + 1] = out;
       in = Boundary{out, nullptr, -1};
     }
@@ -744,18 +773,14 @@ struct StreamingExecutor::Step {
       issue_reloads(backward_window(L, l));
       Boundary xin = get_boundary(l);
       const uint8_t* x_in = xin.ptr;
-      TokenInfo ti = token_info();
-      BlockShape sh = s;
-      // Kept: at f32 storage in place, at bf16 widened from the stored internals into the working copy by the
-      // MLP half. Not kept: the attention half recomputed into the working copy now, the MLP chunk by chunk in
-      // the MLP half.
-      LayerInternals li = bind_internals(kept[size_t(l)], scratch_acts, s);
-      if (li.saved == Saved::recompute) {
+      LayerCompute* c = &compute;
+      // Kept: the CPU block at f32 storage in place, else widened from the stored internals by the MLP half. Not
+      // kept: the attention half recomputed now, the MLP chunk by chunk in the MLP half.
+      void* kept_l = kept[size_t(l)];
+      if (kept_l == nullptr) {
         int b = acquire_weights(l);
         BlockView w = view(b);
-        launch_on(b, {&xin}, [=]() mutable {
-          block_recompute_internals(li.acts, x_in, w, ti, sh);
-        }, fmt::format("recompute internals L{}", l), l);
+        launch_on(b, {&xin}, [=] { c->recompute_internals(x_in, w); }, fmt::format("recompute internals L{}", l), l);
       }
       int b = acquire_weights(l);
       BlockView w = view(b);
@@ -764,21 +789,18 @@ struct StreamingExecutor::Step {
       wait(kCompute, gfree[size_t(g)]);
       uint8_t* gb = gbuf[size_t(g)];
       const SlabLayout* glp = &gl;
-      float* dscratch = bscratch;
       float* dx_out = dx[cur];
       float* dx_in = dx[1 - cur];
       // In two launches: the MLP half's gradients (the slab's tail) go down while the attention half runs,
       // so that only the attention half's follow the last layer's compute.
       Event* mlp_done = launch_on(b, {&xin}, [=] {
-        std::memset(gb, 0, glp->bytes());
+        c->zero(gb, glp->bytes());
         BlockGrads gr = BlockGrads::bind(*glp, gb);
-        BlockScratch sc = BlockScratch::bind(dscratch, sh);
-        block_backward_mlp(gr, sc, dx_out, li.acts, w, sh, li.saved, li.stored);
+        c->backward_mlp(gr, dx_out, kept_l, w);
       }, fmt::format("bwd L{} mlp", l), l);
       Event* done = launch_on(b, {&xin}, [=] {
         BlockGrads gr = BlockGrads::bind(*glp, gb);
-        BlockScratch sc = BlockScratch::bind(dscratch, sh);
-        block_backward_attention(dx_in, gr, sc, x_in, li.acts, w, ti, sh);
+        c->backward_attention(dx_in, gr, x_in, kept_l, w);
       }, fmt::format("bwd L{} attention", l), l);
       cur = 1 - cur;
       // Gradients out: d2h into a host staging slab (once the host worker has emptied it), then the host
@@ -831,6 +853,7 @@ StreamingExecutor::StreamingExecutor(const ModelConfig& cfg, Device& device, Exe
     : cfg_(cfg), device_(device), options_(options), nvme_(nvme) {
   LT_CHECK(options_.weight_buffers >= 1 && options_.grad_buffers >= 1 && options_.boundary_ring >= 2,
            "executor needs at least 1 weight buffer, 1 gradient buffer and 2 ring slots");
+  compute_ = options_.kernels == LayerKernels::gpu ? cuda::make_gpu_layer_compute(device_) : make_cpu_layer_compute();
 }
 
 StreamingExecutor::~StreamingExecutor() { release_device_memory(); }

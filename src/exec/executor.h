@@ -21,6 +21,7 @@
 #include "exec/trace.h"
 #include "exec/working_set.h"
 #include "model/batch.h"
+#include "model/layer_compute.h"
 #include "model/weights.h"
 #include "optim/adamw.h"
 #include "optim/clip.h"
@@ -99,6 +100,7 @@ class StreamingExecutor {
   Device& device_;
   ExecOptions options_;
   NvmeStore* nvme_;
+  std::unique_ptr<LayerCompute> compute_;  // options_.kernels' compute for device_
   // The packed working set of the last step, kept for the next one with the same plan and shape.
   void* block_ = nullptr;
   std::string block_key_;

@@ -7,6 +7,8 @@
 
 #include "core/aligned.h"
 #include "core/error.h"
+#include "cuda/gemm.h"
+#include "cuda/layers.h"
 #include "model/layout.h"
 
 namespace lt {
@@ -115,13 +117,17 @@ unsigned buffer_streams(const std::string& tag) {
   if (has_prefix(tag, "layer grads ") || tag == "head grads" || has_prefix(tag, "activation grads ")) return c | d;
   if (has_prefix(tag, "boundary ring ")) return c | h | d;
   if (has_prefix(tag, "boundary ") || has_prefix(tag, "internals ") || tag == "internals scratch" ||
-      tag == "recompute output" || tag == "backward scratch" || has_prefix(tag, "recompute cache "))
+      tag == "recompute output" || tag == "backward scratch" || has_prefix(tag, "recompute cache ") ||
+      tag == "recompute internals" || tag == "block scratch" || tag == "head workspace" || tag == "gemm workspace")
     return c;
+  if (tag == "rope table") return c | h;
+  if (tag == "loss") return c | d;
   return c | h | d;
 }
 
 StreamKind buffer_first_writer(const std::string& tag) {
-  return tag == "head weights" || tag == "boundary 0" || tag == "tokens" || has_prefix(tag, "weights ")
+  return tag == "head weights" || tag == "boundary 0" || tag == "tokens" || tag == "rope table" ||
+                 has_prefix(tag, "weights ")
              ? StreamKind::h2d
              : StreamKind::compute;
 }
@@ -215,10 +221,24 @@ WorkingSet plan_working_set(const ModelConfig& cfg, int64_t B, int64_t T, const 
     else
       recompute_internals = true;
   }
-  // The f32 working copy (the MLP one chunk at a time): for recomputed internals, and at bf16 storage for every
-  // layer's forward and backward.
-  if (recompute_internals || s.act != DType::f32) add("internals scratch", BlockActs::floats(s) * 4, first, last);
-  add("backward scratch", BlockScratch::floats(s) * 4, first_bwd, last);
+  if (o.kernels == LayerKernels::cpu) {
+    // The f32 working copy (the MLP one chunk at a time): for recomputed internals, and at bf16 storage for every
+    // layer's forward and backward.
+    if (recompute_internals || s.act != DType::f32) add("internals scratch", BlockActs::floats(s) * 4, first, last);
+    add("backward scratch", BlockScratch::floats(s) * 4, first_bwd, last);
+  } else {
+    LT_CHECK(s.act == DType::bf16, "the GPU block stores bf16 activations, not {} (activation_dtype)",
+             dtype_name(s.act));
+    // The GPU block computes in its own scratch, forward and backward; a layer that does not keep its internals
+    // writes them (forward) and recomputes them (backward) in one stored-internals buffer.
+    if (recompute_internals) add("recompute internals", block_stored_bytes(s), first, last);
+    add("block scratch", cuda::gpu_block_scratch_bytes(s), first, last);
+    add("head workspace", cuda::head_workspace_bytes(HeadShape{N, C, cfg.vocab_size, float(cfg.rms_norm_eps)}, mdt),
+        H, H);
+    add("loss", sizeof(double), H, H);
+    add("rope table", size_t(T) * size_t(s.D / 2) * 2 * sizeof(float), first, last);  // cos, sin [T, D/2]
+    add("gemm workspace", cuda::kGemmWorkspaceBytes, first, last);
+  }
   add("activation grads 0", act_grad, H, last);
   add("activation grads 1", act_grad, H, last);  // also the head's f32 input at bf16 storage
   // Recompute cache: a backward that meets a dropped boundary rebuilds every boundary between the

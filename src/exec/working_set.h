@@ -25,8 +25,14 @@
 
 namespace lt {
 
+// What computes a step's layers and head (model/layer_compute.h): the CPU block and head (model/block.h,
+// ops/head.h), or the GPU block and head (cuda/layers.h: on a CUDA device, or under cuda-sim), which keep
+// different scratch — the working set counts the one the step launches.
+enum class LayerKernels : uint8_t { cpu, gpu };
+
 struct ExecOptions {
   ComputeType compute = ComputeType::f32;
+  LayerKernels kernels = LayerKernels::cpu;
   DType activations = DType::f32;  // activation storage (model/block.h): boundaries and kept internals
   int64_t mlp_chunk_tokens = 0;    // tokens per MLP chunk (model/block.h; a multiple of kTokenSlice), 0: one
   int weight_buffers = 2;    // layer weight buffers on the device (2 = double buffering)

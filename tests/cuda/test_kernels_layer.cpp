@@ -257,7 +257,7 @@ TEST(CudaSimKernels, SwigluBackwardMatchesFiniteDifferencesOfTheForwardKernel) {
 
 // ---- residual add, accumulation, conversions ----
 
-TEST(CudaSimKernels, AddAccumulateAndConvertAreExact) {
+TEST(CudaSimKernels, AddAccumulateZeroAndConvertAreExact) {
   for (const int64_t n : kElementCounts) {
     SCOPED_TRACE("n=" + std::to_string(n));
     auto a = random_floats(static_cast<size_t>(n), 71 + n), b = random_floats(static_cast<size_t>(n), 72 + n);
@@ -270,20 +270,22 @@ TEST(CudaSimKernels, AddAccumulateAndConvertAreExact) {
       bf16_sum[static_cast<size_t>(i)] =
           bf16_to_f32(ab[static_cast<size_t>(i)]) + bf16_to_f32(bb[static_cast<size_t>(i)]);
     for_each_order([&] {
-      Guarded<float> out(static_cast<size_t>(n)), acc(a), widened(static_cast<size_t>(n));
+      Guarded<float> out(static_cast<size_t>(n)), acc(a), widened(static_cast<size_t>(n)), zeroed(b);
       Guarded<bf16_t> out_b(static_cast<size_t>(n)), rounded(static_cast<size_t>(n));
       sim::add(kStream, out.data(), a.data(), b.data(), n);
       sim::add(kStream, out_b.data(), ab.data(), bb.data(), n);
       sim::accumulate(kStream, acc.data(), b.data(), n);
       sim::convert(kStream, rounded.data(), a.data(), n);
       sim::convert(kStream, widened.data(), ab.data(), n);
+      sim::zero(kStream, zeroed.data(), n);
       EXPECT_BITWISE_EQ(out.values(), sum);
+      EXPECT_BITWISE_EQ(zeroed.values(), std::vector<float>(static_cast<size_t>(n), 0.0f));
       EXPECT_BITWISE_EQ(acc.values(), sum);
       EXPECT_BITWISE_EQ(out_b.values(), to_bf16(bf16_sum));
       EXPECT_BITWISE_EQ(rounded.values(), ab);
       EXPECT_BITWISE_EQ(widened.values(), to_f32(ab));
       EXPECT_TRUE(out.guards_intact() && acc.guards_intact() && widened.guards_intact() && out_b.guards_intact() &&
-                  rounded.guards_intact());
+                  rounded.guards_intact() && zeroed.guards_intact());
     });
   }
 }

@@ -12,128 +12,25 @@
 #include "model/model.h"
 #include "ops/head.h"
 #include "testing/grad_check.h"
+#include "testing/exec_testing.h"
 #include "testing/model_testing.h"
 
 namespace lt {
 namespace {
 
-// A small random model; `type` (0 qwen2, 1 qwen3, 2 llama) picks the architecture, -1 a random one.
-ModelConfig random_config(Rng& rng, int type = -1) {
-  ModelConfig c;
-  const ModelType types[] = {ModelType::qwen2, ModelType::qwen3, ModelType::llama};
-  c.type = types[rng.below(3)];
-  if (type >= 0) c.type = types[type];
-  c.vocab_size = 40 + int64_t(rng.below(30));
-  c.num_kv_heads = 1 + int64_t(rng.below(2));
-  c.num_heads = c.num_kv_heads * (1 + int64_t(rng.below(3)));
-  c.head_dim = 8 * (1 + int64_t(rng.below(2)));
-  c.hidden_size = c.type == ModelType::qwen2 ? c.num_heads * c.head_dim : 16 + 8 * int64_t(rng.below(3));
-  c.intermediate_size = 24 + int64_t(rng.below(20));
-  c.num_layers = 2 + int64_t(rng.below(5));
-  c.rms_norm_eps = 1e-6;
-  c.rope_theta = 10000.0;
-  c.qkv_bias = c.type != ModelType::qwen3 && rng.below(2) == 0;
-  if (c.type == ModelType::qwen2) c.qkv_bias = true;
-  c.o_bias = c.type == ModelType::llama && c.qkv_bias;
-  c.mlp_bias = c.type == ModelType::llama && rng.below(2) == 0;
-  c.qk_norm = c.type == ModelType::qwen3;
-  c.tie_word_embeddings = rng.below(2) == 0;
-  c.max_position_embeddings = 256;
-  return c;
-}
-
-ModelSlabs random_params(const ModelConfig& cfg, uint64_t seed) { return testing::random_model_params(cfg, seed); }
-
-Batch random_batch(const ModelConfig& cfg, Rng& rng, bool packed) {
-  Batch b;
-  b.B = 1 + int64_t(rng.below(2));
-  b.T = 5 + int64_t(rng.below(20));
-  for (int64_t i = 0; i < b.N(); ++i) b.input_ids.push_back(int32_t(rng.below(uint64_t(cfg.vocab_size))));
-  b.labels = b.input_ids;
-  for (int64_t r = 0; r < b.B; ++r) b.labels[size_t(r * b.T)] = kIgnoreIndex;
-  if (packed) {  // two documents per row, split at a random point
-    for (int64_t r = 0; r < b.B; ++r) {
-      int64_t split = 1 + int64_t(rng.below(uint64_t(b.T - 1)));
-      for (int64_t t = 0; t < b.T; ++t) {
-        b.positions.push_back(int32_t(t < split ? t : t - split));
-        b.doc_ids.push_back(t < split ? 0 : 1);
-      }
-    }
-  }
-  return b;
-}
-
-Plan random_plan(int64_t L, Rng& rng) {
-  Plan p;
-  p.name = "random";
-  for (int64_t i = 0; i <= L; ++i) {
-    const Tier tiers[] = {Tier::device, Tier::host, Tier::nvme, Tier::drop};
-    p.boundary.push_back(tiers[rng.below(4)]);
-  }
-  p.boundary[size_t(L)] = Tier::device;
-  for (int64_t l = 0; l < L; ++l) p.keep_internals.push_back(p.stored(l) && rng.below(3) == 0);
-  return p;
-}
-
-// Random transfer windows for the plan's host-tier copies, within what a ring of `ring` slots allows
-// (Plan::validate_windows): one or two parts per copy with random fractions.
-Plan with_random_windows(Plan p, Rng& rng, int ring = 3) {
-  const int64_t L = p.num_layers();
-  p.name += "+windows";
-  p.offload_parts.assign(size_t(L + 1), {});
-  p.reload_parts.assign(size_t(L + 1), {});
-  auto split = [&](int lo, int hi) {
-    std::vector<TransferPart> parts;
-    std::vector<int> wins;
-    for (int w = lo; w <= hi; ++w)
-      if (rng.below(2) == 0 || (w == hi && wins.empty())) wins.push_back(w);
-    double left = 1.0;
-    for (size_t k = 0; k < wins.size(); ++k) {
-      const double f = k + 1 == wins.size() ? left : left * (0.2 + 0.6 * rng.uniform());
-      parts.push_back({wins[k], f});
-      left -= f;
-    }
-    return parts;
-  };
-  for (int64_t i = 0; i < L; ++i) {
-    const Tier t = p.boundary[size_t(i)];
-    if (i > 0 && t == Tier::host) p.offload_parts[size_t(i)] = split(int(i), int(std::min<int64_t>(i + ring - 2, L - 1)));
-    if (t == Tier::host && i > 0) {
-      const int hi = int(2 * L - i) - 1;
-      p.reload_parts[size_t(i)] = split(std::max(int(L), hi - (ring - 2)), hi);
-    }
-  }
-  return p;
-}
-
-Plan random_host_plan(int64_t L, Rng& rng) {
-  Plan p = random_plan(L, rng);
-  for (int64_t i = 1; i < L; ++i)
-    if (rng.below(2) == 0) p.boundary[size_t(i)] = Tier::host;
-  for (int64_t l = 0; l < L; ++l) p.keep_internals[size_t(l)] = p.keep_internals[size_t(l)] && p.stored(l);
-  return p;
-}
-
-void expect_bitwise_equal(const ModelSlabs& a, const ModelSlabs& b, const std::string& what) {
-  auto A = a.named_tensors(), B = b.named_tensors();
-  for (size_t t = 0; t < A.size(); ++t)
-    ASSERT_EQ(0, std::memcmp(A[t].view.data, B[t].view.data, A[t].view.bytes())) << what << ": " << A[t].hf_name;
-}
+using testing::expect_bitwise_equal;
+using testing::nvme_store_for;
+using testing::random_batch;
+using testing::random_config;
+using testing::random_host_plan;
+using testing::random_params;
+using testing::random_plan;
+using testing::with_random_windows;
 
 struct Reference {
   ModelSlabs grads;
   LossResult loss;
 };
-
-// The NVMe store a plan needs (null when it uses no NVMe tier), in the test's temporary directory.
-std::unique_ptr<NvmeStore> nvme_store_for(const ModelConfig& cfg, const Batch& batch, const Plan& plan,
-                                          const ExecOptions& o) {
-  if (!plan.uses(Tier::nvme)) return nullptr;
-  NvmeOptions no;
-  no.dir = ::testing::TempDir();
-  no.capacity_bytes = plan_working_set(cfg, batch.B, batch.T, plan, o).nvme_bytes + 4096;
-  return NvmeStore::open(no);
-}
 
 void check_plan(const ModelConfig& cfg, const ModelSlabs& params, const ModelSlabs& weights, const Batch& batch,
                 const Plan& plan, Precision precision, const Reference& ref, LinkSpec link, double budget_slack,

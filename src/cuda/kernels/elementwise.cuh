@@ -29,6 +29,10 @@ __global__ void accumulate_kernel(float* y, const float* x, int64_t n) {
   for (int64_t i = global_thread(); i < n; i += grid_threads()) y[i] += x[i];
 }
 
+__global__ void zero_kernel(float* y, int64_t n) {
+  for (int64_t i = global_thread(); i < n; i += grid_threads()) y[i] = 0.0f;
+}
+
 __global__ void convert_to_bf16_kernel(bf16* dst, const float* src, int64_t n) {
   for (int64_t i = global_thread(); i < n; i += grid_threads()) store(dst + i, src[i]);
 }
@@ -66,6 +70,7 @@ void add(Stream s, bf16_t* out, const bf16_t* a, const bf16_t* b, int64_t n) {
   LT_ELEMENTWISE(add_kernel<bf16>, n, dev(out), dev(a), dev(b), n);
 }
 void accumulate(Stream s, float* y, const float* x, int64_t n) { LT_ELEMENTWISE(accumulate_kernel, n, y, x, n); }
+void zero(Stream s, float* y, int64_t n) { LT_ELEMENTWISE(zero_kernel, n, y, n); }
 
 void convert(Stream s, bf16_t* dst, const float* src, int64_t n) {
   LT_ELEMENTWISE(convert_to_bf16_kernel, n, dev(dst), src, n);

@@ -19,8 +19,8 @@
 //
 // The MLP runs over token chunks of BlockShape::mlp_rows() (multiples of kTokenSlice), as the CPU block's, so
 // its scratch is O(chunk·I), not O(N·I), and every chunk size gives the same bits (the GEMMs' rows do not
-// depend on the call's M, and the weight gradients' token slices are the same). Not yet: the working set's
-// count of this scratch for the cuda device (gpu_block_scratch_bytes).
+// depend on the call's M, and the weight gradients' token slices are the same). The executor's working set
+// counts this scratch ("block scratch", gpu_block_scratch_bytes) when the step runs the GPU block.
 #pragma once
 
 #include <algorithm>

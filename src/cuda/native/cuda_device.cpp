@@ -621,6 +621,8 @@ std::unique_ptr<Device> make_cuda_device(const CudaDeviceOptions& options) {
   return std::make_unique<CudaDevice>(options);
 }
 
+bool is_cuda_device(const Device& device) { return dynamic_cast<const CudaDevice*>(&device) != nullptr; }
+
 void* cuda_native_stream(Device& device, StreamKind stream) {
   auto* cuda = dynamic_cast<CudaDevice*>(&device);
   LT_CHECK(cuda != nullptr, "no {} stream of '{}': not a CUDA device", stream_kind_name(stream), device.name());

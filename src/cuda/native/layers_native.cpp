@@ -4,3 +4,4 @@
 #define LT_LAYERS_NATIVE 1
 #include "cuda/layers/block.inl"
 #include "cuda/layers/head.inl"
+#include "cuda/layers/compute.inl"

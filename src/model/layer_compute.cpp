@@ -1,0 +1,55 @@
+// model/layer_compute.cpp — the CPU layer compute: model/block.h's block and ops/head.h's fused head, run where
+// the launch runs (the CPU device's compute stream).
+#include "model/layer_compute.h"
+
+#include <cstring>
+
+#include "core/dtype.h"
+
+namespace lt {
+namespace {
+
+class CpuLayerCompute final : public LayerCompute {
+ public:
+  const char* name() const override { return "cpu"; }
+  void bind(const ComputeBinding& binding) override { b_ = binding; }
+
+  void zero(void* ptr, size_t bytes) override { std::memset(ptr, 0, bytes); }
+
+  void forward(void* x_out, void* kept, const void* x_in, const BlockView& w) override {
+    LayerInternals li = bind_internals(kept, b_.acts, b_.shape);
+    block_forward(x_out, li.acts, x_in, w, b_.tok, b_.shape, li.stored);
+  }
+  void recompute_internals(const void* x_in, const BlockView& w) override {
+    LayerInternals li = bind_internals(nullptr, b_.acts, b_.shape);
+    block_recompute_internals(li.acts, x_in, w, b_.tok, b_.shape);
+  }
+  void backward_mlp(BlockGrads& g, const float* dx_out, void* kept, const BlockView& w) override {
+    LayerInternals li = bind_internals(kept, b_.acts, b_.shape);
+    BlockScratch sc = BlockScratch::bind(b_.backward_scratch, b_.shape);
+    block_backward_mlp(g, sc, dx_out, li.acts, w, b_.shape, li.saved, li.stored);
+  }
+  void backward_attention(float* dx_in, BlockGrads& g, const void* x_in, void* kept, const BlockView& w) override {
+    LayerInternals li = bind_internals(kept, b_.acts, b_.shape);
+    BlockScratch sc = BlockScratch::bind(b_.backward_scratch, b_.shape);
+    block_backward_attention(dx_in, g, sc, x_in, li.acts, w, b_.tok, b_.shape);
+  }
+  void head(const HeadCall& h) override {
+    std::memset(h.grads, 0, h.grads_bytes);
+    const float* x = static_cast<const float*>(h.x);
+    if (b_.shape.act != DType::f32) {
+      parallel_convert_to_f32(h.x32, h.x, b_.shape.act, size_t(h.shape.N * h.shape.C));
+      x = h.x32;
+    }
+    *h.loss = head_forward_backward(h.dx, h.dnorm_w, h.dlm_w, x, h.targets, h.norm_w, h.lm_w, h.grad_scale, h.shape);
+  }
+
+ private:
+  ComputeBinding b_;
+};
+
+}  // namespace
+
+std::unique_ptr<LayerCompute> make_cpu_layer_compute() { return std::make_unique<CpuLayerCompute>(); }
+
+}  // namespace lt
