@@ -7,8 +7,9 @@
 #      cuBLASLt against its emulation and row-independent), twice over (--gtest_repeat=2), and the CUDA device's
 #   4. the cuda-sim suite (ctest -L cuda-sim), so the comparison has its CPU side on this host too
 #   5. bench_cuda_layer: a Qwen2.5-7B layer's kernels and GEMMs in TFLOPS against an 8192^3 GEMM measured here
-# `lazytrain grad` on the GPU and a streamed step with the solved plan join once a step runs on the CUDA device
-# (docs/cuda.md, Not yet); the JSON says so rather than leaving them out silently.
+#   6. scripts/gpu-steps.sh: `lazytrain grad --device cuda` bitwise across plans and runs, and within bf16
+#      rounding of cuda-sim; a streamed step of a Qwen2.5-0.5B shape with the plan solved from a profile measured
+#      on the GPU, against every:4
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build-gpu}
@@ -24,7 +25,7 @@ echo "== gpu-check: build (sm_$archs)"
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLT_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$archs" >/dev/null
 cmake --build "$BUILD" -j "$(nproc)" --target lazytrain test_kernels_native test_cuda_device test_kernels_layer \
   test_kernels_attention test_kernels_head test_gemm_emulation test_simt test_simt_warp test_simt_errors \
-  bench_cuda_layer
+  test_executor_gpu bench_cuda_layer
 "$BUILD/lazytrain" devices --json | tee "$OUT/devices.json"
 
 status=0
@@ -37,6 +38,9 @@ echo "== gpu-check: the cuda-sim suite"
 tail -3 "$OUT/cuda-sim.log"
 echo "== gpu-check: layer benchmark"
 "$BUILD/bench/bench_cuda_layer" | tee "$OUT/layer.json" || status=1
+
+echo "== gpu-check: grad and a streamed step on the GPU"
+scripts/gpu-steps.sh "$BUILD/lazytrain" cuda "$OUT" || status=1
 
 /usr/bin/env python3 - "$OUT" "$status" "$start" <<'PY'
 import json, os, sys, time
@@ -64,8 +68,9 @@ summary = {
     "cuda_device_tests": counts(load("device.json")),
     "cuda_sim_suite": next((l for l in sim_log if "tests passed" in l), "see cuda-sim.log"),
     "layer": load("layer.json"),
-    "grad_gpu_vs_cpu": "not yet: a step on the CUDA device is the next step (docs/cuda.md)",
-    "streamed_step_solved_vs_every4": "not yet: as above",
+    "grad_on_gpu": load("grad.json"),
+    "streamed_step": {"solved_plan_at_half_keep_all": load("step/step_plan.json"),
+                      "every4": load("step/step_every4.json")},
     "seconds": int(time.time()) - start,
 }
 print(json.dumps(summary))

@@ -86,7 +86,8 @@ void run_bench_step(const BenchStepOptions& o) {
     make_compute_copy(*copy, m.params);
     weights = &*copy;
   }
-  const std::string policy = o.dev.policy.empty() ? "in-memory" : o.dev.policy;
+  // A GPU has no in-memory path: keep-all is its reference (exec/backend.h).
+  const std::string policy = !o.dev.policy.empty() ? o.dev.policy : o.dev.device == "cuda" ? "keep-all" : "in-memory";
   nlohmann::json best;
   double best_s = 1e300;
   // One device and one executor (or one workspace) for all steps, as in training: buffers and their

@@ -1,5 +1,6 @@
 // cli/cmd_grad.cpp — `lazytrain grad`: loss and every parameter gradient of an HF model for one batch,
-// on the in-memory reference path or (with --policy) streamed through a device by the executor.
+// on the in-memory reference path or (with --policy) streamed through a device by the executor. A GPU has no
+// in-memory path: on --device cuda the default is the keep-all plan (exec/backend.h).
 // Gradients go to an f32 safetensors file under the HF tensor names.
 #include <CLI/CLI.hpp>
 #include <cstdio>
@@ -32,12 +33,12 @@ void run_grad(const GradOptions& o) {
   Batch batch = Batch::load(o.batch_path, m.config.vocab_size);
   ModelSlabs grads(m.config, DType::f32);
   nlohmann::json line;
-  if (o.dev.policy.empty()) {
+  if (o.dev.policy.empty() && o.dev.device != "cuda") {
     Timer timer;
     LossResult r = model_forward_backward(grads, m.params, batch, o.dev.precision(compute));
     line = {{"loss", r.loss()}, {"tokens", r.tokens}, {"seconds", timer.seconds()}};
   } else {
-    Plan plan = Plan::parse(o.dev.policy, m.config.num_layers);
+    Plan plan = Plan::parse(o.dev.policy.empty() ? "keep-all" : o.dev.policy, m.config.num_layers);
     std::unique_ptr<Device> device = o.dev.make_device();
     const ExecOptions eo = o.dev.exec_options(compute, &plan);
     std::optional<ModelSlabs> copy;

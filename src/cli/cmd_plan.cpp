@@ -50,7 +50,7 @@ void run_plan(const PlanOptions& o) {
   rq.options.exec.weight_buffers = o.weight_buffers;
   rq.options.exec.resident_head = o.resident_head;
   rq.options.include_optimizer = !o.no_optimizer;
-  rq.options.exec.activations = activation_storage(o.activation_dtype, rq.options.exec.compute, "--activation-dtype");
+  rq.profile.apply_to(rq.options.exec, o.activation_dtype, "--activation-dtype");
   rq.options.memory = o.memory_model == "lifetime" ? MemoryModel::lifetime : MemoryModel::executor;
   rq.milp.time_limit_s = o.time_limit;
   rq.milp.threads = o.threads;

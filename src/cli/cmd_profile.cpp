@@ -1,6 +1,6 @@
 // cli/cmd_profile.cpp — `lazytrain profile`: measure the machine at the real shapes, for `lazytrain plan`.
 //
-//   lazytrain profile --model DIR --batch B --seq S [--device cpu] [--device-memory SIZE] [--link-gbps G]
+//   lazytrain profile --model DIR --batch B --seq S [--device cpu|cuda|cuda-sim] [--device-memory SIZE] [--link-gbps G]
 //                     [--nvme-dir DIR] [--dtype f32|bf16] --out profile.json
 //
 // Per-layer forward / backward / recompute on the device, the head, the embedding and gradient accumulation
@@ -15,6 +15,7 @@
 #include "model/block.h"
 #include "core/parallel.h"
 #include "core/units.h"
+#include "exec/backend.h"
 #include "plan/measure.h"
 
 namespace lt::cli {
@@ -31,15 +32,15 @@ struct ProfileOptions {
 
 void run_profile(const ProfileOptions& o) {
   if (o.threads > 0) set_num_threads(o.threads);
-  LT_CHECK(o.device == "cpu", "--device {}: only the emulated 'cpu' device is built", o.device);
   LT_CHECK(o.batch >= 1 && o.seq >= 1, "--batch and --seq must be >= 1 (got {} and {})", o.batch, o.seq);
   const ModelConfig cfg = load_model_config(o.model);
   MeasureOptions mo;
+  mo.device = o.device;
   mo.device_memory = parse_size(o.device_memory, "--device-memory");
   mo.link = LinkSpec{o.h2d_gbps > 0 ? o.h2d_gbps : o.link_gbps, o.d2h_gbps > 0 ? o.d2h_gbps : o.link_gbps,
                      o.latency_us * 1e-6};
   mo.compute = o.dtype == "bf16" ? ComputeType::bf16 : ComputeType::f32;
-  mo.activations = activation_storage(o.activation_dtype, mo.compute, "--activation-dtype");
+  mo.activations = device_activation_storage(o.device, o.activation_dtype, mo.compute, "--activation-dtype");
   mo.reps = o.reps;
   mo.nvme_dir = o.nvme_dir;
   mo.nvme_probe_bytes = parse_size(o.nvme_probe, "--nvme-probe");
@@ -78,7 +79,8 @@ void register_profile(CLI::App& app) {
   cmd->add_option("--model", o->model, "Hugging Face model directory or config.json")->required();
   cmd->add_option("--batch", o->batch, "rows per step (B)")->required();
   cmd->add_option("--seq", o->seq, "tokens per row (T)")->required();
-  cmd->add_option("--device", o->device, "device to measure")->check(CLI::IsMember({"cpu"}));
+  cmd->add_option("--device", o->device, "device to measure: cpu, cuda (GPU 0) or cuda-sim (exec/backend.h)")
+      ->check(CLI::IsMember({"cpu", "cuda", "cuda-sim"}));
   cmd->add_option("--device-memory", o->device_memory, "device memory (the emulated device's capacity)");
   cmd->add_option("--link-gbps", o->link_gbps, "emulated host<->device bandwidth per direction, GB/s (0 = unlimited)")
       ->check(CLI::NonNegativeNumber);

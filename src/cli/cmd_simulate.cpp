@@ -37,7 +37,7 @@ void run_simulate(const SimulateOptions& o) {
   const std::string compute = o.compute.empty() ? prof.compute : o.compute;
   LT_CHECK(compute == "f32" || compute == "bf16", "--compute {}: expected f32 or bf16", compute);
   io.exec.compute = compute == "bf16" ? ComputeType::bf16 : ComputeType::f32;
-  io.exec.activations = activation_storage(o.activation_dtype, io.exec.compute, "--activation-dtype");
+  prof.apply_to(io.exec, o.activation_dtype, "--activation-dtype");
   io.exec.weight_buffers = o.weight_buffers;
   io.exec.resident_head = o.resident_head;
   io.include_optimizer = !o.no_optimizer;

@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "core/units.h"
 #include "cuda/sim_ops.h"
+#include "exec/backend.h"
 #include "io/nvme.h"
 
 #include <algorithm>
@@ -16,10 +17,11 @@ void DeviceOptions::add_to(CLI::App& cmd) {
   cmd.add_option("--policy", policy,
                  "run on the streaming executor with this activation policy: keep-all, every:K, host:K, nvme:K or a "
                  "plan JSON file (default: the in-memory reference path)");
-  // cuda-sim: the cpu device's memory and streams, every op on the CUDA kernels emulated (cuda/sim_ops.h).
+  // What each device name runs: exec/backend.h. cuda-sim's kernels serve the in-memory path too (cuda/sim_ops.h).
   cmd.add_option("--device", device,
-                 "device to run on: cpu, or cuda-sim (the CUDA kernels emulated on the CPU; small models)")
-      ->check(CLI::IsMember({"cpu", "cuda-sim"}))
+                 "device to run on: cpu; cuda (GPU 0; the streaming executor only: keep-all without --policy); or "
+                 "cuda-sim (the CUDA kernels emulated on the CPU; small models)")
+      ->check(CLI::IsMember({"cpu", "cuda", "cuda-sim"}))
       ->each([](const std::string& name) { cuda::use_cuda_sim_kernels(name == "cuda-sim"); });
   cmd.add_option("--device-memory", device_memory, "device memory budget (bytes or with a unit: 512MiB, 8GiB, 80GB)");
   cmd.add_option("--link-gbps", link_gbps, "emulated host<->device bandwidth per direction, GB/s (0 = unlimited)")
@@ -45,13 +47,14 @@ void DeviceOptions::add_to(CLI::App& cmd) {
 }
 
 Precision DeviceOptions::precision(ComputeType compute) const {
-  return Precision(compute, activation_storage(activation_dtype, compute, "--activation-dtype"));
+  return Precision(compute, device_activation_storage(device, activation_dtype, compute, "--activation-dtype"));
 }
 
 ExecOptions DeviceOptions::exec_options(ComputeType compute, const Plan* plan) const {
   ExecOptions eo;
   eo.compute = compute;
   eo.activations = precision(compute).activations;
+  eo.kernels = device_layer_kernels(device, eo.activations);
   LT_CHECK(mlp_chunk < 0 || mlp_chunk % kTokenSlice == 0, "--mlp-chunk {}: must be a multiple of {} (0: one chunk)",
            mlp_chunk, kTokenSlice);
   eo.mlp_chunk_tokens = mlp_chunk >= 0 ? mlp_chunk : plan ? plan->mlp_chunk_tokens : 0;
@@ -65,8 +68,7 @@ LinkSpec DeviceOptions::link() const {
 }
 
 std::unique_ptr<Device> DeviceOptions::make_device() const {
-  LT_CHECK(device == "cpu" || device == "cuda-sim", "--device {}: the devices are cpu and cuda-sim", device);
-  return make_cpu_device(parse_size(device_memory, "--device-memory"), link());
+  return open_device(device, parse_size(device_memory, "--device-memory"), link());
 }
 
 std::unique_ptr<NvmeStore> DeviceOptions::open_nvme(size_t bytes) const {

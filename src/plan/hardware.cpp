@@ -133,6 +133,8 @@ Profile hardware_profile(const Hardware& hw, const ModelConfig& cfg, int64_t B, 
   p.batch = B;
   p.seq = T;
   p.compute = "bf16";
+  p.activations = "bf16";
+  p.layer_kernels = "gpu";  // a GPU runs the GPU block (bf16 activations)
   const double rate = hw.sustained_tflops * 1e12;
   const double fwd = layer_forward_flops(cfg, B, T) / rate;
   p.forward_s.assign(size_t(cfg.num_layers), fwd);

@@ -5,6 +5,8 @@
 
 #include "core/aligned.h"
 #include "core/error.h"
+#include "cuda/gemm.h"
+#include "cuda/layers.h"
 #include "model/block.h"
 #include "model/layout.h"
 #include "plan/hardware.h"
@@ -33,6 +35,9 @@ double Instance::fixed_window(int w) const {
   // still run (exec/working_set.cpp, conflict()), so that memory stays taken one window longer.
   if (w == L + 1) m += HG;
   if (scratch_always) m += IS;
+  m += gpu_always;
+  if (w == L) m += gpu_head;
+  if (w == L || w == L + 1) m += gpu_loss;  // downloaded: taken one window longer, as the head gradients
   return m;
 }
 
@@ -75,9 +80,17 @@ Instance make_instance(const ModelConfig& cfg, int64_t B, int64_t T, const Profi
   in.A = al(double(s.boundary_bytes()));
   in.A_nvme = double(align_up(s.boundary_bytes(), kPageAlign));
   in.I = al(double(block_stored_bytes(s)));
-  in.IS = al(double(BlockActs::floats(s)) * 4);
-  in.scratch_always = s.act != DType::f32;
-  in.BS = al(double(BlockScratch::floats(s)) * 4);
+  if (o.exec.kernels == LayerKernels::cpu) {
+    in.IS = al(double(BlockActs::floats(s)) * 4);
+    in.scratch_always = s.act != DType::f32;
+    in.BS = al(double(BlockScratch::floats(s)) * 4);
+  } else {  // exec/working_set.cpp's GPU buffers
+    in.IS = in.I;
+    in.gpu_always = al(double(cuda::gpu_block_scratch_bytes(s))) + al(double(T * (s.D / 2) * 2 * 4)) +
+                    al(double(cuda::kGemmWorkspaceBytes));
+    in.gpu_head = al(double(cuda::head_workspace_bytes(HeadShape{N, C, cfg.vocab_size, float(cfg.rms_norm_eps)}, mdt)));
+    in.gpu_loss = al(8);
+  }
   in.AG = al(double(N * C) * 4);
   in.W = al(double(SlabLayout::make(cfg, SlabKind::layer, mdt).bytes()));
   in.G = al(double(SlabLayout::make(cfg, SlabKind::layer, DType::f32).bytes()));

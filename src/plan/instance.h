@@ -68,7 +68,8 @@ struct Instance {
   double A = 0;        // one boundary [N, C] in the activation storage dtype
   double A_nvme = 0;   // one boundary on NVMe (4 KiB pages)
   double I = 0;        // one layer's kept internals (block_stored_bytes)
-  double IS = 0;       // the f32 working copy of one layer's internals ("internals scratch", BlockActs)
+  double IS = 0;       // the f32 working copy of one layer's internals ("internals scratch", BlockActs), or the
+                       // GPU block's "recompute internals"
   // At bf16 storage the working copy is on the device all step (every layer computes in it); at f32 only when
   // some layer recomputes (the kept internals are then the working copy itself).
   bool scratch_always = false;
@@ -79,7 +80,11 @@ struct Instance {
   double HW = 0, HG = 0;  // head weights / gradients (lm_head counted here when tied)
   double tokens = 0;   // device buffer: positions, targets, document ids
   double token_upload = 0;  // uploaded each step: positions and targets (unpacked batches)
-  double BS = 0;       // backward scratch
+  double BS = 0;       // backward scratch (the CPU block's)
+  // The GPU block (ExecOptions::kernels): its scratch, the RoPE table and the GEMM workspace all step; the head's
+  // workspace in H and its loss, downloaded, H and B(L-1). IS is then the stored internals a recomputed layer
+  // uses ("recompute internals").
+  double gpu_always = 0, gpu_head = 0, gpu_loss = 0;
   double AG = 0;       // one activation gradient [N, C] (f32 whatever the storage)
   // Times (seconds).
   std::vector<double> f, b, r;  // [L] forward, backward, recompute

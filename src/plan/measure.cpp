@@ -9,6 +9,9 @@
 #include "core/parallel.h"
 #include "core/rng.h"
 #include "core/timer.h"
+#include "cuda/gemm.h"
+#include "cuda/layers.h"
+#include "exec/backend.h"
 #include "exec/host_worker.h"
 #include "exec/trace.h"
 #include "io/nvme.h"
@@ -17,6 +20,7 @@
 #include "model/weights.h"
 #include "ops/embedding.h"
 #include "ops/head.h"
+#include "ops/rope.h"
 #include "optim/adamw.h"
 
 namespace lt {
@@ -63,7 +67,10 @@ Profile measure_profile(const ModelConfig& cfg0, int64_t B, int64_t T, const Mea
   const SlabLayout& wl = copy.layout(SlabKind::layer);
   const SlabLayout gl = SlabLayout::make(cfg, SlabKind::layer, DType::f32);
 
-  std::unique_ptr<Device> dev = make_cpu_device(o.device_memory, o.link);
+  std::unique_ptr<Device> dev = open_device(o.device, o.device_memory, o.link);
+  const LayerKernels kernels = device_layer_kernels(o.device, s.act);
+  std::unique_ptr<LayerCompute> compute =
+      kernels == LayerKernels::gpu ? cuda::make_gpu_layer_compute(*dev) : make_cpu_layer_compute();
   TraceRecorder rec;
   dev->set_sink(&rec);
   std::vector<void*> allocs;
@@ -92,14 +99,32 @@ Profile measure_profile(const ModelConfig& cfg0, int64_t B, int64_t T, const Mea
   auto* x_out = static_cast<uint8_t*>(dalloc(xbytes, "x_out"));
   auto* dx_in = static_cast<float*>(dalloc(dxbytes, "dx_in"));
   auto* dx_out = static_cast<float*>(dalloc(dxbytes, "dx_out"));
-  // A kept layer (its kept internals and the working copy, as bind_internals lays them out) and a layer that
-  // recomputes its internals (a working copy of its own).
+  // A kept layer's internals, and the compute's scratch as the executor's working set has it (a layer that
+  // recomputes its internals uses the same scratch after the kept layer's backward).
   auto* kept = dalloc(block_stored_bytes(s), "kept internals");
-  auto* work = s.act == DType::f32 ? nullptr : static_cast<float*>(dalloc(BlockActs::floats(s) * 4, "working copy"));
-  auto* work2 = static_cast<float*>(dalloc(BlockActs::floats(s) * 4, "working copy (recompute)"));
-  auto* scratch = static_cast<float*>(dalloc(BlockScratch::floats(s) * 4, "scratch"));
   auto* pos = static_cast<int32_t*>(dalloc(size_t(N) * 4, "positions"));
   auto* targets = static_cast<int32_t*>(dalloc(size_t(N) * 4, "targets"));
+  auto* loss = static_cast<double*>(dalloc(sizeof(double), "loss"));
+  ComputeBinding binding;
+  binding.shape = s;
+  binding.tok = TokenInfo{pos, nullptr};
+  std::vector<float> rope_host;
+  if (kernels == LayerKernels::cpu) {
+    binding.acts = static_cast<float*>(dalloc(BlockActs::floats(s) * 4, "working copy"));
+    binding.backward_scratch = static_cast<float*>(dalloc(BlockScratch::floats(s) * 4, "scratch"));
+  } else {
+    binding.recompute_stored = dalloc(block_stored_bytes(s), "recompute internals");
+    binding.block_scratch = dalloc(cuda::gpu_block_scratch_bytes(s), "block scratch");
+    binding.head_workspace = dalloc(cuda::head_workspace_bytes(HeadShape{N, C, V, float(cfg.rms_norm_eps)}, mdt),
+                                    "head workspace");
+    binding.gemm_workspace = dalloc(cuda::kGemmWorkspaceBytes, "gemm workspace");
+    const size_t half = size_t(T) * size_t(s.D / 2);
+    rope_host.resize(2 * half);
+    rope_table(rope_host.data(), rope_host.data() + half, T, s.D, s.rope_theta);
+    auto* rope = static_cast<float*>(dalloc(2 * half * sizeof(float), "rope table"));
+    binding.rope_cos = rope;
+    binding.rope_sin = rope + half;
+  }
 
   // Host inputs.
   Rng rng(o.seed + 7);
@@ -120,7 +145,10 @@ Profile measure_profile(const ModelConfig& cfg0, int64_t B, int64_t T, const Mea
   dev->copy_h2d(dx_out, hdx.data(), dxbytes, kH, "setup dx");
   dev->copy_h2d(pos, hpos.data(), size_t(N) * 4, kH, "setup pos");
   dev->copy_h2d(targets, htargets.data(), size_t(N) * 4, kH, "setup targets");
+  if (!rope_host.empty())
+    dev->copy_h2d(const_cast<float*>(binding.rope_cos), rope_host.data(), rope_host.size() * 4, kH, "setup rope");
   dev->synchronize();
+  compute->bind(binding);
 
   Profile p;
   p.name = dev->name();
@@ -129,40 +157,30 @@ Profile measure_profile(const ModelConfig& cfg0, int64_t B, int64_t T, const Mea
   p.seq = T;
   p.compute = o.compute == ComputeType::bf16 ? "bf16" : "f32";
   p.activations = dtype_name(s.act);
+  p.layer_kernels = kernels == LayerKernels::gpu ? "gpu" : "cpu";
   p.device_memory_bytes = o.device_memory;
   p.source = fmt::format("measured by `lazytrain profile` on {} with {} threads, best of {}", dev->name(),
                          num_threads(), o.reps);
 
   const BlockView view = BlockView::bind(wl, w);
-  const TokenInfo ti{pos, nullptr};
+  LayerCompute* c = compute.get();
   // Warm-up: primitive creation and first-touch page faults belong to no layer.
   auto run_layer = [&](int64_t l, int rep) {
     const std::string fwd = fmt::format("fwd L{}#{}", l, rep), bwd = fmt::format("bwd L{}#{}", l, rep),
                       rc = fmt::format("recompute L{}#{}", l, rep);
-    dev->launch(kC, [=] {
-      LayerInternals li = bind_internals(kept, work, s);
-      block_forward(x_out, li.acts, x_in, view, ti, s, li.stored);
-    }, fwd, int(l));
+    dev->launch(kC, [=] { c->forward(x_out, kept, x_in, view); }, fwd, int(l));
     const SlabLayout* glp = &gl;
-    dev->launch(kC, [=] {
-      std::memset(g, 0, glp->bytes());
+    // The backward as the executor runs it (zeroed gradients, the MLP half, the attention half), in one launch.
+    auto backward = [=](void* internals) {
+      c->zero(g, glp->bytes());
       BlockGrads gr = BlockGrads::bind(*glp, g);
-      BlockScratch sc = BlockScratch::bind(scratch, s);
-      const LayerInternals li = bind_internals(kept, work, s);
-      block_backward(dx_in, gr, sc, dx_out, x_in, li.acts, view, ti, s, li.saved, li.stored);
-    }, bwd, int(l));
+      c->backward_mlp(gr, dx_out, internals, view);
+      c->backward_attention(dx_in, gr, x_in, internals, view);
+    };
+    dev->launch(kC, [=] { backward(kept); }, bwd, int(l));
     // A layer without its internals: the attention half again, then a backward that recomputes the MLP's.
-    dev->launch(kC, [=] {
-      BlockActs a = BlockActs::bind(work2, s);
-      block_recompute_internals(a, x_in, view, ti, s);
-    }, rc, int(l));
-    dev->launch(kC, [=] {
-      std::memset(g, 0, glp->bytes());
-      BlockGrads gr = BlockGrads::bind(*glp, g);
-      BlockScratch sc = BlockScratch::bind(scratch, s);
-      BlockActs a = BlockActs::bind(work2, s);
-      block_backward(dx_in, gr, sc, dx_out, x_in, a, view, ti, s, Saved::recompute);
-    }, rc + " bwd", int(l));
+    dev->launch(kC, [=] { c->recompute_internals(x_in, view); }, rc, int(l));
+    dev->launch(kC, [=] { backward(nullptr); }, rc + " bwd", int(l));
     dev->synchronize();
   };
   run_layer(-1, 0);
@@ -213,22 +231,25 @@ Profile measure_profile(const ModelConfig& cfg0, int64_t B, int64_t T, const Mea
       lm = WeightRef{hw + hwl.entry("lm_head.weight").offset, mdt};
       dlm = reinterpret_cast<float*>(hg + params.layout(SlabKind::head).entry("lm_head.weight").offset);
     }
-    const HeadShape hs{N, C, V, float(cfg.rms_norm_eps)};
-    // At bf16 storage the head widens its input first, as the executor does.
-    float* head_in = s.act == DType::f32 ? nullptr : static_cast<float*>(dalloc(dxbytes, "head input"));
-    const DType act = s.act;
+    // The executor's head call (at bf16 storage it widens its input first).
+    HeadCall call;
+    call.dx = dx_in;
+    call.grads = hg;
+    call.grads_bytes = hg_bytes;
+    call.dnorm_w = dnorm;
+    call.dlm_w = dlm;
+    call.x = x_out;
+    call.x32 = static_cast<float*>(dalloc(dxbytes, "head input"));
+    call.targets = targets;
+    call.norm_w = norm_w;
+    call.lm_w = lm;
+    call.grad_scale = 1.0f / float(N);
+    call.shape = HeadShape{N, C, V, float(cfg.rms_norm_eps)};
+    call.loss = loss;
     std::vector<double> t;
     for (int rep = 0; rep <= o.reps; ++rep) {
       const std::string name = fmt::format("head#{}", rep);
-      dev->launch(kC, [=] {
-        std::memset(hg, 0, hg_bytes);
-        const float* x = reinterpret_cast<const float*>(x_out);
-        if (head_in) {
-          convert_to_f32(head_in, x_out, act, size_t(N * C));
-          x = head_in;
-        }
-        head_forward_backward(dx_in, dnorm, dlm, x, targets, norm_w, lm, 1.0f / float(N), hs);
-      }, name);
+      dev->launch(kC, [=] { c->head(call); }, name);
       dev->synchronize();
       if (rep > 0) t.push_back(op_seconds(rec, name));
     }

@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "io/json_file.h"
+#include "model/block.h"
 
 namespace lt {
 
@@ -22,6 +23,7 @@ nlohmann::json Profile::to_json() const {
           {"seq", seq},
           {"compute", compute},
           {"activations", activations},
+          {"layer_kernels", layer_kernels},
           {"forward_s", forward_s},
           {"backward_s", backward_s},
           {"recompute_s", recompute_s},
@@ -65,6 +67,9 @@ Profile Profile::from_json(const nlohmann::json& j, const std::string& src) {
   p.seq = int64_t(num("seq", 0));
   p.compute = j.value("compute", std::string("f32"));
   p.activations = j.value("activations", std::string("f32"));
+  p.layer_kernels = j.value("layer_kernels", std::string("cpu"));
+  LT_CHECK(p.layer_kernels == "cpu" || p.layer_kernels == "gpu", "{}: \"layer_kernels\" is '{}' (expected cpu or gpu)",
+           src, p.layer_kernels);
   p.forward_s = arr("forward_s");
   p.backward_s = arr("backward_s");
   p.recompute_s = j.contains("recompute_s") ? arr("recompute_s") : p.forward_s;
@@ -95,6 +100,19 @@ Profile Profile::from_json(const nlohmann::json& j, const std::string& src) {
 Profile Profile::load(const std::string& path) { return from_json(read_json_file(path), path); }
 
 void Profile::save(const std::string& path) const { write_json_file(path, to_json(), 2); }
+
+void Profile::apply_to(ExecOptions& e, const std::string& activation_dtype, const std::string& what) const {
+  if (layer_kernels != "gpu") {
+    e.kernels = LayerKernels::cpu;
+    e.activations = activation_storage(activation_dtype, e.compute, what);
+    return;
+  }
+  LT_CHECK(activation_dtype == "auto" || activation_dtype == "bf16",
+           "{} {}: profile '{}' is of the GPU block, which stores bf16 activations (use bf16 or auto)", what,
+           activation_dtype, name);
+  e.kernels = LayerKernels::gpu;
+  e.activations = DType::bf16;
+}
 
 void Profile::validate(int64_t L) const {
   LT_CHECK(int64_t(forward_s.size()) == L && int64_t(backward_s.size()) == L && int64_t(recompute_s.size()) == L,

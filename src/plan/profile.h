@@ -21,6 +21,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "exec/working_set.h"
 #include "model/config.h"
 
 namespace lt {
@@ -40,6 +41,9 @@ struct Profile {
   int64_t batch = 0, seq = 0;            // the shape the per-layer times belong to (B, T)
   std::string compute = "f32";           // GEMM compute type: "f32" or "bf16"
   std::string activations = "f32";       // activation storage the times were measured with: "f32" or "bf16"
+  // The layer compute the times are of ("cpu": the CPU block, "gpu": the GPU block, ExecOptions::kernels), so the
+  // executor's working set a plan is checked against is that compute's. Built-in GPU machines: "gpu".
+  std::string layer_kernels = "cpu";
   std::vector<double> forward_s;         // [L] block_forward on the device
   std::vector<double> backward_s;        // [L] block_backward (parameter-gradient zeroing included)
   std::vector<double> recompute_s;       // [L] what recomputing internals adds to a backward (the forward but
@@ -66,6 +70,9 @@ struct Profile {
   void save(const std::string& path) const;
   // Checks the arrays match L layers and every rate is usable; the message names the field.
   void validate(int64_t L) const;
+  // The executor options a plan for this machine uses: its layer compute, and the activation storage
+  // `activation_dtype` (bf16, f32, auto) resolves to for e.compute — bf16 for the GPU block, which refuses f32.
+  void apply_to(ExecOptions& e, const std::string& activation_dtype, const std::string& what) const;
 };
 
 // A measured profile re-targeted to B x T (times scaled by N'/N). Notes the scaling in `source`.

@@ -131,7 +131,7 @@ const std::map<std::string, Key>& keys() {
       {"eval_steps", number(&TrainConfig::eval_steps, int64_t(0))},
       {"resume_from_checkpoint", text(&TrainConfig::resume_from_checkpoint)},
       {"save_dtype", text(&TrainConfig::save_dtype, {"bf16", "f32"})},
-      {"device", text(&TrainConfig::device, {"cpu", "cuda-sim"})},
+      {"device", text(&TrainConfig::device, {"cpu", "cuda", "cuda-sim"})},
       {"device_memory", size_text(&TrainConfig::device_memory, false)},
       {"host_act_memory", size_text(&TrainConfig::host_act_memory, true)},
       {"nvme_dir", text(&TrainConfig::nvme_dir)},

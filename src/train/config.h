@@ -47,7 +47,7 @@ struct TrainConfig {
   std::string resume_from_checkpoint;        // "" | "true" (latest in output_dir) | a checkpoint path
   std::string save_dtype = "bf16";           // model files: bf16 | f32
   // --- LazyTrain ---
-  std::string device = "cpu";                // cpu, or cuda-sim (the CUDA kernels emulated on the CPU)
+  std::string device = "cpu";                // cpu, cuda (GPU 0), or cuda-sim (the CUDA kernels emulated on the CPU)
   std::string device_memory = "8GiB";
   std::string host_act_memory = "auto";      // host memory for activations; auto: from MemAvailable
   std::string nvme_dir;                      // empty: no NVMe tier

@@ -13,9 +13,9 @@
 #include "core/error.h"
 #include "core/parallel.h"
 #include "core/timer.h"
-#include "cuda/sim_ops.h"
 #include "core/units.h"
 #include "device/device.h"
+#include "exec/backend.h"
 #include "exec/executor.h"
 #include "io/json_file.h"
 #include "io/nvme.h"
@@ -100,8 +100,12 @@ struct Window {
 // compute_dtype: auto picks what the host does fast: on an AVX2-only CPU, bf16 GEMMs widen their operands
 // to f32 (ops/gemm.h), so f32 compute is faster there and loses nothing; elsewhere bf16. The resolved
 // dtype is what the run records, so resuming on a host that resolves differently is refused.
-std::string resolve_compute_dtype(const std::string& asked, std::string* why) {
+std::string resolve_compute_dtype(const std::string& asked, const std::string& device, std::string* why) {
   if (asked != "auto") return asked;
+  if (device == "cuda") {  // tensor cores: bf16 GEMMs with f32 accumulation
+    *why = " (compute_dtype: auto; bf16 on the GPU)";
+    return "bf16";
+  }
   const Bf16Route route = gemm_bf16_route();
   *why = fmt::format(" (compute_dtype: auto; bf16 GEMM on this host ({}): {})", isa_name(isa_level(cpu_features())),
                      bf16_route_name(route));
@@ -114,10 +118,10 @@ TrainResult run_training(const TrainConfig& asked) {
   Timer run_timer;
   TrainConfig c = asked;
   std::string compute_why;
-  c.compute_dtype = resolve_compute_dtype(asked.compute_dtype, &compute_why);
+  c.compute_dtype = resolve_compute_dtype(asked.compute_dtype, asked.device, &compute_why);
   if (c.threads > 0) set_num_threads(int(c.threads));
   const ComputeType compute = c.compute_dtype == "bf16" ? ComputeType::bf16 : ComputeType::f32;
-  const DType activations = activation_storage(asked.activation_dtype, compute, "activation_dtype");
+  const DType activations = device_activation_storage(asked.device, asked.activation_dtype, compute, "activation_dtype");
   c.activation_dtype = dtype_name(activations);  // resolved, as recorded with checkpoints
   fs::create_directories(c.output_dir);
   if (!c.nvme_dir.empty()) ensure_nvme_dir(c.nvme_dir);
@@ -163,7 +167,8 @@ TrainResult run_training(const TrainConfig& asked) {
                           model.from_scratch ? ", random init" : ""));
   log.message(loader.data().summary());
   log.message(fmt::format("compute: {} on {}{}; activations stored in {}", c.compute_dtype,
-                          isa_name(isa_level(cpu_features())), compute_why, c.activation_dtype));
+                          c.device == "cpu" ? std::string(isa_name(isa_level(cpu_features()))) : c.device, compute_why,
+                          c.activation_dtype));
 
   // --- the plan, and the memory check before any work ---
   const int64_t B = c.per_device_train_batch_size, T = c.cutoff_len;  // the largest batch shape
@@ -171,11 +176,13 @@ TrainResult run_training(const TrainConfig& asked) {
   ExecOptions eo;
   eo.compute = compute;
   eo.activations = activations;
+  eo.kernels = device_layer_kernels(c.device, activations);
   eo.weight_buffers = int(c.weight_buffers);
   eo.resident_head = c.resident_head;
   Plan plan;
   if (c.plan == "auto") {
     MeasureOptions mo;
+    mo.device = c.device;
     // The measurement device holds one layer's full working set at this shape; it is not the budget
     // (the planner gets that below), and the CPU device's arena only touches the pages it uses.
     mo.device_memory = std::max(device_bytes, size_t(8) << 30);
@@ -232,9 +239,8 @@ TrainResult run_training(const TrainConfig& asked) {
   }
 
   // --- device, executor, optimizer ---
-  // cuda-sim: the cpu device, with every op on the CUDA kernels emulated (cuda/sim_ops.h).
-  cuda::use_cuda_sim_kernels(c.device == "cuda-sim");
-  std::unique_ptr<Device> device = make_cpu_device(device_bytes, LinkSpec{c.link_gbps, c.link_gbps, 0});
+  // What the device name runs: exec/backend.h.
+  std::unique_ptr<Device> device = open_device(c.device, device_bytes, LinkSpec{c.link_gbps, c.link_gbps, 0});
   std::unique_ptr<NvmeStore> nvme;
   if (ws.nvme_bytes > 0) {
     LT_CHECK(!c.nvme_dir.empty(), "plan '{}' uses the nvme tier: set nvme_dir", plan.name);

@@ -1,7 +1,10 @@
 #!/usr/bin/python3
 """`lazytrain grad --device cuda-sim`: the CUDA kernels (emulated) under the streaming executor give the
 in-memory path's gradients byte for byte with every activation policy — kept on the device, recomputed,
-offloaded to host memory and to NVMe — as the CPU ops do. Usage: --lazytrain BIN --dtype f32|bf16"""
+offloaded to host memory and to NVMe — as the CPU ops do. At bf16 (activations stored in bf16) the executor
+launches the GPU block and head, what --device cuda runs (exec/backend.h), and the in-memory path runs the CPU
+block's sequence of ops on the same kernels and emulated GEMMs: the two give the same bits, so the GPU block keeps
+the CPU block's rounding points exactly. Usage: --lazytrain BIN --dtype f32|bf16"""
 import argparse
 import json
 import os

@@ -1,12 +1,16 @@
 #!/usr/bin/python3
 """`lazytrain devices --json`: one JSON object keyed by cpu, cuda and cuda-sim, with what each promises —
 cpu and cuda-sim always available; cuda says whether this binary was built with nvcc and lists the driver's
-GPUs (none here: no driver, said in `error`). The text form names all three. Usage: --lazytrain BIN
-[--expect-cuda-built yes|no|any]"""
+GPUs (none here: no driver, said in `error`). The text form names all three. Without a GPU, `grad --device cuda`
+ends with one line naming the reason and a non-zero exit. Usage: --lazytrain BIN [--expect-cuda-built yes|no|any]"""
 import argparse
 import json
+import os
 import subprocess
 import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def main():
@@ -36,6 +40,17 @@ def main():
     text = subprocess.run([args.lazytrain, "devices"], check=True, capture_output=True, text=True).stdout
     for name in ("cpu", "cuda", "cuda-sim"):
         assert any(line.startswith(name + " ") for line in text.splitlines()), f"text lacks a {name} line:\n{text}"
+    if not cuda["devices"]:
+        work = tempfile.mkdtemp(prefix="lt_devices_")
+        subprocess.run([args.lazytrain, "init", "--config", os.path.join(ROOT, "examples/tiny-qwen3/config.json"),
+                        "--out", os.path.join(work, "model")], check=True, capture_output=True)
+        p = subprocess.run([args.lazytrain, "grad", "--model", os.path.join(work, "model"), "--batch",
+                            os.path.join(ROOT, "examples/tiny-qwen3/batch.json"), "--out",
+                            os.path.join(work, "g.safetensors"), "--device", "cuda"], capture_output=True, text=True)
+        err = p.stderr.strip().splitlines()
+        assert p.returncode != 0 and len(err) == 1, f"grad --device cuda without a GPU: rc {p.returncode}, {err}"
+        assert ("CUDA" in err[0] or "nvcc" in err[0]) and "Traceback" not in err[0], err[0]
+        print(f"grad --device cuda without a GPU: {err[0]}")
     print(f"devices: cuda built={cuda['built']}, {len(cuda['devices'])} GPU(s); {cuda.get('error', '')}")
 
 

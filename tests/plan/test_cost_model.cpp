@@ -29,7 +29,8 @@ Plan random_plan(int64_t L, Rng& rng, bool nvme) {
   return p;
 }
 
-// The MILP's per-window device bytes are the executor's (plan_working_set) exactly, for every plan.
+// The MILP's per-window device bytes are the executor's (plan_working_set) exactly, for every plan, with the CPU
+// block at f32 and bf16 activation storage and with the GPU block (its own scratch).
 TEST(CostModel, ExecutorWindowBytesEqualTheWorkingSet) {
   for (uint64_t seed = 1; seed <= 60; ++seed) {
     Rng rng(seed);
@@ -41,6 +42,8 @@ TEST(CostModel, ExecutorWindowBytesEqualTheWorkingSet) {
     o.exec.compute = rng.below(2) ? ComputeType::bf16 : ComputeType::f32;
     o.exec.weight_buffers = 1 + int(rng.below(3));
     o.exec.resident_head = seed % 4 == 0;
+    if (seed % 3 != 0) o.exec.activations = DType::bf16;
+    if (seed % 3 == 2) o.exec.kernels = LayerKernels::gpu;
     Profile prof = testing::synthetic_profile(cfg, B, T, rng);
     Instance in = make_instance(cfg, B, T, prof, Budgets{size_t(1) << 40, 0, 0}, o);
     for (int k = 0; k < 5; ++k) {
@@ -145,6 +148,48 @@ TEST(Hardware, FlopsAndProfileFromThem) {
   EXPECT_NEAR(s.forward_s[0], 2 * q.forward_s[0], 1e-15);
   EXPECT_THROW(resolve_profile("tpu-v9", cfg, B, T), Error);
   EXPECT_THROW(Profile::from_json(nlohmann::json{{"format", "other"}}, "x"), Error);
+}
+
+// A profile says which layer compute its times are of; a plan for it uses that compute's working set. A GPU's
+// (the built-in machines, or one measured on cuda / cuda-sim at bf16) stores bf16 activations and refuses f32.
+TEST(Hardware, ProfilesCarryTheirLayerCompute) {
+  ModelConfig cfg = load_model_config(std::string(LT_SOURCE_DIR) + "/examples/bench-25m/config.json");
+  Profile gpu = hardware_profile(*find_hardware("h200"), cfg, 2, 128);
+  EXPECT_EQ(gpu.layer_kernels, "gpu");
+  EXPECT_EQ(Profile::from_json(gpu.to_json(), "test").layer_kernels, "gpu");
+  ExecOptions e;
+  e.compute = ComputeType::bf16;
+  gpu.apply_to(e, "auto", "--activation-dtype");
+  EXPECT_EQ(e.kernels, LayerKernels::gpu);
+  EXPECT_EQ(e.activations, DType::bf16);
+  try {
+    gpu.apply_to(e, "f32", "--activation-dtype");
+    FAIL() << "f32 activations accepted for the GPU block";
+  } catch (const Error& err) {
+    EXPECT_NE(std::string(err.what()).find("stores bf16 activations"), std::string::npos) << err.what();
+  }
+  Profile cpu = gpu;
+  cpu.layer_kernels = "cpu";
+  e.compute = ComputeType::f32;
+  cpu.apply_to(e, "auto", "--activation-dtype");
+  EXPECT_EQ(e.kernels, LayerKernels::cpu);
+  EXPECT_EQ(e.activations, DType::f32);
+  nlohmann::json j = cpu.to_json();
+  j.erase("layer_kernels");  // profiles from before the field: the CPU block's
+  EXPECT_EQ(Profile::from_json(j, "old").layer_kernels, "cpu");
+  j["layer_kernels"] = "tpu";
+  EXPECT_THROW(Profile::from_json(j, "bad"), Error);
+  // The GPU block's working set differs from the CPU block's: its own scratch, no f32 working copy.
+  ExecOptions cpu_block, gpu_block;
+  cpu_block.activations = gpu_block.activations = DType::bf16;
+  gpu_block.kernels = LayerKernels::gpu;
+  const Plan every = Plan::every(cfg.num_layers, 1);
+  const WorkingSet a = plan_working_set(cfg, 2, 128, every, cpu_block), b = plan_working_set(cfg, 2, 128, every, gpu_block);
+  EXPECT_NO_THROW(a.buffer("internals scratch"));
+  EXPECT_THROW(b.buffer("internals scratch"), Error);
+  EXPECT_NO_THROW(b.buffer("block scratch"));
+  EXPECT_EQ(b.buffer("recompute internals").bytes, align_up(block_stored_bytes(BlockShape::make(cfg, 2, 128, DType::bf16)),
+                                                            kDeviceAlign));
 }
 
 TEST(Planner, MinimumMemoryIsALowerBound) {

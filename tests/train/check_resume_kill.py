@@ -24,7 +24,7 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda-sim"],
-                    help="cuda-sim: every op on the CUDA kernels emulated on the CPU")
+                    help="cuda-sim: the GPU block and head under cuda-sim (bf16 activations), what --device cuda runs")
     a = ap.parse_args()
     rng = random.Random(a.seed)
     work = tempfile.mkdtemp(prefix="lt_resume_kill_")
@@ -35,6 +35,8 @@ def main():
         common = [f"model_name_or_path={work}/model/config.json", f"dataset_dir={work}/data", "eval_dataset=",
                   "per_device_train_batch_size=4", f"max_steps={a.steps}", "save_steps=2", "save_total_limit=2",
                   "logging_steps=4", "plan=every:2", "cutoff_len=160", "device_memory=256MiB", f"device={a.device}"]
+        if a.device == "cuda-sim":  # the GPU's storage, so the executor launches the GPU block (exec/backend.h)
+            common.append("activation_dtype=bf16")
 
         def run(out, extra=(), kill_after=None):
             cmd = [a.lazytrain, "train", config, f"output_dir={out}"] + common + list(extra)
