@@ -16,6 +16,7 @@
 
 #include "cli/commands.h"
 #include "cli/device_options.h"
+#include "exec/backend.h"
 #include "core/cpu_features.h"
 #include "core/error.h"
 #include "core/parallel.h"
@@ -97,12 +98,16 @@ void run_bench_step(const BenchStepOptions& o) {
   std::unique_ptr<StreamingExecutor> ex;
   std::unique_ptr<NvmeStore> nvme;
   std::optional<Plan> plan;
+  std::unique_ptr<PinnedSlabs> pins;  // the streamed slabs, pinned for a GPU's DMA (nothing on the CPU device)
   if (policy != "in-memory") {
     plan = Plan::parse(policy, m.config.num_layers);
     device = o.dev.make_device();
     const ExecOptions eo = o.dev.exec_options(compute, &*plan);
     nvme = o.dev.open_nvme(plan_working_set(m.config, batch.B, batch.T, *plan, eo).nvme_bytes);
     ex = std::make_unique<StreamingExecutor>(m.config, *device, eo, nvme.get());
+    pins = std::make_unique<PinnedSlabs>(*device);
+    pins->pin(const_cast<ModelSlabs&>(*weights), "weights");
+    pins->pin(grads, "gradients");
   }
   // The optimizer (streamed runs): each step's forward runs the previous step's update, as in training.
   std::unique_ptr<HybridAdamW> opt;

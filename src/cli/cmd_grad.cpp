@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "core/parallel.h"
 #include "core/timer.h"
+#include "exec/backend.h"
 #include "io/nvme.h"
 #include "model/model.h"
 
@@ -51,6 +52,9 @@ void run_grad(const GradOptions& o) {
     std::unique_ptr<NvmeStore> nvme =
         o.dev.open_nvme(plan_working_set(m.config, batch.B, batch.T, plan, eo).nvme_bytes);
     StreamingExecutor ex(m.config, *device, eo, nvme.get());
+    PinnedSlabs pins(*device);  // for a GPU's DMA (nothing on the CPU device)
+    pins.pin(const_cast<ModelSlabs&>(*weights), "weights");
+    pins.pin(grads, "gradients");
     TraceRecorder trace;
     StepStats st = ex.step(grads, m.params, *weights, batch, plan, o.dev.trace_path.empty() ? nullptr : &trace);
     if (!o.dev.trace_path.empty()) trace.write_chrome_trace(o.dev.trace_path);

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <string>
 #include <memory>
@@ -72,10 +73,29 @@ class AlignedBuffer {
 // Not thread-safe: one owner at a time.
 class Workspace {
  public:
+  // Told of each buffer once allocated and before it is freed (the executor pins its host buffers for a GPU's
+  // copies: Device::pin_host).
+  struct Hooks {
+    std::function<void(uint8_t* data, size_t bytes, const std::string& name)> allocated;
+    std::function<void(uint8_t* data)> freeing;
+  };
+  Workspace() = default;
+  Workspace(const Workspace&) = delete;
+  Workspace& operator=(const Workspace&) = delete;
+  ~Workspace() {
+    if (hooks_.freeing)
+      for (auto& [name, b] : buffers_) hooks_.freeing(b.data());
+  }
+  void set_hooks(Hooks hooks) { hooks_ = std::move(hooks); }
+
   // A buffer of at least `bytes`, 4 KiB-aligned; its contents are unspecified.
   uint8_t* get(const std::string& name, size_t bytes) {
     AlignedBuffer<uint8_t>& b = buffers_[name];
-    if (b.size() < bytes) b = AlignedBuffer<uint8_t>(bytes, kPageAlign, Fill::none);
+    if (b.size() < bytes) {
+      if (hooks_.freeing && b.size() > 0) hooks_.freeing(b.data());
+      b = AlignedBuffer<uint8_t>(bytes, kPageAlign, Fill::none);
+      if (hooks_.allocated) hooks_.allocated(b.data(), b.size(), name);
+    }
     return b.data();
   }
   template <typename T>
@@ -90,6 +110,7 @@ class Workspace {
 
  private:
   std::map<std::string, AlignedBuffer<uint8_t>> buffers_;
+  Hooks hooks_;
 };
 
 }  // namespace lt

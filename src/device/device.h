@@ -104,6 +104,16 @@ class Device {
   // Host work ordered on a stream (cudaLaunchHostFunc): runs after prior work on the stream.
   virtual void host_callback(StreamKind stream, std::function<void()> fn, const std::string& name) = 0;
 
+  // Host memory the streams copy to or from, page-locked so copies run as DMA and overlap with compute (a GPU
+  // copies pageable memory through a driver buffer, and an h2d copy then returns only once staged, which would
+  // hold up the issuing thread). Returns the seconds it took. The CPU device has nothing to do. unpin_host
+  // (by the same base) before the memory is freed; a device unpins what is left when destroyed.
+  virtual double pin_host(void* base, size_t bytes, const std::string& what) {
+    (void)base, (void)bytes, (void)what;
+    return 0.0;
+  }
+  virtual void unpin_host(void* base) { (void)base; }
+
   // Observability: every completed operation goes to the sink (nullptr to stop).
   virtual void set_sink(OpSink* sink) = 0;
   // Seconds since the device's epoch, on the clock the OpRecords use.

@@ -42,4 +42,26 @@ std::unique_ptr<Device> open_device(const std::string& device, size_t capacity, 
   return cuda::make_cuda_device(o);
 }
 
+PinnedSlabs::~PinnedSlabs() {
+  for (void* base : bases_) {
+    try {
+      device_.unpin_host(base);
+    } catch (...) {  // a destructor must not throw; the device unpins what is left when it goes
+    }
+  }
+}
+
+void PinnedSlabs::pin(ModelSlabs& slabs, const std::string& what) {
+  auto one = [&](SlabKind kind, int64_t layer, const std::string& name) {
+    const size_t n = slabs.layout(kind).bytes();
+    uint8_t* base = slabs.slab(kind, layer);
+    seconds_ += device_.pin_host(base, n, what + " " + name);
+    bases_.push_back(base);
+    bytes_ += n;
+  };
+  one(SlabKind::embedding, 0, "embedding");
+  for (int64_t l = 0; l < slabs.config().num_layers; ++l) one(SlabKind::layer, l, "layer " + std::to_string(l));
+  one(SlabKind::head, 0, "head");
+}
+
 }  // namespace lt

@@ -17,6 +17,7 @@
 
 #include "device/device.h"
 #include "exec/working_set.h"
+#include "model/weights.h"
 
 namespace lt {
 
@@ -34,5 +35,25 @@ LayerKernels device_layer_kernels(const std::string& device, DType act);
 // arena of `capacity` bytes (the link is the hardware's: `link` must be unlimited). Also routes the host ops to the
 // cuda-sim kernels for cuda-sim and back for the others (not while a step runs).
 std::unique_ptr<Device> open_device(const std::string& device, size_t capacity, LinkSpec link);
+
+// Model slabs the streams copy (the weights the device streams, the gradients it writes back) pinned on `device`
+// (Device::pin_host; nothing on the CPU device) while this lives: declare it after the slabs and the device, so
+// it unpins before either goes.
+class PinnedSlabs {
+ public:
+  explicit PinnedSlabs(Device& device) : device_(device) {}
+  ~PinnedSlabs();
+  PinnedSlabs(const PinnedSlabs&) = delete;
+  PinnedSlabs& operator=(const PinnedSlabs&) = delete;
+  void pin(ModelSlabs& slabs, const std::string& what);  // every slab: embedding, layers, head
+  double seconds() const { return seconds_; }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  Device& device_;
+  std::vector<void*> bases_;
+  double seconds_ = 0;
+  size_t bytes_ = 0;
+};
 
 }  // namespace lt

@@ -96,7 +96,7 @@ class StreamingExecutor {
  private:
   struct Step;
   ModelConfig cfg_;
-  Workspace host_ws_;  // host staging and host-tier activations, kept across steps
+  Workspace host_ws_;  // host staging and host-tier activations, kept across steps (pinned: Device::pin_host)
   Device& device_;
   ExecOptions options_;
   NvmeStore* nvme_;

@@ -254,6 +254,13 @@ TrainResult run_training(const TrainConfig& asked) {
   ModelSlabs grads(mc);
   std::optional<ModelSlabs> copy;
   if (compute == ComputeType::bf16) copy.emplace(mc, DType::bf16);
+  // The slabs the streams copy, pinned for a GPU's DMA (the CPU device has nothing to pin).
+  PinnedSlabs pins(*device);
+  if (c.device == "cuda") {
+    pins.pin(copy ? *copy : model.params, "weights");
+    pins.pin(grads, "gradients");
+    log.message(fmt::format("pinned {} of host slabs in {:.2f} s", format_bytes(double(pins.bytes())), pins.seconds()));
+  }
   AdamWConfig ac;
   ac.beta1 = c.adam_beta1;
   ac.beta2 = c.adam_beta2;

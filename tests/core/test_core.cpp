@@ -5,9 +5,11 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <string>
 #include <vector>
 
+#include "core/aligned.h"
 #include "core/cpu_features.h"
 #include "core/dtype.h"
 #include "core/error.h"
@@ -196,6 +198,31 @@ TEST(Units, ParseSizes) {
   }
   EXPECT_EQ(format_bytes(1536), "1.5 KiB");
   EXPECT_EQ(format_bytes(100), "100 B");
+}
+
+// The executor pins its host buffers through the workspace's hooks: told of each buffer when it is allocated, of
+// the old one before a larger replaces it, and of every buffer when the workspace goes; a reuse tells nothing.
+TEST(Workspace, HooksSeeEveryAllocationAndRelease) {
+  std::vector<std::string> events;
+  std::map<uint8_t*, size_t> live;
+  {
+    Workspace ws;
+    ws.set_hooks({[&](uint8_t* p, size_t n, const std::string& name) {
+                    events.push_back("alloc " + name);
+                    live[p] = n;
+                  },
+                  [&](uint8_t* p) {
+                    events.push_back("free");
+                    EXPECT_EQ(live.erase(p), 1u);
+                  }});
+    uint8_t* a = ws.get("a", 100);
+    EXPECT_EQ(ws.get("a", 50), a);  // reused: no event
+    ws.get("b", 10);
+    ws.get("a", 10000);  // grows: the old buffer released first
+    EXPECT_EQ(live.size(), 2u);
+  }
+  EXPECT_EQ(events, (std::vector<std::string>{"alloc a", "alloc b", "free", "alloc a", "free", "free"}));
+  EXPECT_TRUE(live.empty());
 }
 
 }  // namespace

@@ -273,6 +273,27 @@ TEST_F(CudaGpu, PinHostMemory) {
   std::free(slab);
 }
 
+// Device::pin_host keeps the region by its base: a second pin of it is refused naming it, unpin_host releases it
+// (a plain pin_host_memory of it then succeeds), and the device unpins what is left when destroyed.
+TEST_F(CudaGpu, DevicePinsHostMemoryByBase) {
+  const size_t bytes = 2 * MiB;
+  void* a = std::aligned_alloc(4096, bytes);
+  void* b = std::aligned_alloc(4096, bytes);
+  {
+    auto dev = make_cuda_device({.gpu = 0, .capacity = 16 * MiB});
+    EXPECT_GE(dev->pin_host(a, bytes, "slab a"), 0.0);
+    EXPECT_GE(dev->pin_host(b, bytes, "slab b"), 0.0);
+    EXPECT_NE(message_of([&] { dev->pin_host(a, bytes, "slab a again"); }).find("already pinned"), std::string::npos);
+    dev->unpin_host(a);
+    const PinnedRegion r = pin_host_memory(a, bytes, "slab a by hand");
+    unpin_host_memory(r);
+  }  // b unpinned by the device
+  const PinnedRegion r = pin_host_memory(b, bytes, "slab b after the device");
+  unpin_host_memory(r);
+  std::free(a);
+  std::free(b);
+}
+
 #endif  // LT_WITH_CUDA
 
 }  // namespace

@@ -70,6 +70,7 @@
 #include <condition_variable>
 #include <deque>
 #include <exception>
+#include <map>
 #include <mutex>
 #include <thread>
 #include <utility>
@@ -262,7 +263,32 @@ class CudaDevice final : public Device {
     for (cudaStream_t s : streams_)
       if (s) cudaStreamSynchronize(s);  // errors ignored: a destructor must not throw
     stop_recorder();
+    for (const auto& [base, region] : pinned_) {
+      try {
+        unpin_host_memory(region);
+      } catch (...) {
+      }
+    }
     release();
+  }
+
+  // Host memory on huge pages where the kernel allows, then registered (pin_host_memory: chunks of ≤ 64 GiB).
+  double pin_host(void* base, size_t bytes, const std::string& what) override {
+    if (bytes == 0) return 0.0;
+    std::lock_guard<std::mutex> lock(pin_mutex_);
+    LT_CHECK(!pinned_.count(base), "pin_host {}: {} is already pinned", what, base);
+    advise_huge_pages(base, bytes);
+    const PinnedRegion region = pin_host_memory(base, bytes, what);
+    pinned_[base] = region;
+    return region.seconds;
+  }
+  void unpin_host(void* base) override {
+    std::lock_guard<std::mutex> lock(pin_mutex_);
+    auto it = pinned_.find(base);
+    if (it == pinned_.end()) return;
+    const PinnedRegion region = it->second;
+    pinned_.erase(it);
+    unpin_host_memory(region);
   }
 
   CudaDevice(const CudaDevice&) = delete;
@@ -587,6 +613,8 @@ class CudaDevice final : public Device {
   const int gpu_;
   std::string gpu_name_;
   size_t capacity_ = 0;
+  std::mutex pin_mutex_;
+  std::map<void*, PinnedRegion> pinned_;  // pin_host's regions, by base
   void* base_ = nullptr;  // the one cudaMalloc
   std::unique_ptr<DeviceArena> arena_;
   cudaStream_t streams_[kNumStreams] = {};
