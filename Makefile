@@ -3,7 +3,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build test demo bench asan fresh-check gpu-check clean
+.PHONY: all deps configure build test demo bench asan fuzz fresh-check gpu-check clean
 
 all: build
 
@@ -45,6 +45,11 @@ gpu-check: deps
 asan: deps
 	$(MAKE) build BUILD=build-asan CMAKE_FLAGS="-DCMAKE_BUILD_TYPE=Debug -DLT_SANITIZE=ON -DLT_BUILD_BENCH=OFF"
 	cd build-asan && ctest --output-on-failure -j $(JOBS) -E model_vs_torch
+
+# libFuzzer with ASan and UBSan on every input a user hands us (fuzz/fuzz_*.cpp), FUZZ_SECONDS each (default
+# 60), in build-fuzz with clang: fails on a crash, leak, hang or out-of-memory (scripts/fuzz.sh, docs/robustness.md).
+fuzz: deps
+	bash scripts/fuzz.sh
 
 # The README's two commands on a minimal Debian 12 made by debootstrap (cached), in a chroot, from a clean
 # clone of HEAD: proves the install step is complete. Slow (~30 min); run before resolving an issue that

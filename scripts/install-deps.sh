@@ -3,8 +3,9 @@
 # Called by `make test` and `make demo`, so a fresh Debian 12 machine needs nothing else.
 set -euo pipefail
 
-# Debian packages: build tools, libraries (GEMM, JSON, CLI, logging), test frameworks, and the
-# PyTorch reference used only by tests and benchmarks (never a runtime dependency).
+# Debian packages: build tools, libraries (GEMM, JSON, CLI, logging), test frameworks, clang with libFuzzer and
+# its OpenMP for the fuzzers (`make fuzz`), and the PyTorch reference used only by tests and benchmarks (never a
+# runtime dependency).
 packages=(
   build-essential cmake ninja-build pkg-config
   libopenblas-dev libdnnl-dev ocl-icd-opencl-dev zlib1g-dev
@@ -13,6 +14,7 @@ packages=(
   coinor-libcbc-dev libyaml-cpp-dev libboost-context-dev
   nodejs npm
   libgtest-dev libgmock-dev libbenchmark-dev
+  clang libclang-rt-14-dev libomp-14-dev
   python3 python3-numpy python3-torch
 )
 

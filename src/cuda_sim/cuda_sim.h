@@ -42,7 +42,10 @@ extern __shared__ __align__(16) unsigned char lt_dynamic_shared_bytes[];
 #include <atomic>
 #include <cstring>
 #include <optional>
+#include <version>
+#if __has_include(<source_location>)
 #include <source_location>
+#endif
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -127,15 +130,32 @@ enum class Collective : uint8_t {
   syncwarp, shfl_idx, shfl_up, shfl_down, shfl_xor, ballot, any, all  // warp collectives
 };
 
+// A call site (LT_SIM_HERE: a defaulted last parameter, so evaluated at the caller). std::source_location where
+// the compiler provides it; clang 14 with libstdc++ 12 (the fuzzers' compiler) does not, and there the same from
+// clang's builtins, which a default argument also evaluates at the caller.
+#if defined(__clang__) && !defined(__cpp_lib_source_location)
+struct CallSite {
+  const char* file_ = "";
+  unsigned line_ = 0, column_ = 0;
+  const char* file_name() const { return file_; }
+  unsigned line() const { return line_; }
+  unsigned column() const { return column_; }
+};
+#define LT_SIM_CALL_SITE() ::lt::cuda_sim::detail::CallSite{__builtin_FILE(), __builtin_LINE(), __builtin_COLUMN()}
+#else
+using CallSite = std::source_location;
+#define LT_SIM_CALL_SITE() std::source_location::current()
+#endif
+
 // The calling thread arrives at a synchronisation point and waits until everyone it names has arrived;
 // returns its result (shuffled value bits, ballot, count). `value` holds `value_bytes` (0, 4 or 8) bytes.
 uint64_t arrive(Collective kind, unsigned mask, uint64_t value, int value_bytes, int arg, int width,
-                const std::source_location& where);
+                const CallSite& where);
 unsigned active_mask();
 [[noreturn]] void fail_misaligned(const void* address, size_t alignment, const char* op);
 
 template <class T>
-T shuffle(Collective kind, unsigned mask, T var, int arg, int width, const std::source_location& where) {
+T shuffle(Collective kind, unsigned mask, T var, int arg, int width, const CallSite& where) {
   static_assert(sizeof(T) == 4 || sizeof(T) == 8, "warp shuffles move 4- or 8-byte values");
   uint64_t bits = 0;
   std::memcpy(&bits, &var, sizeof(T));
@@ -216,7 +236,7 @@ void launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t dynamic_shared_b
 
 // ---- barriers ----
 // Each intrinsic takes its call site as a defaulted last parameter: threads meet only at the same one.
-#define LT_SIM_HERE const std::source_location& lt_where = std::source_location::current()
+#define LT_SIM_HERE const ::lt::cuda_sim::detail::CallSite& lt_where = LT_SIM_CALL_SITE()
 #define LT_SIM_ARRIVE(kind, ...) \
   ::lt::cuda_sim::detail::arrive(::lt::cuda_sim::detail::Collective::kind, __VA_ARGS__, lt_where)
 

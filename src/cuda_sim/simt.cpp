@@ -378,7 +378,7 @@ class Launch {
 }  // namespace
 
 uint64_t arrive(Collective kind, unsigned mask, uint64_t value, int value_bytes, int arg, int width,
-                const std::source_location& where) {
+                const CallSite& where) {
   ThreadCtx* t = tl_thread;
   LT_CHECK(t != nullptr, "cuda-sim: {} called outside a kernel launched by cuda-sim", collective_name(kind));
   Arrival a{kind, mask, value_bytes, arg, width, value, where.file_name(), where.line(), where.column()};

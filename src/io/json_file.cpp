@@ -107,6 +107,10 @@ nlohmann::json parse_json(std::string_view text, const std::string& source) {
     size_t colon = what.find(": ");
     std::string_view reason = colon == std::string_view::npos ? what : what.substr(colon + 2);
     LT_FAIL("{}: invalid JSON at line {}, column {} (byte {}): {}", source, line, col, e.byte, reason);
+  } catch (const nlohmann::json::exception& e) {  // no position: a number out of range ("1e309", found by fuzzing)
+    std::string_view what = e.what();
+    const size_t bracket = what.find("] ");
+    LT_FAIL("{}: invalid JSON: {}", source, bracket == std::string_view::npos ? what : what.substr(bracket + 2));
   }
 }
 

@@ -19,6 +19,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "train/data_loader.h"
+
 namespace lt {
 
 class ModelSlabs;
@@ -38,6 +40,15 @@ std::string save_checkpoint(const CheckpointWriter& w, int64_t step, const Model
 
 // The checkpoint `latest` names in output_dir, or "" when there is none.
 std::string latest_checkpoint(const std::string& output_dir);
+
+// resume/state.json, checked (`source` names it in errors): the step, the data cursor, and the result-affecting
+// config the run was saved with.
+struct ResumeState {
+  int64_t step = 0;
+  Cursor cursor;
+  nlohmann::json config;  // an object
+};
+ResumeState parse_resume_state(const nlohmann::json& state, const std::string& source);
 
 // Restores params (f32 masters) and the optimizer from a checkpoint directory; returns its state.json.
 // Errors name the checkpoint and what is missing or inconsistent.

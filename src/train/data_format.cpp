@@ -488,6 +488,12 @@ ConvertedRecord convert_record(std::string_view text, int64_t line, const Datase
       r.error_line = line + count_newlines(text.substr(0, byte));
       r.error = fmt::format("invalid JSON ({})", reason);
       return r;
+    } catch (const json::exception& e) {  // a number out of range ("1e309"): no position (found by fuzzing)
+      std::string_view what = e.what();
+      const size_t bracket = what.find("] ");
+      r.error_line = line;
+      r.error = fmt::format("invalid JSON ({})", bracket == std::string_view::npos ? what : what.substr(bracket + 2));
+      return r;
     }
     if (!j.is_object()) bad(fmt::format("expected a JSON object, got {}", j.type_name()));
     switch (spec.formatting) {

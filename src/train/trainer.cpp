@@ -275,16 +275,17 @@ TrainResult run_training(const TrainConfig& asked) {
   // --- resume ---
   int64_t step = 0;
   if (!resume_dir.empty()) {
-    nlohmann::json st = load_checkpoint(resume_dir, model.params, opt);
-    nlohmann::json saved = st.at("config"), now = result_config(c);
+    const ResumeState st = parse_resume_state(load_checkpoint(resume_dir, model.params, opt), resume_dir + "/resume/state.json");
+    const nlohmann::json& saved = st.config;
+    const nlohmann::json now = result_config(c);
     std::string diff;
     for (const auto& [k, v] : now.items())
       if (!saved.contains(k) || saved[k] != v)
         diff += fmt::format("{}{} ({} -> {})", diff.empty() ? "" : ", ", k, saved.value(k, nlohmann::json()).dump(), v.dump());
     LT_CHECK(diff.empty(), "{}: the config differs from the checkpoint's in keys that change results: {}", resume_dir,
              diff);
-    step = st.at("step").get<int64_t>();
-    loader.seek(Cursor::from_json(st.at("cursor"), resume_dir));
+    step = st.step;
+    loader.seek(st.cursor);
     log.message(fmt::format("resumed from {} at step {}", resume_dir, step));
   }
   if (copy) make_compute_copy(*copy, model.params);
