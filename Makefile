@@ -3,7 +3,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build test demo bench asan fuzz fresh-check gpu-check clean
+.PHONY: all deps configure build test demo bench asan fuzz soak fresh-check gpu-check clean
 
 all: build
 
@@ -50,6 +50,12 @@ asan: deps
 # 60), in build-fuzz with clang: fails on a crash, leak, hang or out-of-memory (scripts/fuzz.sh, docs/robustness.md).
 fuzz: deps
 	bash scripts/fuzz.sh
+
+# Training killed with SIGKILL 20 times (half inside checkpoint writes) and stopped with SIGTERM 5 times over 200
+# steps, each resumed: the final checkpoint byte for byte the uninterrupted run's (tests/train/soak.py, docs/robustness.md).
+soak: deps
+	$(MAKE) build
+	/usr/bin/python3 tests/train/soak.py --lazytrain $(BUILD)/lazytrain
 
 # The README's two commands on a minimal Debian 12 made by debootstrap (cached), in a chroot, from a clean
 # clone of HEAD: proves the install step is complete. Slow (~30 min); run before resolving an issue that

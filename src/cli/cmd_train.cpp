@@ -1,4 +1,5 @@
-// cli/cmd_train.cpp — `lazytrain train CONFIG.yaml [key=value ...]`.
+// cli/cmd_train.cpp — `lazytrain train CONFIG.yaml [key=value ...]`. SIGTERM / SIGINT stop it after the step in
+// progress, with a checkpoint there (save_on_signal), and exit 143 / 130.
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <memory>
@@ -17,6 +18,9 @@ void register_train(CLI::App& app) {
   cmd->callback([config, overrides]() {
     TrainResult r = run_training(load_train_config(*config, *overrides));
     std::printf("%s\n", r.summary.dump().c_str());
+    // Stopped by a signal (after saving, unless save_on_signal is false): the exit status a shell or scheduler
+    // expects of a process ended by it (128 + the signal), not success.
+    if (!r.stopped_by.empty()) throw ExitStatus{r.stopped_by == "SIGINT" ? 130 : 143};
   });
 }
 

@@ -7,6 +7,12 @@ class App;
 
 namespace lt::cli {
 
+// Thrown by a command that finished as intended but must exit with this status (train stopped by a signal: 143);
+// main() returns it without a message.
+struct ExitStatus {
+  int code = 0;
+};
+
 void register_bench(CLI::App& app);
 void register_grad(CLI::App& app);
 void register_init(CLI::App& app);

@@ -33,6 +33,8 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
+  } catch (const lt::cli::ExitStatus& s) {  // a command that ended as it should, with a status of its own
+    return s.code;
   } catch (const lt::Error& e) {
     std::fprintf(stderr, "lazytrain: error: %s\n", e.what());
     return 1;

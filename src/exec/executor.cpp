@@ -923,7 +923,16 @@ StepStats StreamingExecutor::step(ModelSlabs& grads, const ModelSlabs& params, c
     st.forward();
     st.head();
     st.backward();
-    device_.synchronize();
+    try {
+      device_.synchronize();
+    } catch (...) {
+      // A failed host lane (an NVMe write or read, the optimizer) breaks the promises the streams wait on, so the
+      // device's error is then a consequence ("broken promise"): the lane's first error is the cause, reported
+      // instead when there is one.
+      for (HostWorker* w : {&host, opt_lane ? &*opt_lane : nullptr, nvme_lane ? &*nvme_lane : nullptr})
+        if (w) w->drain();
+      throw;
+    }
     host.drain();
     if (opt_lane) opt_lane->drain();
     if (nvme_lane) nvme_lane->drain();

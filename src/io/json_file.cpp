@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "io/io_faults.h"
 
 namespace lt {
 
@@ -39,12 +40,24 @@ void write_all(int fd, const void* data, size_t size, const std::string& path) {
   while (size > 0) {
     // Linux caps one write at about 2 GiB; larger tensors go in several calls.
     size_t chunk = std::min<size_t>(size, size_t(1) << 30);
-    ssize_t n = ::write(fd, p, chunk);
+    const IoFault fault = injected_io_fault(IoOp::write, path);
+    chunk = std::min(chunk, fault.max_bytes);
+    ssize_t n = fault.error ? (errno = fault.error, -1) : chunk == 0 ? 0 : ::write(fd, p, chunk);
     if (n < 0 && errno == EINTR) continue;
     LT_CHECK(n > 0, "{}: write failed: {}", path, n < 0 ? errno_str(errno) : "wrote 0 bytes");
     p += n;
     size -= size_t(n);
   }
+}
+
+// fsync, or the failure the fault seam injects (io/io_faults.h).
+int checked_fsync(int fd, const std::string& path) {
+  const IoFault fault = injected_io_fault(IoOp::fsync, path);
+  if (fault.error) {
+    errno = fault.error;
+    return -1;
+  }
+  return ::fsync(fd);
 }
 
 // fsync of the directory makes the rename itself durable (POSIX leaves it in the page cache otherwise).
@@ -53,14 +66,14 @@ void fsync_parent_dir(const std::string& path) {
   std::string dir = parent.empty() ? "." : parent.string();
   Fd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   LT_CHECK(fd.get() >= 0, "{}: cannot open directory to sync it: {}", dir, errno_str(errno));
-  LT_CHECK(::fsync(fd.get()) == 0, "{}: fsync of directory failed: {}", dir, errno_str(errno));
+  LT_CHECK(checked_fsync(fd.get(), dir) == 0, "{}: fsync of directory failed: {}", dir, errno_str(errno));
 }
 
 void write_tmp_file(const std::string& tmp, std::span<const ByteSpan> pieces) {
   Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
   LT_CHECK(fd.get() >= 0, "{}: cannot create: {}", tmp, errno_str(errno));
   for (const ByteSpan& piece : pieces) write_all(fd.get(), piece.data, piece.size, tmp);
-  LT_CHECK(::fsync(fd.get()) == 0, "{}: fsync failed: {}", tmp, errno_str(errno));
+  LT_CHECK(checked_fsync(fd.get(), tmp) == 0, "{}: fsync failed: {}", tmp, errno_str(errno));
   // close() can report a deferred write error (NFS, quota), so it is checked too.
   LT_CHECK(::close(fd.release()) == 0, "{}: close failed: {}", tmp, errno_str(errno));
 }
@@ -116,12 +129,23 @@ nlohmann::json parse_json(std::string_view text, const std::string& source) {
 
 nlohmann::json read_json_file(const std::string& path) { return parse_json(read_file(path), path); }
 
+void rename_path(const std::string& from, const std::string& to) {
+  const IoFault fault = injected_io_fault(IoOp::rename, to);
+  const int rc = fault.error ? (errno = fault.error, -1) : ::rename(from.c_str(), to.c_str());
+  LT_CHECK(rc == 0, "{}: cannot rename {} over it: {}", to, from, errno_str(errno));
+}
+
+void fsync_path(const std::string& path, bool directory) {
+  Fd fd(::open(path.c_str(), (directory ? (O_RDONLY | O_DIRECTORY) : O_RDONLY) | O_CLOEXEC));
+  LT_CHECK(fd.get() >= 0, "{}: cannot open to sync it: {}", path, errno_str(errno));
+  LT_CHECK(checked_fsync(fd.get(), path) == 0, "{}: fsync failed: {}", path, errno_str(errno));
+}
+
 void write_file_atomic(const std::string& path, std::span<const ByteSpan> pieces) {
   std::string tmp = path + ".tmp." + std::to_string(::getpid());
   try {
     write_tmp_file(tmp, pieces);
-    LT_CHECK(::rename(tmp.c_str(), path.c_str()) == 0, "{}: cannot rename {} over it: {}", path, tmp,
-             errno_str(errno));
+    rename_path(tmp, path);
   } catch (...) {
     ::unlink(tmp.c_str());  // best effort: the error being thrown is the one worth reporting
     throw;

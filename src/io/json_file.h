@@ -37,6 +37,12 @@ struct ByteSpan {
 void write_file_atomic(const std::string& path, std::span<const ByteSpan> pieces);
 void write_file_atomic(const std::string& path, std::string_view bytes);
 
+// rename(from, to) (atomic on one file system; over a directory that exists only when it is empty), and fsync of a
+// file or directory. Throw lt::Error naming the paths and strerror; both go through the fault seam
+// (io/io_faults.h), as the atomic writers' own writes, fsyncs and renames do.
+void rename_path(const std::string& from, const std::string& to);
+void fsync_path(const std::string& path, bool directory);
+
 // json.dump(indent) + newline, written atomically.
 void write_json_file(const std::string& path, const nlohmann::json& j, int indent = 2);
 

@@ -16,6 +16,7 @@
 
 #include "core/aligned.h"
 #include "core/error.h"
+#include "io/io_faults.h"
 
 namespace lt::nvme_detail {
 namespace {
@@ -124,6 +125,9 @@ class UringEngine final : public Engine {
             stop = true;
             continue;
           }
+          // The fault seam (io/io_faults.h): a completion with an error, as a failing drive returns one.
+          if (const IoFault f = injected_io_fault(req->is_write ? IoOp::nvme_write : IoOp::nvme_read, ""); f.error)
+            res = -f.error;
           --in_flight_;
           if (res < 0 && transient(-res)) {
             pending_.push_front(req);  // retry as is
@@ -199,6 +203,10 @@ class PoolEngine final : public Engine {
       while (r->done < r->bytes) {
         ssize_t n = r->is_write ? ::pwrite(fd_, r->buf + r->done, r->bytes - r->done, off_t(r->offset + r->done))
                                 : ::pread(fd_, r->buf + r->done, r->bytes - r->done, off_t(r->offset + r->done));
+        if (const IoFault f = injected_io_fault(r->is_write ? IoOp::nvme_write : IoOp::nvme_read, ""); f.error) {
+          n = -1;  // the fault seam (io/io_faults.h)
+          errno = f.error;
+        }
         if (n < 0 && transient(errno)) continue;
         if (n < 0) {
           err = errno;

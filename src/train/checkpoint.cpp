@@ -20,23 +20,35 @@ namespace fs = std::filesystem;
 namespace lt {
 namespace {
 
-void fsync_path(const fs::path& p, bool directory) {
-  int fd = ::open(p.c_str(), directory ? (O_RDONLY | O_DIRECTORY) : O_RDONLY);
-  LT_CHECK(fd >= 0, "{}: cannot open to sync: {}", p.string(), std::strerror(errno));
-  int rc = ::fsync(fd);
-  ::close(fd);
-  LT_CHECK(rc == 0, "{}: fsync failed: {}", p.string(), std::strerror(errno));
-}
-
 // Every file under dir, then every directory bottom-up: all of it is on disk before the rename.
 void fsync_tree(const fs::path& dir) {
   std::vector<fs::path> dirs{dir};
   for (const auto& e : fs::recursive_directory_iterator(dir)) {
     if (e.is_directory()) dirs.push_back(e.path());
-    else fsync_path(e.path(), false);
+    else fsync_path(e.path().string(), false);
   }
   std::reverse(dirs.begin(), dirs.end());
-  for (const auto& d : dirs) fsync_path(d, true);
+  for (const auto& d : dirs) fsync_path(d.string(), true);
+}
+
+// The checkpoint's files, written into `tmp` (not yet a checkpoint: its name starts with a dot).
+void write_checkpoint_files(const CheckpointWriter& w, const fs::path& tmp, int64_t step, const ModelSlabs& params,
+                            const HybridAdamW& optimizer, const nlohmann::json& state) {
+  fs::create_directories(tmp / "resume");
+  save_hf_model(params, tmp.string(), dtype_parse(w.save_dtype), w.max_shard_bytes);
+  if (!w.tokenizer_dir.empty()) {
+    for (const char* f : {"tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",
+                          "special_tokens_map.json", "generation_config.json"}) {
+      fs::path src = fs::path(w.tokenizer_dir) / f;
+      if (fs::exists(src)) write_file_atomic((tmp / f).string(), read_file(src.string()));
+    }
+  }
+  save_safetensors(params, (tmp / "resume" / "params.safetensors").string(), DType::f32);
+  optimizer.save_state((tmp / "resume" / "optimizer.safetensors").string());
+  nlohmann::json st = state;
+  st["step"] = step;
+  write_json_file((tmp / "resume" / "state.json").string(), st);
+  fsync_tree(tmp);
 }
 
 int64_t checkpoint_step(const std::string& name) {
@@ -57,24 +69,18 @@ std::string save_checkpoint(const CheckpointWriter& w, int64_t step, const Model
   const std::string name = fmt::format("checkpoint-{}", step);
   const fs::path tmp = out / ("." + name + ".partial");
   const fs::path final_dir = out / name;
-  fs::create_directories(tmp / "resume");
-  save_hf_model(params, tmp.string(), dtype_parse(w.save_dtype), w.max_shard_bytes);
-  if (!w.tokenizer_dir.empty()) {
-    for (const char* f : {"tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",
-                          "special_tokens_map.json", "generation_config.json"}) {
-      fs::path src = fs::path(w.tokenizer_dir) / f;
-      if (fs::exists(src)) fs::copy_file(src, tmp / f, fs::copy_options::overwrite_existing);
-    }
+  // A failure (a full disk, an I/O error) leaves the previous checkpoints and `latest` as they were and removes
+  // what it wrote: nothing half-written is ever named like a checkpoint.
+  try {
+    write_checkpoint_files(w, tmp, step, params, optimizer, state);
+    if (fs::exists(final_dir)) fs::remove_all(final_dir);  // a re-save of the same step after a resume
+    rename_path(tmp.string(), final_dir.string());
+  } catch (const std::exception& e) {
+    std::error_code ignored;
+    fs::remove_all(tmp, ignored);
+    LT_FAIL("saving {} failed, the previous checkpoints are untouched: {}", final_dir.string(), e.what());
   }
-  save_safetensors(params, (tmp / "resume" / "params.safetensors").string(), DType::f32);
-  optimizer.save_state((tmp / "resume" / "optimizer.safetensors").string());
-  nlohmann::json st = state;
-  st["step"] = step;
-  write_json_file((tmp / "resume" / "state.json").string(), st);
-  fsync_tree(tmp);
-  if (fs::exists(final_dir)) fs::remove_all(final_dir);  // a re-save of the same step after a resume
-  fs::rename(tmp, final_dir);
-  fsync_path(out, true);
+  fsync_path(out.string(), true);
   write_file_atomic((out / "latest").string(), name + "\n");
 
   if (w.keep > 0) {  // prune the oldest complete checkpoints beyond the limit

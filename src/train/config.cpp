@@ -139,6 +139,7 @@ const std::map<std::string, Key>& keys() {
       {"link_gbps", number(&TrainConfig::link_gbps, 0.0)},
       {"weight_buffers", number(&TrainConfig::weight_buffers, int64_t(1))},
       {"resident_head", boolean(&TrainConfig::resident_head)},
+      {"save_on_signal", boolean(&TrainConfig::save_on_signal)},
       {"plan", text(&TrainConfig::plan)},
       {"optimizer_state_bits", number(&TrainConfig::optimizer_state_bits, int64_t(8))},
       {"compute_dtype", text(&TrainConfig::compute_dtype, {"bf16", "f32", "auto"})},

@@ -55,6 +55,8 @@ struct TrainConfig {
   double link_gbps = 0;                      // emulated link of the cpu device; 0 = unlimited
   int64_t weight_buffers = 2;                // layer weight buffers on the device (more: deeper prefetch,
                                              // and micro-batches start on more carried layers)
+  bool save_on_signal = true;                // SIGTERM / SIGINT: stop after the step in progress and save a
+                                             // checkpoint there (false: stop without saving)
   bool resident_head = false;                // the head's weights on the device all step (gradient accumulation:
                                              // micro-batches after the first do not upload them again)
   std::string plan = "auto";                 // auto | keep-all | every:K | host:K | nvme:K | a plan file

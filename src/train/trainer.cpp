@@ -32,6 +32,7 @@
 #include "train/evaluate.h"
 #include "train/run_log.h"
 #include "train/schedule.h"
+#include "train/stop_signal.h"
 
 namespace fs = std::filesystem;
 
@@ -305,6 +306,7 @@ TrainResult run_training(const TrainConfig& asked) {
     nlohmann::json st = {{"cursor", loader.cursor().to_json()}, {"config", result_config(c)}};
     std::string path = save_checkpoint(writer, at_step, model.params, opt, st);
     log.message("saved " + path);
+    return path;
   };
 
   std::vector<DatasetSpec> eval_specs;
@@ -322,6 +324,8 @@ TrainResult run_training(const TrainConfig& asked) {
   };
 
   // --- the loop ---
+  StopSignals stop;  // SIGTERM / SIGINT: stop after the step in progress (and save there)
+  std::string stopped_by, stop_checkpoint;
   const double params_count = double(mc.num_parameters());
   Window win;
   double last_loss = 0;
@@ -389,21 +393,41 @@ TrainResult run_training(const TrainConfig& asked) {
     } else {
       log.tick(done, loop_timer.seconds());
     }
-    if (c.save_steps > 0 && done % c.save_steps == 0 && done < total_steps) save(done);
+    const bool saved = c.save_steps > 0 && done % c.save_steps == 0 && done < total_steps;
+    if (saved) stop_checkpoint = save(done);
     if (c.eval_steps > 0 && done % c.eval_steps == 0 && done < total_steps) evaluate(done);
+    if (stop.requested() && done < total_steps) {
+      stopped_by = stop.name();
+      if (!c.save_on_signal) stop_checkpoint.clear();
+      else if (!saved) stop_checkpoint = save(done);
+      log.message(fmt::format("{} at step {}: stopped{}", stopped_by, done,
+                              stop_checkpoint.empty() ? " without a checkpoint (save_on_signal: false)"
+                                                      : "; resume with resume_from_checkpoint=true (" + stop_checkpoint + ")"));
+      step = done;
+      break;
+    }
   }
-  save(total_steps);
-  evaluate(total_steps);
+  if (stopped_by.empty()) {
+    stop_checkpoint.clear();
+    save(total_steps);
+    evaluate(total_steps);
+  }
   log.finish();
 
   TrainResult r;
-  r.steps = total_steps;
+  r.steps = stopped_by.empty() ? total_steps : step;
+  r.stopped_by = stopped_by;
+  r.stop_checkpoint = stop_checkpoint;
   r.tokens = tokens_total;
   r.seconds = run_timer.seconds();
   r.final_loss = last_loss;
   r.output_dir = c.output_dir;
   r.summary = {{"steps", r.steps},          {"tokens", r.tokens},     {"seconds", r.seconds},
                {"final_loss", r.final_loss}, {"plan", plan.to_json()}, {"model", c.model_name_or_path}};
+  if (!stopped_by.empty()) {
+    r.summary["stopped_by"] = stopped_by;
+    r.summary["stop_checkpoint"] = stop_checkpoint;
+  }
   if (!last_eval.is_null()) {
     r.summary["eval_exact_match"] = last_eval["exact_match"];
     r.summary["eval"] = last_eval;

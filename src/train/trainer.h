@@ -21,6 +21,10 @@ struct TrainResult {
   double seconds = 0;
   double final_loss = 0;
   std::string output_dir;
+  // Stopped early by SIGTERM / SIGINT (train/stop_signal.h): its name, and the checkpoint saved then (empty when
+  // save_on_signal is false). steps is then the steps done.
+  std::string stopped_by;
+  std::string stop_checkpoint;
   nlohmann::json summary;  // what summary.json holds
 };
 
