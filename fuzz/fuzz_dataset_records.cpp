@@ -20,7 +20,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (records.empty()) return;
     std::vector<lt::DatasetSpec> specs;
     lt::fuzz::expect_clean([&] {
-      specs.push_back(lt::detect_dataset_spec(lt::DatasetSpec{"x", path}, records[0].text, path, records[0].line));
+      lt::DatasetSpec detect;
+      detect.name = "x", detect.path = path;
+      specs.push_back(lt::detect_dataset_spec(detect, records[0].text, path, records[0].line));
     });
     for (const char* format : {"alpaca", "sharegpt", "openai", "metamath", "gsm8k"})
       specs.push_back(lt::dataset_spec_for_format(format, "x", path));
