@@ -16,15 +16,6 @@
 namespace lt {
 namespace {
 
-using testing::expect_bitwise_equal;
-using testing::nvme_store_for;
-using testing::random_batch;
-using testing::random_config;
-using testing::random_host_plan;
-using testing::random_params;
-using testing::random_plan;
-using testing::with_random_windows;
-
 ExecOptions gpu_options(ComputeType ct) {
   ExecOptions o;
   o.kernels = LayerKernels::gpu;
@@ -43,7 +34,7 @@ GpuRun run_gpu(const ModelConfig& cfg, const ModelSlabs& params, const ModelSlab
   const size_t predicted = predict_peak_device_bytes(cfg, batch.B, batch.T, plan, o);
   const size_t budget = size_t(double(predicted) * budget_slack) + 4096;
   auto dev = make_cpu_device(budget, link);
-  std::unique_ptr<NvmeStore> nvme = nvme_store_for(cfg, batch, plan, o);
+  std::unique_ptr<NvmeStore> nvme = testing::nvme_store_for(cfg, batch, plan, o);
   StreamingExecutor ex(cfg, *dev, o, nvme.get());
   GpuRun r{{}, ModelSlabs(cfg)};
   r.stats = ex.step(r.grads, params, weights, batch, plan);
@@ -70,9 +61,9 @@ double relative_error(const ModelSlabs& a, const ModelSlabs& b) {
 TEST(GpuExecutor, EveryPolicyGivesTheKeepAllBitsAndTheCpuBlockToBf16Rounding) {
   for (uint64_t seed = 301; seed <= 306; ++seed) {
     Rng rng(seed);
-    ModelConfig cfg = random_config(rng, int(seed % 3));  // qwen2, qwen3, llama in turn
-    ModelSlabs params = random_params(cfg, seed * 7);
-    Batch batch = random_batch(cfg, rng, seed % 2 == 0);
+    ModelConfig cfg = testing::random_config(rng, int(seed % 3));  // qwen2, qwen3, llama in turn
+    ModelSlabs params = testing::random_params(cfg, seed * 7);
+    Batch batch = testing::random_batch(cfg, rng, seed % 2 == 0);
     const ComputeType ct = seed % 4 < 2 ? ComputeType::bf16 : ComputeType::f32;
     ModelSlabs bf16(cfg, DType::bf16);
     const ModelSlabs* weights = &params;
@@ -96,16 +87,16 @@ TEST(GpuExecutor, EveryPolicyGivesTheKeepAllBitsAndTheCpuBlockToBf16Rounding) {
     EXPECT_LT(relative_error(ref.grads, cpu), 1e-4) << "seed " << seed;
 
     const std::vector<Plan> plans = {Plan::every(L, 1), Plan::every(L, 2), Plan::every(L, 3, Tier::host),
-                                     Plan::every(L, 2, Tier::nvme), random_plan(L, rng), random_plan(L, rng),
-                                     with_random_windows(Plan::every(L, 1, Tier::host), rng),
-                                     with_random_windows(random_host_plan(L, rng), rng)};
+                                     Plan::every(L, 2, Tier::nvme), testing::random_plan(L, rng), testing::random_plan(L, rng),
+                                     testing::with_random_windows(Plan::every(L, 1, Tier::host), rng),
+                                     testing::with_random_windows(testing::random_host_plan(L, rng), rng)};
     for (const Plan& plan : plans) {
       const std::string what = fmt::format("seed {} plan {}", seed, plan.to_json().dump());
       // A slow link on some so copies and compute overlap (an ordering bug shows as other bits).
       const LinkSpec link = seed % 2 == 1 ? LinkSpec{1.0 + double(seed % 3), 2.0, 20e-6} : LinkSpec{};
       const GpuRun r = run_gpu(cfg, params, *weights, batch, plan, o, link, 1.0);
       EXPECT_EQ(r.stats.loss_sum, ref.stats.loss_sum) << what;
-      expect_bitwise_equal(r.grads, ref.grads, what);
+      testing::expect_bitwise_equal(r.grads, ref.grads, what);
       if (HasFatalFailure()) return;
     }
   }
@@ -114,10 +105,10 @@ TEST(GpuExecutor, EveryPolicyGivesTheKeepAllBitsAndTheCpuBlockToBf16Rounding) {
 // The GPU block's MLP in token chunks (BlockShape::mlp_rows): the one-chunk keep-all bits under every kind of plan.
 TEST(GpuExecutor, ChunkedMlpGivesTheOneChunkBits) {
   Rng rng(401);
-  ModelConfig cfg = random_config(rng, 1);
+  ModelConfig cfg = testing::random_config(rng, 1);
   cfg.num_layers = 3;
   cfg.max_position_embeddings = 8192;
-  ModelSlabs params = random_params(cfg, 401);
+  ModelSlabs params = testing::random_params(cfg, 401);
   ModelSlabs bf16(cfg, DType::bf16);
   make_compute_copy(bf16, params);
   Batch batch;
@@ -134,7 +125,7 @@ TEST(GpuExecutor, ChunkedMlpGivesTheOneChunkBits) {
   for (const Plan& plan : {Plan::keep_all(L), Plan::every(L, 1), Plan::every(L, 2, Tier::host)}) {
     const GpuRun r = run_gpu(cfg, params, bf16, batch, plan, chunked, {}, 1.0);
     EXPECT_EQ(r.stats.loss_sum, ref.stats.loss_sum) << plan.name;
-    expect_bitwise_equal(r.grads, ref.grads, plan.name + " (chunked)");
+    testing::expect_bitwise_equal(r.grads, ref.grads, plan.name + " (chunked)");
   }
   EXPECT_LT(plan_working_set(cfg, batch.B, batch.T, Plan::keep_all(L), chunked).buffer("block scratch").bytes,
             plan_working_set(cfg, batch.B, batch.T, Plan::keep_all(L), whole).buffer("block scratch").bytes);
@@ -142,9 +133,9 @@ TEST(GpuExecutor, ChunkedMlpGivesTheOneChunkBits) {
 
 TEST(GpuExecutor, RefusesF32ActivationsAndBadTokensWithTheReason) {
   Rng rng(501);
-  ModelConfig cfg = random_config(rng, 0);
-  ModelSlabs params = random_params(cfg, 501);
-  Batch batch = random_batch(cfg, rng, false);
+  ModelConfig cfg = testing::random_config(rng, 0);
+  ModelSlabs params = testing::random_params(cfg, 501);
+  Batch batch = testing::random_batch(cfg, rng, false);
   ExecOptions f32_storage = gpu_options(ComputeType::f32);
   f32_storage.activations = DType::f32;
   auto dev = make_cpu_device(size_t(256) << 20);

@@ -70,6 +70,19 @@ def main():
         full = time.time() - t0
         figures["uninterrupted_s"] = round(full, 1)
 
+        def wait_a_while(p, interruptions):  # short enough that all of them come before the run could finish
+            try:
+                p.wait(timeout=rng.uniform(0.3, max(1.0, 1.5 * full / interruptions)))
+            except subprocess.TimeoutExpired:
+                pass
+
+        def finished_first(p, what):  # the run ended before its interruption
+            if p.poll() is None:
+                return False
+            if p.returncode != 0:
+                sys.exit(f"run failed ({p.returncode}) before its {what}")
+            return True
+
         # --- SIGKILL ---
         out = os.path.join(work, "killed")
         kills = in_save = 0
@@ -89,14 +102,9 @@ def main():
                     time.sleep(0.001)
                 caught = bool(glob.glob(os.path.join(out, ".checkpoint-*.partial")))
             else:  # short enough that every kill comes before the run could finish
-                try:
-                    p.wait(timeout=rng.uniform(0.3, max(1.0, 1.5 * full / a.kills)))
-                except subprocess.TimeoutExpired:
-                    pass
                 caught = False
-            if p.poll() is not None:  # it finished first
-                if p.returncode != 0:
-                    sys.exit(f"run failed ({p.returncode}) before its kill")
+                wait_a_while(p, a.kills)
+            if finished_first(p, "kill"):
                 break
             p.send_signal(signal.SIGKILL)
             p.wait()
@@ -115,13 +123,8 @@ def main():
             if terms >= a.terms:
                 finish(p, cmd)
                 break
-            try:
-                p.wait(timeout=rng.uniform(0.3, max(1.0, 1.5 * full / a.terms)))
-            except subprocess.TimeoutExpired:
-                pass
-            if p.poll() is not None:
-                if p.returncode != 0:
-                    sys.exit(f"run failed ({p.returncode}) before its SIGTERM")
+            wait_a_while(p, a.terms)
+            if finished_first(p, "SIGTERM"):
                 break
             p.send_signal(signal.SIGTERM)
             stdout, stderr = p.communicate()
