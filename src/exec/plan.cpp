@@ -125,7 +125,7 @@ Plan Plan::parse(const std::string& spec, int64_t L) {
   }
   LT_CHECK(std::filesystem::exists(spec),
            "policy '{}' is not keep-all, every:K, host:K, nvme:K, nor an existing plan file", spec);
-  return from_json(read_json_file(spec), spec, L);
+  return with_json_errors(spec, [&] { return from_json(read_json_file(spec), spec, L); });
 }
 
 namespace {

@@ -129,6 +129,13 @@ nlohmann::json parse_json(std::string_view text, const std::string& source) {
 
 nlohmann::json read_json_file(const std::string& path) { return parse_json(read_file(path), path); }
 
+void fail_json_access(const std::string& source, const nlohmann::json::exception& e) {
+  std::string_view what = e.what();  // "[json.exception.type_error.302] type must be string, but is number"
+  const size_t bracket = what.find("] ");
+  LT_FAIL("{}: a field has the wrong type or range: {}", source,
+          bracket == std::string_view::npos ? what : what.substr(bracket + 2));
+}
+
 void rename_path(const std::string& from, const std::string& to) {
   const IoFault fault = injected_io_fault(IoOp::rename, to);
   const int rc = fault.error ? (errno = fault.error, -1) : ::rename(from.c_str(), to.c_str());

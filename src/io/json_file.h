@@ -25,6 +25,20 @@ nlohmann::json parse_json(std::string_view text, const std::string& source);
 // read_file + parse_json, the path as source.
 nlohmann::json read_json_file(const std::string& path);
 
+// Runs `parse` — code reading a JSON document with nlohmann's accessors — and turns a JSON type or range error it
+// throws (a field of a type the code did not check first: `"compute": 5` read with value(key, std::string()))
+// into an lt::Error naming `source`, so no raw library message reaches the user. The loaders of user files
+// run their parsing under it (found by fuzzing, docs/robustness.md).
+[[noreturn]] void fail_json_access(const std::string& source, const nlohmann::json::exception& e);
+template <typename F>
+auto with_json_errors(const std::string& source, F&& parse) -> decltype(parse()) {
+  try {
+    return parse();
+  } catch (const nlohmann::json::exception& e) {
+    fail_json_access(source, e);
+  }
+}
+
 // One piece of a file to write: `size` bytes at `data`. Lets a writer stream a header and many tensors
 // to one file without first concatenating gigabytes in memory.
 struct ByteSpan {

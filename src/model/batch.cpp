@@ -67,7 +67,9 @@ Batch Batch::from_json(const nlohmann::json& j, const std::string& source, int64
   return b;
 }
 
-Batch Batch::load(const std::string& path, int64_t vocab) { return from_json(read_json_file(path), path, vocab); }
+Batch Batch::load(const std::string& path, int64_t vocab) {
+  return with_json_errors(path, [&] { return from_json(read_json_file(path), path, vocab); });
+}
 
 StepTokens StepTokens::make(const Batch& batch) {
   StepTokens s;

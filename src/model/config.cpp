@@ -239,7 +239,7 @@ ModelConfig load_model_config(const std::string& path_or_dir) {
   LT_CHECK(std::filesystem::exists(p),
            "{}: no such file or directory (expected a config.json or a directory holding one)", path_or_dir);
   if (std::filesystem::is_directory(p)) p /= "config.json";
-  return parse_model_config(read_json_file(p.string()), p.string());
+  return with_json_errors(p.string(), [&] { return parse_model_config(read_json_file(p.string()), p.string()); });
 }
 
 int64_t ModelConfig::num_parameters() const {

@@ -97,7 +97,9 @@ Profile Profile::from_json(const nlohmann::json& j, const std::string& src) {
   return p;
 }
 
-Profile Profile::load(const std::string& path) { return from_json(read_json_file(path), path); }
+Profile Profile::load(const std::string& path) {
+  return with_json_errors(path, [&] { return from_json(read_json_file(path), path); });
+}
 
 void Profile::save(const std::string& path) const { write_json_file(path, to_json(), 2); }
 

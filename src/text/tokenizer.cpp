@@ -288,7 +288,8 @@ Tokenizer Tokenizer::load(const std::string& path_or_dir) {
   json config;
   fs::path config_path = path.parent_path() / "tokenizer_config.json";
   if (fs::exists(config_path)) config = read_json_file(config_path.string());
-  return from_json(read_json_file(path.string()), config, path.string());
+  return with_json_errors(path.string() + " (with " + config_path.filename().string() + ")",
+                          [&] { return from_json(read_json_file(path.string()), config, path.string()); });
 }
 
 std::vector<int32_t> Tokenizer::encode(std::string_view text, bool allow_special) const {

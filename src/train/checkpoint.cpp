@@ -119,17 +119,19 @@ nlohmann::json load_checkpoint(const std::string& dir, ModelSlabs& params, Hybri
 }
 
 ResumeState parse_resume_state(const nlohmann::json& st, const std::string& source) {
-  LT_CHECK(st.is_object(), "{}: the resume state is a JSON object, got {}", source, st.type_name());
-  LT_CHECK(st.contains("step") && st["step"].is_number_integer() && st["step"].get<int64_t>() >= 0,
-           "{}: \"step\" must be a non-negative integer", source);
-  LT_CHECK(st.contains("config") && st["config"].is_object(), "{}: \"config\" must be an object (the run's config)",
-           source);
-  LT_CHECK(st.contains("cursor"), "{}: \"cursor\" (the data position) is missing", source);
-  ResumeState r;
-  r.step = st["step"].get<int64_t>();
-  r.cursor = Cursor::from_json(st["cursor"], source);
-  r.config = st["config"];
-  return r;
+  return with_json_errors(source, [&] {
+    LT_CHECK(st.is_object(), "{}: the resume state is a JSON object, got {}", source, st.type_name());
+    LT_CHECK(st.contains("step") && st["step"].is_number_integer() && st["step"].get<int64_t>() >= 0,
+             "{}: \"step\" must be a non-negative integer", source);
+    LT_CHECK(st.contains("config") && st["config"].is_object(), "{}: \"config\" must be an object (the run's config)",
+             source);
+    LT_CHECK(st.contains("cursor"), "{}: \"cursor\" (the data position) is missing", source);
+    ResumeState r;
+    r.step = st["step"].get<int64_t>();
+    r.cursor = Cursor::from_json(st["cursor"], source);
+    r.config = st["config"];
+    return r;
+  });
 }
 
 }  // namespace lt

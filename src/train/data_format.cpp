@@ -341,7 +341,8 @@ std::vector<DatasetSpec> resolve_datasets(const std::vector<std::string>& names,
   std::vector<DatasetSpec> out;
   for (const std::string& name : names) {
     if (registry.is_object() && registry.contains(name)) {
-      out.push_back(parse_dataset_info_entry(registry[name], name, dataset_dir, registry_path));
+      out.push_back(with_json_errors(
+          registry_path, [&] { return parse_dataset_info_entry(registry[name], name, dataset_dir, registry_path); }));
       continue;
     }
     std::string in_dir = dataset_dir.empty() ? "" : (fs::path(dataset_dir) / name).string();
