@@ -7,9 +7,9 @@
 #      cuBLASLt against its emulation and row-independent), twice over (--gtest_repeat=2), and the CUDA device's
 #   4. the cuda-sim suite (ctest -L cuda-sim), so the comparison has its CPU side on this host too
 #   5. bench_cuda_layer: a Qwen2.5-7B layer's kernels and GEMMs in TFLOPS against an 8192^3 GEMM measured here
-#   6. scripts/gpu-steps.sh: `lazytrain grad --device cuda` bitwise across plans and runs, and within bf16
-#      rounding of cuda-sim; a streamed step of a Qwen2.5-0.5B shape with the plan solved from a profile measured
-#      on the GPU, against every:4
+#   6. scripts/gpu-steps.sh: `lazytrain grad --device cuda` bitwise across plans and runs, within bf16 rounding
+#      of cuda-sim and of the CPU's f32 path; a streamed step of a Qwen2.5-1.5B shape with the plan solved from
+#      a profile measured on the GPU, against every:4
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build-gpu}
