@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <string>
 
+#include "fuzz_common.h"
+
 namespace lt::fuzz {
 
 inline std::string data_dir() {
@@ -17,6 +19,16 @@ inline std::string data_dir() {
     std::exit(2);
   }
   return dir;
+}
+
+// scratch_dir()/name holding a copy of the real model file `file` (once), beside which a fuzzer writes the fuzzed
+// one: the tokenizer's two files are fuzzed each with the other real.
+inline std::string dir_with_real(const std::string& name, const std::string& file) {
+  const std::string d = scratch_dir() + "/" + name;
+  std::filesystem::create_directories(d);
+  std::filesystem::copy_file(data_dir() + "/model/" + file, d + "/" + file,
+                             std::filesystem::copy_options::overwrite_existing);
+  return d;
 }
 
 }  // namespace lt::fuzz

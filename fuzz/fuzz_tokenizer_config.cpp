@@ -1,6 +1,5 @@
 // fuzz_tokenizer_config: a model's tokenizer_config.json (special tokens, EOS, added tokens) beside a real
 // tokenizer.json: loaded, then a conversation rendered with every chat template and tokenised.
-#include <filesystem>
 #include <vector>
 
 #include "fuzz_common.h"
@@ -9,13 +8,7 @@
 #include "text/tokenizer.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  static const std::string dir = [] {
-    const std::string d = lt::fuzz::scratch_dir() + "/tokcfg";
-    std::filesystem::create_directories(d);
-    std::filesystem::copy_file(lt::fuzz::data_dir() + "/model/tokenizer.json", d + "/tokenizer.json",
-                               std::filesystem::copy_options::overwrite_existing);
-    return d;
-  }();
+  static const std::string dir = lt::fuzz::dir_with_real("tokcfg", "tokenizer.json");
   lt::fuzz::write_file("tokcfg/tokenizer_config.json", lt::fuzz::as_text(data, size));
   lt::fuzz::expect_clean([&] {
     lt::Tokenizer tok = lt::Tokenizer::load(dir);

@@ -21,9 +21,8 @@
 #include "core/error.h"
 #include "core/parallel.h"
 #include "core/timer.h"
-#include "exec/host_worker.h"
-#include "cuda/gemm.h"
 #include "cuda/layers.h"
+#include "exec/host_worker.h"
 #include "exec/weight_buffers.h"
 #include "io/nvme.h"
 #include "model/block.h"
@@ -322,15 +321,15 @@ struct StreamingExecutor::Step {
       binding.backward_scratch = bscratch;
       loss_dev = &loss;
     } else {
-      if (recompute_internals) binding.recompute_stored = buf<uint8_t>("recompute internals", block_stored_bytes(s));
-      binding.block_scratch = buf<uint8_t>("block scratch", cuda::gpu_block_scratch_bytes(s));
-      binding.head_workspace = buf<uint8_t>("head workspace", 0);
-      binding.gemm_workspace = buf<uint8_t>("gemm workspace", cuda::kGemmWorkspaceBytes);
-      const size_t half = size_t(batch.T) * size_t(s.D / 2);
-      rope_dev = buf<float>("rope table", half * 2 * sizeof(float));
+      const GpuComputeBytes g = GpuComputeBytes::make(cfg, s, weights.matrix_dtype());
+      if (recompute_internals) binding.recompute_stored = buf<uint8_t>("recompute internals", g.recompute_internals);
+      binding.block_scratch = buf<uint8_t>("block scratch", g.block_scratch);
+      binding.head_workspace = buf<uint8_t>("head workspace", g.head_workspace);
+      binding.gemm_workspace = buf<uint8_t>("gemm workspace", g.gemm_workspace);
+      rope_dev = buf<float>("rope table", g.rope_table);
       binding.rope_cos = rope_dev;
-      binding.rope_sin = rope_dev + half;
-      loss_dev = buf<double>("loss", sizeof(double));
+      binding.rope_sin = rope_dev + g.rope_half;
+      loss_dev = buf<double>("loss", g.loss);
     }
     compute.bind(binding);
     for (int64_t i = 0; i < ws.recompute_depth; ++i)
@@ -381,10 +380,10 @@ struct StreamingExecutor::Step {
         LT_CHECK(p >= 0 && p < batch.T, "token {}: position {} is outside the sequence [0, {})", n, p, batch.T);
       }
       // RoPE's cos/sin for every position of the sequence (ops' rope_table: the CPU op's angles), once per step.
-      const size_t half = size_t(batch.T) * size_t(s.D / 2);
-      float* table = ex.host_ws_.get<float>("rope table", half * 2);
-      rope_table(table, table + half, batch.T, s.D, s.rope_theta);
-      dev.copy_h2d(rope_dev, table, half * 2 * sizeof(float), kH2D, "h2d rope table");
+      const int64_t half = s.T * (s.D / 2);
+      float* table = ex.host_ws_.get<float>("rope table", size_t(2 * half));
+      rope_table(table, table + half, s.T, s.D, s.rope_theta);
+      dev.copy_h2d(rope_dev, table, size_t(2 * half) * sizeof(float), kH2D, "h2d rope table");
     }
     tokens_ready = record(kH2D);
   }

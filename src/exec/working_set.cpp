@@ -173,6 +173,17 @@ const DeviceBuffer& WorkingSet::buffer(const std::string& tag) const {
   LT_FAIL("working set has no buffer '{}'", tag);
 }
 
+GpuComputeBytes GpuComputeBytes::make(const ModelConfig& cfg, const BlockShape& s, DType matrices) {
+  GpuComputeBytes g;
+  g.block_scratch = cuda::gpu_block_scratch_bytes(s);
+  g.recompute_internals = block_stored_bytes(s);
+  g.head_workspace = cuda::head_workspace_bytes(HeadShape{s.N(), s.C, cfg.vocab_size, float(cfg.rms_norm_eps)}, matrices);
+  g.rope_half = s.T * (s.D / 2);
+  g.rope_table = size_t(2 * g.rope_half) * sizeof(float);
+  g.gemm_workspace = cuda::kGemmWorkspaceBytes;
+  return g;
+}
+
 WorkingSet plan_working_set(const ModelConfig& cfg, int64_t B, int64_t T, const Plan& plan, const ExecOptions& o) {
   const int64_t L = cfg.num_layers, N = B * T, C = cfg.hidden_size;
   plan.validate(L);
@@ -231,13 +242,13 @@ WorkingSet plan_working_set(const ModelConfig& cfg, int64_t B, int64_t T, const 
              dtype_name(s.act));
     // The GPU block computes in its own scratch, forward and backward; a layer that does not keep its internals
     // writes them (forward) and recomputes them (backward) in one stored-internals buffer.
-    if (recompute_internals) add("recompute internals", block_stored_bytes(s), first, last);
-    add("block scratch", cuda::gpu_block_scratch_bytes(s), first, last);
-    add("head workspace", cuda::head_workspace_bytes(HeadShape{N, C, cfg.vocab_size, float(cfg.rms_norm_eps)}, mdt),
-        H, H);
-    add("loss", sizeof(double), H, H);
-    add("rope table", size_t(T) * size_t(s.D / 2) * 2 * sizeof(float), first, last);  // cos, sin [T, D/2]
-    add("gemm workspace", cuda::kGemmWorkspaceBytes, first, last);
+    const GpuComputeBytes g = GpuComputeBytes::make(cfg, s, mdt);
+    if (recompute_internals) add("recompute internals", g.recompute_internals, first, last);
+    add("block scratch", g.block_scratch, first, last);
+    add("head workspace", g.head_workspace, H, H);
+    add("loss", g.loss, H, H);
+    add("rope table", g.rope_table, first, last);
+    add("gemm workspace", g.gemm_workspace, first, last);
   }
   add("activation grads 0", act_grad, H, last);
   add("activation grads 1", act_grad, H, last);  // also the head's f32 input at bf16 storage

@@ -43,6 +43,19 @@ struct ExecOptions {
   bool resident_head = false;
 };
 
+// The GPU layer compute's buffers beside the layers' kept internals, in bytes (cuda/layers.h's sizes): one place for
+// the working set, the executor's binding (ComputeBinding), the profiler and the planner's memory model.
+struct GpuComputeBytes {
+  size_t block_scratch = 0;        // gpu_block_scratch_bytes: forward and backward
+  size_t recompute_internals = 0;  // block_stored_bytes: a layer that does not keep its internals
+  size_t head_workspace = 0;       // head_workspace_bytes: one logits chunk
+  size_t loss = sizeof(double);    // the head's loss, downloaded
+  int64_t rope_half = 0;           // T·D/2: the RoPE table is cos then sin, [T, D/2] f32 each
+  size_t rope_table = 0;           // 2·rope_half f32
+  size_t gemm_workspace = 0;       // kGemmWorkspaceBytes: cuBLASLt's split-K reductions
+  static GpuComputeBytes make(const ModelConfig& cfg, const BlockShape& s, DType matrices);
+};
+
 struct DeviceBuffer {
   std::string tag;           // "weights 1", "boundary 3", "internals 5", "recompute cache 0", ...
   size_t bytes = 0;          // rounded up to kDeviceAlign

@@ -5,8 +5,6 @@
 
 #include "core/aligned.h"
 #include "core/error.h"
-#include "cuda/gemm.h"
-#include "cuda/layers.h"
 #include "model/block.h"
 #include "model/layout.h"
 #include "plan/hardware.h"
@@ -85,11 +83,11 @@ Instance make_instance(const ModelConfig& cfg, int64_t B, int64_t T, const Profi
     in.scratch_always = s.act != DType::f32;
     in.BS = al(double(BlockScratch::floats(s)) * 4);
   } else {  // exec/working_set.cpp's GPU buffers
-    in.IS = in.I;
-    in.gpu_always = al(double(cuda::gpu_block_scratch_bytes(s))) + al(double(T * (s.D / 2) * 2 * 4)) +
-                    al(double(cuda::kGemmWorkspaceBytes));
-    in.gpu_head = al(double(cuda::head_workspace_bytes(HeadShape{N, C, cfg.vocab_size, float(cfg.rms_norm_eps)}, mdt)));
-    in.gpu_loss = al(8);
+    const GpuComputeBytes g = GpuComputeBytes::make(cfg, s, mdt);
+    in.IS = al(double(g.recompute_internals));
+    in.gpu_always = al(double(g.block_scratch)) + al(double(g.rope_table)) + al(double(g.gemm_workspace));
+    in.gpu_head = al(double(g.head_workspace));
+    in.gpu_loss = al(double(g.loss));
   }
   in.AG = al(double(N * C) * 4);
   in.W = al(double(SlabLayout::make(cfg, SlabKind::layer, mdt).bytes()));

@@ -9,7 +9,6 @@
 #include "core/parallel.h"
 #include "core/rng.h"
 #include "core/timer.h"
-#include "cuda/gemm.h"
 #include "cuda/layers.h"
 #include "exec/backend.h"
 #include "exec/host_worker.h"
@@ -113,17 +112,16 @@ Profile measure_profile(const ModelConfig& cfg0, int64_t B, int64_t T, const Mea
     binding.acts = static_cast<float*>(dalloc(BlockActs::floats(s) * 4, "working copy"));
     binding.backward_scratch = static_cast<float*>(dalloc(BlockScratch::floats(s) * 4, "scratch"));
   } else {
-    binding.recompute_stored = dalloc(block_stored_bytes(s), "recompute internals");
-    binding.block_scratch = dalloc(cuda::gpu_block_scratch_bytes(s), "block scratch");
-    binding.head_workspace = dalloc(cuda::head_workspace_bytes(HeadShape{N, C, V, float(cfg.rms_norm_eps)}, mdt),
-                                    "head workspace");
-    binding.gemm_workspace = dalloc(cuda::kGemmWorkspaceBytes, "gemm workspace");
-    const size_t half = size_t(T) * size_t(s.D / 2);
-    rope_host.resize(2 * half);
-    rope_table(rope_host.data(), rope_host.data() + half, T, s.D, s.rope_theta);
-    auto* rope = static_cast<float*>(dalloc(2 * half * sizeof(float), "rope table"));
+    const GpuComputeBytes g = GpuComputeBytes::make(cfg, s, mdt);
+    binding.recompute_stored = dalloc(g.recompute_internals, "recompute internals");
+    binding.block_scratch = dalloc(g.block_scratch, "block scratch");
+    binding.head_workspace = dalloc(g.head_workspace, "head workspace");
+    binding.gemm_workspace = dalloc(g.gemm_workspace, "gemm workspace");
+    rope_host.resize(size_t(2 * g.rope_half));
+    rope_table(rope_host.data(), rope_host.data() + g.rope_half, T, s.D, s.rope_theta);
+    auto* rope = static_cast<float*>(dalloc(g.rope_table, "rope table"));
     binding.rope_cos = rope;
-    binding.rope_sin = rope + half;
+    binding.rope_sin = rope + g.rope_half;
   }
 
   // Host inputs.
