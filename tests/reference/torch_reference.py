@@ -2,13 +2,16 @@
 """LazyTrain's independent PyTorch reference for whole-model correctness tests.
 
 Runs with Debian's PyTorch (/usr/bin/python3; torch 1.13, numpy). No transformers, no safetensors package: the
-Qwen2 / Qwen3 / Llama decoder forward is written here in plain torch following transformers' modeling code
-(modeling_qwen2.py, modeling_qwen3.py, modeling_llama.py), and autograd gives the gradients.
+Qwen2 / Qwen3 / Llama decoder forward and the Qwen3.5 hybrid (Gated DeltaNet + gated attention) text model are
+written here in plain torch following transformers' modeling code (modeling_qwen2.py, modeling_qwen3.py,
+modeling_llama.py, modeling_qwen3_5.py), and autograd gives the gradients.
 
 Subcommands (see tests/reference/README.md):
-  make     write a tiny random Hugging Face model directory (config.json + safetensors) and a batch.json
-  grad     loss and every parameter's gradient for a batch, gradients as F32 safetensors under HF names
-  compare  relative-L2 comparison of two gradient files (and optionally two losses)
+  make             write a tiny random Hugging Face model directory (config.json + safetensors) and a batch.json
+  grad             loss and every parameter's gradient for a batch, gradients as F32 safetensors under HF names
+  compare          relative-L2 comparison of two gradient files (and optionally two losses)
+  selfcheck-delta  the chunked gated delta rule against the step-by-step recurrence (float64), prints PASS
+  fdcheck          whole-model autograd gradients against central finite differences (float64)
 """
 
 import argparse
@@ -181,6 +184,7 @@ def shard_name(k, n):
 
 
 def save_model_dir(out, config, params, st_dtype, shards):
+    """st_dtype: one safetensors dtype for all tensors, or a dict name -> dtype."""
     if shards > len(params):
         raise RefError(f"--shards {shards} > {len(params)} tensors")
     os.makedirs(out, exist_ok=True)
@@ -192,8 +196,8 @@ def save_model_dir(out, config, params, st_dtype, shards):
         return
     # Contiguous groups in model order, cut where the running byte count passes k/N of the total
     # (each shard gets at least one tensor), like transformers' max_shard_size splitting.
-    itemsize = {"F32": 4, "BF16": 2, "F16": 2, "F64": 8}[st_dtype]
-    sizes = [params[n].numel() * itemsize for n in names]
+    itemsize = {"F32": 4, "BF16": 2, "F16": 2, "F64": 8}
+    sizes = [params[n].numel() * itemsize[st_dtype[n] if isinstance(st_dtype, dict) else st_dtype] for n in names]
     total = sum(sizes)
     groups, cur, run = [], [], 0
     for i, n in enumerate(names):
@@ -210,7 +214,8 @@ def save_model_dir(out, config, params, st_dtype, shards):
     written = 0
     for k, g in enumerate(groups, 1):
         fn = shard_name(k, shards)
-        written += write_safetensors(os.path.join(out, fn), {n: params[n] for n in g}, dtype=st_dtype)
+        gd = {n: st_dtype[n] for n in g} if isinstance(st_dtype, dict) else st_dtype
+        written += write_safetensors(os.path.join(out, fn), {n: params[n] for n in g}, dtype=gd)
         for n in g:
             weight_map[n] = fn
     assert written == total
@@ -220,9 +225,10 @@ def save_model_dir(out, config, params, st_dtype, shards):
 
 
 def load_model_dir(d):
-    """Returns (Cfg, {name: tensor}, {name: stored dtype}). Single file or sharded with an index."""
+    """Returns (Cfg or Qwen35Cfg, {name: tensor}, {name: stored dtype}). Single file or sharded with an index.
+    Tensors the text model does not use (Qwen3.5: model.visual.*, mtp.*) are dropped."""
     with open(os.path.join(d, "config.json")) as f:
-        cfg = Cfg(json.load(f))
+        cfg = parse_config(json.load(f))
     idx = os.path.join(d, "model.safetensors.index.json")
     tensors, dtypes = {}, {}
     if os.path.exists(idx):
@@ -247,7 +253,8 @@ def load_model_dir(d):
             raise RefError(f"{d}: neither model.safetensors nor model.safetensors.index.json")
         tensors, dtypes, _ = read_safetensors(single)
     shapes = cfg.param_shapes()
-    extra = sorted(set(tensors) - set(shapes))
+    ignored = getattr(cfg, "is_ignored", None)
+    extra = sorted(n for n in set(tensors) - set(shapes) if not (ignored and ignored(n)))
     # A tied checkpoint may still carry lm_head.weight (some exporters write it); transformers ignores it.
     if cfg.tie and "lm_head.weight" in extra:
         extra.remove("lm_head.weight")
@@ -434,6 +441,8 @@ def make_batch(gen, B, T, V, docs):
 
 
 def cmd_make(a):
+    if a.arch in QWEN35_FORMS:
+        return cmd_make_qwen35(a)
     if a.vocab < 3:
         raise RefError("--vocab must be >= 3")
     if a.seq < 2 or a.batch < 1:
@@ -499,7 +508,7 @@ def cmd_grad(a):
     cfg, W, _ = load_model_dir(a.model)
     ids, labels, pos, packed = load_batch(a.batch, cfg.vocab)
     P = {n: t.to(cdt).clone().requires_grad_(True) for n, t in W.items()}
-    logits = forward(cfg, P, ids, pos, packed, a.rope_precision)
+    logits = model_forward(cfg, P, ids, pos, packed, a.rope_precision, a.delta)
     loss, n = causal_lm_loss(logits, labels)
     loss.backward()
     grads = {}
@@ -512,6 +521,706 @@ def cmd_grad(a):
     if a.logits_out:
         write_safetensors(a.logits_out, {"logits": logits.detach().to(torch.float32)}, dtype="F32")
     print(json.dumps({"loss": float(loss.item()), "tokens": n}))
+
+
+# --------------------------------------------------------------------------------------------------------
+# Qwen3.5 / Qwen3.6 hybrid text model (transformers models/qwen3_5): Gated DeltaNet ("linear_attention") and
+# gated softmax attention ("full_attention") layers, zero-centred RMSNorms. Two checkpoint forms:
+#   qwen3_5     text-only: model_type qwen3_5_text, Qwen3_5ForCausalLM, weights under model.
+#   qwen3_5_vl  released:  model_type qwen3_5 (text in text_config), Qwen3_5ForConditionalGeneration, text weights
+#               under model.language_model., plus model.visual.* and mtp.* that the text model never uses.
+
+QWEN35_FORMS = {
+    "qwen3_5": ("qwen3_5_text", "Qwen3_5ForCausalLM", "model."),
+    "qwen3_5_vl": ("qwen3_5", "Qwen3_5ForConditionalGeneration", "model.language_model."),
+}
+LINEAR_ATTN, FULL_ATTN = "linear_attention", "full_attention"
+# Tensors that stay float32 in a half-precision Qwen3.5 checkpoint (as the released ones store them).
+QWEN35_F32_SUFFIXES = (".linear_attn.A_log", ".linear_attn.norm.weight")
+
+
+def qwen35_layer_types_from_interval(layers, interval):
+    """transformers' default when layer_types is absent: layer i is full attention iff (i+1) % interval == 0."""
+    return [FULL_ATTN if (i + 1) % interval == 0 else LINEAR_ATTN for i in range(layers)]
+
+
+def qwen35_mrope_section(rotary_dim):
+    """A mrope_section summing to rotary_dim / 2 split like the released [11, 11, 10] (for 64 rotary dims)."""
+    half = rotary_dim // 2
+    return [(half + 2) // 3, (half + 1) // 3, half // 3]
+
+
+class Qwen35Cfg:
+    """A Qwen3.5 text model parsed from config.json (either form), with Qwen3_5TextConfig's defaults."""
+
+    def __init__(self, c):
+        self.raw = c
+        mt = c.get("model_type")
+        if mt == "qwen3_5":
+            t = c.get("text_config")
+            if not isinstance(t, dict):
+                raise RefError("model_type qwen3_5 without a text_config object")
+            if t.get("model_type", "qwen3_5_text") != "qwen3_5_text":
+                raise RefError(f"text_config.model_type {t.get('model_type')!r}, expected qwen3_5_text")
+            self.form, self.prefix = "qwen3_5_vl", "model.language_model."
+            # The outer config owns tie_word_embeddings for Qwen3_5ForConditionalGeneration; fall back to
+            # text_config's (make writes the same value in both).
+            self.tie = bool(c.get("tie_word_embeddings", t.get("tie_word_embeddings", False)))
+        elif mt == "qwen3_5_text":
+            t = c
+            self.form, self.prefix = "qwen3_5", "model."
+            self.tie = bool(t.get("tie_word_embeddings", False))
+        else:
+            raise RefError(f"model_type {mt!r} is not a Qwen3.5 model")
+        self.arch = self.form
+        self.text = t
+        self.vocab = int(t.get("vocab_size", 248320))
+        self.hidden = int(t.get("hidden_size", 4096))
+        self.inter = int(t.get("intermediate_size", 12288))
+        self.layers = int(t.get("num_hidden_layers", 32))
+        self.heads = int(t.get("num_attention_heads", 16))
+        self.kv_heads = int(t.get("num_key_value_heads") or 4)
+        self.head_dim = int(t.get("head_dim") or 256)
+        self.lin_k_heads = int(t.get("linear_num_key_heads", 16))
+        self.lin_v_heads = int(t.get("linear_num_value_heads", 32))
+        self.lin_k_dim = int(t.get("linear_key_head_dim", 128))
+        self.lin_v_dim = int(t.get("linear_value_head_dim", 128))
+        self.conv_kernel = int(t.get("linear_conv_kernel_dim", 4))
+        self.eps = float(t.get("rms_norm_eps", 1e-6))
+        self.attention_bias = bool(t.get("attention_bias", False))
+        if self.heads % self.kv_heads:
+            raise RefError("num_attention_heads must be a multiple of num_key_value_heads")
+        if self.lin_v_heads % self.lin_k_heads:
+            raise RefError("linear_num_value_heads must be a multiple of linear_num_key_heads")
+        if min(self.lin_k_heads, self.lin_v_heads, self.lin_k_dim, self.lin_v_dim, self.conv_kernel) < 1:
+            raise RefError("linear attention sizes must be >= 1")
+        lt = t.get("layer_types")
+        if lt is None:
+            lt = qwen35_layer_types_from_interval(self.layers, int(t.get("full_attention_interval", 4)))
+        lt = list(lt)
+        if len(lt) != self.layers or any(x not in (LINEAR_ATTN, FULL_ATTN) for x in lt):
+            raise RefError(f"layer_types must list {self.layers} of {LINEAR_ATTN!r}/{FULL_ATTN!r}, got {lt}")
+        self.layer_types = lt
+        rp = t.get("rope_parameters") or {}
+        rs = t.get("rope_scaling") or {}
+        rtype = rp.get("rope_type", rp.get("type")) or rs.get("rope_type", rs.get("type")) or "default"
+        if rtype != "default":
+            raise RefError(f"rope type {rtype!r} not supported by the reference")
+        self.rope_theta = float(rp.get("rope_theta", t.get("rope_theta", 10000.0)))
+        self.partial_rotary_factor = float(rp.get("partial_rotary_factor", t.get("partial_rotary_factor", 0.25)))
+        self.rotary_dim = int(self.head_dim * self.partial_rotary_factor)  # transformers: int(head_dim * factor)
+        if self.rotary_dim % 2 or not 0 <= self.rotary_dim <= self.head_dim:
+            raise RefError(f"rotary dims int(head_dim * partial_rotary_factor) = {self.rotary_dim}: must be even "
+                           f"and <= head_dim (transformers silently rotates {2 * ((self.rotary_dim + 1) // 2)} dims "
+                           "for an odd value; not modelled)")
+        act = t.get("hidden_act", "silu")
+        if act != "silu":
+            raise RefError(f"hidden_act {act!r} not supported")
+
+    def is_ignored(self, name):
+        """Checkpoint tensors the text model does not use (transformers: _keys_to_ignore_on_load_unexpected)."""
+        return name.startswith("mtp.") or name.startswith("model.visual.")
+
+    def param_shapes(self):
+        C, D, H, K, I, V = self.hidden, self.head_dim, self.heads, self.kv_heads, self.inter, self.vocab
+        Hk, Hv, dk, dv, ck = self.lin_k_heads, self.lin_v_heads, self.lin_k_dim, self.lin_v_dim, self.conv_kernel
+        conv_dim = 2 * Hk * dk + Hv * dv
+        m = self.prefix
+        s = {m + "embed_tokens.weight": (V, C)}
+        for i, lt in enumerate(self.layer_types):
+            p = f"{m}layers.{i}."
+            s[p + "input_layernorm.weight"] = (C,)
+            if lt == LINEAR_ATTN:
+                a = p + "linear_attn."
+                s[a + "in_proj_qkv.weight"] = (conv_dim, C)
+                s[a + "in_proj_z.weight"] = (Hv * dv, C)
+                s[a + "in_proj_b.weight"] = (Hv, C)
+                s[a + "in_proj_a.weight"] = (Hv, C)
+                s[a + "conv1d.weight"] = (conv_dim, 1, ck)
+                s[a + "dt_bias"] = (Hv,)
+                s[a + "A_log"] = (Hv,)
+                s[a + "norm.weight"] = (dv,)
+                s[a + "out_proj.weight"] = (C, Hv * dv)
+            else:
+                a = p + "self_attn."
+                s[a + "q_proj.weight"] = (2 * H * D, C)
+                if self.attention_bias:
+                    s[a + "q_proj.bias"] = (2 * H * D,)
+                s[a + "k_proj.weight"] = (K * D, C)
+                if self.attention_bias:
+                    s[a + "k_proj.bias"] = (K * D,)
+                s[a + "v_proj.weight"] = (K * D, C)
+                if self.attention_bias:
+                    s[a + "v_proj.bias"] = (K * D,)
+                s[a + "o_proj.weight"] = (C, H * D)
+                if self.attention_bias:
+                    s[a + "o_proj.bias"] = (C,)
+                s[a + "q_norm.weight"] = (D,)
+                s[a + "k_norm.weight"] = (D,)
+            s[p + "post_attention_layernorm.weight"] = (C,)
+            s[p + "mlp.gate_proj.weight"] = (I, C)
+            s[p + "mlp.up_proj.weight"] = (I, C)
+            s[p + "mlp.down_proj.weight"] = (C, I)
+        s[m + "norm.weight"] = (C,)
+        if not self.tie:
+            s["lm_head.weight"] = (V, C)
+        return s
+
+
+def qwen35_vision_config(text_hidden):
+    """A tiny vision_config in the released layout (the released one has depth 27 / 24, hidden 1152 / 1024 ...)."""
+    return {"deepstack_visual_indexes": [], "depth": 1, "hidden_act": "gelu_pytorch_tanh", "hidden_size": 16,
+            "in_channels": 3, "initializer_range": 0.02, "intermediate_size": 32, "model_type": "qwen3_5",
+            "num_heads": 2, "num_position_embeddings": 16, "out_hidden_size": text_hidden, "patch_size": 4,
+            "spatial_merge_size": 2, "temporal_patch_size": 2}
+
+
+def qwen35_extra_shapes(cfg, vis):
+    """model.visual.* (Qwen3_5VisionModel) and mtp.* (the multi-token-prediction head of the released
+    checkpoints: one full-attention layer) tensor shapes; stored, never used by the text model."""
+    vh, vi, ps, tp, ch = vis["hidden_size"], vis["intermediate_size"], vis["patch_size"], vis["temporal_patch_size"], \
+        vis["in_channels"]
+    mh = vh * vis["spatial_merge_size"] ** 2
+    s = {"model.visual.patch_embed.proj.weight": (vh, ch, tp, ps, ps), "model.visual.patch_embed.proj.bias": (vh,),
+         "model.visual.pos_embed.weight": (vis["num_position_embeddings"], vh)}
+    for b in range(vis["depth"]):
+        p = f"model.visual.blocks.{b}."
+        s.update({p + "norm1.weight": (vh,), p + "norm1.bias": (vh,), p + "attn.qkv.weight": (3 * vh, vh),
+                  p + "attn.qkv.bias": (3 * vh,), p + "attn.proj.weight": (vh, vh), p + "attn.proj.bias": (vh,),
+                  p + "norm2.weight": (vh,), p + "norm2.bias": (vh,), p + "mlp.linear_fc1.weight": (vi, vh),
+                  p + "mlp.linear_fc1.bias": (vi,), p + "mlp.linear_fc2.weight": (vh, vi),
+                  p + "mlp.linear_fc2.bias": (vh,)})
+    s.update({"model.visual.merger.norm.weight": (vh,), "model.visual.merger.norm.bias": (vh,),
+              "model.visual.merger.linear_fc1.weight": (mh, mh), "model.visual.merger.linear_fc1.bias": (mh,),
+              "model.visual.merger.linear_fc2.weight": (vis["out_hidden_size"], mh),
+              "model.visual.merger.linear_fc2.bias": (vis["out_hidden_size"],)})
+    C, D, H, K, I = cfg.hidden, cfg.head_dim, cfg.heads, cfg.kv_heads, cfg.inter
+    s.update({"mtp.fc.weight": (C, 2 * C), "mtp.pre_fc_norm_embedding.weight": (C,),
+              "mtp.pre_fc_norm_hidden.weight": (C,)})
+    p = "mtp.layers.0."
+    s.update({p + "input_layernorm.weight": (C,), p + "self_attn.q_proj.weight": (2 * H * D, C),
+              p + "self_attn.k_proj.weight": (K * D, C), p + "self_attn.v_proj.weight": (K * D, C),
+              p + "self_attn.o_proj.weight": (C, H * D), p + "self_attn.q_norm.weight": (D,),
+              p + "self_attn.k_norm.weight": (D,), p + "post_attention_layernorm.weight": (C,),
+              p + "mlp.gate_proj.weight": (I, C), p + "mlp.up_proj.weight": (I, C), p + "mlp.down_proj.weight": (C, I)})
+    s["mtp.norm.weight"] = (C,)
+    return s
+
+
+def qwen35_make_config(form, a, layer_types, write_layer_types):
+    """config.json as the released Qwen3.5 checkpoints / transformers 5 write it (sorted keys, indent 2)."""
+    hd = a.head_dim if a.head_dim is not None else a.hidden // a.heads
+    kv = a.kv_heads if a.kv_heads is not None else a.heads
+    rdim = int(hd * a.partial_rotary_factor)
+    V = a.vocab
+    t = {
+        "attention_bias": bool(a.attention_bias),
+        "attention_dropout": 0.0,
+        "attn_output_gate": True,
+        "bos_token_id": V - 2,  # real ids (248044 ...) do not fit a tiny vocabulary: the last ids
+        "dtype": a.dtype,
+        "eos_token_id": V - 1,
+        "full_attention_interval": a.full_attention_interval,
+        "head_dim": hd,
+        "hidden_act": "silu",
+        "hidden_size": a.hidden,
+        "initializer_range": 0.02,
+        "intermediate_size": a.intermediate,
+        "linear_conv_kernel_dim": a.conv_kernel,
+        "linear_key_head_dim": a.linear_key_dim,
+        "linear_num_key_heads": a.linear_key_heads,
+        "linear_num_value_heads": a.linear_value_heads,
+        "linear_value_head_dim": a.linear_value_dim,
+        "mamba_ssm_dtype": "float32",
+        "max_position_embeddings": a.max_position_embeddings,
+        "model_type": "qwen3_5_text",
+        "num_attention_heads": a.heads,
+        "num_hidden_layers": a.layers,
+        "num_key_value_heads": kv,
+        "rms_norm_eps": a.rms_norm_eps if a.rms_norm_eps is not None else 1e-6,
+        "rope_parameters": {
+            "mrope_interleaved": True,
+            "mrope_section": qwen35_mrope_section(rdim),
+            "partial_rotary_factor": a.partial_rotary_factor,
+            "rope_theta": a.rope_theta if a.rope_theta is not None else 10000000.0,
+            "rope_type": "default",
+        },
+        "tie_word_embeddings": a.tie,
+        "use_cache": True,
+        "vocab_size": V,
+    }
+    if write_layer_types:
+        t["layer_types"] = list(layer_types)
+    version = "4.57.0.dev0"
+    if form == "qwen3_5":
+        t["architectures"] = ["Qwen3_5ForCausalLM"]
+        t["transformers_version"] = version
+        return t
+    t["mtp_num_hidden_layers"] = 1
+    t["mtp_use_dedicated_embeddings"] = False
+    return {
+        "architectures": ["Qwen3_5ForConditionalGeneration"],
+        "image_token_id": V - 4,
+        "model_type": "qwen3_5",
+        "text_config": t,
+        "tie_word_embeddings": a.tie,
+        "transformers_version": version,
+        "video_token_id": V - 3,
+        "vision_config": qwen35_vision_config(a.hidden),
+        "vision_end_token_id": V - 5,
+        "vision_start_token_id": V - 6,
+    }
+
+
+def zc_rms_norm(x, w, eps):
+    """Qwen3_5RMSNorm (zero-centred): x·rsqrt(mean x² + eps)·(1 + w), in at least f32, back to x's dtype."""
+    up = torch.promote_types(x.dtype, torch.float32)
+    h = x.to(up)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return (h * (1.0 + w.to(up))).to(x.dtype)
+
+
+def gated_rms_norm(x, z, w, eps):
+    """Qwen3_5RMSNormGated: RMSNorm over the last dim with a plain weight, then × silu(z)."""
+    in_dt = x.dtype
+    up = torch.promote_types(in_dt, torch.float32)
+    h = x.to(up)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    h = w * h.to(in_dt)
+    return (h * F.silu(z.to(up))).to(in_dt)
+
+
+def l2_normalize(x, eps=1e-6):
+    """FLA / transformers l2norm: x·rsqrt(Σx² + eps) over the last dim."""
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
+
+
+def doc_starts(position_ids, packed):
+    """[B, T] bool: True where a document starts (t = 0, and where position_ids is 0 in a packed row)."""
+    B, T = position_ids.shape
+    if packed:
+        s = position_ids == 0
+    else:
+        s = torch.zeros(B, T, dtype=torch.bool)
+    s = s.clone()
+    s[:, 0] = True
+    return s
+
+
+def causal_depthwise_conv(x, w, starts):
+    """Causal depthwise conv1d without bias over time, left zero padding, restarted at each document.
+    x [B, T, C], w [C, 1, K] (nn.Conv1d(groups=C) layout), starts [B, T] bool. out[t] = Σ_k w[k]·x[t-(K-1-k)]
+    over the taps inside x's document (taps before the document start read zeros, as transformers'
+    F.conv1d(padding=K-1)[..., :T] does at t = 0)."""
+    B, T, C = x.shape
+    K = w.shape[-1]
+    doc = torch.cumsum(starts.to(torch.int64), dim=1)
+    out = torch.zeros_like(x)
+    for j in range(K):  # tap reading x[t - j]
+        if j >= T:
+            break
+        xs = F.pad(x, (0, 0, j, 0))[:, :T]
+        ds = F.pad(doc, (j, 0), value=-1)[:, :T]
+        valid = (ds == doc).to(x.dtype)[:, :, None]
+        out = out + xs * valid * w[:, 0, K - 1 - j]
+    return out
+
+
+def delta_rule_recurrent(q, k, v, g, beta, starts=None):
+    """The gated delta rule, one step at a time (the reference). q, k [B, T, H, dk] (already expanded to the
+    value heads, normalised and q scaled), v [B, T, H, dv], g, beta [B, T, H]. Per head, state S [dk, dv] from 0
+    (and reset to 0 wherever starts [B, T] is True): S ← e^{g_t} S; S ← S + k_t ((v_t − Sᵀk_t) β_t)ᵀ; o_t = Sᵀ q_t.
+    Returns o [B, T, H, dv]."""
+    B, T, H, dk = k.shape
+    dv = v.shape[-1]
+    S = torch.zeros(B, H, dk, dv, dtype=v.dtype)
+    outs = []
+    for t in range(T):
+        if starts is not None and t > 0:
+            S = S * (~starts[:, t]).to(S.dtype)[:, None, None, None]
+        S = S * torch.exp(g[:, t])[:, :, None, None]
+        kt = k[:, t]
+        pred = torch.einsum("bhkv,bhk->bhv", S, kt)
+        delta = (v[:, t] - pred) * beta[:, t][:, :, None]
+        S = S + kt[:, :, :, None] * delta[:, :, None, :]
+        outs.append(torch.einsum("bhkv,bhk->bhv", S, q[:, t]))
+    return torch.stack(outs, dim=1)
+
+
+def _delta_rule_chunked_core(q, k, v, g, beta, chunk):
+    """Chunked (WY / UT-transform) gated delta rule over whole rows, state from 0. Same layout as
+    delta_rule_recurrent. Within a chunk with inclusive cumulative gates γ:
+      A = (I + strictly-lower(diag(β) K Kᵀ ⊙ e^{γi−γj}))⁻¹, W = A (β e^{γ} K), U = A (β V);
+    per chunk: V' = U − W S, O = (Q e^{γ}) S + (Q Kᵀ ⊙ e^{γi−γj}, j ≤ i) V', S ← e^{γ_last} S + (K e^{γ_last−γ})ᵀ V'."""
+    B, T, H, dk = k.shape
+    dv = v.shape[-1]
+    dt = v.dtype
+    pad = (-T) % chunk
+    N = (T + pad) // chunk
+
+    def blocks(x):  # [B, T, H, ...] -> [B, H, N, chunk, ...], zero-padded at the end
+        x = x.transpose(1, 2)
+        if pad:
+            x = F.pad(x, (0, 0, 0, pad)) if x.dim() == 4 else F.pad(x, (0, pad))
+        return x.reshape(B, H, N, chunk, *x.shape[3:])
+
+    Q, Kc, Vc, G, Bt = blocks(q), blocks(k), blocks(v), blocks(g), blocks(beta)
+    gam = torch.cumsum(G, dim=-1)  # [B, H, N, C]
+    incl = torch.ones(chunk, chunk, dtype=torch.bool).tril()  # j <= i
+    strict = torch.ones(chunk, chunk, dtype=torch.bool).tril(-1)  # j < i
+    diff = gam[..., :, None] - gam[..., None, :]  # γi − γj, ≤ 0 where j <= i
+    # Zero the masked (upper) triangle before the exponential: there γi − γj > 0 may overflow.
+    decay = torch.where(incl, torch.exp(torch.where(incl, diff, torch.zeros_like(diff))), torch.zeros_like(diff))
+    kk = Kc @ Kc.transpose(-1, -2)
+    lower = torch.where(strict, Bt[..., :, None] * kk * decay, torch.zeros_like(kk))
+    M = torch.eye(chunk, dtype=dt) + lower  # unit lower triangular; A = M⁻¹
+    W = torch.linalg.solve_triangular(M, (Bt * torch.exp(gam))[..., None] * Kc, upper=False, unitriangular=True)
+    U = torch.linalg.solve_triangular(M, Bt[..., None] * Vc, upper=False, unitriangular=True)
+    Qg = Q * torch.exp(gam)[..., None]
+    Kd = Kc * torch.exp(gam[..., -1:] - gam)[..., None]
+    intra = (Q @ Kc.transpose(-1, -2)) * decay
+    S = torch.zeros(B, H, dk, dv, dtype=dt)
+    outs = []
+    for n in range(N):
+        Vn = U[:, :, n] - W[:, :, n] @ S
+        outs.append(Qg[:, :, n] @ S + intra[:, :, n] @ Vn)
+        S = torch.exp(gam[:, :, n, -1])[:, :, None, None] * S + Kd[:, :, n].transpose(-1, -2) @ Vn
+    o = torch.stack(outs, dim=2).reshape(B, H, N * chunk, dv)[:, :, :T]
+    return o.transpose(1, 2)
+
+
+def delta_rule_chunked(q, k, v, g, beta, starts=None, chunk=64):
+    """The chunked form; documents (starts) are handled by running each document segment on its own."""
+    B, T = q.shape[:2]
+    if starts is None or not bool(starts[:, 1:].any()):
+        return _delta_rule_chunked_core(q, k, v, g, beta, chunk)
+    rows = []
+    for b in range(B):
+        cuts = [t for t in range(T) if t == 0 or bool(starts[b, t])] + [T]
+        segs = [_delta_rule_chunked_core(q[b:b + 1, s:e], k[b:b + 1, s:e], v[b:b + 1, s:e], g[b:b + 1, s:e],
+                                         beta[b:b + 1, s:e], chunk) for s, e in zip(cuts[:-1], cuts[1:])]
+        rows.append(torch.cat(segs, dim=1))
+    return torch.cat(rows, dim=0)
+
+
+def gated_deltanet(cfg, P, a, h, starts, delta_impl):
+    """Qwen3_5GatedDeltaNet (training path). h [B, T, C] (normed input); a = 'model.layers.i.linear_attn.'."""
+    B, T, _ = h.shape
+    Hk, Hv, dk, dv = cfg.lin_k_heads, cfg.lin_v_heads, cfg.lin_k_dim, cfg.lin_v_dim
+    qkv = F.linear(h, P[a + "in_proj_qkv.weight"])
+    qkv = F.silu(causal_depthwise_conv(qkv, P[a + "conv1d.weight"], starts))
+    q, k, v = torch.split(qkv, [Hk * dk, Hk * dk, Hv * dv], dim=-1)
+    q = q.reshape(B, T, Hk, dk)
+    k = k.reshape(B, T, Hk, dk)
+    v = v.reshape(B, T, Hv, dv)
+    z = F.linear(h, P[a + "in_proj_z.weight"]).reshape(B, T, Hv, dv)
+    b = F.linear(h, P[a + "in_proj_b.weight"])
+    araw = F.linear(h, P[a + "in_proj_a.weight"])
+    up = torch.promote_types(h.dtype, torch.float32)
+    beta = torch.sigmoid(b).to(up)
+    g = -torch.exp(P[a + "A_log"].to(up)) * F.softplus(araw.to(up) + P[a + "dt_bias"].to(up))
+    q = l2_normalize(q.to(up)) * (dk ** -0.5)
+    k = l2_normalize(k.to(up))
+    # Value head j reads key/query head j // (Hv / Hk) (repeat_interleave over heads).
+    idx = torch.arange(Hv) // (Hv // Hk)
+    q, k = q[:, :, idx], k[:, :, idx]
+    rule = delta_rule_recurrent if delta_impl == "recurrent" else delta_rule_chunked
+    o = rule(q, k, v.to(up), g, beta, starts).to(h.dtype)
+    o = gated_rms_norm(o, z, P[a + "norm.weight"], cfg.eps)
+    return F.linear(o.reshape(B, T, Hv * dv), P[a + "out_proj.weight"])
+
+
+def qwen35_rope_cos_sin(cfg, position_ids, dtype, rope_precision):
+    """cos, sin [B, T, rotary_dim]: inv_freq over the rotary dims only (1/θ^(arange(0, R, 2)/R)), f32 as HF."""
+    R = cfg.rotary_dim
+    rdt = torch.float32 if rope_precision == "hf" else torch.float64
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, R, 2, dtype=torch.int64).to(rdt) / R))
+    freqs = position_ids[:, :, None].to(rdt) * inv_freq[None, None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def gated_attention(cfg, P, a, h, cos, sin, mask):
+    """Qwen3_5Attention: q_proj gives per head [query | gate]; zero-centred q/k norms; partial RoPE; causal GQA
+    softmax; output × sigmoid(gate) before o_proj."""
+    B, T, _ = h.shape
+    H, K, D, R = cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.rotary_dim
+    dt = h.dtype
+    ab = cfg.attention_bias
+    qg = linear(h, P, a + "q_proj", ab).view(B, T, H, 2 * D)
+    q, gate = qg[..., :D], qg[..., D:].reshape(B, T, H * D)
+    q = zc_rms_norm(q, P[a + "q_norm.weight"], cfg.eps).transpose(1, 2)
+    k = zc_rms_norm(linear(h, P, a + "k_proj", ab).view(B, T, K, D), P[a + "k_norm.weight"], cfg.eps).transpose(1, 2)
+    v = linear(h, P, a + "v_proj", ab).view(B, T, K, D).transpose(1, 2)
+    q = torch.cat((q[..., :R] * cos + rotate_half(q[..., :R]) * sin, q[..., R:]), dim=-1)
+    k = torch.cat((k[..., :R] * cos + rotate_half(k[..., :R]) * sin, k[..., R:]), dim=-1)
+    k = repeat_kv(k, H // K)
+    v = repeat_kv(v, H // K)
+    s = torch.matmul(q, k.transpose(2, 3)) * (D ** -0.5)
+    s = s.masked_fill(~mask, float("-inf"))
+    p = F.softmax(s, dim=-1, dtype=torch.promote_types(dt, torch.float32)).to(dt)
+    o = torch.matmul(p, v).transpose(1, 2).reshape(B, T, H * D)
+    o = o * torch.sigmoid(gate)
+    return linear(o, P, a + "o_proj", ab)
+
+
+def qwen35_forward(cfg, P, input_ids, position_ids, packed, rope_precision="hf", delta_impl="recurrent"):
+    """Logits [B, T, V] of the Qwen3.5 text model in the compute dtype of P."""
+    m = cfg.prefix
+    dt = P[m + "embed_tokens.weight"].dtype
+    x = F.embedding(input_ids, P[m + "embed_tokens.weight"])
+    cos, sin = qwen35_rope_cos_sin(cfg, position_ids, dt, rope_precision)
+    cos, sin = cos[:, None], sin[:, None]
+    mask = attention_mask(position_ids, packed)
+    starts = doc_starts(position_ids, packed)
+    for i, lt in enumerate(cfg.layer_types):
+        p = f"{m}layers.{i}."
+        h = zc_rms_norm(x, P[p + "input_layernorm.weight"], cfg.eps)
+        if lt == LINEAR_ATTN:
+            x = x + gated_deltanet(cfg, P, p + "linear_attn.", h, starts, delta_impl)
+        else:
+            x = x + gated_attention(cfg, P, p + "self_attn.", h, cos, sin, mask)
+        h = zc_rms_norm(x, P[p + "post_attention_layernorm.weight"], cfg.eps)
+        gt = F.linear(h, P[p + "mlp.gate_proj.weight"])
+        u = F.linear(h, P[p + "mlp.up_proj.weight"])
+        x = x + F.linear(F.silu(gt) * u, P[p + "mlp.down_proj.weight"])
+    x = zc_rms_norm(x, P[m + "norm.weight"], cfg.eps)
+    lm = P[m + "embed_tokens.weight"] if cfg.tie else P["lm_head.weight"]
+    return F.linear(x, lm)
+
+
+def qwen35_random_params(cfg, gen):
+    """Seeded random weights (f32). As random_params, plus: the zero-centred norms (decoder, final, q/k) 0.1·N(0,1)
+    (around 0, i.e. a scale around 1); the gated norm 1 + 0.1·N(0,1); A_log = log U(1, 16); dt_bias −4 + 0.5·N(0,1)
+    (softplus(a + dt_bias) mostly 0.01–0.1, so per-token decays e^g ≈ 0.5–0.95: the state carries tens of tokens,
+    across chunk boundaries); conv1d weights N(0, 1/K); out_proj like o_proj (half std)."""
+    P = {}
+    for n, shape in cfg.param_shapes().items():
+        z = torch.randn(shape, generator=gen, dtype=torch.float32)
+        if n.endswith("linear_attn.norm.weight"):
+            t = 1.0 + 0.1 * z
+        elif n.endswith("norm.weight"):
+            t = 0.1 * z
+        elif n.endswith(".A_log"):
+            t = torch.log(1.0 + 15.0 * torch.rand(shape, generator=gen, dtype=torch.float32))
+        elif n.endswith(".dt_bias"):
+            t = -4.0 + 0.5 * z
+        elif n.endswith("conv1d.weight"):
+            t = z / math.sqrt(shape[-1])
+        elif n.endswith(".bias"):
+            t = 0.1 * z
+        elif n.endswith("embed_tokens.weight") or n == "lm_head.weight":
+            t = z / math.sqrt(cfg.hidden)
+        else:
+            scale = 0.5 if n.endswith(("o_proj.weight", "out_proj.weight", "down_proj.weight")) else 1.0
+            t = z * (scale / math.sqrt(shape[1]))
+        P[n] = t.contiguous()
+    return P
+
+
+def qwen35_random_extras(shapes, gen):
+    """Untrained stand-ins for model.visual.* and mtp.*: weights 0.02·N(0,1), LayerNorm weights 1 + 0.1·N(0,1),
+    zero-centred (mtp) norms 0.1·N(0,1), biases 0.1·N(0,1)."""
+    P = {}
+    for n, shape in shapes.items():
+        z = torch.randn(shape, generator=gen, dtype=torch.float32)
+        if "norm" in n and n.endswith(".weight"):
+            t = 1.0 + 0.1 * z if n.startswith("model.visual.") else 0.1 * z
+        elif n.endswith(".bias"):
+            t = 0.1 * z
+        else:
+            t = 0.02 * z
+        P[n] = t.contiguous()
+    return P
+
+
+def parse_layer_types(s, layers):
+    names = {"linear": LINEAR_ATTN, "linear_attention": LINEAR_ATTN, "full": FULL_ATTN, "full_attention": FULL_ATTN}
+    out = []
+    for x in s.split(","):
+        x = x.strip()
+        if x not in names:
+            raise RefError(f"--layer-types: {x!r} is not linear_attention / full_attention (or linear / full)")
+        out.append(names[x])
+    if len(out) != layers:
+        raise RefError(f"--layer-types lists {len(out)} layers, --layers is {layers}")
+    return out
+
+
+def cmd_make_qwen35(a):
+    form = a.arch
+    if a.vocab < (8 if form == "qwen3_5_vl" else 3):
+        raise RefError("--vocab must be >= 3 (qwen3_5_vl: >= 8, for the special token ids)")
+    if a.seq < 2 or a.batch < 1:
+        raise RefError("--seq must be >= 2 and --batch >= 1")
+    if not 1 <= a.docs <= a.seq:
+        raise RefError("--docs must be in [1, seq]")
+    if a.shards < 1:
+        raise RefError("--shards must be >= 1")
+    if a.mlp_bias:
+        raise RefError("qwen3_5 has no mlp_bias")
+    if a.hidden % a.heads and a.head_dim is None:
+        raise RefError("--hidden not divisible by --heads: give --head-dim")
+    if a.full_attention_interval < 1:
+        raise RefError("--full-attention-interval must be >= 1")
+    derived = qwen35_layer_types_from_interval(a.layers, a.full_attention_interval)
+    layer_types = parse_layer_types(a.layer_types, a.layers) if a.layer_types else derived
+    if a.omit_layer_types and layer_types != derived:
+        raise RefError("--omit-layer-types: the layer types must then be the --full-attention-interval pattern")
+    conf = qwen35_make_config(form, a, layer_types, not a.omit_layer_types)
+    cfg = Qwen35Cfg(conf)  # validates (head multiples, even rotary dims ...)
+    assert cfg.layer_types == layer_types
+    gen = torch.Generator().manual_seed(a.seed)
+    P = qwen35_random_params(cfg, gen)
+    extras = {}
+    if form == "qwen3_5_vl":
+        extras = qwen35_random_extras(qwen35_extra_shapes(cfg, conf["vision_config"]), gen)
+    allp = dict(P)
+    allp.update(extras)
+    st = ST_DTYPE[a.dtype]
+    dtypes = {n: ("F32" if st != "F32" and n.endswith(QWEN35_F32_SUFFIXES) else st) for n in allp}
+    save_model_dir(a.out, conf, allp, dtypes, a.shards)
+    batch = make_batch(gen, a.batch, a.seq, a.vocab, a.docs)
+    with open(os.path.join(a.out, "batch.json"), "w") as f:
+        f.write(json.dumps(batch, separators=(",", ":")) + "\n")
+    print(json.dumps({"out": a.out, "arch": form, "params": sum(t.numel() for t in P.values()), "tensors": len(P),
+                      "ignored_tensors": len(extras), "layer_types": layer_types,
+                      "counted": sum(1 for r in batch["labels"] for l in r[1:] if l != IGNORE_INDEX)}))
+
+
+def parse_config(c):
+    """Cfg (qwen2 / qwen3 / llama) or Qwen35Cfg (qwen3_5_text / qwen3_5) from a config.json dict."""
+    if c.get("model_type") in ("qwen3_5", "qwen3_5_text"):
+        return Qwen35Cfg(c)
+    return Cfg(c)
+
+
+def model_forward(cfg, P, ids, pos, packed, rope_precision="hf", delta_impl="recurrent"):
+    if isinstance(cfg, Qwen35Cfg):
+        return qwen35_forward(cfg, P, ids, pos, packed, rope_precision, delta_impl)
+    return forward(cfg, P, ids, pos, packed, rope_precision)
+
+
+# --------------------------------------------------------------------------------------------------------
+# selfcheck-delta and fdcheck
+
+
+def _max_rel(a, b):
+    return float((a - b).abs().max()) / max(float(b.abs().max()), 1e-300)
+
+
+def cmd_selfcheck_delta(a):
+    """Chunked == recurrent gated delta rule (outputs and autograd gradients), float64, on random inputs."""
+    torch.manual_seed(a.seed)
+    dt = torch.float64
+    worst = 0.0
+    lines = []
+    # (B, T, H, dk, dv, chunk, packed): T never a multiple of the chunk; one case under a single chunk.
+    cases = [(2, 150, 3, 12, 10, 64, False), (2, 70, 4, 12, 10, 64, True), (1, 5, 2, 7, 3, 64, False),
+             (2, 70, 2, 12, 10, 16, True), (1, 130, 2, 8, 6, 64, False)]
+    for B, T, H, dk, dv, chunk, packed in cases:
+        q = l2_normalize(torch.randn(B, T, H, dk, dtype=dt)) * dk ** -0.5
+        k = l2_normalize(torch.randn(B, T, H, dk, dtype=dt))
+        v = torch.randn(B, T, H, dv, dtype=dt)
+        beta = torch.sigmoid(torch.randn(B, T, H, dtype=dt))
+        # Decay rates from none (long memory) to strong (e^-40 per step); head 0 almost no decay.
+        A = torch.exp(torch.empty(H, dtype=dt).uniform_(math.log(0.01), math.log(16.0)))
+        A[0] = 1e-3
+        g = -A * F.softplus(torch.randn(B, T, H, dtype=dt))
+        g[:, T // 3, -1] = -40.0
+        starts = None
+        if packed:
+            starts = torch.zeros(B, T, dtype=torch.bool)
+            starts[:, 0] = True
+            for b in range(B):
+                for t in torch.randperm(T - 1)[:2].add(1).tolist():
+                    starts[b, t] = True
+        leaves = [x.clone().requires_grad_(True) for x in (q, k, v, g, beta)]
+        leaves2 = [x.clone().requires_grad_(True) for x in (q, k, v, g, beta)]
+        o1 = delta_rule_recurrent(*leaves, starts)
+        o2 = delta_rule_chunked(*leaves2, starts, chunk=chunk)
+        r = torch.randn_like(o1)
+        (o1 * r).sum().backward()
+        (o2 * r).sum().backward()
+        e_out = _max_rel(o2.detach(), o1.detach())
+        e_grad = max(_max_rel(y.grad, x.grad) for x, y in zip(leaves, leaves2))
+        if packed:  # the resets really separate documents: each segment alone gives the same outputs
+            b = 0
+            cuts = [t for t in range(T) if bool(starts[b, t])] + [T]
+            seg = torch.cat([delta_rule_recurrent(q[:1, s:e], k[:1, s:e], v[:1, s:e], g[:1, s:e], beta[:1, s:e])
+                             for s, e in zip(cuts[:-1], cuts[1:])], dim=1)
+            e_out = max(e_out, _max_rel(seg, o1.detach()[:1]))
+        worst = max(worst, e_out, e_grad)
+        lines.append(f"delta B={B} T={T} H={H} dk={dk} dv={dv} chunk={chunk} packed={packed}: "
+                     f"out max rel {e_out:.2e}, grad max rel {e_grad:.2e}")
+    # The conv: plain F.conv1d(padding=K-1)[..., :T] without documents, per-document F.conv1d with them.
+    x = torch.randn(2, 70, 9, dtype=dt)
+    w = torch.randn(9, 1, 4, dtype=dt)
+    ref = F.conv1d(x.transpose(1, 2), w, padding=3, groups=9)[..., :70].transpose(1, 2)
+    e_conv = _max_rel(causal_depthwise_conv(x, w, doc_starts(torch.zeros(2, 70, dtype=torch.int64), False)), ref)
+    pos = torch.cat([torch.arange(30), torch.arange(2), torch.arange(38)])[None].expand(2, 70)
+    segs = [F.conv1d(x[:, s:e].transpose(1, 2), w, padding=3, groups=9)[..., :e - s].transpose(1, 2)
+            for s, e in ((0, 30), (30, 32), (32, 70))]
+    e_conv = max(e_conv, _max_rel(causal_depthwise_conv(x, w, doc_starts(pos, True)), torch.cat(segs, dim=1)))
+    worst = max(worst, e_conv)
+    lines.append(f"conv (plain and packed) vs F.conv1d: max rel {e_conv:.2e}")
+    for ln in lines:
+        print(ln)
+    ok = worst <= a.tol
+    print(f"{'PASS' if ok else 'FAIL'}: chunked vs recurrent gated delta rule, worst max rel {worst:.2e} "
+          f"(tol {a.tol:.0e})")
+    return 0 if ok else 1
+
+
+def cmd_fdcheck(a):
+    """Autograd gradients of the whole model against central finite differences, float64."""
+    cfg, W, _ = load_model_dir(a.model)
+    ids, labels, pos, packed = load_batch(a.batch, cfg.vocab)
+    P = {n: t.to(torch.float64).clone().requires_grad_(True) for n, t in W.items()}
+    loss, _ = causal_lm_loss(model_forward(cfg, P, ids, pos, packed, a.rope_precision, a.delta), labels)
+    loss.backward()
+    G = {n: t.grad.detach().clone() for n, t in P.items()}
+    X = {n: t.detach().clone() for n, t in P.items()}
+    gen = torch.Generator().manual_seed(a.seed)
+
+    def loss_at():
+        with torch.no_grad():
+            return float(causal_lm_loss(model_forward(cfg, X, ids, pos, packed, a.rope_precision, a.delta),
+                                        labels)[0])
+
+    import re
+    names = [n for n in X if re.search(a.names, n)] if a.names else list(X)
+    worst, fails, n_checked = 0.0, 0, 0
+    print(f"{'name':<58} {'index':>8} {'autograd':>13} {'finite diff':>13} {'abs err':>9} {'rel err':>9}")
+    for n in names:
+        g = G[n].reshape(-1)
+        numel = g.numel()
+        picks = [int(g.abs().argmax())]
+        for j in range(a.random):  # stratified over the flat range (so e.g. q_proj's query and gate rows)
+            lo, hi = numel * j // a.random, max(numel * (j + 1) // a.random, numel * j // a.random + 1)
+            picks.append(lo + int(torch.randint(0, hi - lo, (1,), generator=gen)))
+        for idx in dict.fromkeys(picks):
+            flat = X[n].view(-1)
+            old = float(flat[idx])
+            flat[idx] = old + a.h
+            lp = loss_at()
+            flat[idx] = old - a.h
+            lm = loss_at()
+            flat[idx] = old
+            fd = (lp - lm) / (2 * a.h)
+            ad = float(g[idx])
+            err = abs(fd - ad)
+            rel = err / max(abs(ad), abs(fd), 1e-300)
+            ok = err <= a.atol + a.rtol * max(abs(ad), abs(fd))
+            fails += not ok
+            n_checked += 1
+            if abs(ad) > 10 * a.atol:
+                worst = max(worst, rel)
+            print(f"{n:<58} {idx:>8} {ad:13.6e} {fd:13.6e} {err:9.2e} {rel:9.2e}{'' if ok else '  FAIL'}")
+    print(f"{'PASS' if not fails else 'FAIL'}: {n_checked} entries of {len(names)} tensors, {fails} failures, "
+          f"worst rel err {worst:.2e} (entries |g| > {10 * a.atol:.0e}); loss {float(loss):.12g}; "
+          f"criterion |fd - ad| <= {a.atol:.0e} + {a.rtol:.0e}·|g|, h = {a.h:.0e}")
+    return 1 if fails else 0
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -576,6 +1285,8 @@ def cmd_compare(a):
 
 
 def _name_key(n):
+    if n.startswith("model.language_model."):  # Qwen3.5 released form: order as the text-only names
+        n = "model." + n[len("model.language_model."):]
     if n.startswith("model.embed_tokens"):
         return (0, 0, n)
     if n.startswith("model.layers."):
@@ -597,7 +1308,7 @@ def main(argv=None):
     sub = ap.add_subparsers(dest="cmd", required=True)
 
     m = sub.add_parser("make", help="write a tiny random HF model directory + batch.json")
-    m.add_argument("--arch", required=True, choices=sorted(ARCHS))
+    m.add_argument("--arch", required=True, choices=sorted(ARCHS) + sorted(QWEN35_FORMS))
     m.add_argument("--out", required=True)
     m.add_argument("--seed", type=int, required=True)
     m.add_argument("--layers", type=int, default=2)
@@ -609,10 +1320,10 @@ def main(argv=None):
     m.add_argument("--vocab", type=int, default=101)
     m.add_argument("--tie", dest="tie", action="store_true", default=False)
     m.add_argument("--no-tie", dest="tie", action="store_false")
-    m.add_argument("--attention-bias", action="store_true", help="qwen3/llama: bias on q,k,v,o")
+    m.add_argument("--attention-bias", action="store_true", help="qwen3/llama/qwen3_5: bias on q,k,v,o")
     m.add_argument("--mlp-bias", action="store_true", help="llama: bias on gate,up,down")
     m.add_argument("--rms-norm-eps", type=float, default=None, help="default 1e-6 (qwen), 1e-5 (llama)")
-    m.add_argument("--rope-theta", type=float, default=None, help="default 1e6 (qwen), 5e5 (llama)")
+    m.add_argument("--rope-theta", type=float, default=None, help="default 1e6 (qwen), 5e5 (llama), 1e7 (qwen3_5)")
     m.add_argument("--max-position-embeddings", type=int, default=4096)
     m.add_argument("--batch", type=int, default=2)
     m.add_argument("--seq", type=int, default=37)
@@ -620,7 +1331,22 @@ def main(argv=None):
     m.add_argument("--dtype", choices=sorted(ST_DTYPE), default="float32", help="stored weight dtype")
     m.add_argument("--shards", type=int, default=1)
     m.add_argument("--config-style", choices=["classic", "v5"], default="classic",
-                   help="v5: 'dtype' and 'rope_parameters' keys (newer transformers)")
+                   help="v5: 'dtype' and 'rope_parameters' keys (newer transformers); qwen3_5 always v5")
+    q5 = m.add_argument_group("qwen3_5 / qwen3_5_vl (hybrid Gated DeltaNet + gated attention)")
+    q5.add_argument("--layer-types", default=None,
+                    help="comma list of linear_attention|full_attention (or linear|full), one per layer; "
+                         "default: the --full-attention-interval pattern")
+    q5.add_argument("--full-attention-interval", type=int, default=4,
+                    help="layer i is full attention iff (i+1) %% N == 0 (default 4); written as full_attention_interval")
+    q5.add_argument("--omit-layer-types", action="store_true",
+                    help="do not write layer_types (the loader derives it from full_attention_interval)")
+    q5.add_argument("--linear-key-heads", type=int, default=2, help="linear_num_key_heads (default 2)")
+    q5.add_argument("--linear-value-heads", type=int, default=4, help="linear_num_value_heads (default 4)")
+    q5.add_argument("--linear-key-dim", type=int, default=16, help="linear_key_head_dim (default 16)")
+    q5.add_argument("--linear-value-dim", type=int, default=16, help="linear_value_head_dim (default 16)")
+    q5.add_argument("--conv-kernel", type=int, default=4, help="linear_conv_kernel_dim (default 4)")
+    q5.add_argument("--partial-rotary-factor", type=float, default=0.25,
+                    help="rope_parameters.partial_rotary_factor (default 0.25); int(head_dim * f) must be even")
 
     g = sub.add_parser("grad", help="loss + all parameter gradients (F32 safetensors)")
     g.add_argument("--model", required=True)
@@ -630,6 +1356,8 @@ def main(argv=None):
     g.add_argument("--rope-precision", choices=["hf", "exact"], default="hf",
                    help="hf: cos/sin in f32 as transformers (default); exact: float64")
     g.add_argument("--logits-out", default=None, help="also write logits [B, T, V] (F32) here")
+    g.add_argument("--delta", choices=["recurrent", "chunked"], default="recurrent",
+                   help="qwen3_5: gated delta rule step by step (default, the reference) or chunked (WY, 64)")
 
     c = sub.add_parser("compare", help="relative-L2 comparison of two gradient files")
     c.add_argument("--ours", required=True)
@@ -639,12 +1367,32 @@ def main(argv=None):
     c.add_argument("--loss-ref", type=float, default=None)
     c.add_argument("--loss-rtol", type=float, default=1e-5)
 
+    sc = sub.add_parser("selfcheck-delta", help="chunked vs recurrent gated delta rule (float64), prints PASS")
+    sc.add_argument("--seed", type=int, default=0)
+    sc.add_argument("--tol", type=float, default=1e-10, help="max relative difference (outputs and gradients)")
+
+    fd = sub.add_parser("fdcheck", help="whole-model gradients vs central finite differences (float64)")
+    fd.add_argument("--model", required=True)
+    fd.add_argument("--batch", required=True)
+    fd.add_argument("--names", default=None, help="regex: only tensors whose name matches (default: all)")
+    fd.add_argument("--random", type=int, default=2, help="random entries per tensor besides the largest |g|")
+    fd.add_argument("--h", type=float, default=1e-6, help="finite-difference step")
+    fd.add_argument("--rtol", type=float, default=1e-5)
+    fd.add_argument("--atol", type=float, default=1e-8)
+    fd.add_argument("--seed", type=int, default=0)
+    fd.add_argument("--rope-precision", choices=["hf", "exact"], default="hf")
+    fd.add_argument("--delta", choices=["recurrent", "chunked"], default="recurrent")
+
     a = ap.parse_args(argv)
     try:
         if a.cmd == "make":
             return cmd_make(a) or 0
         if a.cmd == "grad":
             return cmd_grad(a) or 0
+        if a.cmd == "selfcheck-delta":
+            return cmd_selfcheck_delta(a)
+        if a.cmd == "fdcheck":
+            return cmd_fdcheck(a)
         return cmd_compare(a)
     except (RefError, SafetensorsError, OSError, KeyError, json.JSONDecodeError) as e:
         print(f"torch_reference.py {a.cmd}: error: {e}", file=sys.stderr)
