@@ -2,7 +2,8 @@
 //
 // Legend (used in shape comments across ops/ and model/):
 //   B batch rows, T tokens per row, N = B*T tokens, C hidden size, Hq query heads, Hkv key/value heads,
-//   D head dimension, I MLP intermediate size, V vocabulary size, L layers.
+//   D head dimension, I MLP intermediate size, V vocabulary size, L layers; Gated DeltaNet (Qwen3.5/3.6):
+//   Hk key heads, Hv value heads, dk / dv their head dims, K the short convolution's width.
 //
 // Conventions:
 //   * Argument order: outputs, saved-for-backward, inputs, weights, sizes.
@@ -16,10 +17,16 @@
 #pragma once
 
 #include "ops/attention.h"
+#include "ops/delta_gates.h"
 #include "ops/embedding.h"
+#include "ops/gated_delta.h"
+#include "ops/gated_rmsnorm.h"
 #include "ops/gemm.h"
 #include "ops/head.h"
+#include "ops/l2norm.h"
 #include "ops/linear.h"
 #include "ops/rmsnorm.h"
 #include "ops/rope.h"
+#include "ops/short_conv.h"
+#include "ops/sigmoid_gate.h"
 #include "ops/swiglu.h"
