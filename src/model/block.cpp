@@ -64,6 +64,7 @@ DType activation_storage(const std::string& name, ComputeType compute, const std
 BlockShape BlockShape::make(const ModelConfig& cfg, int64_t B, int64_t T, DType act, int64_t mlp_chunk) {
   LT_CHECK(act == DType::f32 || act == DType::bf16, "activation storage must be f32 or bf16, got {}",
            dtype_name(act));
+  check_uniform_layers(cfg, "the decoder block (model/block.cpp)");
   LT_CHECK(mlp_chunk >= 0 && mlp_chunk % kTokenSlice == 0,
            "MLP chunk of {} tokens: must be a multiple of {} (the token slice of the parameter gradients)", mlp_chunk,
            kTokenSlice);

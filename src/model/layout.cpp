@@ -31,6 +31,8 @@ class Builder {
 SlabLayout SlabLayout::make(const ModelConfig& cfg, SlabKind kind, DType matrix_dtype) {
   LT_CHECK(matrix_dtype == DType::f32 || matrix_dtype == DType::bf16,
            "slab matrices are f32 or bf16, not {}", dtype_name(matrix_dtype));
+  // Every weight path (loading, init, saving, the planner's sizes) lays out slabs here first.
+  check_uniform_layers(cfg, "the weights layout (model/layout.cpp)");
   const int64_t C = cfg.hidden_size, I = cfg.intermediate_size, V = cfg.vocab_size, D = cfg.head_dim;
   const int64_t QD = cfg.q_dim(), KVD = cfg.kv_dim();
   Builder b(matrix_dtype);

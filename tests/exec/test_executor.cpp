@@ -231,7 +231,9 @@ TEST(Executor, MicroBatchesStartOnTheCarriedLayersBitwise) {
       if (k == 1 || k == 2 || k == 3) {
         EXPECT_LE(weights_h2d + 2 * layer_bytes, full) << what;  // layers 1 and 0 at least: the backward's last
       }
-      if (k == 4 || k == 5) EXPECT_EQ(weights_h2d, full) << what;
+      if (k == 4 || k == 5) {
+        EXPECT_EQ(weights_h2d, full) << what;
+      }
     }
   }
 }

@@ -290,7 +290,7 @@ TEST(ModelConfig, LoadsFromFileOrDirectory) {
 
 TEST(ModelConfigRefuses, UnsupportedModelType) {
   expect_error([] { parse(with(kLlama3_8B, {{"model_type", "mistral"}})); },
-               {"config.json: model_type 'mistral' is not supported (expected qwen2, qwen3 or llama)"});
+               {"config.json: model_type 'mistral' is not supported (expected qwen2, qwen3, llama,"});
   expect_error([] { parse(with(kLlama3_8B, {{"model_type", nullptr}})); }, {"config.json", "'model_type'"});
 }
 
