@@ -6,6 +6,11 @@
 //             the operands are widened to f32 (exact: every bf16 is an f32) and the f32 GEMM runs with
 //             the same blocking. Same products, f32 accumulation either way; the bits are deterministic
 //             and thread-count independent on each route, but the two routes need not agree bitwise.
+//
+// Accumulation (C += A·B) is ours, not oneDNN's sum post-op: a block's product goes to a scratch block and is
+// then added to C, so C_new = C + round(A·B) exactly on every host. oneDNN's post-op does not promise that: on
+// AMX hosts (Sapphire Rapids) its bf16 GEMM folds C into the K loop, so two accumulations of the same product
+// were not exactly 2× one (seen there; gradients accumulated over micro-batches rely on it).
 #include "ops/gemm.h"
 
 #include <omp.h>
@@ -35,8 +40,7 @@ struct GemmKey {
   memory::data_type dt;
   Trans ta, tb;
   int64_t M, N, K, lda, ldb, ldc;
-  Accumulate acc;
-  auto tie() const { return std::tie(dt, ta, tb, M, N, K, lda, ldb, ldc, acc); }
+  auto tie() const { return std::tie(dt, ta, tb, M, N, K, lda, ldb, ldc); }
   bool operator<(const GemmKey& o) const { return tie() < o.tie(); }
 };
 
@@ -99,11 +103,6 @@ const GemmPrimitive& get_primitive(const GemmKey& key) {
   memory::desc c({key.M, key.N}, memory::data_type::f32, memory::dims{key.ldc, 1});
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-  if (key.acc == Accumulate::yes) {
-    dnnl::post_ops ops;
-    ops.append_sum(1.0f);
-    attr.set_post_ops(ops);
-  }
   try {
     dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, cpu_engine());
     auto p = std::make_unique<GemmPrimitive>(
@@ -164,10 +163,18 @@ void gemm_blocked(memory::data_type dt, Trans ta, Trans tb, int64_t M, int64_t N
   auto run = [&](int64_t t) {
     const int64_t r0 = (t / bl.col_count) * bl.row_block, c0 = (t % bl.col_count) * bl.col_block;
     const int64_t rows = std::min(bl.row_block, M - r0), cols = std::min(bl.col_block, N - c0);
-    GemmKey key{dt, ta, tb, rows, cols, K, lda, ldb, ldc, acc};
     const T* a = A + (ta == Trans::no ? r0 * lda : r0);
     const T* b = B + (tb == Trans::no ? c0 : c0 * ldb);
-    run_block(key, a, b, C + r0 * ldc + c0);
+    float* c = C + r0 * ldc + c0;
+    if (acc == Accumulate::no) {
+      run_block(GemmKey{dt, ta, tb, rows, cols, K, lda, ldb, ldc}, a, b, c);
+      return;
+    }
+    thread_local std::vector<float> product;  // [rows, cols]
+    product.resize(size_t(rows * cols));
+    run_block(GemmKey{dt, ta, tb, rows, cols, K, lda, ldb, cols}, a, b, product.data());
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < cols; ++j) c[i * ldc + j] += product[size_t(i * cols + j)];
   };
   // Always inside a parallel region (even for one block) so oneDNN never threads internally: its own
   // threading could split K and make the bits depend on the thread count.
