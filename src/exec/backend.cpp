@@ -53,7 +53,7 @@ PinnedSlabs::~PinnedSlabs() {
 
 void PinnedSlabs::pin(ModelSlabs& slabs, const std::string& what) {
   auto one = [&](SlabKind kind, int64_t layer, const std::string& name) {
-    const size_t n = slabs.layout(kind).bytes();
+    const size_t n = slabs.layout(kind, layer).bytes();
     uint8_t* base = slabs.slab(kind, layer);
     seconds_ += device_.pin_host(base, n, what + " " + name);
     bases_.push_back(base);

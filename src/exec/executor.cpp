@@ -850,6 +850,7 @@ struct StreamingExecutor::Step {
 
 StreamingExecutor::StreamingExecutor(const ModelConfig& cfg, Device& device, ExecOptions options, NvmeStore* nvme)
     : cfg_(cfg), device_(device), options_(options), nvme_(nvme) {
+  check_uniform_layers(cfg, "the streaming executor (exec/; the in-memory path runs it)");
   LT_CHECK(options_.weight_buffers >= 1 && options_.grad_buffers >= 1 && options_.boundary_ring >= 2,
            "executor needs at least 1 weight buffer, 1 gradient buffer and 2 ring slots");
   compute_ = options_.kernels == LayerKernels::gpu ? cuda::make_gpu_layer_compute(device_) : make_cpu_layer_compute();

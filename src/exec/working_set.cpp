@@ -185,6 +185,7 @@ GpuComputeBytes GpuComputeBytes::make(const ModelConfig& cfg, const BlockShape& 
 }
 
 WorkingSet plan_working_set(const ModelConfig& cfg, int64_t B, int64_t T, const Plan& plan, const ExecOptions& o) {
+  check_uniform_layers(cfg, "the executor's memory model (exec/working_set.cpp)");
   const int64_t L = cfg.num_layers, N = B * T, C = cfg.hidden_size;
   plan.validate(L);
   const DType mdt = o.compute == ComputeType::bf16 ? DType::bf16 : DType::f32;

@@ -64,39 +64,69 @@ DType activation_storage(const std::string& name, ComputeType compute, const std
 BlockShape BlockShape::make(const ModelConfig& cfg, int64_t B, int64_t T, DType act, int64_t mlp_chunk) {
   LT_CHECK(act == DType::f32 || act == DType::bf16, "activation storage must be f32 or bf16, got {}",
            dtype_name(act));
-  check_uniform_layers(cfg, "the decoder block (model/block.cpp)");
   LT_CHECK(mlp_chunk >= 0 && mlp_chunk % kTokenSlice == 0,
            "MLP chunk of {} tokens: must be a multiple of {} (the token slice of the parameter gradients)", mlp_chunk,
            kTokenSlice);
-  return BlockShape{B,
-                    T,
-                    cfg.hidden_size,
-                    cfg.num_heads,
-                    cfg.num_kv_heads,
-                    cfg.head_dim,
-                    cfg.intermediate_size,
-                    float(cfg.rms_norm_eps),
-                    cfg.rope_theta,
-                    cfg.qk_norm,
-                    act,
-                    mlp_chunk};
+  const bool qwen35 = cfg.is_hybrid() || cfg.attn_output_gate || cfg.zero_centred_norms;
+  LT_CHECK(!qwen35 || act == DType::f32,
+           "model '{}': bf16 activation storage is not supported for Qwen3.5 / Qwen3.6 layers yet; store "
+           "activations in f32 (activation dtype f32)", model_type_name(cfg.type));
+  LT_CHECK(!cfg.attn_output_gate || cfg.qk_norm, "the attention output gate needs q_norm (model '{}')",
+           model_type_name(cfg.type));
+  const int64_t rotary = cfg.rotary_dim();
+  LT_CHECK(rotary > 0 && rotary <= cfg.head_dim && rotary % 2 == 0,
+           "RoPE over {} of {} head dims (partial_rotary_factor {}): must be even and at most the head dim", rotary,
+           cfg.head_dim, cfg.partial_rotary_factor);
+  BlockShape s{B,
+               T,
+               cfg.hidden_size,
+               cfg.num_heads,
+               cfg.num_kv_heads,
+               cfg.head_dim,
+               cfg.intermediate_size,
+               float(cfg.rms_norm_eps),
+               cfg.rope_theta,
+               cfg.qk_norm,
+               act,
+               mlp_chunk};
+  s.out_gate = cfg.attn_output_gate;
+  s.zero_centred = cfg.zero_centred_norms;
+  s.rotary = rotary;
+  if (cfg.num_linear_attention_layers() > 0) {
+    const DeltaMixerShape m = DeltaMixerShape::make(cfg, B, T);
+    s.Hk = m.Hk, s.Hv = m.Hv, s.dk = m.dk, s.dv = m.dv, s.K = m.K;
+  }
+  return s;
 }
 
 BlockView BlockView::bind(const SlabLayout& layout, const void* base_ptr) {
   LT_CHECK(layout.kind() == SlabKind::layer, "BlockView binds a layer slab");
   auto* base = static_cast<const uint8_t*>(base_ptr);
-  BlockView w;
+  BlockView w{};
   w.ln1 = f32_required(layout, base, "input_layernorm.weight");
-  w.wq = matrix(layout, base, "self_attn.q_proj.weight");
-  w.wk = matrix(layout, base, "self_attn.k_proj.weight");
-  w.wv = matrix(layout, base, "self_attn.v_proj.weight");
-  w.wo = matrix(layout, base, "self_attn.o_proj.weight");
-  w.bq = f32_or_null(layout, base, "self_attn.q_proj.bias");
-  w.bk = f32_or_null(layout, base, "self_attn.k_proj.bias");
-  w.bv = f32_or_null(layout, base, "self_attn.v_proj.bias");
-  w.bo = f32_or_null(layout, base, "self_attn.o_proj.bias");
-  w.q_norm = f32_or_null(layout, base, "self_attn.q_norm.weight");
-  w.k_norm = f32_or_null(layout, base, "self_attn.k_norm.weight");
+  if (layout.find("linear_attn.in_proj_qkv.weight")) {
+    w.kind = LayerKind::linear_attention;
+    w.delta = DeltaMixerView{matrix(layout, base, "linear_attn.in_proj_qkv.weight"),
+                             matrix(layout, base, "linear_attn.in_proj_z.weight"),
+                             matrix(layout, base, "linear_attn.in_proj_b.weight"),
+                             matrix(layout, base, "linear_attn.in_proj_a.weight"),
+                             matrix(layout, base, "linear_attn.out_proj.weight"),
+                             f32_required(layout, base, "linear_attn.conv1d.weight"),
+                             f32_required(layout, base, "linear_attn.dt_bias"),
+                             f32_required(layout, base, "linear_attn.A_log"),
+                             f32_required(layout, base, "linear_attn.norm.weight")};
+  } else {
+    w.wq = matrix(layout, base, "self_attn.q_proj.weight");
+    w.wk = matrix(layout, base, "self_attn.k_proj.weight");
+    w.wv = matrix(layout, base, "self_attn.v_proj.weight");
+    w.wo = matrix(layout, base, "self_attn.o_proj.weight");
+    w.bq = f32_or_null(layout, base, "self_attn.q_proj.bias");
+    w.bk = f32_or_null(layout, base, "self_attn.k_proj.bias");
+    w.bv = f32_or_null(layout, base, "self_attn.v_proj.bias");
+    w.bo = f32_or_null(layout, base, "self_attn.o_proj.bias");
+    w.q_norm = f32_or_null(layout, base, "self_attn.q_norm.weight");
+    w.k_norm = f32_or_null(layout, base, "self_attn.k_norm.weight");
+  }
   w.ln2 = f32_required(layout, base, "post_attention_layernorm.weight");
   w.wgate = matrix(layout, base, "mlp.gate_proj.weight");
   w.wup = matrix(layout, base, "mlp.up_proj.weight");
@@ -109,18 +139,30 @@ BlockView BlockView::bind(const SlabLayout& layout, const void* base_ptr) {
 
 BlockGrads BlockGrads::bind(const SlabLayout& layout, void* base_ptr) {
   auto* base = static_cast<uint8_t*>(base_ptr);
-  BlockGrads g;
+  BlockGrads g{};
   g.ln1 = grad_required(layout, base, "input_layernorm.weight");
-  g.wq = grad_required(layout, base, "self_attn.q_proj.weight");
-  g.wk = grad_required(layout, base, "self_attn.k_proj.weight");
-  g.wv = grad_required(layout, base, "self_attn.v_proj.weight");
-  g.wo = grad_required(layout, base, "self_attn.o_proj.weight");
-  g.bq = grad_or_null(layout, base, "self_attn.q_proj.bias");
-  g.bk = grad_or_null(layout, base, "self_attn.k_proj.bias");
-  g.bv = grad_or_null(layout, base, "self_attn.v_proj.bias");
-  g.bo = grad_or_null(layout, base, "self_attn.o_proj.bias");
-  g.q_norm = grad_or_null(layout, base, "self_attn.q_norm.weight");
-  g.k_norm = grad_or_null(layout, base, "self_attn.k_norm.weight");
+  if (layout.find("linear_attn.in_proj_qkv.weight")) {
+    g.delta = DeltaMixerGrads{grad_required(layout, base, "linear_attn.in_proj_qkv.weight"),
+                              grad_required(layout, base, "linear_attn.in_proj_z.weight"),
+                              grad_required(layout, base, "linear_attn.in_proj_b.weight"),
+                              grad_required(layout, base, "linear_attn.in_proj_a.weight"),
+                              grad_required(layout, base, "linear_attn.out_proj.weight"),
+                              grad_required(layout, base, "linear_attn.conv1d.weight"),
+                              grad_required(layout, base, "linear_attn.dt_bias"),
+                              grad_required(layout, base, "linear_attn.A_log"),
+                              grad_required(layout, base, "linear_attn.norm.weight")};
+  } else {
+    g.wq = grad_required(layout, base, "self_attn.q_proj.weight");
+    g.wk = grad_required(layout, base, "self_attn.k_proj.weight");
+    g.wv = grad_required(layout, base, "self_attn.v_proj.weight");
+    g.wo = grad_required(layout, base, "self_attn.o_proj.weight");
+    g.bq = grad_or_null(layout, base, "self_attn.q_proj.bias");
+    g.bk = grad_or_null(layout, base, "self_attn.k_proj.bias");
+    g.bv = grad_or_null(layout, base, "self_attn.v_proj.bias");
+    g.bo = grad_or_null(layout, base, "self_attn.o_proj.bias");
+    g.q_norm = grad_or_null(layout, base, "self_attn.q_norm.weight");
+    g.k_norm = grad_or_null(layout, base, "self_attn.k_norm.weight");
+  }
   g.ln2 = grad_required(layout, base, "post_attention_layernorm.weight");
   g.wgate = grad_required(layout, base, "mlp.gate_proj.weight");
   g.wup = grad_required(layout, base, "mlp.up_proj.weight");
@@ -143,23 +185,30 @@ struct Carver {
   }
 };
 
-// mlp_rows: the rows of gate / up / h (one chunk, or N for the full layout); x32 only in the working copy.
+// mlp_rows: the rows of gate / up / h (one chunk, or N for the full layout); x32 only in the working copy. A
+// linear-attention layer's mixer internals take the attention fields' place.
 BlockActs carve_acts(Carver& c, const BlockShape& s, int64_t mlp_rows, bool with_x32) {
   const int64_t N = s.N();
   BlockActs a{};
   a.n1 = c.take(N * s.C);
   a.rstd1 = c.take(N);
-  a.q = c.take(N * s.QD());
-  a.k = c.take(N * s.KVD());
-  a.v = c.take(N * s.KVD());
-  if (s.qk_norm) {
-    a.q_raw = c.take(N * s.QD());
-    a.k_raw = c.take(N * s.KVD());
-    a.q_rstd = c.take(N * s.Hq);
-    a.k_rstd = c.take(N * s.Hkv);
+  if (s.linear()) {
+    const DeltaMixerShape m = s.mixer();
+    a.delta = DeltaMixerActs::bind(c.take(int64_t(DeltaMixerActs::floats(m))), m);
+  } else {
+    a.q = c.take(N * s.QD());
+    a.k = c.take(N * s.KVD());
+    a.v = c.take(N * s.KVD());
+    if (s.qk_norm) {
+      a.q_raw = c.take(N * s.QPD());
+      a.k_raw = c.take(N * s.KVD());
+      a.q_rstd = c.take(N * s.Hq);
+      a.k_rstd = c.take(N * s.Hkv);
+    }
+    a.att = c.take(N * s.QD());
+    if (s.out_gate) a.gated = c.take(N * s.QD());
+    a.lse = c.take(s.B * s.Hq * s.T);
   }
-  a.att = c.take(N * s.QD());
-  a.lse = c.take(s.B * s.Hq * s.T);
   a.x_mid = c.take(N * s.C);
   a.n2 = c.take(N * s.C);
   a.rstd2 = c.take(N);
@@ -180,16 +229,46 @@ BlockScratch carve_scratch(Carver& c, const BlockShape& s) {
   b.dgate = c.take(R * s.I);
   b.dup = c.take(R * s.I);
   b.dx_mid = c.take(N * s.C);
+  if (s.linear()) {
+    const DeltaMixerShape m = s.mixer();
+    b.delta = DeltaMixerScratch::bind(c.take(int64_t(DeltaMixerScratch::floats(m))), m);
+    return b;
+  }
   b.datt = c.take(N * s.QD());
   b.dq = c.take(N * s.QD());
   b.dk = c.take(N * s.KVD());
   b.dv = c.take(N * s.KVD());
   if (s.qk_norm) {
-    b.dq_raw = c.take(N * s.QD());
+    b.dq_raw = c.take(N * s.QPD());
     b.dk_raw = c.take(N * s.KVD());
   }
+  if (s.out_gate) b.qtmp = c.take(N * s.QD());
   return b;
 }
+
+// The norm weights a layer multiplies by: as stored, or 1 + w for the zero-centred norms of Qwen3.5 (computed
+// in f32 as transformers does; their gradient is the stored weight's, d(1 + w)/dw = 1).
+class NormWeights {
+ public:
+  NormWeights(const BlockView& w, const BlockShape& s) {
+    ln1 = effective(w.ln1, s.C, s, 0);
+    ln2 = effective(w.ln2, s.C, s, 1);
+    q_norm = effective(w.q_norm, s.D, s, 2);
+    k_norm = effective(w.k_norm, s.D, s, 3);
+  }
+  const float *ln1, *ln2, *q_norm, *k_norm;
+
+ private:
+  const float* effective(const float* w, int64_t n, const BlockShape& s, int slot) {
+    if (!s.zero_centred || w == nullptr) return w;
+    std::vector<float>& v = shifted_[slot];
+    v.resize(size_t(n));
+    for (int64_t i = 0; i < n; ++i) v[size_t(i)] = 1.0f + w[i];
+    return v.data();
+  }
+  std::vector<float> shifted_[4];
+};
+
 }  // namespace
 
 size_t BlockActs::floats(const BlockShape& s) {
@@ -325,26 +404,31 @@ class Storage {
   std::vector<StoredField> fields_;
 };
 
-// The attention half and n2 (everything before the MLP), with the storage hooks; x_in as f32 (widened into
-// a.x32 at bf16 storage). Returns the f32 input.
-const float* forward_attention_half(BlockActs& a, const void* x_in_ptr, const BlockView& w, const TokenInfo& tok,
-                                    const BlockShape& s, const Storage& st, float* o) {
+// q_proj's output rows [query D | gate D] per head (out_gate): the query halves into q[N, Hq, D] and back.
+void gather_queries(float* q, const float* q_proj, const BlockShape& s) {
+  for (int64_t r = 0; r < s.N() * s.Hq; ++r) std::memcpy(q + r * s.D, q_proj + r * 2 * s.D, size_t(s.D) * 4);
+}
+void scatter_queries(float* q_proj, const float* q, const BlockShape& s) {
+  for (int64_t r = 0; r < s.N() * s.Hq; ++r) std::memcpy(q_proj + r * 2 * s.D, q + r * s.D, size_t(s.D) * 4);
+}
+
+// The token mixer's output (before the residual) into o, from n1: full attention (with q_proj's gate, q/k
+// norms and partial RoPE where the shape says), with the storage hooks.
+void attention_forward_half(float* o, BlockActs& a, const BlockView& w, const NormWeights& nw, const TokenInfo& tok,
+                            const BlockShape& s, const Storage& st) {
   const int64_t N = s.N(), C = s.C, QD = s.QD(), KVD = s.KVD();
-  const float* x_in = static_cast<const float*>(x_in_ptr);
-  if (st.on()) {
-    widen(a.x32, static_cast<const bf16_t*>(x_in_ptr), N * C);
-    x_in = a.x32;
-  }
-  rmsnorm_forward(a.n1, a.rstd1, x_in, w.ln1, N, C, s.eps);
-  st.keep(&BlockActs::n1, a.n1);
-  st.keep(&BlockActs::rstd1, a.rstd1);
   if (s.qk_norm) {
-    linear_forward(a.q_raw, a.n1, w.wq, w.bq, N, C, QD);
+    linear_forward(a.q_raw, a.n1, w.wq, w.bq, N, C, s.QPD());
     linear_forward(a.k_raw, a.n1, w.wk, w.bk, N, C, KVD);
     st.keep(&BlockActs::q_raw, a.q_raw);
     st.keep(&BlockActs::k_raw, a.k_raw);
-    rmsnorm_forward(a.q, a.q_rstd, a.q_raw, w.q_norm, N * s.Hq, s.D, s.eps);  // per head: rows N*Hq of D
-    rmsnorm_forward(a.k, a.k_rstd, a.k_raw, w.k_norm, N * s.Hkv, s.D, s.eps);
+    const float* q_in = a.q_raw;
+    if (s.out_gate) {  // att is free until the attention writes it
+      gather_queries(a.att, a.q_raw, s);
+      q_in = a.att;
+    }
+    rmsnorm_forward(a.q, a.q_rstd, q_in, nw.q_norm, N * s.Hq, s.D, s.eps);  // per head: rows N*Hq of D
+    rmsnorm_forward(a.k, a.k_rstd, a.k_raw, nw.k_norm, N * s.Hkv, s.D, s.eps);
     st.keep(&BlockActs::q_rstd, a.q_rstd);
     st.keep(&BlockActs::k_rstd, a.k_rstd);
   } else {
@@ -352,19 +436,44 @@ const float* forward_attention_half(BlockActs& a, const void* x_in_ptr, const Bl
     linear_forward(a.k, a.n1, w.wk, w.bk, N, C, KVD);
   }
   linear_forward(a.v, a.n1, w.wv, w.bv, N, C, KVD);
-  rope_forward(a.q, tok.pos, N, s.Hq, s.D, s.rope_theta);
-  rope_forward(a.k, tok.pos, N, s.Hkv, s.D, s.rope_theta);
+  rope_partial_forward(a.q, tok.pos, N, s.Hq, s.D, s.rotary, s.rope_theta);
+  rope_partial_forward(a.k, tok.pos, N, s.Hkv, s.D, s.rotary, s.rope_theta);
   st.keep(&BlockActs::q, a.q);
   st.keep(&BlockActs::k, a.k);
   st.keep(&BlockActs::v, a.v);
   attention_forward(a.att, a.lse, a.q, a.k, a.v, tok.doc_ids, AttentionShape{s.B, s.T, s.Hq, s.Hkv, s.D});
   st.keep(&BlockActs::att, a.att);
   st.keep(&BlockActs::lse, a.lse);
-  // o_proj(att) into o (x_out for a moment at f32 storage, x_mid's working copy at bf16), then the residual.
-  linear_forward(o, a.att, w.wo, w.bo, N, QD, C);
+  const float* o_in = a.att;
+  if (s.out_gate) {
+    sigmoid_gate_forward(a.gated, a.att, a.q_raw + s.D, N, s.Hq, s.D, s.QPD(), 2 * s.D);
+    o_in = a.gated;
+  }
+  linear_forward(o, o_in, w.wo, w.bo, N, QD, C);
+}
+
+// The attention half and n2 (everything before the MLP), with the storage hooks; x_in as f32 (widened into
+// a.x32 at bf16 storage). Returns the f32 input. `o` takes the token mixer's output for a moment.
+const float* forward_attention_half(BlockActs& a, const void* x_in_ptr, const BlockView& w, const TokenInfo& tok,
+                                    const BlockShape& s, const Storage& st, float* o) {
+  const int64_t N = s.N(), C = s.C;
+  LT_CHECK(w.kind == s.kind, "block: a {} layer's weights with a {} shape", layer_kind_name(w.kind),
+           layer_kind_name(s.kind));
+  const NormWeights nw(w, s);
+  const float* x_in = static_cast<const float*>(x_in_ptr);
+  if (st.on()) {
+    widen(a.x32, static_cast<const bf16_t*>(x_in_ptr), N * C);
+    x_in = a.x32;
+  }
+  rmsnorm_forward(a.n1, a.rstd1, x_in, nw.ln1, N, C, s.eps);
+  st.keep(&BlockActs::n1, a.n1);
+  st.keep(&BlockActs::rstd1, a.rstd1);
+  // The mixer's output into o (x_out for a moment at f32 storage, x_mid's working copy at bf16), then the residual.
+  if (s.linear()) delta_mixer_forward(o, a.delta, a.n1, w.delta, tok, s.mixer());
+  else attention_forward_half(o, a, w, nw, tok, s, st);
   add(a.x_mid, x_in, o, N * C);
   st.keep(&BlockActs::x_mid, a.x_mid);
-  rmsnorm_forward(a.n2, a.rstd2, a.x_mid, w.ln2, N, C, s.eps);
+  rmsnorm_forward(a.n2, a.rstd2, a.x_mid, nw.ln2, N, C, s.eps);
   st.keep(&BlockActs::n2, a.n2);
   st.keep(&BlockActs::rstd2, a.rstd2);
   return x_in;
@@ -489,38 +598,72 @@ void block_backward_mlp(BlockGrads& g, BlockScratch& b, const float* dx_out, con
     linear_backward(b.dtmp + t0 * C, g.wup, g.bup, b.dup, n2, w.wup, n, C, I);
   }
   add_inplace(b.dn, b.dtmp, N * C);
-  rmsnorm_backward(b.dx_mid, g.ln2, b.dn, a.x_mid, w.ln2, a.rstd2, N, C);
+  const NormWeights nw(w, s);
+  rmsnorm_backward(b.dx_mid, g.ln2, b.dn, a.x_mid, nw.ln2, a.rstd2, N, C);
   add_inplace(b.dx_mid, dx_out, N * C);
 }
 
+namespace {
+
+// From dx_mid to the mixer input's gradient b.dn: full attention (o_proj, the output gate, attention, RoPE, q/k
+// norms, q/k/v projections).
+void attention_backward_half(BlockGrads& g, BlockScratch& b, const BlockActs& a, const BlockView& w,
+                             const NormWeights& nw, const TokenInfo& tok, const BlockShape& s) {
+  const int64_t N = s.N(), C = s.C, QD = s.QD(), KVD = s.KVD();
+  float* datt = b.datt;
+  if (s.out_gate) {
+    // o_proj read gated = att × σ(gate) (not kept: recomputed, the same bits); datt first holds d gated.
+    sigmoid_gate_forward(b.qtmp, a.att, a.q_raw + s.D, N, s.Hq, s.D, s.QPD(), 2 * s.D);
+    linear_backward(b.datt, g.wo, g.bo, b.dx_mid, b.qtmp, w.wo, N, QD, C);
+    sigmoid_gate_backward(b.qtmp, b.dq_raw + s.D, b.datt, a.att, a.q_raw + s.D, N, s.Hq, s.D, s.QPD(), 2 * s.D);
+    datt = b.qtmp;  // d att
+  } else {
+    linear_backward(b.datt, g.wo, g.bo, b.dx_mid, a.att, w.wo, N, QD, C);
+  }
+  attention_backward(b.dq, b.dk, b.dv, datt, a.att, a.lse, a.q, a.k, a.v, tok.doc_ids,
+                     AttentionShape{s.B, s.T, s.Hq, s.Hkv, s.D});
+  rope_partial_backward(b.dq, tok.pos, N, s.Hq, s.D, s.rotary, s.rope_theta);
+  rope_partial_backward(b.dk, tok.pos, N, s.Hkv, s.D, s.rotary, s.rope_theta);
+  const float* dq_proj = b.dq;
+  const float* dk_proj = b.dk;
+  if (s.qk_norm) {
+    if (s.out_gate) {
+      // The query before q_norm from q_proj's rows into qtmp; its gradient through datt into the query halves.
+      gather_queries(b.qtmp, a.q_raw, s);
+      rmsnorm_backward(b.datt, g.q_norm, b.dq, b.qtmp, nw.q_norm, a.q_rstd, N * s.Hq, s.D);
+      scatter_queries(b.dq_raw, b.datt, s);
+    } else {
+      rmsnorm_backward(b.dq_raw, g.q_norm, b.dq, a.q_raw, nw.q_norm, a.q_rstd, N * s.Hq, s.D);
+    }
+    rmsnorm_backward(b.dk_raw, g.k_norm, b.dk, a.k_raw, nw.k_norm, a.k_rstd, N * s.Hkv, s.D);
+    dq_proj = b.dq_raw;
+    dk_proj = b.dk_raw;
+  }
+  linear_backward(b.dn, g.wq, g.bq, dq_proj, a.n1, w.wq, N, C, s.QPD());
+  linear_backward(b.dtmp, g.wk, g.bk, dk_proj, a.n1, w.wk, N, C, KVD);
+  add_inplace(b.dn, b.dtmp, N * C);
+  linear_backward(b.dtmp, g.wv, g.bv, b.dv, a.n1, w.wv, N, C, KVD);
+  add_inplace(b.dn, b.dtmp, N * C);
+}
+
+}  // namespace
+
 void block_backward_attention(float* dx_in, BlockGrads& g, BlockScratch& b, const void* x_in_ptr, const BlockActs& a,
                               const BlockView& w, const TokenInfo& tok, const BlockShape& s) {
-  const int64_t N = s.N(), C = s.C, QD = s.QD(), KVD = s.KVD();
+  const int64_t N = s.N(), C = s.C;
+  const NormWeights nw(w, s);
   const float* x_in = static_cast<const float*>(x_in_ptr);
   if (s.act == DType::bf16) {
     widen(a.x32, static_cast<const bf16_t*>(x_in_ptr), N * C);
     x_in = a.x32;
   }
-  // x_mid = x_in + o(att), from dx_mid (the MLP half's).
-  linear_backward(b.datt, g.wo, g.bo, b.dx_mid, a.att, w.wo, N, QD, C);
-  attention_backward(b.dq, b.dk, b.dv, b.datt, a.att, a.lse, a.q, a.k, a.v, tok.doc_ids,
-                     AttentionShape{s.B, s.T, s.Hq, s.Hkv, s.D});
-  rope_backward(b.dq, tok.pos, N, s.Hq, s.D, s.rope_theta);
-  rope_backward(b.dk, tok.pos, N, s.Hkv, s.D, s.rope_theta);
-  const float* dq_proj = b.dq;
-  const float* dk_proj = b.dk;
-  if (s.qk_norm) {
-    rmsnorm_backward(b.dq_raw, g.q_norm, b.dq, a.q_raw, w.q_norm, a.q_rstd, N * s.Hq, s.D);
-    rmsnorm_backward(b.dk_raw, g.k_norm, b.dk, a.k_raw, w.k_norm, a.k_rstd, N * s.Hkv, s.D);
-    dq_proj = b.dq_raw;
-    dk_proj = b.dk_raw;
+  // x_mid = x_in + mixer(n1), from dx_mid (the MLP half's).
+  if (s.linear()) {
+    delta_mixer_backward(b.dn, g.delta, b.delta, b.dx_mid, a.n1, a.delta, w.delta, tok, s.mixer());
+  } else {
+    attention_backward_half(g, b, a, w, nw, tok, s);
   }
-  linear_backward(b.dn, g.wq, g.bq, dq_proj, a.n1, w.wq, N, C, QD);
-  linear_backward(b.dtmp, g.wk, g.bk, dk_proj, a.n1, w.wk, N, C, KVD);
-  add_inplace(b.dn, b.dtmp, N * C);
-  linear_backward(b.dtmp, g.wv, g.bv, b.dv, a.n1, w.wv, N, C, KVD);
-  add_inplace(b.dn, b.dtmp, N * C);
-  rmsnorm_backward(dx_in, g.ln1, b.dn, x_in, w.ln1, a.rstd1, N, C);
+  rmsnorm_backward(dx_in, g.ln1, b.dn, x_in, nw.ln1, a.rstd1, N, C);
   add_inplace(dx_in, b.dx_mid, N * C);
 }
 

@@ -33,6 +33,7 @@
 #include <string>
 
 #include "model/config.h"
+#include "model/delta_mixer.h"
 #include "model/layout.h"
 #include "ops/linear.h"
 
@@ -57,11 +58,26 @@ struct BlockShape {
   bool qk_norm;
   DType act = DType::f32;  // activation storage: f32 or bf16 (see above)
   int64_t mlp_chunk = 0;   // tokens per MLP chunk (a multiple of kTokenSlice); 0 or >= N: one chunk
+  // Qwen3.5 / Qwen3.6 (model/config.h). The layer's token mixer: full attention, or Gated DeltaNet
+  // (model/delta_mixer.h) — a model-wide shape is for full attention; for_layer gives each layer's.
+  LayerKind kind = LayerKind::full_attention;
+  bool out_gate = false;      // q_proj gives per head [query D | gate D]; the attention output × σ(gate)
+  bool zero_centred = false;  // every norm scales by (1 + w), w as stored
+  int64_t rotary = 0;         // RoPE on the first `rotary` dims of each head (D: all)
+  int64_t Hk = 0, Hv = 0, dk = 0, dv = 0, K = 0;  // Gated DeltaNet sizes (0 without linear-attention layers)
   int64_t N() const { return B * T; }
   // Rows of gate / up / h a working copy holds: one chunk.
   int64_t mlp_rows() const { return mlp_chunk > 0 && mlp_chunk < N() ? mlp_chunk : N(); }
   int64_t QD() const { return Hq * D; }
+  int64_t QPD() const { return out_gate ? 2 * QD() : QD(); }  // q_proj's rows: [query | gate] per head
   int64_t KVD() const { return Hkv * D; }
+  bool linear() const { return kind == LayerKind::linear_attention; }
+  BlockShape for_layer(LayerKind k) const {
+    BlockShape s = *this;
+    s.kind = k;
+    return s;
+  }
+  DeltaMixerShape mixer() const { return DeltaMixerShape{B, T, C, Hk, Hv, dk, dv, K, eps}; }
   // Bytes of one layer boundary [N, C] in the storage dtype.
   size_t boundary_bytes() const { return size_t(N() * C) * dtype_size(act); }
   static BlockShape make(const ModelConfig& cfg, int64_t B, int64_t T, DType act = DType::f32,
@@ -74,16 +90,19 @@ struct TokenInfo {
   const int32_t* doc_ids = nullptr;  // [B, T] document of each token when packing; nullptr = plain causal
 };
 
-// Weights of one block. Matrices in f32 or the compute dtype; vectors always f32; absent biases null.
+// Weights of one block. Matrices in f32 or the compute dtype; vectors always f32; absent biases null. A
+// linear-attention layer has `delta` instead of the attention weights (null there).
 struct BlockView {
+  LayerKind kind = LayerKind::full_attention;
   const float* ln1;                  // [C]
-  WeightRef wq, wk, wv, wo;          // [QD, C], [KVD, C], [KVD, C], [C, QD]
-  const float *bq, *bk, *bv, *bo;    // [QD], [KVD], [KVD], [C]
-  const float *q_norm, *k_norm;      // [D] (Qwen3)
+  WeightRef wq, wk, wv, wo;          // [QPD, C], [KVD, C], [KVD, C], [C, QD]
+  const float *bq, *bk, *bv, *bo;    // [QPD], [KVD], [KVD], [C]
+  const float *q_norm, *k_norm;      // [D] (Qwen3, Qwen3.5)
+  DeltaMixerView delta;              // Gated DeltaNet's (linear_attn.*)
   const float* ln2;                  // [C]
   WeightRef wgate, wup, wdown;       // [I, C], [I, C], [C, I]
   const float *bgate, *bup, *bdown;  // [I], [I], [C]
-  // Binds to a slab laid out by `layout` starting at `base`.
+  // Binds to a slab laid out by `layout` starting at `base` (the layout's entries say the kind).
   static BlockView bind(const SlabLayout& layout, const void* base);
 };
 
@@ -93,6 +112,7 @@ struct BlockGrads {
   float *wq, *wk, *wv, *wo;
   float *bq, *bk, *bv, *bo;
   float *q_norm, *k_norm;
+  DeltaMixerGrads delta;
   float* ln2;
   float *wgate, *wup, *wdown;
   float *bgate, *bup, *bdown;
@@ -109,11 +129,13 @@ struct BlockActs {
   float* q;           // [N, QD]   attention input (after q_norm and RoPE)
   float* k;           // [N, KVD]  (after k_norm and RoPE)
   float* v;           // [N, KVD]
-  float* q_raw;       // [N, QD]   q_proj output before q_norm (Qwen3 only, else null)
+  float* q_raw;       // [N, QPD]  q_proj output before q_norm (Qwen3 / Qwen3.5 only, else null; with the gate)
   float* k_raw;       // [N, KVD]  (Qwen3 only)
   float* q_rstd;      // [N, Hq]   (Qwen3 only)
   float* k_rstd;      // [N, Hkv]  (Qwen3 only)
   float* att;         // [N, QD]   attention output
+  float* gated;       // [N, QD]   att × σ(gate), o_proj's input (out_gate only; a forward temporary, not stored)
+  DeltaMixerActs delta;  // a linear-attention layer's mixer internals (its q .. lse, q_raw .. are null)
   float* lse;         // [B, Hq, T]
   float* x_mid;       // [N, C]    residual after attention
   float* n2;          // [N, C]    post_attention_layernorm output
@@ -134,7 +156,9 @@ struct BlockScratch {
   float *dn, *dtmp;          // [N, C]
   float *dh, *dgate, *dup;   // [mlp_rows, I]: one MLP chunk
   float* dx_mid;             // [N, C]
-  float *datt, *dq, *dk, *dv, *dq_raw, *dk_raw;  // [N, QD], [N, QD], [N, KVD] x2, [N, QD], [N, KVD]
+  float *datt, *dq, *dk, *dv, *dq_raw, *dk_raw;  // [N, QD], [N, QD], [N, KVD] x2, [N, QPD], [N, KVD]
+  float* qtmp;               // [N, QD] out_gate only: the gated output, d att, the query before q_norm
+  DeltaMixerScratch delta;   // a linear-attention layer's (the attention fields above are null there)
   static size_t floats(const BlockShape& s);
   static BlockScratch bind(float* buffer, const BlockShape& s);
 };

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "model/block.h"
 #include "ops/ops.h"
 
 namespace lt {

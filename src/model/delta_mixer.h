@@ -19,10 +19,12 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "model/block.h"
+#include "model/config.h"
 #include "ops/linear.h"
 
 namespace lt {
+
+struct TokenInfo;  // model/block.h
 
 struct DeltaMixerShape {
   int64_t B, T, C, Hk, Hv, dk, dv, K;

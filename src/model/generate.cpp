@@ -44,6 +44,7 @@ std::vector<int32_t> generate_greedy(const ModelSlabs& params, const std::vector
                                      const GenerateOptions& o) {
   const ModelConfig& cfg = params.config();
   LT_CHECK(!prompt.empty(), "generate: the prompt has no tokens");
+  check_uniform_layers(cfg, "generation (model/generate.cpp: no conv / delta-rule state cache yet)");
   const int64_t L = cfg.num_layers, C = cfg.hidden_size, P = int64_t(prompt.size());
   const int64_t T_max = P + o.max_new_tokens;
   const BlockShape s1 = BlockShape::make(cfg, 1, 1);

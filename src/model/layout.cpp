@@ -28,13 +28,11 @@ class Builder {
 
 }  // namespace
 
-SlabLayout SlabLayout::make(const ModelConfig& cfg, SlabKind kind, DType matrix_dtype) {
+SlabLayout SlabLayout::make(const ModelConfig& cfg, SlabKind kind, DType matrix_dtype, LayerKind layer_kind) {
   LT_CHECK(matrix_dtype == DType::f32 || matrix_dtype == DType::bf16,
            "slab matrices are f32 or bf16, not {}", dtype_name(matrix_dtype));
-  // Every weight path (loading, init, saving, the planner's sizes) lays out slabs here first.
-  check_uniform_layers(cfg, "the weights layout (model/layout.cpp)");
   const int64_t C = cfg.hidden_size, I = cfg.intermediate_size, V = cfg.vocab_size, D = cfg.head_dim;
-  const int64_t QD = cfg.q_dim(), KVD = cfg.kv_dim();
+  const int64_t QPD = cfg.q_proj_dim(), QD = cfg.q_dim(), KVD = cfg.kv_dim();
   Builder b(matrix_dtype);
   switch (kind) {
     case SlabKind::embedding:
@@ -45,20 +43,37 @@ SlabLayout SlabLayout::make(const ModelConfig& cfg, SlabKind kind, DType matrix_
       if (!cfg.tie_word_embeddings) b.add("lm_head.weight", {V, C});
       break;
     case SlabKind::layer:
-      // Order follows the forward pass, so a reader of a slab dump sees the computation in order.
+      // Order follows the forward pass, so a reader of a slab dump sees the computation in order; the MLP is the
+      // tail from post_attention_layernorm on (kMlpGradsFirst, model/block.h) whatever the token mixer.
       b.add("input_layernorm.weight", {C});
-      b.add("self_attn.q_proj.weight", {QD, C});
-      if (cfg.qkv_bias) b.add("self_attn.q_proj.bias", {QD});
-      b.add("self_attn.k_proj.weight", {KVD, C});
-      if (cfg.qkv_bias) b.add("self_attn.k_proj.bias", {KVD});
-      b.add("self_attn.v_proj.weight", {KVD, C});
-      if (cfg.qkv_bias) b.add("self_attn.v_proj.bias", {KVD});
-      if (cfg.qk_norm) {
-        b.add("self_attn.q_norm.weight", {D});
-        b.add("self_attn.k_norm.weight", {D});
+      if (layer_kind == LayerKind::linear_attention) {
+        LT_CHECK(cfg.linear_conv_dim() > 0 && cfg.linear_conv_kernel_dim > 0,
+                 "model '{}' has no Gated DeltaNet sizes: no linear-attention layer layout",
+                 model_type_name(cfg.type));
+        const int64_t Dc = cfg.linear_conv_dim(), VD = cfg.linear_value_dim(), Hv = cfg.linear_num_value_heads;
+        b.add("linear_attn.in_proj_qkv.weight", {Dc, C});
+        b.add("linear_attn.in_proj_z.weight", {VD, C});
+        b.add("linear_attn.in_proj_b.weight", {Hv, C});
+        b.add("linear_attn.in_proj_a.weight", {Hv, C});
+        b.add("linear_attn.conv1d.weight", {Dc, 1, cfg.linear_conv_kernel_dim});  // 3-D: an f32 vector here
+        b.add("linear_attn.dt_bias", {Hv});
+        b.add("linear_attn.A_log", {Hv});
+        b.add("linear_attn.norm.weight", {cfg.linear_value_head_dim});
+        b.add("linear_attn.out_proj.weight", {C, VD});
+      } else {
+        b.add("self_attn.q_proj.weight", {QPD, C});  // [query D | gate D] per head with the output gate
+        if (cfg.qkv_bias) b.add("self_attn.q_proj.bias", {QPD});
+        b.add("self_attn.k_proj.weight", {KVD, C});
+        if (cfg.qkv_bias) b.add("self_attn.k_proj.bias", {KVD});
+        b.add("self_attn.v_proj.weight", {KVD, C});
+        if (cfg.qkv_bias) b.add("self_attn.v_proj.bias", {KVD});
+        if (cfg.qk_norm) {
+          b.add("self_attn.q_norm.weight", {D});
+          b.add("self_attn.k_norm.weight", {D});
+        }
+        b.add("self_attn.o_proj.weight", {C, QD});
+        if (cfg.o_bias) b.add("self_attn.o_proj.bias", {C});
       }
-      b.add("self_attn.o_proj.weight", {C, QD});
-      if (cfg.o_bias) b.add("self_attn.o_proj.bias", {C});
       b.add("post_attention_layernorm.weight", {C});
       b.add("mlp.gate_proj.weight", {I, C});
       if (cfg.mlp_bias) b.add("mlp.gate_proj.bias", {I});
@@ -93,11 +108,18 @@ int64_t SlabLayout::num_parameters() const {
   return n;
 }
 
-std::string SlabLayout::hf_name(SlabKind kind, int64_t layer, const std::string& entry_name) {
+SlabLayout SlabLayout::make_layer(const ModelConfig& cfg, int64_t layer, DType matrix_dtype) {
+  return make(cfg, SlabKind::layer, matrix_dtype, cfg.layer_kind(layer));
+}
+
+std::string hf_prefix(const ModelConfig& cfg) { return cfg.vision_language ? "model.language_model." : "model."; }
+
+std::string SlabLayout::hf_name(SlabKind kind, int64_t layer, const std::string& entry_name,
+                                const std::string& prefix) {
   switch (kind) {
-    case SlabKind::embedding: return "model." + entry_name;
-    case SlabKind::head: return entry_name == "lm_head.weight" ? entry_name : "model." + entry_name;
-    case SlabKind::layer: return fmt::format("model.layers.{}.{}", layer, entry_name);
+    case SlabKind::embedding: return prefix + entry_name;
+    case SlabKind::head: return entry_name == "lm_head.weight" ? entry_name : prefix + entry_name;
+    case SlabKind::layer: return fmt::format("{}layers.{}.{}", prefix, layer, entry_name);
   }
   LT_FAIL("unknown slab kind");
 }

@@ -32,8 +32,12 @@ struct SlabEntry {
 
 class SlabLayout {
  public:
-  // matrix_dtype: f32 for master/grad/optimizer slabs; bf16 for the bf16 compute copy.
-  static SlabLayout make(const ModelConfig& cfg, SlabKind kind, DType matrix_dtype = DType::f32);
+  // matrix_dtype: f32 for master/grad/optimizer slabs; bf16 for the bf16 compute copy. A layer slab's entries
+  // depend on its token mixer (hybrid models: model/config.h lists both kinds' tensors); make_layer takes layer
+  // `layer`'s kind from the config.
+  static SlabLayout make(const ModelConfig& cfg, SlabKind kind, DType matrix_dtype = DType::f32,
+                         LayerKind layer_kind = LayerKind::full_attention);
+  static SlabLayout make_layer(const ModelConfig& cfg, int64_t layer, DType matrix_dtype = DType::f32);
 
   SlabKind kind() const { return kind_; }
   const std::vector<SlabEntry>& entries() const { return entries_; }
@@ -43,13 +47,19 @@ class SlabLayout {
   int64_t num_parameters() const;                           // Σ numel, padding excluded
 
   // HF name of an entry in layer `layer` ("model.layers.3.self_attn.q_proj.weight"), or of the
-  // embedding / head entries ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight").
-  static std::string hf_name(SlabKind kind, int64_t layer, const std::string& entry_name);
+  // embedding / head entries ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"). `prefix` is
+  // the text model's (hf_prefix below).
+  static std::string hf_name(SlabKind kind, int64_t layer, const std::string& entry_name,
+                             const std::string& prefix = "model.");
 
  private:
   SlabKind kind_ = SlabKind::layer;
   std::vector<SlabEntry> entries_;
   size_t bytes_ = 0;
 };
+
+// Where a checkpoint keeps the text model's tensors: "model.", or "model.language_model." in the released
+// vision-language form of Qwen3.5 (lm_head.weight stays at the top in both).
+std::string hf_prefix(const ModelConfig& cfg);
 
 }  // namespace lt

@@ -3,7 +3,9 @@
 // the full BlockActs; bf16: the stored internals, computed in and widened back into one f32 working copy).
 #include "model/model.h"
 
+#include <algorithm>
 #include <optional>
+#include <vector>
 
 #include "core/aligned.h"
 #include "core/error.h"
@@ -28,6 +30,23 @@ struct ComputeWeights {
 
 WeightRef weight_ref(const TensorView& v) { return WeightRef{v.data, v.dtype}; }
 
+// The final norm's weight as the head multiplies by: as stored, or 1 + w (f32) for Qwen3.5's zero-centred norm,
+// whose gradient is the stored weight's.
+class FinalNormWeight {
+ public:
+  explicit FinalNormWeight(const ModelSlabs& w) : ptr_(w.tensor(SlabKind::head, 0, "norm.weight").ptr<float>()) {
+    if (!w.config().zero_centred_norms) return;
+    shifted_.resize(size_t(w.config().hidden_size));
+    for (size_t i = 0; i < shifted_.size(); ++i) shifted_[i] = 1.0f + ptr_[i];
+    ptr_ = shifted_.data();
+  }
+  const float* get() const { return ptr_; }
+
+ private:
+  const float* ptr_;
+  std::vector<float> shifted_;
+};
+
 HeadShape head_shape(const ModelConfig& cfg, int64_t N) {
   return HeadShape{N, cfg.hidden_size, cfg.vocab_size, float(cfg.rms_norm_eps)};
 }
@@ -42,7 +61,8 @@ struct ForwardState {
   float* work = nullptr;          // the f32 working copy (BlockActs; bf16 storage only)
   float* x32 = nullptr;           // [N, C] f32: the embedding output and the head input at bf16 storage
   std::vector<LayerInternals> layers;  // [L] every layer's, kept (bind_internals)
-  void* stored(int64_t l) { return acts + size_t(l) * block_stored_bytes(shape); }
+  std::vector<size_t> offsets;     // [L] byte offset of each layer's internals in acts
+  void* stored(int64_t l) { return acts + offsets[size_t(l)]; }
   void* boundary(int64_t i) { return boundaries + size_t(i) * shape.boundary_bytes(); }
   // Boundary i as f32 (widened into x32 at bf16 storage).
   const float* boundary_f32(int64_t i) {
@@ -60,22 +80,29 @@ void run_forward(ForwardState& st, const ModelSlabs& params, const ModelSlabs& c
   st.tok = StepTokens::make(batch);
   st.info = TokenInfo{st.tok.pos.data(), batch.doc_ids.empty() ? nullptr : batch.doc_ids.data()};
   st.boundaries = ws.get<uint8_t>("boundaries", size_t(L + 1) * st.shape.boundary_bytes());
-  const size_t per_layer = block_stored_bytes(st.shape);
-  st.acts = ws.get<uint8_t>("activations", per_layer * size_t(L));
+  // Each layer's internals by its kind (hybrid models: linear-attention layers hold the mixer's instead).
+  size_t acts_bytes = 0, work_floats = 0;
+  for (int64_t l = 0; l < L; ++l) {
+    const BlockShape sl = st.shape.for_layer(cfg.layer_kind(l));
+    st.offsets.push_back(acts_bytes);
+    acts_bytes += align_up(block_stored_bytes(sl), 64);
+    work_floats = std::max(work_floats, BlockActs::floats(sl));
+  }
+  st.acts = ws.get<uint8_t>("activations", acts_bytes);
   const bool b16 = activations != DType::f32;
-  if (b16) st.work = ws.get<float>("working copy", BlockActs::floats(st.shape));
+  if (b16) st.work = ws.get<float>("working copy", work_floats);
   st.x32 = ws.get<float>("boundary f32", size_t(N * C));
 
   float* x0 = activations == DType::f32 ? static_cast<float*>(st.boundary(0)) : st.x32;
   embedding_forward(x0, batch.input_ids.data(), params.tensor(SlabKind::embedding, 0, "embed_tokens.weight").ptr<float>(),
                     N, C, cfg.vocab_size);
   if (activations != DType::f32) parallel_convert_from_f32(st.boundary(0), activations, x0, size_t(N * C));
-  const SlabLayout& layout = cw.layout(SlabKind::layer);
   for (int64_t l = 0; l < L; ++l) {
-    st.layers.push_back(bind_internals(st.stored(l), st.work, st.shape));
+    const BlockShape sl = st.shape.for_layer(cfg.layer_kind(l));
+    st.layers.push_back(bind_internals(st.stored(l), st.work, sl));
     LayerInternals& li = st.layers.back();
-    BlockView w = BlockView::bind(layout, cw.layer(l));
-    block_forward(st.boundary(l + 1), li.acts, st.boundary(l), w, st.info, st.shape, li.stored);
+    BlockView w = BlockView::bind(cw.layout(SlabKind::layer, l), cw.layer(l));
+    block_forward(st.boundary(l + 1), li.acts, st.boundary(l), w, st.info, sl, li.stored);
   }
 }
 
@@ -89,7 +116,7 @@ LossResult model_forward(const ModelSlabs& params, const Batch& batch, Precision
   run_forward(st, params, *cw.w, batch, precision.activations, w);
   const ModelConfig& cfg = params.config();
   double loss = head_forward(st.boundary_f32(cfg.num_layers), st.tok.targets.data(),
-                             cw.w->tensor(SlabKind::head, 0, "norm.weight").ptr<float>(),
+                             FinalNormWeight(*cw.w).get(),
                              weight_ref(cw.w->lm_head()), head_shape(cfg, batch.N()));
   return LossResult{loss, st.tok.count};
 }
@@ -113,18 +140,21 @@ LossResult model_forward_backward(ModelSlabs& grads, const ModelSlabs& params, c
   TensorView dlm = grads.lm_head();
   double loss = head_forward_backward(dx, grads.tensor(SlabKind::head, 0, "norm.weight").ptr<float>(),
                                       dlm.ptr<float>(), st.boundary_f32(L), st.tok.targets.data(),
-                                      cw.w->tensor(SlabKind::head, 0, "norm.weight").ptr<float>(),
+                                      FinalNormWeight(*cw.w).get(),
                                       weight_ref(cw.w->lm_head()), float(1.0 / double(st.tok.count)),
                                       head_shape(cfg, N));
 
-  BlockScratch scratch = BlockScratch::bind(w.get<float>("scratch", BlockScratch::floats(st.shape)), st.shape);
-  const SlabLayout& layout = cw.w->layout(SlabKind::layer);
-  const SlabLayout& glayout = grads.layout(SlabKind::layer);
+  size_t scratch_floats = 0;
+  for (int64_t l = 0; l < L; ++l)
+    scratch_floats = std::max(scratch_floats, BlockScratch::floats(st.shape.for_layer(cfg.layer_kind(l))));
+  float* scratch_buffer = w.get<float>("scratch", scratch_floats);
   for (int64_t l = L - 1; l >= 0; --l) {
-    BlockView w = BlockView::bind(layout, cw.w->layer(l));
-    BlockGrads g = BlockGrads::bind(glayout, grads.layer(l));
+    const BlockShape sl = st.shape.for_layer(cfg.layer_kind(l));
+    BlockScratch scratch = BlockScratch::bind(scratch_buffer, sl);
+    BlockView w = BlockView::bind(cw.w->layout(SlabKind::layer, l), cw.w->layer(l));
+    BlockGrads g = BlockGrads::bind(grads.layout(SlabKind::layer, l), grads.layer(l));
     const LayerInternals& li = st.layers[size_t(l)];
-    block_backward(dx_prev, g, scratch, dx, st.boundary(l), li.acts, w, st.info, st.shape, li.saved, li.stored);
+    block_backward(dx_prev, g, scratch, dx, st.boundary(l), li.acts, w, st.info, sl, li.saved, li.stored);
     std::swap(dx, dx_prev);
   }
   embedding_backward(grads.tensor(SlabKind::embedding, 0, "embed_tokens.weight").ptr<float>(), dx,

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <set>
 
@@ -16,18 +18,21 @@ ModelSlabs::ModelSlabs(const ModelConfig& cfg, DType matrix_dtype)
     : cfg_(cfg),
       matrix_dtype_(matrix_dtype),
       embed_layout_(SlabLayout::make(cfg, SlabKind::embedding, matrix_dtype)),
-      layer_layout_(SlabLayout::make(cfg, SlabKind::layer, matrix_dtype)),
       head_layout_(SlabLayout::make(cfg, SlabKind::head, matrix_dtype)),
       embed_(embed_layout_.bytes()),
       head_(head_layout_.bytes()) {
+  for (LayerKind k : {LayerKind::full_attention, LayerKind::linear_attention}) {
+    if (k == LayerKind::full_attention || cfg.num_linear_attention_layers() > 0)
+      layer_layouts_[size_t(k)] = SlabLayout::make(cfg, SlabKind::layer, matrix_dtype, k);
+  }
   layers_.reserve(size_t(cfg.num_layers));
-  for (int64_t i = 0; i < cfg.num_layers; ++i) layers_.emplace_back(layer_layout_.bytes());
+  for (int64_t i = 0; i < cfg.num_layers; ++i) layers_.emplace_back(layout(SlabKind::layer, i).bytes());
 }
 
-const SlabLayout& ModelSlabs::layout(SlabKind kind) const {
+const SlabLayout& ModelSlabs::layout(SlabKind kind, int64_t layer) const {
   switch (kind) {
     case SlabKind::embedding: return embed_layout_;
-    case SlabKind::layer: return layer_layout_;
+    case SlabKind::layer: return layer_layouts_[size_t(cfg_.layer_kind(layer))];
     case SlabKind::head: return head_layout_;
   }
   LT_FAIL("unknown slab kind");
@@ -49,7 +54,7 @@ const uint8_t* ModelSlabs::slab(SlabKind kind, int64_t layer) const {
 }
 
 TensorView ModelSlabs::tensor(SlabKind kind, int64_t layer, const std::string& name) const {
-  const SlabEntry& e = layout(kind).entry(name);
+  const SlabEntry& e = layout(kind, layer).entry(name);
   return TensorView::contiguous(const_cast<uint8_t*>(slab(kind, layer)) + e.offset, e.dtype, e.shape);
 }
 
@@ -60,9 +65,10 @@ TensorView ModelSlabs::lm_head() const {
 
 std::vector<ModelSlabs::Named> ModelSlabs::named_tensors() const {
   std::vector<Named> out;
+  const std::string prefix = hf_prefix(cfg_);
   auto add_slab = [&](SlabKind kind, int64_t layer) {
-    for (const SlabEntry& e : layout(kind).entries())
-      out.push_back({SlabLayout::hf_name(kind, layer, e.name), tensor(kind, layer, e.name)});
+    for (const SlabEntry& e : layout(kind, layer).entries())
+      out.push_back({SlabLayout::hf_name(kind, layer, e.name, prefix), tensor(kind, layer, e.name)});
   };
   add_slab(SlabKind::embedding, 0);
   for (int64_t i = 0; i < num_layers(); ++i) add_slab(SlabKind::layer, i);
@@ -82,10 +88,17 @@ size_t ModelSlabs::total_bytes() const {
   return n;
 }
 
+bool is_untrained_tensor(const ModelConfig& cfg, const std::string& hf_name) {
+  return cfg.type == ModelType::qwen3_5 && (hf_name.starts_with("model.visual.") || hf_name.starts_with("mtp."));
+}
+
 LoadedModel load_hf_model(const std::string& dir) {
-  LoadedModel m{load_model_config(dir), {}};
-  m.params = ModelSlabs(m.config, DType::f32);
+  LoadedModel m{load_model_config(dir), {}, {}};
+  // The files first: a directory without weights (or with a bad header) fails before the slabs, which for a
+  // 27B config would be 108 GB, are allocated.
   SafetensorsModel files = SafetensorsModel::open_dir(dir);
+  m.params = ModelSlabs(m.config, DType::f32);
+  const bool half_checkpoint = m.config.torch_dtype == DType::bf16 || m.config.torch_dtype == DType::f16;
 
   std::set<std::string> expected;
   std::vector<std::string> missing;
@@ -96,13 +109,20 @@ LoadedModel load_hf_model(const std::string& dir) {
       continue;
     }
     files.read_f32(t.hf_name, t.view.ptr<float>(), t.view.shape);
+    if (half_checkpoint && files.info(t.hf_name).dtype == DType::f32) m.extras.keep_f32.insert(t.hf_name);
   }
   LT_CHECK(missing.empty(), "{}: missing tensor{} {} (model_type {}, {} layers)", dir, missing.size() > 1 ? "s" : "",
            fmt::join(missing, ", "), model_type_name(m.config.type), m.config.num_layers);
 
   std::vector<std::string> unexpected;
-  for (const auto& name : files.names()) {
+  for (const auto& name : files.names()) {  // sorted, so extras.carried is too
     if (expected.count(name)) continue;
+    if (is_untrained_tensor(m.config, name)) {
+      const TensorView v = files.view(name);
+      const auto* p = static_cast<const uint8_t*>(v.data);
+      m.extras.carried.push_back({name, v.dtype, v.shape, std::vector<uint8_t>(p, p + v.bytes())});
+      continue;
+    }
     // Some tied checkpoints still carry lm_head.weight; accept it only if it is the embedding.
     if (name == "lm_head.weight" && m.config.tie_word_embeddings) {
       TensorView emb = m.params.lm_head();
@@ -121,14 +141,38 @@ LoadedModel load_hf_model(const std::string& dir) {
   return m;
 }
 
+namespace {
+
+enum class InitRule { normal, zero, one, log_uniform_a };
+
+// How init_random fills a tensor. The other model types: norm weights 1, biases 0, the rest N(0, std).
+InitRule init_rule(const ModelConfig& cfg, const std::string& hf_name) {
+  const bool is_norm = hf_name.find("norm") != std::string::npos;
+  if (hf_name.ends_with("linear_attn.A_log")) return InitRule::log_uniform_a;
+  if (hf_name.ends_with("linear_attn.dt_bias")) return InitRule::one;
+  if (hf_name.ends_with("linear_attn.norm.weight")) return InitRule::one;  // the gated norm is plain: x·rstd·w
+  if (is_norm) return cfg.zero_centred_norms ? InitRule::zero : InitRule::one;  // zero-centred: x·rstd·(1 + w)
+  if (hf_name.ends_with(".bias")) return InitRule::zero;
+  return InitRule::normal;
+}
+
+}  // namespace
+
 void init_random(ModelSlabs& params, uint64_t seed, float std) {
   Rng rng(seed);
   for (auto& t : params.named_tensors()) {
     float* p = t.view.ptr<float>();
-    int64_t n = t.view.numel();
-    bool is_norm = t.hf_name.find("norm") != std::string::npos;
-    bool is_bias = t.hf_name.ends_with(".bias");
-    for (int64_t i = 0; i < n; ++i) p[i] = is_norm ? 1.f : is_bias ? 0.f : float(rng.normal() * std);
+    const int64_t n = t.view.numel();
+    const InitRule rule = init_rule(params.config(), t.hf_name);
+    for (int64_t i = 0; i < n; ++i) {
+      switch (rule) {
+        case InitRule::normal: p[i] = float(rng.normal() * std); break;
+        case InitRule::zero: p[i] = 0.f; break;
+        case InitRule::one: p[i] = 1.f; break;
+        // transformers draws A in [0.01, 16): the lower bound keeps log(A) finite.
+        case InitRule::log_uniform_a: p[i] = std::log(rng.uniform(0.01f, 16.f)); break;
+      }
+    }
   }
 }
 
@@ -142,17 +186,22 @@ void make_compute_copy(ModelSlabs& dst, const ModelSlabs& master) {
 
 namespace {
 
-// Converts slabs to `dtype` buffers owned by `storage`, keyed by HF name.
-NamedTensors export_tensors(const ModelSlabs& slabs, DType dtype, std::vector<std::vector<uint8_t>>& storage) {
+// Converts slabs to `dtype` buffers owned by `storage`, keyed by HF name; `keep_f32` ones to f32 instead.
+NamedTensors export_tensors(const ModelSlabs& slabs, DType dtype, std::vector<std::vector<uint8_t>>& storage,
+                            const std::set<std::string>& keep_f32 = {}) {
   LT_CHECK(dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16,
            "model files are written as f32, bf16 or f16, not {}", dtype_name(dtype));
   NamedTensors out;
   for (const auto& t : slabs.named_tensors()) {
     LT_CHECK(t.view.dtype == DType::f32, "export expects f32 slabs ({} is {})", t.hf_name, dtype_name(t.view.dtype));
-    storage.emplace_back(size_t(t.view.numel()) * dtype_size(dtype));
-    convert_from_f32(storage.back().data(), dtype, t.view.ptr<float>(), size_t(t.view.numel()));
-    out[t.hf_name] = TensorView::contiguous(storage.back().data(), dtype, t.view.shape);
+    const DType d = keep_f32.count(t.hf_name) ? DType::f32 : dtype;
+    storage.emplace_back(size_t(t.view.numel()) * dtype_size(d));
+    convert_from_f32(storage.back().data(), d, t.view.ptr<float>(), size_t(t.view.numel()));
+    out[t.hf_name] = TensorView::contiguous(storage.back().data(), d, t.view.shape);
   }
+  for (const auto& name : keep_f32)
+    LT_CHECK(out.count(name), "{} is to be kept F32 but is not a tensor of this {} model", name,
+             model_type_name(slabs.config().type));
   return out;
 }
 
@@ -163,10 +212,18 @@ void save_safetensors(const ModelSlabs& slabs, const std::string& path, DType dt
   write_safetensors(path, export_tensors(slabs, dtype, storage));
 }
 
-void save_hf_model(const ModelSlabs& params, const std::string& dir, DType dtype, size_t max_shard_bytes) {
+void save_hf_model(const ModelSlabs& params, const std::string& dir, DType dtype, size_t max_shard_bytes,
+                   const SavedExtras& extras) {
   std::filesystem::create_directories(dir);
   std::vector<std::vector<uint8_t>> storage;
-  write_safetensors_model(dir, export_tensors(params, dtype, storage), max_shard_bytes);
+  NamedTensors tensors = export_tensors(params, dtype, storage, extras.keep_f32);
+  for (const RawTensor& r : extras.carried) {
+    LT_CHECK(!tensors.count(r.name), "carried tensor {} has the name of a trained tensor", r.name);
+    LT_CHECK_EQ(r.bytes.size(), size_t(shape_numel(r.shape)) * dtype_size(r.dtype),
+                "carried tensor {}: its bytes do not match its dtype and shape", r.name);
+    tensors[r.name] = TensorView::contiguous(const_cast<uint8_t*>(r.bytes.data()), r.dtype, r.shape);
+  }
+  write_safetensors_model(dir, tensors, max_shard_bytes);
   ModelConfig cfg = params.config();
   cfg.torch_dtype = dtype;
   write_file_atomic(dir + "/config.json", model_config_to_json(cfg).dump(2) + "\n");

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -25,7 +26,8 @@ class ModelSlabs {
   DType matrix_dtype() const { return matrix_dtype_; }
   int64_t num_layers() const { return int64_t(layers_.size()); }
 
-  const SlabLayout& layout(SlabKind kind) const;
+  // The layout of a slab; for SlabKind::layer, of layer `layer` (hybrid models: its token mixer's layout).
+  const SlabLayout& layout(SlabKind kind, int64_t layer = 0) const;
   uint8_t* slab(SlabKind kind, int64_t layer = 0);
   const uint8_t* slab(SlabKind kind, int64_t layer = 0) const;
   uint8_t* layer(int64_t i) { return slab(SlabKind::layer, i); }
@@ -48,20 +50,46 @@ class ModelSlabs {
  private:
   ModelConfig cfg_;
   DType matrix_dtype_ = DType::f32;
-  SlabLayout embed_layout_, layer_layout_, head_layout_;
+  SlabLayout embed_layout_, head_layout_;
+  SlabLayout layer_layouts_[2];  // by LayerKind (linear_attention's only in hybrid models)
   AlignedBuffer<uint8_t> embed_, head_;
   std::vector<AlignedBuffer<uint8_t>> layers_;
 };
 
+// Tensors of a checkpoint that we load but do not train: qwen3_5's vision tower (model.visual.*) and
+// multi-token-prediction head (mtp.*), in either checkpoint form. False for every other model type.
+bool is_untrained_tensor(const ModelConfig& cfg, const std::string& hf_name);
+
+// A tensor exactly as a checkpoint stores it, carried into saved checkpoints byte for byte.
+struct RawTensor {
+  std::string name;
+  DType dtype = DType::f32;
+  Shape shape;
+  std::vector<uint8_t> bytes;  // row-major, as in the file
+};
+
+// What a checkpoint holds beyond the trained f32 slabs, so a save writes the same kind of model back.
+struct SavedExtras {
+  std::vector<RawTensor> carried;  // the untrained tensors (is_untrained_tensor), sorted by name
+  // Trained tensors the checkpoint stores as F32 although its torch_dtype is bf16 or f16 (qwen3_5's A_log and
+  // gated norm): a half-precision save keeps them F32.
+  std::set<std::string> keep_f32;
+};
+
 // Loads an HF model directory (config.json + model.safetensors or a sharded index) into f32 slabs.
-// Weights on disk may be f32, bf16 or f16. Missing and unexpected tensors are errors naming them.
+// Weights on disk may be f32, bf16 or f16. Missing and unexpected tensors are errors naming them; untrained
+// tensors are not unexpected: they are read raw into extras.carried.
 struct LoadedModel {
   ModelConfig config;
   ModelSlabs params;
+  SavedExtras extras;
 };
 LoadedModel load_hf_model(const std::string& dir);
 
-// Random initialisation for training from scratch: matrices N(0, std), norm weights 1, biases 0.
+// Random initialisation for training from scratch: matrices N(0, std), norm weights 1, biases 0. qwen3_5 as
+// transformers' Qwen3_5PreTrainedModel._init_weights: zero-centred norms (decoder, final, q/k) 0, the gated
+// norm (linear_attn.norm) 1, linear_attn.A_log = log U(0.01, 16), linear_attn.dt_bias 1, conv1d N(0, std).
+// One normal draw per N(0, std) element and one uniform draw per A_log element, in named_tensors() order.
 void init_random(ModelSlabs& params, uint64_t seed, float std = 0.02f);
 
 // The bf16 (or f32) compute copy of f32 master slabs: matrices converted, vectors copied.
@@ -71,7 +99,9 @@ void make_compute_copy(ModelSlabs& dst, const ModelSlabs& master);
 // and for gradient dumps (`lazytrain grad`).
 void save_safetensors(const ModelSlabs& slabs, const std::string& path, DType dtype);
 
-// Writes an HF model directory: config.json and model.safetensors (sharded beyond max_shard_bytes).
-void save_hf_model(const ModelSlabs& params, const std::string& dir, DType dtype, size_t max_shard_bytes);
+// Writes an HF model directory: config.json and model.safetensors (sharded beyond max_shard_bytes). The trained
+// tensors are written in `dtype` except extras.keep_f32 ones (F32), beside every extras.carried tensor as loaded.
+void save_hf_model(const ModelSlabs& params, const std::string& dir, DType dtype, size_t max_shard_bytes,
+                   const SavedExtras& extras = {});
 
 }  // namespace lt

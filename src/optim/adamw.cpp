@@ -204,13 +204,15 @@ void AdamWSlab::restore_state(const SafetensorsFile& file) {
 
 std::vector<OptimTensor> optim_tensors(const ModelConfig& model, SlabKind kind, int64_t layer,
                                        const AdamWConfig& cfg) {
-  const SlabLayout master = SlabLayout::make(model, kind, DType::f32);
-  const SlabLayout copy = SlabLayout::make(model, kind, DType::bf16);
+  const LayerKind lk = kind == SlabKind::layer ? model.layer_kind(layer) : LayerKind::full_attention;
+  const SlabLayout master = SlabLayout::make(model, kind, DType::f32, lk);
+  const SlabLayout copy = SlabLayout::make(model, kind, DType::bf16, lk);
+  const std::string prefix = hf_prefix(model);
   std::vector<OptimTensor> out;
   for (size_t i = 0; i < master.entries().size(); ++i) {
     const SlabEntry& e = master.entries()[i];
     OptimTensor t;
-    t.name = SlabLayout::hf_name(kind, layer, e.name);
+    t.name = SlabLayout::hf_name(kind, layer, e.name, prefix);
     t.shape = e.shape;
     t.param_offset = e.offset;
     t.copy_offset = copy.entries()[i].offset;

@@ -60,6 +60,7 @@ Instance make_instance(const ModelConfig& cfg, int64_t B, int64_t T, const Profi
                        const InstanceOptions& o) {
   LT_CHECK(B >= 1 && T >= 1, "batch {} x seq {}: both must be >= 1", B, T);
   LT_CHECK(cfg.num_layers >= 1, "the model has no layers");
+  check_uniform_layers(cfg, "the planner (plan/)");
   Profile profile = scale_profile(profile0, B, T);
   profile.validate(cfg.num_layers);
   Instance in;

@@ -50,6 +50,7 @@ void fill_random(float* p, size_t n, Rng& rng, float scale) {
 Profile measure_profile(const ModelConfig& cfg0, int64_t B, int64_t T, const MeasureOptions& o) {
   LT_CHECK(B >= 1 && T >= 1, "profile: batch {} x seq {} must both be >= 1", B, T);
   LT_CHECK(o.reps >= 1, "profile: --reps must be >= 1");
+  check_uniform_layers(cfg0, "the profiler (plan/measure.cpp)");
   const ModelConfig& cfg = cfg0;
   const int64_t L = cfg.num_layers, N = B * T, C = cfg.hidden_size, V = cfg.vocab_size;
   const DType mdt = o.compute == ComputeType::bf16 ? DType::bf16 : DType::f32;

@@ -1,7 +1,9 @@
 // train/checkpoint.h — checkpoints that Hugging Face tools load and that resume bit for bit.
 //
 // output_dir/checkpoint-STEP/
-//   config.json, model.safetensors (or model-0000k-of-0000N.safetensors + index) in the save dtype,
+//   config.json, model.safetensors (or model-0000k-of-0000N.safetensors + index) in the save dtype (the
+//     trained tensors; those the source checkpoint kept F32 stay F32) plus the tensors we do not train, carried
+//     from the source checkpoint byte for byte (qwen3_5's vision tower and MTP head: model/weights.h SavedExtras),
 //   the tokenizer files copied from the model directory (tokenizer.json, tokenizer_config.json, ...)
 //   resume/params.safetensors     f32 master weights (the model files may be bf16: resume needs f32)
 //   resume/optimizer.safetensors  optimizer states (8-bit codes and absmax, or f32), step and skip counts
@@ -19,11 +21,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include "model/weights.h"
 #include "train/data_loader.h"
 
 namespace lt {
 
-class ModelSlabs;
 class HybridAdamW;
 
 struct CheckpointWriter {
@@ -34,9 +36,11 @@ struct CheckpointWriter {
   std::string tokenizer_dir;          // copy tokenizer files from here ("" = none)
 };
 
-// Writes checkpoint-STEP atomically and returns its path. `state` is resume/state.json's content.
+// Writes checkpoint-STEP atomically and returns its path. `state` is resume/state.json's content; `extras` what
+// the source checkpoint held beyond the trained tensors (LoadedModel::extras; none for a model trained from scratch).
 std::string save_checkpoint(const CheckpointWriter& w, int64_t step, const ModelSlabs& params,
-                            const HybridAdamW& optimizer, const nlohmann::json& state);
+                            const HybridAdamW& optimizer, const nlohmann::json& state,
+                            const SavedExtras& extras = {});
 
 // The checkpoint `latest` names in output_dir, or "" when there is none.
 std::string latest_checkpoint(const std::string& output_dir);

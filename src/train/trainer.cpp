@@ -53,6 +53,7 @@ size_t mem_available_bytes() {
 struct ModelSource {
   ModelConfig config;
   ModelSlabs params;
+  SavedExtras extras;  // written into every checkpoint: the untrained tensors, the F32-kept ones
   std::string dir;  // where config.json (and the tokenizer) live
   bool from_scratch = false;
 };
@@ -70,6 +71,7 @@ ModelSource load_model_source(const TrainConfig& c) {
     LoadedModel lm = load_hf_model(p.string());
     m.config = lm.config;
     m.params = std::move(lm.params);
+    m.extras = std::move(lm.extras);
     m.dir = p.string();
   }
   return m;
@@ -304,7 +306,7 @@ TrainResult run_training(const TrainConfig& asked) {
   auto save = [&](int64_t at_step) {
     flush_update();
     nlohmann::json st = {{"cursor", loader.cursor().to_json()}, {"config", result_config(c)}};
-    std::string path = save_checkpoint(writer, at_step, model.params, opt, st);
+    std::string path = save_checkpoint(writer, at_step, model.params, opt, st, model.extras);
     log.message("saved " + path);
     return path;
   };

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <vector>
 
+#include "model/block.h"
 #include "model/delta_mixer.h"
 #include "testing/grad_check.h"
 

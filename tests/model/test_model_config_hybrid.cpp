@@ -545,21 +545,18 @@ TEST(HybridConfigRefuses, ToJsonOfInexpressibleConfigs) {
 // ---- components that handle uniform layers only -------------------------------------------------------
 
 TEST(HybridConfigRefuses, UniformLayerComponentsSayItClearly) {
-  const std::vector<std::string> msg = {"model 'qwen3_5' (hybrid Gated DeltaNet layers)", "does not support it yet"};
   ModelConfig c = parse(kTinyText);
   expect_error([&] { check_uniform_layers(c, "the test"); },
                {"model 'qwen3_5' (hybrid Gated DeltaNet layers): the test does not support it yet"});
-  expect_error([&] { SlabLayout::make(c, SlabKind::layer); }, {msg[0], msg[1], "weights layout"});
-  expect_error([&] { ModelSlabs slabs(c); }, {msg[0], msg[1]});
-  expect_error([&] { BlockShape::make(c, 1, 8, DType::f32); }, {msg[0], msg[1], "decoder block"});
-
-  // load_hf_model on a released-form checkpoint stops at the config, before reading any weights file.
+  // The block computes Qwen3.5 layers with f32 activation storage; bf16 storage is refused by name.
+  EXPECT_EQ(BlockShape::make(c, 1, 8, DType::f32).rotary, c.rotary_dim());
+  expect_error([&] { BlockShape::make(c, 1, 8, DType::bf16); }, {"bf16 activation storage", "Qwen3.5"});
+  // The released 27B config loads as a config without touching weights.
   std::filesystem::path dir =
       std::filesystem::path(::testing::TempDir()) / ("lt_hybrid_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   write_json_file((dir / "config.json").string(), qwen36_27b());
-  expect_error([&] { load_hf_model(dir.string()); }, {msg[0], msg[1]});
-  EXPECT_EQ(load_model_config(dir.string()), parse(qwen36_27b()));  // the config itself loads
+  EXPECT_EQ(load_model_config(dir.string()), parse(qwen36_27b()));
   std::filesystem::remove_all(dir);
 }
 
