@@ -110,8 +110,7 @@ struct StreamingExecutor::Step {
   const size_t dxbytes;  // one activation gradient [N, C] (always f32)
   const BlockShape s;
   const StepTokens tok;
-  const SlabLayout& wl;  // compute-copy layer layout (device weights)
-  const SlabLayout& gl;  // f32 layer layout (device gradients)
+  const LayerBytes lb;   // buffer sizes over the model's layer kinds
   WorkingSet ws;
 
   std::vector<void*> allocations;
@@ -185,8 +184,8 @@ struct StreamingExecutor::Step {
       : ex(e), dev(e.device_), compute(*e.compute_), host(hw), cfg(e.cfg_), o(e.options_), grads(g), params(p), weights(w), batch(b),
         plan(pl), L(cfg.num_layers), N(b.N()), C(cfg.hidden_size), xe(dtype_size(e.options_.activations)),
         xbytes(size_t(N * C) * xe), dxbytes(size_t(N * C) * 4),
-        s(BlockShape::make(cfg, b.B, b.T, e.options_.activations, e.options_.mlp_chunk_tokens)), tok(StepTokens::make(b)), wl(w.layout(SlabKind::layer)),
-        gl(g.layout(SlabKind::layer)), wslots(e.options_.weight_buffers), gslots(e.options_.grad_buffers) {}
+        s(BlockShape::make(cfg, b.B, b.T, e.options_.activations, e.options_.mlp_chunk_tokens)), tok(StepTokens::make(b)),
+        lb(LayerBytes::make(cfg, s, w.matrix_dtype())), wslots(e.options_.weight_buffers), gslots(e.options_.grad_buffers) {}
 
   ~Step() {
     if (std::uncaught_exceptions() > 0) {  // the step failed: nothing may wait for a slot any more
@@ -236,7 +235,10 @@ struct StreamingExecutor::Step {
   }
 
   TokenInfo token_info() const { return TokenInfo{pos_dev, batch.doc_ids.empty() ? nullptr : doc_dev}; }
-  BlockView view(int b) const { return BlockView::bind(wl, wbuf[size_t(b)]); }
+  // Layer l's layouts (compute copy on the device, f32 gradients): per layer, as hybrid models' layers differ.
+  const SlabLayout& wl(int64_t l) const { return weights.layout(SlabKind::layer, l); }
+  const SlabLayout& gl(int64_t l) const { return grads.layout(SlabKind::layer, l); }
+  BlockView view(int b, int64_t l) const { return BlockView::bind(wl(l), wbuf[size_t(b)]); }
 
   // --- set-up --------------------------------------------------------------------------------------
   // The step's device block: the previous step's when plan and shape are the same (same packing), else a
@@ -269,12 +271,12 @@ struct StreamingExecutor::Step {
     fences.assign(size_t(2 * L + 1), {nullptr, nullptr, nullptr});
     fence_waits = ws.fence_waits();
     const int nw = o.weight_buffers, ng = o.grad_buffers;
-    for (int i = 0; i < nw; ++i) wbuf.push_back(buf<uint8_t>(fmt::format("weights {}", i), wl.bytes()));
+    for (int i = 0; i < nw; ++i) wbuf.push_back(buf<uint8_t>(fmt::format("weights {}", i), lb.weights));
     wready.assign(size_t(nw), nullptr);
     wfree.assign(size_t(nw), nullptr);
     for (int i = 0; i < ng; ++i) {
-      gbuf.push_back(buf<uint8_t>(fmt::format("layer grads {}", i), gl.bytes()));
-      gstage.push_back(ex.host_ws_.get(fmt::format("grad staging {}", i), gl.bytes()));
+      gbuf.push_back(buf<uint8_t>(fmt::format("layer grads {}", i), lb.grads));
+      gstage.push_back(ex.host_ws_.get(fmt::format("grad staging {}", i), lb.grads));
     }
     gfree.assign(size_t(ng), nullptr);
 
@@ -305,7 +307,7 @@ struct StreamingExecutor::Step {
     bool recompute_internals = false;
     for (int64_t l = 0; l < L; ++l) {
       if (plan.keep_internals[size_t(l)])
-        kept[size_t(l)] = buf<uint8_t>(fmt::format("internals {}", l), block_stored_bytes(s));
+        kept[size_t(l)] = buf<uint8_t>(fmt::format("internals {}", l), lb.stored[size_t(l)]);
       else recompute_internals = true;
     }
     dx[0] = buf<float>("activation grads 0", dxbytes);
@@ -315,8 +317,8 @@ struct StreamingExecutor::Step {
     binding.tok = token_info();
     if (o.kernels == LayerKernels::cpu) {
       if (recompute_internals || s.act != DType::f32)
-        scratch_acts = buf<float>("internals scratch", BlockActs::floats(s) * 4);
-      bscratch = buf<float>("backward scratch", BlockScratch::floats(s) * 4);
+        scratch_acts = buf<float>("internals scratch", lb.acts_floats * 4);
+      bscratch = buf<float>("backward scratch", lb.scratch_floats * 4);
       binding.acts = scratch_acts;
       binding.backward_scratch = bscratch;
       loss_dev = &loss;
@@ -435,7 +437,7 @@ struct StreamingExecutor::Step {
     if (!slot.upload) return b;
     wait(kH2D, wfree[size_t(b)]);
     gate_upload(SlabKind::layer, l);
-    dev.copy_h2d(wbuf[size_t(b)], weights.layer(l), wl.bytes(), kH2D, fmt::format("h2d W{}", l), int(l));
+    dev.copy_h2d(wbuf[size_t(b)], weights.layer(l), wl(l).bytes(), kH2D, fmt::format("h2d W{}", l), int(l));
     wready[size_t(b)] = record(kH2D);
     return b;
   }
@@ -514,7 +516,7 @@ struct StreamingExecutor::Step {
       }
       int b = acquire_weights(l);
       void* kept_l = kept[size_t(l)];  // null: not kept
-      BlockView w = view(b);
+      BlockView w = view(b, l);
       uint8_t* x_out = out.ptr;
       const uint8_t* x_in = in.ptr;
       LayerCompute* c = &compute;
@@ -754,7 +756,7 @@ struct StreamingExecutor::Step {
     for (int64_t m = j; m < i; ++m) {
       uint8_t* out = cache[size_t(m - j)];
       int b = acquire_weights(m);
-      BlockView w = view(b);
+      BlockView w = view(b, m);
       const uint8_t* x_in = in.ptr;
       LayerCompute* c = &compute;
       // The output alone: a kept layer's internals stay as its forward stored them.
@@ -778,16 +780,16 @@ struct StreamingExecutor::Step {
       void* kept_l = kept[size_t(l)];
       if (kept_l == nullptr) {
         int b = acquire_weights(l);
-        BlockView w = view(b);
+        BlockView w = view(b, l);
         launch_on(b, {&xin}, [=] { c->recompute_internals(x_in, w); }, fmt::format("recompute internals L{}", l), l);
       }
       int b = acquire_weights(l);
-      BlockView w = view(b);
+      BlockView w = view(b, l);
       const int g = next_g;
       next_g = (next_g + 1) % o.grad_buffers;
       wait(kCompute, gfree[size_t(g)]);
       uint8_t* gb = gbuf[size_t(g)];
-      const SlabLayout* glp = &gl;
+      const SlabLayout* glp = &gl(l);
       float* dx_out = dx[cur];
       float* dx_in = dx[1 - cur];
       // In two launches: the MLP half's gradients (the slab's tail) go down while the attention half runs,
@@ -807,28 +809,28 @@ struct StreamingExecutor::Step {
       // goes straight into the host gradients instead (the device buffer has the host slab's layout) and the
       // host only sums its squares. Nothing else touches them then: the only other reader, the pending update
       // of layer l, finished before W[l]'s forward upload (gate_upload).
-      const size_t split = gl.entry(kMlpGradsFirst).offset;
+      const size_t split = gl(l).entry(kMlpGradsFirst).offset;
       const bool direct = target.mode == GradMode::overwrite;
       uint8_t* dst = direct ? grads.layer(l) : gstage[size_t(g)];
       wait(kD2H, mlp_done);
       if (!direct) dev.host_callback(kD2H, [this, g] { gslots.acquire(g, &host); }, "wait staging slab");
-      dev.copy_d2h(dst + split, gb + split, gl.bytes() - split, kD2H, fmt::format("d2h dW{} mlp", l), int(l));
+      dev.copy_d2h(dst + split, gb + split, gl(l).bytes() - split, kD2H, fmt::format("d2h dW{} mlp", l), int(l));
       wait(kD2H, done);
       dev.copy_d2h(dst, gb, split, kD2H, fmt::format("d2h dW{} attention", l), int(l));
       gfree[size_t(g)] = record(kD2H);
       if (direct) {
         dev.host_callback(kD2H, [this, l] {
           host.submit([this, l] {
-            const double p = grad_slab_sum_of_squares(grads.layer(l), gl);
+            const double p = grad_slab_sum_of_squares(grads.layer(l), gl(l));
             if (target.partials) target.partials->set(SlabKind::layer, l, p);
-          }, fmt::format("norm dW{}", l), int(l), gl.bytes());
+          }, fmt::format("norm dW{}", l), int(l), gl(l).bytes());
         }, "hand off grads");
       } else {
         dev.host_callback(kD2H, [this, g, l] {
           host.submit([this, g, l, slot = gslots.release_guard(g)] {
-            double p = accumulate_grad_slab(grads.layer(l), gl, gstage[size_t(g)], gl, target.mode);
+            double p = accumulate_grad_slab(grads.layer(l), gl(l), gstage[size_t(g)], gl(l), target.mode);
             if (target.partials) target.partials->set(SlabKind::layer, l, p);
-          }, fmt::format("accumulate dW{}", l), int(l), gl.bytes());
+          }, fmt::format("accumulate dW{}", l), int(l), gl(l).bytes());
         }, "hand off grads");
       }
     }
@@ -850,7 +852,7 @@ struct StreamingExecutor::Step {
 
 StreamingExecutor::StreamingExecutor(const ModelConfig& cfg, Device& device, ExecOptions options, NvmeStore* nvme)
     : cfg_(cfg), device_(device), options_(options), nvme_(nvme) {
-  check_uniform_layers(cfg, "the streaming executor (exec/; the in-memory path runs it)");
+  if (options_.kernels == LayerKernels::gpu) check_uniform_layers(cfg, "the GPU block (cuda/layers; run on the CPU block)");
   LT_CHECK(options_.weight_buffers >= 1 && options_.grad_buffers >= 1 && options_.boundary_ring >= 2,
            "executor needs at least 1 weight buffer, 1 gradient buffer and 2 ring slots");
   compute_ = options_.kernels == LayerKernels::gpu ? cuda::make_gpu_layer_compute(device_) : make_cpu_layer_compute();

@@ -173,6 +173,20 @@ const DeviceBuffer& WorkingSet::buffer(const std::string& tag) const {
   LT_FAIL("working set has no buffer '{}'", tag);
 }
 
+LayerBytes LayerBytes::make(const ModelConfig& cfg, const BlockShape& s, DType matrices) {
+  LayerBytes b;
+  for (int64_t l = 0; l < cfg.num_layers; ++l) {
+    const LayerKind kind = cfg.layer_kind(l);
+    const BlockShape sl = s.for_layer(kind);
+    b.weights = std::max(b.weights, SlabLayout::make(cfg, SlabKind::layer, matrices, kind).bytes());
+    b.grads = std::max(b.grads, SlabLayout::make(cfg, SlabKind::layer, DType::f32, kind).bytes());
+    b.stored.push_back(block_stored_bytes(sl));
+    b.acts_floats = std::max(b.acts_floats, BlockActs::floats(sl));
+    b.scratch_floats = std::max(b.scratch_floats, BlockScratch::floats(sl));
+  }
+  return b;
+}
+
 GpuComputeBytes GpuComputeBytes::make(const ModelConfig& cfg, const BlockShape& s, DType matrices) {
   GpuComputeBytes g;
   g.block_scratch = cuda::gpu_block_scratch_bytes(s);
@@ -185,15 +199,15 @@ GpuComputeBytes GpuComputeBytes::make(const ModelConfig& cfg, const BlockShape& 
 }
 
 WorkingSet plan_working_set(const ModelConfig& cfg, int64_t B, int64_t T, const Plan& plan, const ExecOptions& o) {
-  check_uniform_layers(cfg, "the executor's memory model (exec/working_set.cpp)");
+  if (o.kernels == LayerKernels::gpu) check_uniform_layers(cfg, "the GPU block (cuda/layers; run on the CPU block)");
   const int64_t L = cfg.num_layers, N = B * T, C = cfg.hidden_size;
   plan.validate(L);
   const DType mdt = o.compute == ComputeType::bf16 ? DType::bf16 : DType::f32;
   const BlockShape s = BlockShape::make(cfg, B, T, o.activations, o.mlp_chunk_tokens);
   const size_t boundary = s.boundary_bytes();  // in the activation storage dtype
   const size_t act_grad = size_t(N * C) * 4;   // activation gradients stay f32
-  const size_t layer_w = SlabLayout::make(cfg, SlabKind::layer, mdt).bytes();
-  const size_t layer_g = SlabLayout::make(cfg, SlabKind::layer, DType::f32).bytes();
+  const LayerBytes lb = LayerBytes::make(cfg, s, mdt);
+  const size_t layer_w = lb.weights, layer_g = lb.grads;
   size_t head_w = SlabLayout::make(cfg, SlabKind::head, mdt).bytes();
   size_t head_g = SlabLayout::make(cfg, SlabKind::head, DType::f32).bytes();
   if (cfg.tie_word_embeddings) {  // lm_head is the embedding matrix
@@ -229,15 +243,15 @@ WorkingSet plan_working_set(const ModelConfig& cfg, int64_t B, int64_t T, const 
   bool recompute_internals = false;
   for (int64_t l = 0; l < L; ++l) {
     if (plan.keep_internals[size_t(l)])
-      add(fmt::format("internals {}", l), block_stored_bytes(s), forward_window(l), backward_window(L, l));
+      add(fmt::format("internals {}", l), lb.stored[size_t(l)], forward_window(l), backward_window(L, l));
     else
       recompute_internals = true;
   }
   if (o.kernels == LayerKernels::cpu) {
     // The f32 working copy (the MLP one chunk at a time): for recomputed internals, and at bf16 storage for every
     // layer's forward and backward.
-    if (recompute_internals || s.act != DType::f32) add("internals scratch", BlockActs::floats(s) * 4, first, last);
-    add("backward scratch", BlockScratch::floats(s) * 4, first_bwd, last);
+    if (recompute_internals || s.act != DType::f32) add("internals scratch", lb.acts_floats * 4, first, last);
+    add("backward scratch", lb.scratch_floats * 4, first_bwd, last);
   } else {
     LT_CHECK(s.act == DType::bf16, "the GPU block stores bf16 activations, not {} (activation_dtype)",
              dtype_name(s.act));

@@ -43,6 +43,19 @@ struct ExecOptions {
   bool resident_head = false;
 };
 
+// A model's layer sizes where its layers may differ (Qwen3.5 / 3.6 hybrids: Gated DeltaNet and attention layers):
+// the weight and gradient buffers hold the largest layer slab; each kept layer holds its own kind's internals; the
+// CPU block's working copy and backward scratch fit the largest kind. One place for the working set and the
+// executor. `s` is the model-wide block shape (BlockShape::make).
+struct LayerBytes {
+  size_t weights = 0;          // max over layers of the compute-copy slab
+  size_t grads = 0;            // max over layers of the f32 slab
+  std::vector<size_t> stored;  // [L] block_stored_bytes of each layer's shape
+  size_t acts_floats = 0;      // max BlockActs::floats (the CPU working copy)
+  size_t scratch_floats = 0;   // max BlockScratch::floats
+  static LayerBytes make(const ModelConfig& cfg, const BlockShape& s, DType matrices);
+};
+
 // The GPU layer compute's buffers beside the layers' kept internals, in bytes (cuda/layers.h's sizes): one place for
 // the working set, the executor's binding (ComputeBinding), the profiler and the planner's memory model.
 struct GpuComputeBytes {

@@ -3,6 +3,7 @@
 #include "model/layer_compute.h"
 
 #include <cstring>
+#include <vector>
 
 #include "core/dtype.h"
 
@@ -16,23 +17,28 @@ class CpuLayerCompute final : public LayerCompute {
 
   void zero(void* ptr, size_t bytes) override { std::memset(ptr, 0, bytes); }
 
+  // Each layer computes with its own kind's shape (hybrid models: the view says which mixer it has).
   void forward(void* x_out, void* kept, const void* x_in, const BlockView& w) override {
-    LayerInternals li = bind_internals(kept, b_.acts, b_.shape);
-    block_forward(x_out, li.acts, x_in, w, b_.tok, b_.shape, li.stored);
+    const BlockShape s = b_.shape.for_layer(w.kind);
+    LayerInternals li = bind_internals(kept, b_.acts, s);
+    block_forward(x_out, li.acts, x_in, w, b_.tok, s, li.stored);
   }
   void recompute_internals(const void* x_in, const BlockView& w) override {
-    LayerInternals li = bind_internals(nullptr, b_.acts, b_.shape);
-    block_recompute_internals(li.acts, x_in, w, b_.tok, b_.shape);
+    const BlockShape s = b_.shape.for_layer(w.kind);
+    LayerInternals li = bind_internals(nullptr, b_.acts, s);
+    block_recompute_internals(li.acts, x_in, w, b_.tok, s);
   }
   void backward_mlp(BlockGrads& g, const float* dx_out, void* kept, const BlockView& w) override {
-    LayerInternals li = bind_internals(kept, b_.acts, b_.shape);
-    BlockScratch sc = BlockScratch::bind(b_.backward_scratch, b_.shape);
-    block_backward_mlp(g, sc, dx_out, li.acts, w, b_.shape, li.saved, li.stored);
+    const BlockShape s = b_.shape.for_layer(w.kind);
+    LayerInternals li = bind_internals(kept, b_.acts, s);
+    BlockScratch sc = BlockScratch::bind(b_.backward_scratch, s);
+    block_backward_mlp(g, sc, dx_out, li.acts, w, s, li.saved, li.stored);
   }
   void backward_attention(float* dx_in, BlockGrads& g, const void* x_in, void* kept, const BlockView& w) override {
-    LayerInternals li = bind_internals(kept, b_.acts, b_.shape);
-    BlockScratch sc = BlockScratch::bind(b_.backward_scratch, b_.shape);
-    block_backward_attention(dx_in, g, sc, x_in, li.acts, w, b_.tok, b_.shape);
+    const BlockShape s = b_.shape.for_layer(w.kind);
+    LayerInternals li = bind_internals(kept, b_.acts, s);
+    BlockScratch sc = BlockScratch::bind(b_.backward_scratch, s);
+    block_backward_attention(dx_in, g, sc, x_in, li.acts, w, b_.tok, s);
   }
   void head(const HeadCall& h) override {
     std::memset(h.grads, 0, h.grads_bytes);
@@ -41,7 +47,14 @@ class CpuLayerCompute final : public LayerCompute {
       parallel_convert_to_f32(h.x32, h.x, b_.shape.act, size_t(h.shape.N * h.shape.C));
       x = h.x32;
     }
-    *h.loss = head_forward_backward(h.dx, h.dnorm_w, h.dlm_w, x, h.targets, h.norm_w, h.lm_w, h.grad_scale, h.shape);
+    const float* norm_w = h.norm_w;
+    std::vector<float> shifted;  // Qwen3.5's zero-centred final norm multiplies by 1 + w (its gradient is w's)
+    if (b_.shape.zero_centred) {
+      shifted.assign(h.norm_w, h.norm_w + h.shape.C);
+      for (float& v : shifted) v += 1.0f;
+      norm_w = shifted.data();
+    }
+    *h.loss = head_forward_backward(h.dx, h.dnorm_w, h.dlm_w, x, h.targets, norm_w, h.lm_w, h.grad_scale, h.shape);
   }
 
  private:

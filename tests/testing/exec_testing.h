@@ -44,6 +44,40 @@ inline ModelConfig random_config(Rng& rng, int type = -1) {
   return c;
 }
 
+// A small random Qwen3.5 hybrid: Gated DeltaNet and gated-attention layers (at least one of each), value heads a
+// multiple of key heads, head dims not powers of two, partial RoPE.
+inline ModelConfig random_hybrid_config(Rng& rng) {
+  ModelConfig c;
+  c.type = ModelType::qwen3_5;
+  c.vocab_size = 40 + int64_t(rng.below(30));
+  c.num_kv_heads = 1 + int64_t(rng.below(2));
+  c.num_heads = c.num_kv_heads * (1 + int64_t(rng.below(2)));
+  c.head_dim = 8 + 4 * int64_t(rng.below(2));  // 8 or 12
+  c.hidden_size = 16 + 8 * int64_t(rng.below(3));
+  c.intermediate_size = 24 + int64_t(rng.below(20));
+  c.num_layers = 2 + int64_t(rng.below(4));
+  c.rms_norm_eps = 1e-6;
+  c.rope_theta = 10000.0;
+  c.qk_norm = true;
+  c.attn_output_gate = true;
+  c.zero_centred_norms = true;
+  c.partial_rotary_factor = 0.5;
+  c.linear_num_key_heads = 1 + int64_t(rng.below(2));
+  c.linear_num_value_heads = c.linear_num_key_heads * (1 + int64_t(rng.below(3)));
+  c.linear_key_head_dim = 6 + int64_t(rng.below(5));
+  c.linear_value_head_dim = 5 + int64_t(rng.below(5));
+  c.linear_conv_kernel_dim = 4;
+  for (int64_t l = 0; l < c.num_layers; ++l)
+    c.layer_types.push_back(rng.below(2) ? LayerKind::linear_attention : LayerKind::full_attention);
+  const int64_t full = int64_t(rng.below(uint64_t(c.num_layers)));
+  const int64_t linear = (full + 1 + int64_t(rng.below(uint64_t(c.num_layers - 1)))) % c.num_layers;
+  c.layer_types[size_t(full)] = LayerKind::full_attention;
+  c.layer_types[size_t(linear)] = LayerKind::linear_attention;
+  c.tie_word_embeddings = rng.below(2) == 0;
+  c.max_position_embeddings = 256;
+  return c;
+}
+
 inline ModelSlabs random_params(const ModelConfig& cfg, uint64_t seed) { return random_model_params(cfg, seed); }
 
 inline Batch random_batch(const ModelConfig& cfg, Rng& rng, bool packed) {
