@@ -1,5 +1,6 @@
 #include "model/generate.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -11,9 +12,11 @@
 namespace lt {
 namespace {
 
-// Keys and values of one layer for every position so far: [T_max, Hkv, D] each.
+// One layer's cache. Full attention: keys and values for every position so far, [T_max, Hkv, D] each. Gated
+// DeltaNet: the conv's last K-1 inputs [K-1, Dc] and the delta rule's state [Hv, dk, dv].
 struct LayerCache {
   std::vector<float> k, v;
+  std::vector<float> conv, state;
 };
 
 int32_t argmax(const float* x, int64_t n) {
@@ -21,6 +24,14 @@ int32_t argmax(const float* x, int64_t n) {
   for (int64_t i = 1; i < n; ++i)
     if (x[i] > x[best]) best = i;
   return int32_t(best);
+}
+
+// A norm's weight as the model multiplies by: as stored, or 1 + w for Qwen3.5's zero-centred norms.
+const float* norm_weight(const float* w, int64_t n, bool zero_centred, std::vector<float>& shifted) {
+  if (!zero_centred || w == nullptr) return w;
+  shifted.resize(size_t(n));
+  for (int64_t i = 0; i < n; ++i) shifted[size_t(i)] = 1.0f + w[i];
+  return shifted.data();
 }
 
 // The head on one hidden state: final norm, lm_head, argmax.
@@ -31,11 +42,61 @@ int32_t next_token(const ModelSlabs& params, const float* x, std::vector<float>&
   float* xn = scratch.data();
   float* logits = xn + C;
   float rstd;
-  rmsnorm_forward(xn, &rstd, x, params.tensor(SlabKind::head, 0, "norm.weight").ptr<float>(), 1, C,
-                  float(cfg.rms_norm_eps));
+  std::vector<float> shifted;
+  const float* w = norm_weight(params.tensor(SlabKind::head, 0, "norm.weight").ptr<float>(), C,
+                               cfg.zero_centred_norms, shifted);
+  rmsnorm_forward(xn, &rstd, x, w, 1, C, float(cfg.rms_norm_eps));
   TensorView lm = params.lm_head();
   linear_forward(logits, xn, WeightRef{lm.data, lm.dtype}, nullptr, 1, C, V);
   return argmax(logits, V);
+}
+
+DeltaShape one_token(const DeltaMixerShape& m) {
+  return DeltaShape{1, 1, m.Hk, m.Hv, m.dk, m.dv, float(1.0 / std::sqrt(double(m.dk))), 2 * m.key_dim(),
+                    2 * m.key_dim(), m.conv_dim()};
+}
+
+// The Gated DeltaNet cache after the prompt's P tokens, from the prefill's internals: the conv's last K-1 inputs,
+// and the state by the recurrence over the prompt (the prefill's chunked form gives the outputs, not the state).
+void fill_delta_cache(LayerCache& c, const DeltaMixerActs& a, const DeltaMixerShape& m, int64_t P) {
+  const int64_t Dc = m.conv_dim(), KD = m.key_dim();
+  c.conv.assign(size_t((m.K - 1) * Dc), 0.f);
+  for (int64_t r = 0; r < m.K - 1; ++r) {
+    const int64_t t = P - (m.K - 1) + r;
+    if (t >= 0) std::memcpy(&c.conv[size_t(r * Dc)], a.qkv_pre + t * Dc, size_t(Dc) * 4);
+  }
+  c.state.assign(size_t(m.Hv * m.dk * m.dv), 0.f);
+  std::vector<float> o(static_cast<size_t>(m.value_dim()));
+  const DeltaShape s = one_token(m);
+  for (int64_t t = 0; t < P; ++t)
+    gated_delta_step(o.data(), c.state.data(), a.qk_hat + t * 2 * KD, a.qk_hat + t * 2 * KD + KD,
+                     a.qkv + t * Dc + 2 * KD, a.beta + t * m.Hv, a.g + t * m.Hv, s);
+}
+
+// One token through a Gated DeltaNet mixer on its cache: out[C] from n1[C] (model/delta_mixer.h's steps).
+void delta_mixer_step(float* out, LayerCache& c, const float* n1, const DeltaMixerView& w, const DeltaMixerShape& m) {
+  const int64_t C = m.C, Dc = m.conv_dim(), KD = m.key_dim(), VD = m.value_dim(), K = m.K;
+  // The conv over the cached K-1 inputs and this one: rows [K, Dc], positions 0..K-1, the last row's output.
+  auto vec = [](int64_t n) { return std::vector<float>(static_cast<size_t>(n)); };
+  auto rows = vec(K * Dc), conv_out = vec(K * Dc), qk = vec(2 * KD), rnorm = vec(2 * m.Hk);
+  std::vector<int32_t> pos(static_cast<size_t>(K));
+  for (int64_t r = 0; r < K; ++r) pos[size_t(r)] = int32_t(r);
+  std::copy(c.conv.begin(), c.conv.end(), rows.begin());
+  linear_forward(&rows[size_t((K - 1) * Dc)], n1, w.in_qkv, nullptr, 1, C, Dc);
+  short_conv_forward(conv_out.data(), rows.data(), w.conv, pos.data(), K, K, Dc, K);
+  std::copy(rows.begin() + Dc, rows.end(), c.conv.begin());
+  const float* qkv = &conv_out[size_t((K - 1) * Dc)];
+  l2norm_forward(qk.data(), rnorm.data(), qkv, 1, m.Hk, m.dk, 2 * KD, Dc, 1e-6f);
+  l2norm_forward(qk.data() + KD, rnorm.data() + m.Hk, qkv + KD, 1, m.Hk, m.dk, 2 * KD, Dc, 1e-6f);
+  auto z = vec(VD), o = vec(VD), y = vec(VD), ba = vec(4 * m.Hv), rstd = vec(m.Hv);
+  float *b = ba.data(), *a = b + m.Hv, *beta = a + m.Hv, *g = beta + m.Hv;
+  linear_forward(z.data(), n1, w.in_z, nullptr, 1, C, VD);
+  linear_forward(b, n1, w.in_b, nullptr, 1, C, m.Hv);
+  linear_forward(a, n1, w.in_a, nullptr, 1, C, m.Hv);
+  delta_gates_forward(beta, g, b, a, w.A_log, w.dt_bias, 1, m.Hv);
+  gated_delta_step(o.data(), c.state.data(), qk.data(), qk.data() + KD, qkv + 2 * KD, beta, g, one_token(m));
+  gated_rmsnorm_forward(y.data(), rstd.data(), o.data(), z.data(), w.norm, m.Hv, m.dv, m.eps);
+  linear_forward(out, y.data(), w.out, nullptr, 1, VD, C);
 }
 
 }  // namespace
@@ -44,17 +105,15 @@ std::vector<int32_t> generate_greedy(const ModelSlabs& params, const std::vector
                                      const GenerateOptions& o) {
   const ModelConfig& cfg = params.config();
   LT_CHECK(!prompt.empty(), "generate: the prompt has no tokens");
-  check_uniform_layers(cfg, "generation (model/generate.cpp: no conv / delta-rule state cache yet)");
   const int64_t L = cfg.num_layers, C = cfg.hidden_size, P = int64_t(prompt.size());
   const int64_t T_max = P + o.max_new_tokens;
   const BlockShape s1 = BlockShape::make(cfg, 1, 1);
-  const int64_t Hq = s1.Hq, Hkv = s1.Hkv, D = s1.D, KVD = s1.KVD(), QD = s1.QD(), I = s1.I;
-  const SlabLayout& layout = params.layout(SlabKind::layer);
+  const int64_t Hq = s1.Hq, Hkv = s1.Hkv, D = s1.D, KVD = s1.KVD(), QD = s1.QD(), QPD = s1.QPD(), I = s1.I;
   const float* table = params.tensor(SlabKind::embedding, 0, "embed_tokens.weight").ptr<float>();
 
-  // --- prefill: the whole prompt through the training kernels, keeping k and v ---
-  // The prompt is padded to a multiple of 64 tokens: causal attention keeps the padding from touching
-  // the prompt's positions, and a few lengths mean a few GEMM shapes (oneDNN builds a kernel per shape).
+  // --- prefill: the whole prompt through the training kernels, keeping each layer's cache ---
+  // The prompt is padded to a multiple of 64 tokens: causality keeps the padding from touching the prompt's
+  // positions, and a few lengths mean a few GEMM shapes (oneDNN builds a kernel per shape).
   const int64_t Pp = (P + 63) / 64 * 64;
   std::vector<int32_t> padded = prompt;
   padded.resize(size_t(Pp), 0);
@@ -64,14 +123,23 @@ std::vector<int32_t> generate_greedy(const ModelSlabs& params, const std::vector
   std::vector<int32_t> pos(static_cast<size_t>(Pp));
   for (int64_t t = 0; t < Pp; ++t) pos[size_t(t)] = int32_t(t);
   embedding_forward(x.data(), padded.data(), table, Pp, C, cfg.vocab_size);
-  AlignedBuffer<float> acts_buf(BlockActs::floats(sp), 64, Fill::none);
+  size_t acts_floats = 0;
+  for (int64_t l = 0; l < L; ++l) acts_floats = std::max(acts_floats, BlockActs::floats(sp.for_layer(cfg.layer_kind(l))));
+  AlignedBuffer<float> acts_buf(acts_floats, 64, Fill::none);
   for (int64_t l = 0; l < L; ++l) {
-    BlockActs a = BlockActs::bind(acts_buf.data(), sp);
-    block_forward(y.data(), a, x.data(), BlockView::bind(layout, params.layer(l)), TokenInfo{pos.data(), nullptr}, sp);
-    cache[size_t(l)].k.assign(size_t(T_max * KVD), 0.f);
-    cache[size_t(l)].v.assign(size_t(T_max * KVD), 0.f);
-    std::memcpy(cache[size_t(l)].k.data(), a.k, size_t(P * KVD) * 4);
-    std::memcpy(cache[size_t(l)].v.data(), a.v, size_t(P * KVD) * 4);
+    const BlockShape sl = sp.for_layer(cfg.layer_kind(l));
+    BlockActs a = BlockActs::bind(acts_buf.data(), sl);
+    block_forward(y.data(), a, x.data(), BlockView::bind(params.layout(SlabKind::layer, l), params.layer(l)),
+                  TokenInfo{pos.data(), nullptr}, sl);
+    LayerCache& c = cache[size_t(l)];
+    if (sl.linear()) {
+      fill_delta_cache(c, a.delta, sl.mixer(), P);
+    } else {
+      c.k.assign(size_t(T_max * KVD), 0.f);
+      c.v.assign(size_t(T_max * KVD), 0.f);
+      std::memcpy(c.k.data(), a.k, size_t(P * KVD) * 4);
+      std::memcpy(c.v.data(), a.v, size_t(P * KVD) * 4);
+    }
     std::swap(x, y);
   }
   std::vector<float> head_scratch;
@@ -80,9 +148,10 @@ std::vector<int32_t> generate_greedy(const ModelSlabs& params, const std::vector
 
   // --- decode: one token at a time against the cache ---
   auto vec = [](int64_t n) { return std::vector<float>(static_cast<size_t>(n)); };
-  auto h = vec(C), n1 = vec(C), q = vec(QD), k = vec(KVD), v = vec(KVD), qn = vec(QD), kn = vec(KVD), att = vec(QD),
-       tmp = vec(C), mid = vec(C), n2 = vec(C), gate = vec(I), up = vec(I), hid = vec(I), scores = vec(T_max),
-       rs = vec(Hq + Hkv + 2);
+  auto h = vec(C), n1 = vec(C), q = vec(QPD), k = vec(KVD), v = vec(KVD), qraw = vec(QD), qn = vec(QD),
+       kn = vec(KVD), att = vec(QD), gated = vec(QD), tmp = vec(C), mid = vec(C), n2 = vec(C), gate = vec(I),
+       up = vec(I), hid = vec(I), scores = vec(T_max), rs = vec(Hq + Hkv + 2);
+  std::vector<float> w_ln1, w_ln2, w_qn, w_kn;  // zero-centred norms' 1 + w
   const float scale = 1.0f / std::sqrt(float(D));
   for (int64_t t = P; ; ++t) {
     out.push_back(tok);
@@ -92,48 +161,62 @@ std::vector<int32_t> generate_greedy(const ModelSlabs& params, const std::vector
     embedding_forward(h.data(), &tok, table, 1, C, cfg.vocab_size);
     const int32_t p = int32_t(t);
     for (int64_t l = 0; l < L; ++l) {
-      BlockView w = BlockView::bind(layout, params.layer(l));
-      rmsnorm_forward(n1.data(), &rs[0], h.data(), w.ln1, 1, C, s1.eps);
-      linear_forward(q.data(), n1.data(), w.wq, w.bq, 1, C, QD);
-      linear_forward(k.data(), n1.data(), w.wk, w.bk, 1, C, KVD);
-      linear_forward(v.data(), n1.data(), w.wv, w.bv, 1, C, KVD);
-      float* qa = q.data();
-      float* ka = k.data();
-      if (s1.qk_norm) {
-        rmsnorm_forward(qn.data(), &rs[1], q.data(), w.q_norm, Hq, D, s1.eps);
-        rmsnorm_forward(kn.data(), &rs[1 + Hq], k.data(), w.k_norm, Hkv, D, s1.eps);
-        qa = qn.data();
-        ka = kn.data();
-      }
-      rope_forward(qa, &p, 1, Hq, D, s1.rope_theta);
-      rope_forward(ka, &p, 1, Hkv, D, s1.rope_theta);
+      const BlockShape sl = s1.for_layer(cfg.layer_kind(l));
+      BlockView w = BlockView::bind(params.layout(SlabKind::layer, l), params.layer(l));
+      rmsnorm_forward(n1.data(), &rs[0], h.data(), norm_weight(w.ln1, C, sl.zero_centred, w_ln1), 1, C, sl.eps);
       LayerCache& c = cache[size_t(l)];
-      std::memcpy(c.k.data() + t * KVD, ka, size_t(KVD) * 4);
-      std::memcpy(c.v.data() + t * KVD, v.data(), size_t(KVD) * 4);
-      for (int64_t hq = 0; hq < Hq; ++hq) {  // softmax(q·K / sqrt(D)) · V over positions 0..t
-        const int64_t hk = hq / (Hq / Hkv);
-        const float* qh = qa + hq * D;
-        float m = -INFINITY;
-        for (int64_t j = 0; j <= t; ++j) {
-          const float* kj = c.k.data() + j * KVD + hk * D;
-          float sdot = 0;
-          for (int64_t d = 0; d < D; ++d) sdot += qh[d] * kj[d];
-          scores[size_t(j)] = sdot * scale;
-          m = std::max(m, scores[size_t(j)]);
+      if (sl.linear()) {
+        delta_mixer_step(tmp.data(), c, n1.data(), w.delta, sl.mixer());
+      } else {
+        linear_forward(q.data(), n1.data(), w.wq, w.bq, 1, C, QPD);
+        linear_forward(k.data(), n1.data(), w.wk, w.bk, 1, C, KVD);
+        linear_forward(v.data(), n1.data(), w.wv, w.bv, 1, C, KVD);
+        float* qa = q.data();
+        float* ka = k.data();
+        if (sl.out_gate)  // q_proj's rows are [query D | gate D] per head
+          for (int64_t hq = 0; hq < Hq; ++hq) std::memcpy(&qraw[size_t(hq * D)], &q[size_t(hq * 2 * D)], size_t(D) * 4);
+        if (sl.qk_norm) {
+          rmsnorm_forward(qn.data(), &rs[1], sl.out_gate ? qraw.data() : q.data(),
+                          norm_weight(w.q_norm, D, sl.zero_centred, w_qn), Hq, D, sl.eps);
+          rmsnorm_forward(kn.data(), &rs[1 + Hq], k.data(), norm_weight(w.k_norm, D, sl.zero_centred, w_kn), Hkv, D,
+                          sl.eps);
+          qa = qn.data();
+          ka = kn.data();
         }
-        float sum = 0;
-        for (int64_t j = 0; j <= t; ++j) sum += (scores[size_t(j)] = std::exp(scores[size_t(j)] - m));
-        float* oh = att.data() + hq * D;
-        std::fill(oh, oh + D, 0.f);
-        for (int64_t j = 0; j <= t; ++j) {
-          const float pj = scores[size_t(j)] / sum;
-          const float* vj = c.v.data() + j * KVD + hk * D;
-          for (int64_t d = 0; d < D; ++d) oh[d] += pj * vj[d];
+        rope_partial_forward(qa, &p, 1, Hq, D, sl.rotary, sl.rope_theta);
+        rope_partial_forward(ka, &p, 1, Hkv, D, sl.rotary, sl.rope_theta);
+        std::memcpy(c.k.data() + t * KVD, ka, size_t(KVD) * 4);
+        std::memcpy(c.v.data() + t * KVD, v.data(), size_t(KVD) * 4);
+        for (int64_t hq = 0; hq < Hq; ++hq) {  // softmax(q·K / sqrt(D)) · V over positions 0..t
+          const int64_t hk = hq / (Hq / Hkv);
+          const float* qh = qa + hq * D;
+          float m = -INFINITY;
+          for (int64_t j = 0; j <= t; ++j) {
+            const float* kj = c.k.data() + j * KVD + hk * D;
+            float sdot = 0;
+            for (int64_t d = 0; d < D; ++d) sdot += qh[d] * kj[d];
+            scores[size_t(j)] = sdot * scale;
+            m = std::max(m, scores[size_t(j)]);
+          }
+          float sum = 0;
+          for (int64_t j = 0; j <= t; ++j) sum += (scores[size_t(j)] = std::exp(scores[size_t(j)] - m));
+          float* oh = att.data() + hq * D;
+          std::fill(oh, oh + D, 0.f);
+          for (int64_t j = 0; j <= t; ++j) {
+            const float pj = scores[size_t(j)] / sum;
+            const float* vj = c.v.data() + j * KVD + hk * D;
+            for (int64_t d = 0; d < D; ++d) oh[d] += pj * vj[d];
+          }
         }
+        const float* o_in = att.data();
+        if (sl.out_gate) {
+          sigmoid_gate_forward(gated.data(), att.data(), q.data() + D, 1, Hq, D, QPD, 2 * D);
+          o_in = gated.data();
+        }
+        linear_forward(tmp.data(), o_in, w.wo, w.bo, 1, QD, C);
       }
-      linear_forward(tmp.data(), att.data(), w.wo, w.bo, 1, QD, C);
       for (int64_t i = 0; i < C; ++i) mid[size_t(i)] = h[size_t(i)] + tmp[size_t(i)];
-      rmsnorm_forward(n2.data(), &rs[0], mid.data(), w.ln2, 1, C, s1.eps);
+      rmsnorm_forward(n2.data(), &rs[0], mid.data(), norm_weight(w.ln2, C, sl.zero_centred, w_ln2), 1, C, sl.eps);
       linear_forward(gate.data(), n2.data(), w.wgate, w.bgate, 1, C, I);
       linear_forward(up.data(), n2.data(), w.wup, w.bup, 1, C, I);
       swiglu_forward(hid.data(), gate.data(), up.data(), I);

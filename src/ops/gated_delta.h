@@ -59,6 +59,12 @@ void gated_delta_backward(float* dq, float* dk, float* dv, float* dbeta, float* 
 // the chunk-start states of a value head and the chunk's temporaries. At most min(threads, tasks) at once.
 size_t gated_delta_backward_task_bytes(const DeltaShape& s);
 
+// One token of the recurrence in f32 on a carried state (generation's cache): for each value head h,
+// S_h ← e^{g_h} S_h; S_h += k (β_h (v_h − S_hᵀ k))ᵀ; o_h = S_hᵀ (scale · q). state [Hv, dk, dv] is read and
+// written; q, k [Hk·dk], v [Hv·dv], beta, g [Hv], o [Hv·dv] are one token's (B, T and the strides unused).
+void gated_delta_step(float* o, float* state, const float* q, const float* k, const float* v, const float* beta,
+                      const float* g, const DeltaShape& s);
+
 // The plain references: the token-by-token recurrence in f64 (the backward keeps every state: small inputs only).
 void gated_delta_forward_recurrent(float* o, const float* q, const float* k, const float* v, const float* beta,
                                    const float* g, const int32_t* doc_ids, const DeltaShape& s);

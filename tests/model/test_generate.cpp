@@ -1,6 +1,8 @@
 // Greedy decoding with the KV cache equals argmax of a full forward over the same sequence.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "core/rng.h"
 #include "model/block.h"
 #include "model/generate.h"
@@ -15,19 +17,26 @@ std::vector<int32_t> full_forward_argmax(const ModelSlabs& p, const std::vector<
   const int64_t T = int64_t(seq.size()), C = cfg.hidden_size, V = cfg.vocab_size;
   BlockShape s = BlockShape::make(cfg, 1, T);
   std::vector<float> x(static_cast<size_t>(T * C)), y(static_cast<size_t>(T * C));
-  std::vector<float> acts(BlockActs::floats(s));
+  size_t acts_floats = 0;
+  for (int64_t l = 0; l < cfg.num_layers; ++l)
+    acts_floats = std::max(acts_floats, BlockActs::floats(s.for_layer(cfg.layer_kind(l))));
+  std::vector<float> acts(acts_floats);
   std::vector<int32_t> pos(static_cast<size_t>(T));
   for (int64_t t = 0; t < T; ++t) pos[size_t(t)] = int32_t(t);
   embedding_forward(x.data(), seq.data(), p.tensor(SlabKind::embedding, 0, "embed_tokens.weight").ptr<float>(), T, C, V);
   for (int64_t l = 0; l < cfg.num_layers; ++l) {
-    BlockActs a = BlockActs::bind(acts.data(), s);
-    block_forward(y.data(), a, x.data(), BlockView::bind(p.layout(SlabKind::layer), p.layer(l)),
-                  TokenInfo{pos.data(), nullptr}, s);
+    const BlockShape sl = s.for_layer(cfg.layer_kind(l));
+    BlockActs a = BlockActs::bind(acts.data(), sl);
+    block_forward(y.data(), a, x.data(), BlockView::bind(p.layout(SlabKind::layer, l), p.layer(l)),
+                  TokenInfo{pos.data(), nullptr}, sl);
     std::swap(x, y);
   }
   std::vector<float> xn(static_cast<size_t>(T * C)), rstd(static_cast<size_t>(T)), logits(static_cast<size_t>(T * V));
-  rmsnorm_forward(xn.data(), rstd.data(), x.data(), p.tensor(SlabKind::head, 0, "norm.weight").ptr<float>(), T, C,
-                  float(cfg.rms_norm_eps));
+  std::vector<float> norm_w(p.tensor(SlabKind::head, 0, "norm.weight").ptr<float>(),
+                            p.tensor(SlabKind::head, 0, "norm.weight").ptr<float>() + C);
+  if (cfg.zero_centred_norms)
+    for (float& w : norm_w) w += 1.0f;  // Qwen3.5: x·rstd·(1 + w)
+  rmsnorm_forward(xn.data(), rstd.data(), x.data(), norm_w.data(), T, C, float(cfg.rms_norm_eps));
   TensorView lm = p.lm_head();
   linear_forward(logits.data(), xn.data(), WeightRef{lm.data, lm.dtype}, nullptr, T, C, V);
   std::vector<int32_t> out;
@@ -70,6 +79,47 @@ TEST_P(GenerateTest, KvCacheDecodeEqualsFullForward) {
   std::vector<int32_t> stopped = generate_greedy(p, prompt, o);
   EXPECT_LE(stopped.size(), 4u);
   EXPECT_EQ(stopped.back(), out[3]);
+}
+
+// Qwen3.5 hybrids: the Gated DeltaNet cache (the conv's last inputs, the delta rule's state by the recurrence) and
+// gated attention with partial RoPE. Prompts of 2 tokens (fewer than the conv's K-1 = 3: zero rows in the cache)
+// and 70 (the prefill's chunked delta rule crosses a chunk of 64).
+TEST(GenerateHybrid, StateCacheDecodeEqualsFullForward) {
+  ModelConfig c;
+  c.type = ModelType::qwen3_5;
+  c.vocab_size = 97;
+  c.hidden_size = 48;
+  c.intermediate_size = 64;
+  c.num_layers = 3;
+  c.layer_types = {LayerKind::linear_attention, LayerKind::full_attention, LayerKind::linear_attention};
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = 12;
+  c.qk_norm = true;
+  c.attn_output_gate = true;
+  c.zero_centred_norms = true;
+  c.partial_rotary_factor = 0.5;
+  c.linear_num_key_heads = 2;
+  c.linear_num_value_heads = 4;
+  c.linear_key_head_dim = 10;
+  c.linear_value_head_dim = 6;
+  c.linear_conv_kernel_dim = 4;
+  c.max_position_embeddings = 128;
+  ModelSlabs p(c);
+  init_random(p, 7, 0.3f);
+  for (int64_t P : {2, 70}) {
+    Rng rng(static_cast<uint64_t>(P));
+    std::vector<int32_t> prompt;
+    for (int64_t i = 0; i < P; ++i) prompt.push_back(int32_t(rng.below(97)));
+    GenerateOptions o;
+    o.max_new_tokens = 10;
+    std::vector<int32_t> out = generate_greedy(p, prompt, o);
+    ASSERT_EQ(out.size(), 10u);
+    std::vector<int32_t> seq = prompt;
+    seq.insert(seq.end(), out.begin(), out.end() - 1);
+    std::vector<int32_t> ref = full_forward_argmax(p, seq);
+    for (size_t i = 0; i < out.size(); ++i) EXPECT_EQ(out[i], ref[prompt.size() - 1 + i]) << "prompt " << P << " token " << i;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Arch, GenerateTest, ::testing::Values(ModelType::qwen2, ModelType::qwen3, ModelType::llama));

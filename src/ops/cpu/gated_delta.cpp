@@ -425,6 +425,26 @@ void gated_delta_backward(float* dq, float* dk, float* dv, float* dbeta, float* 
   });
 }
 
+void gated_delta_step(float* o, float* state, const float* q, const float* k, const float* v, const float* beta,
+                      const float* g, const DeltaShape& s) {
+  LT_CHECK(s.Hk > 0 && s.Hv > 0 && s.Hv % s.Hk == 0 && s.dk > 0 && s.dv > 0,
+           "gated delta step: bad heads (Hk {} Hv {} dk {} dv {})", s.Hk, s.Hv, s.dk, s.dv);
+  const int64_t group = s.Hv / s.Hk, Sdd = s.dk * s.dv;
+  std::vector<float> qs(static_cast<size_t>(s.dk)), u(static_cast<size_t>(s.dv));
+  for (int64_t vh = 0; vh < s.Hv; ++vh) {
+    const float* kh = k + (vh / group) * s.dk;
+    const float* qh = q + (vh / group) * s.dk;
+    float* S = state + vh * Sdd;
+    const float decay = std::exp(g[vh]);
+    for (int64_t x = 0; x < Sdd; ++x) S[x] *= decay;
+    state_t_times(u.data(), S, kh, s.dk, s.dv);  // Sᵀk
+    for (int64_t e = 0; e < s.dv; ++e) u[size_t(e)] = beta[vh] * (v[vh * s.dv + e] - u[size_t(e)]);
+    state_add_outer(S, 1.f, kh, u.data(), s.dk, s.dv);
+    for (int64_t d = 0; d < s.dk; ++d) qs[size_t(d)] = qh[d] * s.scale;
+    state_t_times(o + vh * s.dv, S, qs.data(), s.dk, s.dv);
+  }
+}
+
 size_t gated_delta_backward_task_bytes(const DeltaShape& s) { return BackwardScratch::bytes(s, s.T); }
 
 // ---------------------------------------------------------------------------------------------------------
