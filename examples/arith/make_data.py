@@ -8,6 +8,7 @@ Writes into OUT (default examples/arith/generated):
       qwen3 chat template (vocab padded to 512). The word problems and the template shrink to a few tokens;
       digits are never merged (Qwen's pre-tokenizer isolates them) and the responses stay close to one token
       per character. The examples are about half as long as byte-level ones, and the demo about twice as fast.
+  model_qwen35/: the same tokenizer with a Qwen3.5 hybrid config.json (examples/arith/config_qwen35.yaml)
   data/arith_train.jsonl, data/arith_test.jsonl, data/dataset_info.json
       MetaMathQA-style records {"query", "response", "type"}: two-operand arithmetic word problems (sums and
       differences of two-digit numbers, products of a two-digit number and a digit) whose responses work
@@ -114,6 +115,20 @@ CONFIG = {
     "head_dim": 64, "hidden_act": "silu", "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
     "max_position_embeddings": 512, "tie_word_embeddings": True, "attention_bias": False,
     "torch_dtype": "float32", "bos_token_id": 256, "eos_token_id": 258,
+}
+
+# The same size as a Qwen3.5 hybrid (examples/arith/config_qwen35.yaml): three Gated DeltaNet layers and one gated
+# full-attention layer (Qwen3.6's 3:1 pattern), zero-centred norms, RoPE on a quarter of the head dims.
+HYBRID_CONFIG = {
+    "architectures": ["Qwen3_5ForCausalLM"], "model_type": "qwen3_5_text", "vocab_size": CONFIG["vocab_size"],
+    "hidden_size": 256, "intermediate_size": 704, "num_hidden_layers": 4, "full_attention_interval": 4,
+    "layer_types": ["linear_attention", "linear_attention", "linear_attention", "full_attention"],
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64, "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4, "linear_key_head_dim": 64, "linear_value_head_dim": 64, "linear_conv_kernel_dim": 4,
+    "hidden_act": "silu", "rms_norm_eps": 1e-6,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+    "max_position_embeddings": 512, "tie_word_embeddings": True, "attention_bias": False, "dtype": "float32",
+    "bos_token_id": 256, "eos_token_id": 258,
 }
 
 NAMES = ["Ava", "Ben", "Chen", "Dana", "Eli", "Fatima", "Gus", "Hana", "Ivan", "Jo", "Kofi", "Lena", "Mo", "Nia"]
@@ -229,12 +244,14 @@ def main():
     rendered = [f"<|im_start|>user\n{r['query']}<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
                 for r in train_records]
     merges = learn_merges(rendered, CONFIG["vocab_size"] - 256 - len(SPECIALS))
-    with open(os.path.join(a.out, "model", "config.json"), "w") as f:
-        json.dump(CONFIG, f, indent=2)
-    with open(os.path.join(a.out, "model", "tokenizer.json"), "w") as f:
-        json.dump(tokenizer_json(merges), f, ensure_ascii=False)
-    with open(os.path.join(a.out, "model", "tokenizer_config.json"), "w") as f:
-        json.dump({"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "bos_token": None}, f)
+    for model, config in (("model", CONFIG), ("model_qwen35", HYBRID_CONFIG)):
+        os.makedirs(os.path.join(a.out, model), exist_ok=True)
+        with open(os.path.join(a.out, model, "config.json"), "w") as f:
+            json.dump(config, f, indent=2)
+        with open(os.path.join(a.out, model, "tokenizer.json"), "w") as f:
+            json.dump(tokenizer_json(merges), f, ensure_ascii=False)
+        with open(os.path.join(a.out, model, "tokenizer_config.json"), "w") as f:
+            json.dump({"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "bos_token": None}, f)
     with open(os.path.join(a.out, "data", "dataset_info.json"), "w") as f:
         json.dump({"arith_train": {"file_name": "arith_train.jsonl", "formatting": "alpaca",
                                    "columns": {"prompt": "query", "response": "response"}},
