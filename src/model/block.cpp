@@ -67,10 +67,6 @@ BlockShape BlockShape::make(const ModelConfig& cfg, int64_t B, int64_t T, DType 
   LT_CHECK(mlp_chunk >= 0 && mlp_chunk % kTokenSlice == 0,
            "MLP chunk of {} tokens: must be a multiple of {} (the token slice of the parameter gradients)", mlp_chunk,
            kTokenSlice);
-  const bool qwen35 = cfg.is_hybrid() || cfg.attn_output_gate || cfg.zero_centred_norms;
-  LT_CHECK(!qwen35 || act == DType::f32,
-           "model '{}': bf16 activation storage is not supported for Qwen3.5 / Qwen3.6 layers yet; store "
-           "activations in f32 (activation dtype f32)", model_type_name(cfg.type));
   LT_CHECK(!cfg.attn_output_gate || cfg.qk_norm, "the attention output gate needs q_norm (model '{}')",
            model_type_name(cfg.type));
   const int64_t rotary = cfg.rotary_dim();
@@ -310,35 +306,59 @@ namespace {
 
 constexpr int64_t kConvertChunk = 4096;  // elements per conversion task (a stack buffer of bf16)
 
-// The activations a layer keeps for its backward, in the order of the stored buffer: the working copy's field,
-// its elements per token (or in all, for lse), whether it is stored as bf16 (activations) or f32 (statistics
-// that need range), and whether the MLP computes it chunk by chunk.
+// The activations a layer keeps for its backward, in the order of the stored buffer: the working copy's field
+// (a block internal, or one of a Gated DeltaNet mixer's in BlockActs::delta), its elements per token (or in all,
+// for lse), whether it is stored as bf16 (activations) or f32 (statistics and gates that need range), and whether
+// the MLP computes it chunk by chunk.
 struct StoredField {
-  float* BlockActs::*field;
+  float* BlockActs::*field;      // null for a mixer field
+  float* DeltaMixerActs::*mixer;  // null for a block field
   int64_t n;       // elements in all
   int64_t row;     // elements per token
   bool bf16;
   bool mlp;
   size_t offset = 0;  // in the stored buffer, 64-byte aligned
   size_t bytes() const { return (size_t(n) * (bf16 ? 2 : 4) + 63) / 64 * 64; }  // with the alignment padding
+  float* in(const BlockActs& a) const { return field ? a.*field : a.delta.*mixer; }
 };
 
 std::vector<StoredField> stored_fields(const BlockShape& s) {
   const int64_t N = s.N();
   auto f_ = [&](float* BlockActs::*field, int64_t row, bool bf16, bool mlp = false) {
-    return StoredField{field, N * row, row, bf16, mlp};
+    return StoredField{field, nullptr, N * row, row, bf16, mlp};
   };
-  std::vector<StoredField> f = {f_(&BlockActs::n1, s.C, true), f_(&BlockActs::rstd1, 1, false),
-                                f_(&BlockActs::q, s.QD(), true), f_(&BlockActs::k, s.KVD(), true),
-                                f_(&BlockActs::v, s.KVD(), true)};
-  if (s.qk_norm) {
-    f.push_back(f_(&BlockActs::q_raw, s.QD(), true));
-    f.push_back(f_(&BlockActs::k_raw, s.KVD(), true));
-    f.push_back(f_(&BlockActs::q_rstd, s.Hq, false));
-    f.push_back(f_(&BlockActs::k_rstd, s.Hkv, false));
+  auto m_ = [&](float* DeltaMixerActs::*field, int64_t row, bool bf16) {
+    return StoredField{nullptr, field, N * row, row, bf16, false};
+  };
+  std::vector<StoredField> f = {f_(&BlockActs::n1, s.C, true), f_(&BlockActs::rstd1, 1, false)};
+  if (s.linear()) {
+    // Gated DeltaNet: the projections, conv output, normalised q / k, delta-rule output and out_proj's input
+    // as bf16 activations; the L2 and RMS norms' statistics and the gates (b, a, β and the decay g, which the
+    // delta rule compounds over a chunk) f32.
+    const DeltaMixerShape m = s.mixer();
+    for (StoredField x :
+         {m_(&DeltaMixerActs::qkv_pre, m.conv_dim(), true), m_(&DeltaMixerActs::qkv, m.conv_dim(), true),
+          m_(&DeltaMixerActs::qk_hat, 2 * m.key_dim(), true), m_(&DeltaMixerActs::q_rnorm, m.Hk, false),
+          m_(&DeltaMixerActs::k_rnorm, m.Hk, false), m_(&DeltaMixerActs::z, m.value_dim(), true),
+          m_(&DeltaMixerActs::b, m.Hv, false), m_(&DeltaMixerActs::a, m.Hv, false),
+          m_(&DeltaMixerActs::beta, m.Hv, false), m_(&DeltaMixerActs::g, m.Hv, false),
+          m_(&DeltaMixerActs::o, m.value_dim(), true), m_(&DeltaMixerActs::rstd, m.Hv, false),
+          m_(&DeltaMixerActs::y, m.value_dim(), true)})
+      f.push_back(x);
+  } else {
+    for (StoredField x : {f_(&BlockActs::q, s.QD(), true), f_(&BlockActs::k, s.KVD(), true),
+                          f_(&BlockActs::v, s.KVD(), true)})
+      f.push_back(x);
+    if (s.qk_norm) {
+      f.push_back(f_(&BlockActs::q_raw, s.QPD(), true));  // with the output gate's rows
+      f.push_back(f_(&BlockActs::k_raw, s.KVD(), true));
+      f.push_back(f_(&BlockActs::q_rstd, s.Hq, false));
+      f.push_back(f_(&BlockActs::k_rstd, s.Hkv, false));
+    }
+    f.push_back(f_(&BlockActs::att, s.QD(), true));
+    // lse is [B, Hq, T]: not token-major.
+    f.push_back(StoredField{&BlockActs::lse, nullptr, s.B * s.Hq * s.T, 0, false, false});
   }
-  f.push_back(f_(&BlockActs::att, s.QD(), true));
-  f.push_back(StoredField{&BlockActs::lse, s.B * s.Hq * s.T, 0, false, false});  // [B, Hq, T]: not token-major
   for (StoredField x : {f_(&BlockActs::x_mid, s.C, true), f_(&BlockActs::n2, s.C, true),
                         f_(&BlockActs::rstd2, 1, false), f_(&BlockActs::gate, s.I, true, true),
                         f_(&BlockActs::up, s.I, true, true), f_(&BlockActs::h, s.I, true, true)})
@@ -366,8 +386,8 @@ void widen(float* dst, const bf16_t* src, int64_t n) { parallel_convert_to_f32(d
 
 // The stored internals: where each field lives, and the forward's hook at each stored activation — at bf16
 // storage it rounds the working copy and stores it (or only rounds it, when the internals are not kept);
-// statistics are copied. At f32 storage, nothing.
-class Storage {
+// statistics are copied. At f32 storage, nothing. The Gated DeltaNet mixer calls it through DeltaMixerStorage.
+class Storage final : public DeltaMixerStorage {
  public:
   Storage(const BlockShape& s, const void* stored)
       : base_(static_cast<uint8_t*>(const_cast<void*>(stored))), on_(s.act == DType::bf16) {
@@ -375,30 +395,37 @@ class Storage {
   }
   bool on() const { return on_; }
   const std::vector<StoredField>& fields() const { return fields_; }
-  const StoredField& field(float* BlockActs::*member) const {
-    for (const StoredField& f : fields_)
-      if (f.field == member) return f;
-    LT_FAIL("block: an activation with no stored slot");
-  }
   // Rows [t0, t0 + rows) of a token-major field, x pointing at them (rows = -1: the whole field from x).
   void keep(float* BlockActs::*member, float* x, int64_t t0 = 0, int64_t rows = -1) const {
-    if (!on_) return;
-    const StoredField& f = field(member);
-    const int64_t n = rows < 0 ? f.n : rows * f.row;
-    const size_t at = f.offset + size_t(t0 * f.row) * (f.bf16 ? 2 : 4);
-    if (f.bf16) round_to_bf16(x, base_ ? reinterpret_cast<bf16_t*>(base_ + at) : nullptr, n);
-    else if (base_) std::memcpy(base_ + at, x, size_t(n) * 4);
+    if (on_) keep(find([&](const StoredField& f) { return f.field == member; }), x, t0, rows);
   }
-  // The stored rows back into x (widened).
-  void load(float* BlockActs::*member, float* x, int64_t t0 = 0, int64_t rows = -1) const {
-    const StoredField& f = field(member);
+  void keep(float* DeltaMixerActs::*member, float* x) const override {
+    if (on_) keep(find([&](const StoredField& f) { return f.mixer == member; }), x, 0, -1);
+  }
+  // The stored rows of f back into x (widened).
+  void load(const StoredField& f, float* x, int64_t t0 = 0, int64_t rows = -1) const {
     const int64_t n = rows < 0 ? f.n : rows * f.row;
     const uint8_t* src = base_ + f.offset + size_t(t0 * f.row) * (f.bf16 ? 2 : 4);
     if (f.bf16) widen(x, reinterpret_cast<const bf16_t*>(src), n);
     else std::memcpy(x, src, size_t(n) * 4);
   }
+  void load(float* BlockActs::*member, float* x, int64_t t0 = 0, int64_t rows = -1) const {
+    load(find([&](const StoredField& f) { return f.field == member; }), x, t0, rows);
+  }
 
  private:
+  template <class Match>
+  const StoredField& find(Match match) const {
+    for (const StoredField& f : fields_)
+      if (match(f)) return f;
+    LT_FAIL("block: an activation with no stored slot");
+  }
+  void keep(const StoredField& f, float* x, int64_t t0, int64_t rows) const {
+    const int64_t n = rows < 0 ? f.n : rows * f.row;
+    const size_t at = f.offset + size_t(t0 * f.row) * (f.bf16 ? 2 : 4);
+    if (f.bf16) round_to_bf16(x, base_ ? reinterpret_cast<bf16_t*>(base_ + at) : nullptr, n);
+    else if (base_) std::memcpy(base_ + at, x, size_t(n) * 4);
+  }
   uint8_t* base_;
   bool on_;
   std::vector<StoredField> fields_;
@@ -469,7 +496,7 @@ const float* forward_attention_half(BlockActs& a, const void* x_in_ptr, const Bl
   st.keep(&BlockActs::n1, a.n1);
   st.keep(&BlockActs::rstd1, a.rstd1);
   // The mixer's output into o (x_out for a moment at f32 storage, x_mid's working copy at bf16), then the residual.
-  if (s.linear()) delta_mixer_forward(o, a.delta, a.n1, w.delta, tok, s.mixer());
+  if (s.linear()) delta_mixer_forward(o, a.delta, a.n1, w.delta, tok, s.mixer(), &st);
   else attention_forward_half(o, a, w, nw, tok, s, st);
   add(a.x_mid, x_in, o, N * C);
   st.keep(&BlockActs::x_mid, a.x_mid);
@@ -506,6 +533,8 @@ size_t block_stored_bytes(const BlockShape& s) {
 
 StoredOffsets block_stored_offsets(const BlockShape& s) {
   LT_CHECK(s.act == DType::bf16, "block_stored_offsets: the stored internals are for bf16 storage");
+  LT_CHECK(!s.linear() && !s.out_gate && !s.zero_centred,
+           "block_stored_offsets: the offsets are for the GPU block's uniform layers, not Qwen3.5 / Qwen3.6 layers");
   StoredOffsets o{-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1};
   const std::pair<float* BlockActs::*, int64_t StoredOffsets::*> map[] = {
       {&BlockActs::n1, &StoredOffsets::n1},       {&BlockActs::rstd1, &StoredOffsets::rstd1},
@@ -572,7 +601,7 @@ void block_backward_mlp(BlockGrads& g, BlockScratch& b, const float* dx_out, con
   if (saved == Saved::stored) {
     LT_CHECK(s.act == DType::bf16 && stored != nullptr, "block_backward: stored internals are for bf16 storage");
     for (const StoredField& f : st.fields())
-      if (!f.mlp) st.load(f.field, a.*(f.field));
+      if (!f.mlp) st.load(f, f.in(a));
   }
   LT_CHECK(saved != Saved::in_acts || a.mlp_rows == N,
            "block_backward: the internals hold the MLP of {} of {} tokens; a chunked layer needs bind_full",

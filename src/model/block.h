@@ -13,11 +13,13 @@
 // Activation storage (BlockShape::act, docs/activations.md). f32: the layer boundaries and the internals are
 // f32, and the internals buffer (BlockActs) is what the backward reads. bf16: the boundaries x_in / x_out are
 // bf16, and so is every activation kept for the backward (n1, q, k, v, q_raw, k_raw, att, x_mid, n2, gate, up,
-// h) in a separate "stored internals" buffer (block_stored_bytes), beside their f32 statistics (rstd, q/k rstd,
-// lse). The block still computes in f32 — in BlockActs, now a per-layer working copy — but rounds each stored
-// activation to bf16 where it is produced and computes on from the rounded value, so the forward, a recompute
-// and the backward (which widens the stored values back) all see the same numbers: the bf16-activation model
-// is one function whatever is kept. Activation gradients and parameter gradients stay f32.
+// h; a Gated DeltaNet layer's qkv_pre, qkv, q̂k̂, z, o, y in place of q .. att) in a separate "stored internals"
+// buffer (block_stored_bytes), beside their f32 statistics (rstd, q/k rstd, lse; the mixer's L2 and RMS norm
+// statistics and its gates b, a, β, g). The output gate's product is not kept: the backward recomputes it from
+// att and q_raw. The block still computes in f32 — in BlockActs, now a per-layer working copy — but rounds each
+// stored activation to bf16 where it is produced and computes on from the rounded value, so the forward, a
+// recompute and the backward (which widens the stored values back) all see the same numbers: the bf16-activation
+// model is one function whatever is kept. Activation gradients and parameter gradients stay f32.
 //
 // Bounded layer scratch (BlockShape::mlp_chunk). The MLP runs over token chunks: gate, up and h of a chunk
 // ([chunk, I] each, and their gradients in the backward) are all of the MLP a working copy holds, so a layer's
@@ -169,7 +171,8 @@ size_t block_stored_bytes(const BlockShape& s);
 
 // Byte offsets of each stored internal in the buffer block_stored_bytes sizes (bf16 storage), for code other
 // than block_forward that writes or reads them (the CUDA block, cuda/layers/block.inl); -1 for the fields a
-// shape has not (q_raw, k_raw, q_rstd, k_rstd without qk_norm). Activations bf16, statistics f32.
+// shape has not (q_raw, k_raw, q_rstd, k_rstd without qk_norm). Activations bf16, statistics f32. Uniform
+// layers only: refuses Qwen3.5 / Qwen3.6 shapes (the GPU block does not run them).
 struct StoredOffsets {
   int64_t n1, rstd1, q, k, v, q_raw, k_raw, q_rstd, k_rstd, att, lse, x_mid, n2, rstd2, gate, up, h;
 };

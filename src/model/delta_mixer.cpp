@@ -100,19 +100,35 @@ size_t DeltaMixerScratch::floats(const DeltaMixerShape& s) {
 }
 
 void delta_mixer_forward(float* out, DeltaMixerActs& a, const float* n1, const DeltaMixerView& w,
-                         const TokenInfo& tok, const DeltaMixerShape& s) {
+                         const TokenInfo& tok, const DeltaMixerShape& s, const DeltaMixerStorage* storage) {
   const int64_t N = s.N(), C = s.C, Dc = s.conv_dim(), KD = s.key_dim(), VD = s.value_dim();
   LT_CHECK(tok.pos != nullptr, "the Gated DeltaNet mixer needs token positions (its convolution's documents)");
+  auto keep = [&](float* DeltaMixerActs::*field) {
+    if (storage) storage->keep(field, a.*field);
+  };
   linear_forward(a.qkv_pre, n1, w.in_qkv, nullptr, N, C, Dc);
+  keep(&DeltaMixerActs::qkv_pre);
   short_conv_forward(a.qkv, a.qkv_pre, w.conv, tok.pos, N, s.T, Dc, s.K);
+  keep(&DeltaMixerActs::qkv);
   l2norm_forward(a.qk_hat, a.q_rnorm, a.qkv, N, s.Hk, s.dk, 2 * KD, Dc, kQkNormEps);
   l2norm_forward(a.qk_hat + KD, a.k_rnorm, a.qkv + KD, N, s.Hk, s.dk, 2 * KD, Dc, kQkNormEps);
+  keep(&DeltaMixerActs::qk_hat);
+  keep(&DeltaMixerActs::q_rnorm);
+  keep(&DeltaMixerActs::k_rnorm);
   linear_forward(a.z, n1, w.in_z, nullptr, N, C, VD);
   linear_forward(a.b, n1, w.in_b, nullptr, N, C, s.Hv);
   linear_forward(a.a, n1, w.in_a, nullptr, N, C, s.Hv);
+  keep(&DeltaMixerActs::z);
+  keep(&DeltaMixerActs::b);
+  keep(&DeltaMixerActs::a);
   delta_gates_forward(a.beta, a.g, a.b, a.a, w.A_log, w.dt_bias, N, s.Hv);
+  keep(&DeltaMixerActs::beta);
+  keep(&DeltaMixerActs::g);
   gated_delta_forward(a.o, a.qk_hat, a.qk_hat + KD, a.qkv + 2 * KD, a.beta, a.g, tok.doc_ids, delta_shape(s));
+  keep(&DeltaMixerActs::o);
   gated_rmsnorm_forward(a.y, a.rstd, a.o, a.z, w.norm, N * s.Hv, s.dv, s.eps);
+  keep(&DeltaMixerActs::rstd);
+  keep(&DeltaMixerActs::y);
   linear_forward(out, a.y, w.out, nullptr, N, VD, C);
 }
 

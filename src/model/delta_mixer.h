@@ -13,7 +13,9 @@
 //
 // Legend: B rows, T tokens per row, N = B·T, C hidden, Hk / Hv key / value heads, dk / dv their dims, K the conv
 // width. Activations f32 (the GEMMs round their operands to bf16 in bf16 mode, ops/linear.h); A_log, dt_bias,
-// the conv and norm weights are f32 vectors.
+// the conv and norm weights are f32 vectors. At bf16 activation storage (model/block.h) the block passes a
+// DeltaMixerStorage: the forward hands it each internal as soon as it is written, and computes on from the value
+// the hook leaves there (the activations rounded to bf16, the statistics and gates as they are).
 #pragma once
 
 #include <cstddef>
@@ -70,6 +72,17 @@ struct DeltaMixerActs {
   static DeltaMixerActs bind(float* buffer, const DeltaMixerShape& s);
 };
 
+// The forward's hook at each internal the backward reads (bf16 activation storage, model/block.h): `x` is the
+// field of `acts` just written; keep() may round it in place and keep a copy. The forward reads the field only
+// after keep(), so a recompute through the same hook and a backward that widens the kept copy see its bits.
+class DeltaMixerStorage {
+ public:
+  virtual void keep(float* DeltaMixerActs::*field, float* x) const = 0;
+
+ protected:
+  ~DeltaMixerStorage() = default;
+};
+
 // The backward's temporaries, one caller-owned f32 buffer.
 struct DeltaMixerScratch {
   float* dn;      // [N, C]       the four input projections' input gradients, one at a time
@@ -88,8 +101,9 @@ struct DeltaMixerScratch {
 };
 
 // out[N, C] written from n1[N, C]; fills acts. tok.pos (conv) and tok.doc_ids (delta rule) mark the documents.
+// `storage` (null: none) sees every field of acts as it is produced.
 void delta_mixer_forward(float* out, DeltaMixerActs& acts, const float* n1, const DeltaMixerView& w,
-                         const TokenInfo& tok, const DeltaMixerShape& s);
+                         const TokenInfo& tok, const DeltaMixerShape& s, const DeltaMixerStorage* storage = nullptr);
 
 // dn1[N, C] written from dout[N, C]; parameter gradients accumulated into g.
 void delta_mixer_backward(float* dn1, DeltaMixerGrads& g, DeltaMixerScratch& scratch, const float* dout,

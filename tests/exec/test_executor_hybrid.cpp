@@ -44,14 +44,15 @@ Batch long_batch(const ModelConfig& cfg, Rng& rng, bool packed) {
   return l;
 }
 
-TEST(ExecutorHybrid, EveryPolicyMatchesInMemoryPathBitwise) {
-  for (uint64_t seed = 1; seed <= 6; ++seed) {
+// Seeds [first, last]: a third with bf16 GEMMs, half packed, half through a slow link.
+void every_policy_matches(uint64_t first, uint64_t last, DType activations) {
+  for (uint64_t seed = first; seed <= last; ++seed) {
     Rng rng(seed * 1009);
     const ModelConfig cfg = random_hybrid_config(rng);
     const ModelSlabs params = random_params(cfg, seed * 7);
     const Batch batch = long_batch(cfg, rng, seed % 2 == 0);
     const ComputeType ct = seed % 3 == 0 ? ComputeType::bf16 : ComputeType::f32;
-    const Precision precision(ct, DType::f32);  // Qwen3.5 layers store f32 activations (bf16: not yet)
+    const Precision precision(ct, activations);
     ModelSlabs bf16(cfg, DType::bf16);
     const ModelSlabs* weights = &params;
     if (ct == ComputeType::bf16) {
@@ -66,10 +67,11 @@ TEST(ExecutorHybrid, EveryPolicyMatchesInMemoryPathBitwise) {
                                      random_plan(L, rng), random_plan(L, rng),
                                      with_random_windows(random_host_plan(L, rng), rng)};
     for (const Plan& plan : plans) {
-      const std::string what = "seed " + std::to_string(seed) + " plan " + plan.to_json().dump();
+      const std::string what = "seed " + std::to_string(seed) + " activations " + std::string(dtype_name(activations)) +
+                               " plan " + plan.to_json().dump();
       ExecOptions o;
       o.compute = ct;
-      o.activations = DType::f32;
+      o.activations = activations;
       const size_t predicted = predict_peak_device_bytes(cfg, batch.B, batch.T, plan, o);
       // Just the predicted bytes: a buffer sized for the wrong layer kind would overflow or be refused.
       auto dev = make_cpu_device(predicted + 4096, seed % 2 ? LinkSpec{2.0, 2.0, 20e-6} : LinkSpec{});
@@ -84,6 +86,15 @@ TEST(ExecutorHybrid, EveryPolicyMatchesInMemoryPathBitwise) {
       if (::testing::Test::HasFailure()) return;
     }
   }
+}
+
+TEST(ExecutorHybrid, EveryPolicyMatchesInMemoryPathBitwise) { every_policy_matches(1, 6, DType::f32); }
+
+// bf16 activation storage: the boundaries and each layer's kept internals bf16 (a Gated DeltaNet layer's mixer
+// activations too), their statistics and gates f32; a kept layer widens what it stored, a recomputed one rounds
+// as the forward did: the same bits either way.
+TEST(ExecutorHybrid, EveryPolicyMatchesInMemoryPathBitwiseWithBf16Activations) {
+  every_policy_matches(7, 12, DType::bf16);
 }
 
 TEST(ExecutorHybrid, TheGpuBlockRefusesQwen35LayersByName) {

@@ -5,10 +5,12 @@
 // Legend: B rows, T tokens per row, N = B·T, C hidden, Hk / Hv key / value heads, dk / dv dims, K conv width.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
 
+#include "core/dtype.h"
 #include "model/block.h"
 #include "model/delta_mixer.h"
 #include "testing/grad_check.h"
@@ -137,6 +139,63 @@ TEST(DeltaMixer, DocumentsDoNotLeak) {
   const Vec after = m.forward();
   EXPECT_NE(std::memcmp(&before[0], &after[0], size_t(30 * m.s.C) * 4), 0);
   EXPECT_EQ(std::memcmp(&before[size_t(30 * m.s.C)], &after[size_t(30 * m.s.C)], size_t(40 * m.s.C) * 4), 0);
+}
+
+// The storage hook (bf16 activation storage, model/block.h): it sees each of the 13 internals once, when it is
+// produced, and nothing writes a field after its keep(), so what the hook leaves (here: rounded to bf16) is what
+// the rest of the forward and the backward read. No hook and a hook that changes nothing give the same bits.
+TEST(DeltaMixer, TheStorageHookSeesEachInternalOnceAsItIsProduced) {
+  struct Recorder final : DeltaMixerStorage {
+    Recorder(const DeltaMixerShape& shape, bool rounds) : s(&shape), round(rounds) {}
+    const DeltaMixerShape* s;
+    bool round;
+    mutable std::vector<float* DeltaMixerActs::*> order;
+    mutable std::vector<Vec> at_keep;  // each field's contents as the hook left them
+    void keep(float* DeltaMixerActs::*field, float* x) const override {
+      order.push_back(field);
+      const int64_t N = s->N();
+      int64_t row = s->Hv;  // b, a, beta, g, rstd
+      if (field == &DeltaMixerActs::qkv_pre || field == &DeltaMixerActs::qkv) row = s->conv_dim();
+      if (field == &DeltaMixerActs::qk_hat) row = 2 * s->key_dim();
+      if (field == &DeltaMixerActs::z || field == &DeltaMixerActs::o || field == &DeltaMixerActs::y)
+        row = s->value_dim();
+      if (field == &DeltaMixerActs::q_rnorm || field == &DeltaMixerActs::k_rnorm) row = s->Hk;
+      if (round)
+        for (int64_t i = 0; i < N * row; ++i) x[i] = round_to_bf16(x[i]);
+      at_keep.emplace_back(x, x + N * row);
+    }
+  };
+  Mixer m;
+  const DeltaMixerShape& s = m.s;
+  auto run = [&](const Recorder* r, Vec& acts) {
+    acts.assign(DeltaMixerActs::floats(s), 0.f);
+    Vec out(size_t(s.N() * s.C));
+    DeltaMixerActs a = DeltaMixerActs::bind(acts.data(), s);
+    delta_mixer_forward(out.data(), a, m.n1.data(), m.view(), m.tok(), s, r);
+    return out;
+  };
+  Vec plain_acts, same_acts, rounded_acts;
+  const Vec plain = run(nullptr, plain_acts);
+  Recorder same(s, false), rounded(s, true);
+  const Vec same_out = run(&same, same_acts);
+  const Vec rounded_out = run(&rounded, rounded_acts);
+  EXPECT_EQ(std::memcmp(plain.data(), same_out.data(), plain.size() * 4), 0);
+  EXPECT_EQ(std::memcmp(plain_acts.data(), same_acts.data(), plain_acts.size() * 4), 0);
+  EXPECT_NE(std::memcmp(plain.data(), rounded_out.data(), plain.size() * 4), 0);
+  const std::vector<float* DeltaMixerActs::*> all = {
+      &DeltaMixerActs::qkv_pre, &DeltaMixerActs::qkv, &DeltaMixerActs::qk_hat, &DeltaMixerActs::q_rnorm,
+      &DeltaMixerActs::k_rnorm, &DeltaMixerActs::z,   &DeltaMixerActs::b,      &DeltaMixerActs::a,
+      &DeltaMixerActs::beta,    &DeltaMixerActs::g,   &DeltaMixerActs::o,      &DeltaMixerActs::rstd,
+      &DeltaMixerActs::y};
+  ASSERT_EQ(rounded.order.size(), all.size());
+  DeltaMixerActs a = DeltaMixerActs::bind(rounded_acts.data(), s);
+  for (const auto field : all) {
+    const auto it = std::find(rounded.order.begin(), rounded.order.end(), field);
+    ASSERT_NE(it, rounded.order.end()) << "a field never kept";
+    const Vec& kept = rounded.at_keep[size_t(it - rounded.order.begin())];
+    EXPECT_EQ(std::memcmp(kept.data(), a.*field, kept.size() * 4), 0) << "field " << (it - rounded.order.begin())
+                                                                      << " written after its keep()";
+  }
 }
 
 }  // namespace

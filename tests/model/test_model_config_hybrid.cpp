@@ -548,9 +548,14 @@ TEST(HybridConfigRefuses, UniformLayerComponentsSayItClearly) {
   ModelConfig c = parse(kTinyText);
   expect_error([&] { check_uniform_layers(c, "the test"); },
                {"model 'qwen3_5' (hybrid Gated DeltaNet layers): the test does not support it yet"});
-  // The block computes Qwen3.5 layers with f32 activation storage; bf16 storage is refused by name.
+  // The block computes Qwen3.5 layers at both activation storages; the GPU block's stored offsets refuse them.
   EXPECT_EQ(BlockShape::make(c, 1, 8, DType::f32).rotary, c.rotary_dim());
-  expect_error([&] { BlockShape::make(c, 1, 8, DType::bf16); }, {"bf16 activation storage", "Qwen3.5"});
+  const BlockShape b16 = BlockShape::make(c, 1, 8, DType::bf16);
+  EXPECT_EQ(b16.act, DType::bf16);
+  const BlockShape f32 = BlockShape::make(c, 1, 8, DType::f32);
+  for (LayerKind k : {LayerKind::linear_attention, LayerKind::full_attention})  // bf16 activations, f32 statistics
+    EXPECT_LT(block_stored_bytes(b16.for_layer(k)), block_stored_bytes(f32.for_layer(k)));
+  expect_error([&] { block_stored_offsets(b16); }, {"block_stored_offsets", "Qwen3.5"});
   // The released 27B config loads as a config without touching weights.
   std::filesystem::path dir =
       std::filesystem::path(::testing::TempDir()) / ("lt_hybrid_" + std::to_string(::getpid()));
