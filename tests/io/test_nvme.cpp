@@ -32,24 +32,17 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "io/nvme.h"
+#include "testing/error_testing.h"
 
 namespace lt {
 namespace {
+
+using testing::expect_error;
 
 namespace fs = std::filesystem;
 constexpr size_t MiB = size_t(1) << 20;
 
 // Runs f, expects lt::Error, and checks that its message contains every needle.
-void expect_error(const std::function<void()>& f, std::initializer_list<std::string> needles) {
-  try {
-    f();
-    ADD_FAILURE() << "expected lt::Error, nothing was thrown";
-  } catch (const Error& e) {
-    std::string msg = e.what();
-    for (const std::string& n : needles) EXPECT_NE(msg.find(n), std::string::npos) << "'" << n << "' not in: " << msg;
-  }
-}
-
 // align_up(bytes, 4096) bytes of seeded random data; never all zeros.
 AlignedBuffer<uint8_t> random_buffer(size_t bytes, uint64_t seed) {
   AlignedBuffer<uint8_t> b(align_up(bytes, kPageAlign));

@@ -14,24 +14,17 @@
 #include "core/error.h"
 #include "io/json_file.h"
 #include "io/safetensors.h"
+#include "testing/error_testing.h"
 
 namespace lt {
 namespace {
+
+using testing::expect_error;
 
 namespace fs = std::filesystem;
 using nlohmann::json;
 
 // Runs f, expects lt::Error, and checks that its message contains every needle.
-void expect_error(const std::function<void()>& f, std::initializer_list<std::string> needles) {
-  try {
-    f();
-    ADD_FAILURE() << "expected lt::Error, nothing was thrown";
-  } catch (const Error& e) {
-    std::string msg = e.what();
-    for (const std::string& n : needles) EXPECT_NE(msg.find(n), std::string::npos) << "'" << n << "' not in: " << msg;
-  }
-}
-
 // A safetensors file image from a header text and a data area; `len` overrides the length field.
 std::string raw_file(const std::string& header, const std::string& data, std::optional<uint64_t> len = {}) {
   uint64_t n = len.value_or(header.size());

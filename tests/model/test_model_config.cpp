@@ -10,21 +10,14 @@
 #include "core/error.h"
 #include "io/json_file.h"
 #include "model/config.h"
+#include "testing/error_testing.h"
 
 namespace lt {
 namespace {
 
-using nlohmann::json;
+using testing::expect_error;
 
-void expect_error(const std::function<void()>& f, std::initializer_list<std::string> needles) {
-  try {
-    f();
-    ADD_FAILURE() << "expected lt::Error, nothing was thrown";
-  } catch (const Error& e) {
-    std::string msg = e.what();
-    for (const std::string& n : needles) EXPECT_NE(msg.find(n), std::string::npos) << "'" << n << "' not in: " << msg;
-  }
-}
+using nlohmann::json;
 
 // Qwen/Qwen2.5-0.5B config.json as published.
 const json kQwen25_05B = json::parse(R"({

@@ -21,6 +21,7 @@
 namespace lt {
 namespace {
 
+using testing::bits_equal;
 using testing::grad_check;
 using testing::random_vector;
 using testing::rel_l2;
@@ -90,10 +91,6 @@ Grads backward(const Inputs& in, bool chunked) {
       r.dq.data(), r.dk.data(), r.dv.data(), r.dbeta.data(), r.dg.data(), in.dout.data(), in.q.data(),
       in.k.data(), in.v.data(), in.beta.data(), in.g.data(), in.docs(), in.s);
   return r;
-}
-
-bool bits_equal(const Vec& a, const Vec& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
 }
 
 // Packed rows: row 0 holds documents of 70, 5 and the rest of T tokens; row 1 one of 1 token and the rest.

@@ -15,6 +15,7 @@
 namespace lt {
 namespace {
 
+using testing::bits_equal;
 using testing::random_vector;
 using testing::rel_l2;
 using Vec = std::vector<float>;
@@ -41,10 +42,6 @@ std::vector<bf16_t> as_bf16(const Vec& v) {
   std::vector<bf16_t> r(v.size());
   convert_f32_to_bf16(r.data(), v.data(), v.size());
   return r;
-}
-
-bool bits_equal(const Vec& a, const Vec& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
 }
 
 struct Shape {

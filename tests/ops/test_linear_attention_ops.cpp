@@ -27,13 +27,10 @@ namespace lt {
 namespace {
 
 using testing::dot;
+using testing::bits_equal;
 using testing::grad_check;
 using testing::random_vector;
 using Vec = std::vector<float>;
-
-bool bits_equal(const Vec& a, const Vec& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
-}
 
 bool all_written(const Vec& v) {
   for (float x : v)

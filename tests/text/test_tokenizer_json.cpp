@@ -12,24 +12,17 @@
 #include "core/error.h"
 #include "text/bpe.h"
 #include "text/tokenizer.h"
+#include "testing/error_testing.h"
 
 namespace lt {
 namespace {
+
+using testing::expect_error;
 
 using nlohmann::json;
 
 const char* kQwenPattern =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
-
-void expect_error(const std::function<void()>& f, std::initializer_list<std::string> needles) {
-  try {
-    f();
-    ADD_FAILURE() << "expected lt::Error, nothing was thrown";
-  } catch (const Error& e) {
-    std::string msg = e.what();
-    for (const std::string& n : needles) EXPECT_NE(msg.find(n), std::string::npos) << "'" << n << "' not in: " << msg;
-  }
-}
 
 // 256 byte tokens (ids 0..255), then one token per merge (256..); added tokens at 300..304.
 json tiny(bool pair_merges = false) {
