@@ -15,21 +15,13 @@
 #include "model/config.h"
 #include "model/layout.h"
 #include "model/weights.h"
+#include "testing/error_testing.h"
 
 namespace lt {
 namespace {
 
 using nlohmann::json;
-
-void expect_error(const std::function<void()>& f, std::initializer_list<std::string> needles) {
-  try {
-    f();
-    ADD_FAILURE() << "expected lt::Error, nothing was thrown";
-  } catch (const Error& e) {
-    std::string msg = e.what();
-    for (const std::string& n : needles) EXPECT_NE(msg.find(n), std::string::npos) << "'" << n << "' not in: " << msg;
-  }
-}
+using testing::expect_error;
 
 constexpr auto F = LayerKind::full_attention;
 constexpr auto Lin = LayerKind::linear_attention;
