@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The planner's measured numbers (docs/planner.md), all in one run:
 #   solve     solve time (and wall time of the command), status and gap at 28, 36, 48 and 64 layers (Qwen2.5-7B,
-#             3B, 14B and a dense 27B-size model at the paper's batches, seq 1024, bf16 activations, on the
+#             3B, 14B, a dense 27B-size model and Qwen3.6-27B itself at the paper's batches, seq 1024, bf16 activations, on the
 #             built-in h800 capped at 70 GiB) with three activation budgets: the paper's (host 15 GiB, NVMe
 #             32 GiB), roomy (host 2 TiB, NVMe 2 TB) and the device tier only; then --time-limit 1 on the
 #             64-layer instance (the limit is a wall-clock promise: limit + 1 s)
@@ -25,7 +25,7 @@ py=/usr/bin/python3
 source "$(dirname "$0")/bench_model.sh"
 
 # Model shapes (config.json only: the planner needs no weights). Qwen2.5 from their published configs; the
-# 27B-size model is a dense Qwen3-style stand-in for the paper's Qwen3.6-27B (64 layers, hidden 5120).
+# 27B-size model is a dense Qwen3-style model of Qwen3.6-27B's size (64 layers, hidden 5120), beside the real one.
 $py - "$work/configs" <<'PY'
 import json, sys, os
 d = sys.argv[1]
@@ -44,6 +44,8 @@ save("dense-27b.json", architectures=["Qwen3ForCausalLM"], model_type="qwen3", h
      intermediate_size=21504, num_hidden_layers=64, num_attention_heads=40, num_key_value_heads=8, head_dim=128,
      vocab_size=151936, tie_word_embeddings=False, attention_bias=False)
 PY
+# The paper's primary model itself (Qwen3.6-27B: 48 Gated DeltaNet + 16 gated attention layers), its released config.
+cp "$(dirname "$0")/../examples/qwen3.6-27b/config.json" "$work/configs/qwen3.6-27b.json"
 
 cpu=$(grep -m1 "model name" /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')
 echo "machine: $cpu, $(nproc) cores; load: $(cut -d' ' -f1-3 /proc/loadavg)"
@@ -52,7 +54,7 @@ if [[ " $sections " == *" solve "* ]]; then
   echo
   echo "== solve time on h800 at 70 GiB (seq 1024, bf16 activations, 2 solver threads, limit 5 s)"
   printf "%-12s %6s %6s %-9s %-11s %-9s %8s %8s %8s %6s\n" model layers batch budgets status proof solve_s wall_s gap chunk
-  for spec in qwen2.5-7b:144 qwen2.5-3b:192 qwen2.5-14b:96 dense-27b:72; do
+  for spec in qwen2.5-7b:144 qwen2.5-3b:192 qwen2.5-14b:96 dense-27b:72 qwen3.6-27b:72; do
     IFS=: read -r m b <<<"$spec"
     for budgets in paper roomy device; do
       case $budgets in

@@ -20,10 +20,46 @@ double window_time(const Instance& in, double compute, double h2d, double d2h, d
   return std::max(t, host);
 }
 
+// The kept internals so far, as a count per distinct layer size (one group for a uniform model; Gated DeltaNet
+// and attention layers for Qwen3.5), encoded mixed-radix in one index: the DP's memory state is then exact for
+// layers of different sizes.
+struct KeptCounts {
+  std::vector<int> group;         // [L] the group of layer l
+  std::vector<double> bytes;      // [groups] one layer's internals
+  std::vector<int64_t> cap, stride;
+  std::vector<double> total;      // [states] kept bytes of an index
+  int64_t states = 1;
+
+  KeptCounts(const Instance& in, double budget) {
+    for (int64_t l = 0; l < in.L; ++l) {
+      const double b = in.I[size_t(l)];
+      const auto it = std::find(bytes.begin(), bytes.end(), b);
+      group.push_back(int(it - bytes.begin()));
+      if (it == bytes.end()) bytes.push_back(b);
+    }
+    cap.assign(bytes.size(), 0);
+    for (int g : group) ++cap[size_t(g)];
+    for (size_t g = 0; g < bytes.size(); ++g) {
+      cap[g] = std::min<int64_t>(cap[g], int64_t(budget / bytes[g]));
+      stride.push_back(states);
+      states *= cap[g] + 1;
+    }
+    total.assign(size_t(states), 0.0);
+    for (int64_t i = 0; i < states; ++i)
+      for (size_t g = 0; g < bytes.size(); ++g) total[size_t(i)] += bytes[g] * double(count(i, int(g)));
+  }
+  int64_t count(int64_t i, int g) const { return (i / stride[size_t(g)]) % (cap[size_t(g)] + 1); }
+  // The index with layer l's internals added, or -1 when its group is at its cap.
+  int64_t add(int64_t i, int64_t l) const {
+    const int g = group[size_t(l)];
+    return count(i, g) < cap[size_t(g)] ? i + stride[size_t(g)] : -1;
+  }
+};
+
 struct Dp {
   const Instance& in;
   const int64_t L;
-  int64_t nd_cap = 0, nk_cap = 0;
+  int64_t nd_cap = 0;
   double budget = 0;
   // F(l) with boundary l not offloaded (dropped or device) and with it offloaded (host)
   std::vector<double> f_plain, f_host;
@@ -38,7 +74,7 @@ struct Dp {
     f_plain.resize(size_t(L));
     f_host.resize(size_t(L));
     for (int64_t l = 0; l < L; ++l) {
-      const double up = l + 1 < L ? in.W : in.HW;
+      const double up = l + 1 < L ? in.Wl[size_t(l + 1)] : in.HW;
       f_plain[size_t(l)] = window_time(in, in.f[size_t(l)], up, 0, 0);
       f_host[size_t(l)] = window_time(in, in.f[size_t(l)], up, in.A, 0);
     }
@@ -50,18 +86,19 @@ struct Dp {
         b_prefix[res][size_t(k + 1)] = b_prefix[res][size_t(k)] + interior(k, -1, -1, false, res == 1);
     }
   }
-  double d2h_of(int64_t k) const { return k < L - 1 ? in.G : in.head_fence ? 0.0 : in.HG; }
-  double host_of(int64_t k) const { return k == L - 1 ? in.acc_head : in.acc_layer; }
+  double d2h_of(int64_t k) const { return in.grads_down(k); }
+  double host_of(int64_t k) const { return in.accumulate_in(k); }
 
   // Backward window B(k) of a dropped boundary k inside the run (s, e); s = e = -1: a plain interior window.
   // resident_src: the run's source is at or above the first resident layer, so no weights are uploaded.
   double interior(int64_t k, int64_t s, int64_t e, bool host_s, bool resident_src) const {
     double compute = in.b[size_t(k)] + in.r[size_t(k)];
-    double h2d = k >= 1 && !resident_src ? in.W : 0.0;
-    if (e >= 0 && k == e - 1) {
-      for (int64_t m = s; m < k; ++m) compute += in.f[size_t(m)];  // the segment: whole forwards
-      if (!resident_src) h2d += double(k - s) * in.W;
-    }
+    double h2d = k >= 1 && !resident_src ? in.Wl[size_t(k - 1)] : 0.0;
+    if (e >= 0 && k == e - 1)
+      for (int64_t m = s; m < k; ++m) {  // the segment: whole forwards
+        compute += in.f[size_t(m)];
+        if (!resident_src) h2d += in.Wl[size_t(m)];
+      }
     if (s >= 0 && k - 1 == s && host_s) h2d += in.A;
     return window_time(in, compute, h2d, d2h_of(k), host_of(k));
   }
@@ -80,11 +117,11 @@ struct Dp {
   // B(e) for a stored e (1 <= e < L) reached from s (the source of e - 1, whose weights it uploads).
   double stored_bwd(int64_t s, int64_t e, bool host_s, bool keep_e) const {
     const double compute = in.b[size_t(e)] + (keep_e ? 0.0 : in.r[size_t(e)]);
-    const double h2d = (s >= resident ? 0.0 : in.W) + (host_s ? in.A : 0.0);
+    const double h2d = (s >= resident ? 0.0 : in.Wl[size_t(e - 1)]) + (host_s ? in.A : 0.0);
     return window_time(in, compute, h2d, d2h_of(e), host_of(e));
   }
   double head_window(int64_t s, bool host_s) const {
-    const double h2d = (s >= resident ? 0.0 : in.W) + (host_s ? in.A : 0.0);  // layer L-1 again after a segment
+    const double h2d = (s >= resident ? 0.0 : in.Wl[size_t(L - 1)]) + (host_s ? in.A : 0.0);  // layer L-1 again
     // The head's compute with the backward's first uploads under it; then (the executor's fence) B(L-1)'s
     // compute may wait for the head gradients' download.
     return window_time(in, in.head, h2d, 0.0, 0.0) + (in.head_fence ? in.HG / in.bw_d2h : 0.0);
@@ -98,7 +135,8 @@ Instance restrict_instance(const Instance& in0) {
   in.restricted = true;
   in.opt.restricted = true;
   in.allow_nvme = false;
-  in.opt_layer = in.opt_embed = in.opt_head = 0;
+  in.opt_layer.assign(in.opt_layer.size(), 0.0);
+  in.opt_embed = in.opt_head = 0;
   return in;
 }
 
@@ -113,12 +151,12 @@ ChainResult chain_dp(const Instance& in, int64_t work_limit, double time_limit_s
   const bool lifetime = in.memory == MemoryModel::lifetime;
   const int tiers = in.allow_host ? 2 : 1;  // 0 device, 1 host
   dp.nd_cap = std::min<int64_t>(L, int64_t(budget / in.A));
-  dp.nk_cap = std::min<int64_t>(L, int64_t(budget / in.I));
+  const KeptCounts kept(in, budget);
   // Host-tier boundaries are counted only when the host budget can bind.
   const double host_budget = double(in.budget.host_act_bytes) + 0.5;  // evaluate()'s tolerance
   const bool count_host = in.allow_host && host_budget < in.A * double(L - 1);
   const int64_t nh_cap = count_host ? std::min<int64_t>(L, int64_t(host_budget / in.A)) : 0;
-  const int64_t ND = dp.nd_cap + 1, NK = dp.nk_cap + 1, NH = nh_cap + 1;
+  const int64_t ND = dp.nd_cap + 1, NK = kept.states, NH = nh_cap + 1;
   auto idx = [&](int64_t s, int t, int k, int64_t nd, int64_t nk, int64_t nh) {
     return (((((size_t(s) * 2 + size_t(t)) * 2 + size_t(k)) * size_t(ND) + size_t(nd)) * size_t(NK)) + size_t(nk)) *
                size_t(NH) +
@@ -155,14 +193,14 @@ ChainResult chain_dp(const Instance& in, int64_t work_limit, double time_limit_s
     for (int t = 0; t < 2; ++t)
       for (int k = 0; k < 2; ++k) {
         if (o.y == 0 && k == 0) continue;
-        const int64_t nd = t == 0 ? 1 : 0, nk = k;
-        if (nd > dp.nd_cap || nk > dp.nk_cap) continue;
+        const int64_t nd = t == 0 ? 1 : 0, nk = k ? kept.add(0, 0) : 0;
+        if (nd > dp.nd_cap || nk < 0) continue;
         if (lifetime) {
-          const double m = in.fixed_window(in.bwd(0)) + in.A * double(nd) + in.I * double(nk) +
+          const double m = in.fixed_window(in.bwd(0)) + in.A * double(nd) + kept.total[size_t(nk)] +
                            (k ? 0.0 : S);
           if (m > budget) continue;
         }
-        const double f0 = window_time(in, in.f[0], L > 1 ? in.W : in.HW, 0, 0);
+        const double f0 = window_time(in, in.f[0], L > 1 ? in.Wl[1] : in.HW, 0, 0);
         const double b0 = window_time(in, in.b[0] + (k ? 0.0 : in.r[0]), 0, dp.d2h_of(0), dp.host_of(0));
         val[idx(0, t, k, nd, nk, 0)] = f0 + b0 + in.prologue() + in.epilogue();
       }
@@ -186,7 +224,7 @@ ChainResult chain_dp(const Instance& in, int64_t work_limit, double time_limit_s
                 }
                 if (o.y == 0 && e > s + 1) break;  // every layer keeps: nothing is dropped
                 if (lifetime && e > s + 1) {  // the recompute cache peaks in B(e-1)
-                  const double m = in.fixed_window(in.bwd(e - 1)) + in.A * double(nd) + in.I * double(nk) + S +
+                  const double m = in.fixed_window(in.bwd(e - 1)) + in.A * double(nd) + kept.total[size_t(nk)] + S +
                                    in.A * double(e - 1 - s);
                   if (m > budget) break;
                 }
@@ -196,11 +234,11 @@ ChainResult chain_dp(const Instance& in, int64_t work_limit, double time_limit_s
                   // Final memory checks.
                   if (lifetime) {
                     const int keep_last = s == L - 1 ? ks : 0;
-                    const double mf = in.fixed_window(in.fwd(L - 1)) + in.A * double(nd) + in.I * double(nk) +
+                    const double mf = in.fixed_window(in.fwd(L - 1)) + in.A * double(nd) + kept.total[size_t(nk)] +
                                       (keep_last ? 0.0 : S);
-                    const double mh = in.fixed_window(in.head_window()) + in.A * double(nd) + in.I * double(nk);
+                    const double mh = in.fixed_window(in.head_window()) + in.A * double(nd) + kept.total[size_t(nk)];
                     if (mf > budget || mh > budget) continue;
-                  } else if (static_extra + in.A * double(nd) + in.I * double(nk) > budget) {
+                  } else if (static_extra + in.A * double(nd) + kept.total[size_t(nk)] > budget) {
                     continue;
                   }
                   const size_t to = idx(L, 0, 0, nd, nk, nh);
@@ -213,12 +251,12 @@ ChainResult chain_dp(const Instance& in, int64_t work_limit, double time_limit_s
                 for (int te = 0; te < tiers; ++te)
                   for (int ke = 0; ke < 2; ++ke) {
                     if (o.y == 0 && ke == 0) continue;
-                    const int64_t nd2 = nd + (te == 0 ? 1 : 0), nk2 = nk + ke;
+                    const int64_t nd2 = nd + (te == 0 ? 1 : 0), nk2 = ke ? kept.add(nk, e) : nk;
                     const int64_t nh2 = nh + (count_host && te == 1 ? 1 : 0);
-                    if (nd2 > dp.nd_cap || nk2 > dp.nk_cap || nh2 > nh_cap) continue;
-                    if (in.A * double(nd2) + in.I * double(nk2) > budget) continue;
+                    if (nd2 > dp.nd_cap || nk2 < 0 || nh2 > nh_cap) continue;
+                    if (in.A * double(nd2) + kept.total[size_t(nk2)] > budget) continue;
                     if (lifetime) {
-                      const double m = in.fixed_window(in.bwd(e)) + in.A * double(nd2) + in.I * double(nk2) +
+                      const double m = in.fixed_window(in.bwd(e)) + in.A * double(nd2) + kept.total[size_t(nk2)] +
                                        (ke ? 0.0 : S);
                       if (m > budget) continue;
                     }

@@ -162,7 +162,7 @@ std::vector<double> window_device_bytes(const Instance& in, const Plan& plan0, M
     for (int64_t i = 0; i < L; ++i) {
       if (plan.boundary[size_t(i)] == Tier::device && w >= in.fwd(std::max<int64_t>(i - 1, 0)) && w <= in.bwd(i))
         m += in.A;
-      if (plan.keep_internals[size_t(i)] && w >= in.fwd(i) && w <= in.bwd(i)) m += in.I;
+      if (plan.keep_internals[size_t(i)] && w >= in.fwd(i) && w <= in.bwd(i)) m += in.I[size_t(i)];
     }
     const bool backward = w > L;
     if (model == MemoryModel::executor) {
@@ -202,47 +202,47 @@ Prediction evaluate(const Instance& in, const Plan& plan_in, const TransferWindo
   double flops = 0;
   for (int64_t l = 0; l < L; ++l) {
     win[size_t(in.fwd(l))].compute_s += in.f[size_t(l)];
-    flops += in.layer_flops;
+    flops += in.layer_flops[size_t(l)];
   }
   win[size_t(in.head_window())].compute_s += in.head;
   flops += in.head_flops;
   for (int64_t k = 0; k < L; ++k) {
     WindowCost& c = win[size_t(in.bwd(k))];
     c.compute_s += in.b[size_t(k)];
-    flops += 2 * in.layer_flops;
+    flops += 2 * in.layer_flops[size_t(k)];
     // Recomputed internals: the layer's forward but the down projection (model/block.h); a recompute segment
     // runs whole forwards.
     if (!plan.keep_internals[size_t(k)]) {
       c.compute_s += in.r[size_t(k)];
       c.recompute_s += in.r[size_t(k)];
-      flops += in.layer_flops * (1 - in.mlp_share / 3);
+      flops += in.layer_flops[size_t(k)] * (1 - in.mlp_share[size_t(k)] / 3);
     }
     if (src[size_t(k)] >= 0)
       for (int64_t m = src[size_t(k)]; m < k; ++m) {
         c.compute_s += in.f[size_t(m)];
         c.recompute_s += in.f[size_t(m)];
-        flops += in.layer_flops;
+        flops += in.layer_flops[size_t(m)];
       }
   }
 
   // --- mandatory traffic -----------------------------------------------------------------------------
-  for (int64_t l = 0; l < L; ++l) win[size_t(in.fwd(l))].h2d_bytes += l + 1 < L ? in.W : in.HW;
+  for (int64_t l = 0; l < L; ++l) win[size_t(in.fwd(l))].h2d_bytes += l + 1 < L ? in.Wl[size_t(l + 1)] : in.HW;
   // Backward weights (exec/weight_buffers.h): nothing while the source boundary of what a window needs is at
   // or above the lowest layer the forward left on the device; else layer L-1 again in the head window if a
   // segment below it ran first, and in B(k) the segment's layers and layer k-1 (the next window's first).
   const int64_t resident = in.first_resident();
   auto source = [&](int64_t i) { return plan.source_below(i); };
-  if (source(L - 1) < resident) win[size_t(in.head_window())].h2d_bytes += in.W;
+  if (source(L - 1) < resident) win[size_t(in.head_window())].h2d_bytes += in.Wl[size_t(L - 1)];
   for (int64_t k = 1; k < L; ++k) {
-    const double seg = src[size_t(k)] >= 0 && src[size_t(k)] < resident ? double(k - src[size_t(k)]) : 0.0;
-    const double next = source(k - 1) < resident ? 1.0 : 0.0;
-    win[size_t(in.bwd(k))].h2d_bytes += (seg + next) * in.W;
+    double& h2d = win[size_t(in.bwd(k))].h2d_bytes;
+    if (src[size_t(k)] >= 0 && src[size_t(k)] < resident)
+      for (int64_t m = src[size_t(k)]; m < k; ++m) h2d += in.Wl[size_t(m)];  // the segment's layers
+    if (source(k - 1) < resident) h2d += in.Wl[size_t(k - 1)];              // the next window's first
   }
   for (int64_t k = 0; k < L; ++k) {
     WindowCost& c = win[size_t(in.bwd(k))];
-    if (k < L - 1) c.d2h_bytes += in.G;
-    else if (!in.head_fence) c.d2h_bytes += in.HG;
-    c.host_s += k == L - 1 ? in.acc_head : in.acc_layer;
+    c.d2h_bytes += in.grads_down(k);
+    c.host_s += in.accumulate_in(k);
   }
   // A recompute segment from a boundary off the device fetches it once more (from NVMe: reads it once more),
   // in the window before the segment.
@@ -359,25 +359,25 @@ Prediction evaluate(const Instance& in, const Plan& plan_in, const TransferWindo
   }
   p.prologue_s = in.prologue();
   p.epilogue_s = in.epilogue();
-  p.h2d_bytes += in.token_upload + in.A + in.W;  // prologue
-  p.d2h_bytes += in.G + in.A;              // epilogue
+  p.h2d_bytes += in.token_upload + in.A + in.Wl[0];  // prologue
+  p.d2h_bytes += in.Gl[0] + in.A;                     // epilogue
   if (in.head_fence) p.d2h_bytes += in.HG;  // in the fence
   p.compute_s += in.embed_f + in.embed_b;
   p.step_s = p.prologue_s + p.epilogue_s + p.fence_s;
   for (const WindowCost& c : win) p.step_s += c.time_s;
 
   // --- host optimizer: slabs update in order while the next step's forward needs them ----------------
-  if (in.opt_layer > 0 || in.opt_embed > 0 || in.opt_head > 0) {
+  if (in.has_optimizer()) {
     double e = in.opt_embed;  // the embedding lookup waits for the embedding's update
     const double s0 = std::max(in.embed_f, in.token_upload / in.bw_h2d) + in.A / in.bw_h2d;
-    e = std::max(e, in.opt_embed + in.opt_layer - s0);
+    e = std::max(e, in.opt_before(1) - s0);
     double start = p.prologue_s;  // start of window l-1: where W[l]'s upload runs
     for (int64_t l = 1; l < L; ++l) {
-      e = std::max(e, in.opt_embed + double(l + 1) * in.opt_layer - start);
+      e = std::max(e, in.opt_before(l + 1) - start);
       start += win[size_t(in.fwd(l - 1))].time_s;
     }
     // `start` is now the start of F(L-1), where the head weights upload.
-    e = std::max(e, in.opt_embed + double(L) * in.opt_layer + in.opt_head - start);
+    e = std::max(e, in.opt_before(L) + in.opt_head - start);
     p.optimizer_exposed_s = std::max(0.0, e);
   }
   p.iteration_s = p.step_s + p.optimizer_exposed_s;

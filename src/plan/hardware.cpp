@@ -6,6 +6,7 @@
 #include "core/error.h"
 
 #include "model/layout.h"
+#include "ops/gated_delta.h"
 
 namespace lt {
 namespace {
@@ -104,20 +105,31 @@ std::string hardware_names() {
   return s;
 }
 
-int64_t layer_parameters(const ModelConfig& cfg) { return SlabLayout::make(cfg, SlabKind::layer).num_parameters(); }
-
-double layer_forward_flops(const ModelConfig& cfg, int64_t B, int64_t T) {
-  const double N = double(B) * double(T), C = double(cfg.hidden_size), I = double(cfg.intermediate_size);
-  const double QD = double(cfg.q_dim()), KVD = double(cfg.kv_dim());
-  const double gemm = 2.0 * N * (C * QD + 2.0 * C * KVD + QD * C + 3.0 * C * I);
-  // Causal attention: Q·Kᵀ and P·V each 2·T·T·D per head and row, half of it under the mask.
-  const double attention = 2.0 * double(B) * double(cfg.num_heads) * double(T) * double(T) * double(cfg.head_dim);
-  return gemm + attention;
+int64_t layer_parameters(const ModelConfig& cfg, LayerKind kind) {
+  return SlabLayout::make(cfg, SlabKind::layer, DType::f32, kind).num_parameters();
 }
 
-double mlp_flops_share(const ModelConfig& cfg, int64_t B, int64_t T) {
+double delta_rule_flops(const ModelConfig& cfg, int64_t B, int64_t T) {
+  const double c = double(kDeltaChunk), dk = double(cfg.linear_key_head_dim), dv = double(cfg.linear_value_head_dim);
+  const double per_head_token = 2.0 * (3.0 * c * dk + 2.0 * c * dv + 3.0 * dk * dv);
+  return double(B) * double(T) * double(cfg.linear_num_value_heads) * per_head_token;
+}
+
+double layer_forward_flops(const ModelConfig& cfg, int64_t B, int64_t T, LayerKind kind) {
+  const double N = double(B) * double(T);
+  double weights = 0;  // matrices and convolution kernels: one multiply-add per weight and token
+  const SlabLayout layout = SlabLayout::make(cfg, SlabKind::layer, DType::f32, kind);
+  for (const SlabEntry& e : layout.entries())
+    if (e.shape.size() >= 2) weights += double(e.numel());
+  if (kind == LayerKind::linear_attention) return 2.0 * N * weights + delta_rule_flops(cfg, B, T);
+  // Causal attention: Q·Kᵀ and P·V each 2·T·T·D per head and row, half of it under the mask.
+  const double attention = 2.0 * double(B) * double(cfg.num_heads) * double(T) * double(T) * double(cfg.head_dim);
+  return 2.0 * N * weights + attention;
+}
+
+double mlp_flops_share(const ModelConfig& cfg, int64_t B, int64_t T, LayerKind kind) {
   const double mlp = 6.0 * double(B) * double(T) * double(cfg.hidden_size) * double(cfg.intermediate_size);
-  return mlp / layer_forward_flops(cfg, B, T);
+  return mlp / layer_forward_flops(cfg, B, T, kind);
 }
 
 double head_flops(const ModelConfig& cfg, int64_t B, int64_t T) {
@@ -136,12 +148,14 @@ Profile hardware_profile(const Hardware& hw, const ModelConfig& cfg, int64_t B, 
   p.activations = "bf16";
   p.layer_kernels = "gpu";  // a GPU runs the GPU block (bf16 activations)
   const double rate = hw.sustained_tflops * 1e12;
-  const double fwd = layer_forward_flops(cfg, B, T) / rate;
-  p.forward_s.assign(size_t(cfg.num_layers), fwd);
   // Recomputing a layer's internals runs its forward but the down projection (model/block.h).
   const double down = 2.0 * double(B) * double(T) * double(cfg.hidden_size) * double(cfg.intermediate_size) / rate;
-  p.recompute_s.assign(size_t(cfg.num_layers), fwd - down);
-  p.backward_s.assign(size_t(cfg.num_layers), 2.0 * fwd);
+  for (int64_t l = 0; l < cfg.num_layers; ++l) {
+    const double fwd = layer_forward_flops(cfg, B, T, cfg.layer_kind(l)) / rate;
+    p.forward_s.push_back(fwd);
+    p.recompute_s.push_back(fwd - down);
+    p.backward_s.push_back(2.0 * fwd);
+  }
   p.head_s = head_flops(cfg, B, T) / rate;
   const double act_bytes = double(B) * double(T) * double(cfg.hidden_size) * 4.0;
   p.embed_forward_s = act_bytes / (hw.host_copy_gbps * kGB);

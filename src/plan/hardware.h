@@ -38,16 +38,22 @@ const Hardware* find_hardware(const std::string& name);
 // "h800, h200, rtx3090"
 std::string hardware_names();
 
-// FLOPs of one decoder layer's forward at B x T (GEMMs: 2 per multiply-add; causal attention: half of
-// the T x T scores and their product with V). Backward = 2 x forward.
-double layer_forward_flops(const ModelConfig& cfg, int64_t B, int64_t T);
+// FLOPs of one decoder layer's forward at B x T: 2·N per weight of its matrices and short convolutions (each
+// is one multiply-add per token), plus its token mixer's own work — causal attention: half of the T x T scores
+// and their product with V; Gated DeltaNet: the chunked delta rule's (delta_rule_flops). Backward = 2 x forward.
+// `kind` picks the layer's token mixer (hybrid models); uniform models have full attention only.
+double layer_forward_flops(const ModelConfig& cfg, int64_t B, int64_t T, LayerKind kind = LayerKind::full_attention);
+// The chunked gated delta rule's forward FLOPs (ops/gated_delta.h, chunks of c = kDeltaChunk tokens), per value
+// head and token: K·Kᵀ, Q·Kᵀ and the WY product W = A·K (c·dk each), U = A·V and the in-chunk output (c·dv each),
+// and the state's three products Q·S, W·S, Kᵀ·V' (dk·dv each) — 2 FLOPs per multiply-add.
+double delta_rule_flops(const ModelConfig& cfg, int64_t B, int64_t T);
 // Head forward + backward: 6·N·C·V.
 double head_flops(const ModelConfig& cfg, int64_t B, int64_t T);
 // The MLP's share of a layer's FLOPs: how much of its backward runs before the MLP gradients can go down
 // (block_backward_mlp comes first).
-double mlp_flops_share(const ModelConfig& cfg, int64_t B, int64_t T);
-// Parameters of one decoder layer (the paper's 6·N·tokens convention sums these, embeddings and head).
-int64_t layer_parameters(const ModelConfig& cfg);
+double mlp_flops_share(const ModelConfig& cfg, int64_t B, int64_t T, LayerKind kind = LayerKind::full_attention);
+// Parameters of one decoder layer of `kind` (the paper's 6·N·tokens convention sums these, embeddings and head).
+int64_t layer_parameters(const ModelConfig& cfg, LayerKind kind = LayerKind::full_attention);
 
 // The machine's profile for `cfg` at B x T with compute `compute` ("bf16" for the real machines).
 Profile hardware_profile(const Hardware& hw, const ModelConfig& cfg, int64_t B, int64_t T);

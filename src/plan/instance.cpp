@@ -45,9 +45,29 @@ double Instance::fixed_peak() const {
   return m;
 }
 
-double Instance::prologue() const { return std::max(embed_f, token_upload / bw_h2d) + (A + W) / bw_h2d; }
+double Instance::prologue() const { return std::max(embed_f, token_upload / bw_h2d) + (A + Wl[0]) / bw_h2d; }
 
-double Instance::epilogue() const { return G / bw_d2h + std::max(acc_layer, A / bw_d2h) + embed_b; }
+double Instance::epilogue() const { return Gl[0] / bw_d2h + std::max(acc[0], A / bw_d2h) + embed_b; }
+
+double Instance::grads_down(int64_t k) const {
+  if (k < L - 1) return Gl[size_t(k + 1)];
+  return head_fence ? 0.0 : HG;  // with the fence the head's download is the fence itself
+}
+
+double Instance::accumulate_in(int64_t k) const { return k < L - 1 ? acc[size_t(k + 1)] : acc_head; }
+
+bool Instance::has_optimizer() const {
+  if (opt_embed > 0 || opt_head > 0) return true;
+  for (double t : opt_layer)
+    if (t > 0) return true;
+  return false;
+}
+
+double Instance::opt_before(int64_t l) const {
+  double t = opt_embed;
+  for (int64_t m = 0; m < l; ++m) t += opt_layer[size_t(m)];
+  return t;
+}
 
 Plan normalize_plan(const Plan& p) {
   Plan q = p;
@@ -60,7 +80,6 @@ Instance make_instance(const ModelConfig& cfg, int64_t B, int64_t T, const Profi
                        const InstanceOptions& o) {
   LT_CHECK(B >= 1 && T >= 1, "batch {} x seq {}: both must be >= 1", B, T);
   LT_CHECK(cfg.num_layers >= 1, "the model has no layers");
-  check_uniform_layers(cfg, "the planner (plan/)");
   Profile profile = scale_profile(profile0, B, T);
   profile.validate(cfg.num_layers);
   Instance in;
@@ -78,11 +97,12 @@ Instance make_instance(const ModelConfig& cfg, int64_t B, int64_t T, const Profi
   auto al = [](double bytes) { return double(align_up(size_t(std::ceil(bytes)), kDeviceAlign)); };
   in.A = al(double(s.boundary_bytes()));
   in.A_nvme = double(align_up(s.boundary_bytes(), kPageAlign));
-  in.I = al(double(block_stored_bytes(s)));
+  const LayerBytes lb = LayerBytes::make(cfg, s, mdt);
+  for (int64_t l = 0; l < in.L; ++l) in.I.push_back(al(double(lb.stored[size_t(l)])));
   if (o.exec.kernels == LayerKernels::cpu) {
-    in.IS = al(double(BlockActs::floats(s)) * 4);
+    in.IS = al(double(lb.acts_floats) * 4);
     in.scratch_always = s.act != DType::f32;
-    in.BS = al(double(BlockScratch::floats(s)) * 4);
+    in.BS = al(double(lb.scratch_floats) * 4);
   } else {  // exec/working_set.cpp's GPU buffers
     const GpuComputeBytes g = GpuComputeBytes::make(cfg, s, mdt);
     in.IS = al(double(g.recompute_internals));
@@ -91,11 +111,13 @@ Instance make_instance(const ModelConfig& cfg, int64_t B, int64_t T, const Profi
     in.gpu_loss = al(double(g.loss));
   }
   in.AG = al(double(N * C) * 4);
-  in.W = al(double(SlabLayout::make(cfg, SlabKind::layer, mdt).bytes()));
-  in.G = al(double(SlabLayout::make(cfg, SlabKind::layer, DType::f32).bytes()));
-  {
-    const SlabLayout g = SlabLayout::make(cfg, SlabKind::layer, DType::f32);
-    in.mlp_grad_share = 1.0 - double(g.entry(kMlpGradsFirst).offset) / double(g.bytes());
+  in.W = al(double(lb.weights));
+  in.G = al(double(lb.grads));
+  for (int64_t l = 0; l < in.L; ++l) {
+    const SlabLayout g = SlabLayout::make_layer(cfg, l, DType::f32);
+    in.Wl.push_back(al(double(SlabLayout::make_layer(cfg, l, mdt).bytes())));
+    in.Gl.push_back(al(double(g.bytes())));
+    in.mlp_grad_share.push_back(1.0 - double(g.entry(kMlpGradsFirst).offset) / double(g.bytes()));
   }
   double hw = double(SlabLayout::make(cfg, SlabKind::head, mdt).bytes());
   double hg = double(SlabLayout::make(cfg, SlabKind::head, DType::f32).bytes());
@@ -114,7 +136,7 @@ Instance make_instance(const ModelConfig& cfg, int64_t B, int64_t T, const Profi
   in.head = profile.head_s;
   in.embed_f = profile.embed_forward_s;
   in.embed_b = profile.embed_backward_s;
-  in.acc_layer = in.G / (profile.accumulate_gbps * 1e9);
+  for (double g : in.Gl) in.acc.push_back(g / (profile.accumulate_gbps * 1e9));
   in.acc_head = in.HG / (profile.accumulate_gbps * 1e9);
   in.bw_h2d = profile.link.h2d_gbps * 1e9;
   in.bw_d2h = profile.link.d2h_gbps * 1e9;
@@ -126,7 +148,7 @@ Instance make_instance(const ModelConfig& cfg, int64_t B, int64_t T, const Profi
   in.bw_nvme_w = profile.nvme_write_gbps * 1e9;
   if (o.include_optimizer && !o.restricted && profile.optimizer_params_per_s > 0) {
     const double rate = profile.optimizer_params_per_s;
-    in.opt_layer = double(layer_parameters(cfg)) / rate;
+    for (int64_t l = 0; l < in.L; ++l) in.opt_layer.push_back(double(layer_parameters(cfg, cfg.layer_kind(l))) / rate);
     in.opt_embed = double(cfg.vocab_size * C) / rate;
     in.opt_head = double(C + (cfg.tie_word_embeddings ? 0 : cfg.vocab_size * C)) / rate;
   }
@@ -139,9 +161,12 @@ Instance make_instance(const ModelConfig& cfg, int64_t B, int64_t T, const Profi
     for (const FenceWait& f : waits[size_t(in.bwd(in.L - 1))])
       if (f.writer == StreamKind::compute && f.on == StreamKind::d2h) in.head_fence = true;
   }
-  in.layer_flops = layer_forward_flops(cfg, B, T);
+  for (int64_t l = 0; l < in.L; ++l) {
+    in.layer_flops.push_back(layer_forward_flops(cfg, B, T, cfg.layer_kind(l)));
+    in.mlp_share.push_back(mlp_flops_share(cfg, B, T, cfg.layer_kind(l)));
+  }
+  in.opt_layer.resize(size_t(in.L), 0.0);
   in.head_flops = head_flops(cfg, B, T);
-  in.mlp_share = mlp_flops_share(cfg, B, T);
 
   in.allow_host = o.allow_host;
   in.allow_nvme = o.allow_nvme && !o.restricted && budget.nvme_bytes > 0 && in.bw_nvme_r > 0 && in.bw_nvme_w > 0 &&

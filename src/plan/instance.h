@@ -6,6 +6,11 @@
 //   F0 .. F(L-1)   forward of layer l          window l
 //   H              head forward + backward     window L
 //   B(L-1) .. B0   backward of layer k         window 2L - k
+// Layers may differ (Qwen3.5 / Qwen3.6 interleave Gated DeltaNet and gated attention layers): each layer's kept
+// internals, weight and gradient bytes, accumulation, optimizer update and FLOPs are its own ([L] vectors); the
+// device buffers every layer passes through (weights, gradients, the working copy, scratch) have the largest
+// layer's size, as the executor's working set allocates them (exec/working_set.h, LayerBytes).
+//
 // Legend: L layers, B batch rows, T tokens per row, N = B*T, C hidden.
 #pragma once
 
@@ -67,7 +72,7 @@ struct Instance {
   // Bytes (each rounded up to the device's 256-byte allocation unit, as the working set counts them).
   double A = 0;        // one boundary [N, C] in the activation storage dtype
   double A_nvme = 0;   // one boundary on NVMe (4 KiB pages)
-  double I = 0;        // one layer's kept internals (block_stored_bytes)
+  std::vector<double> I;  // [L] layer l's kept internals (block_stored_bytes of its shape)
   double IS = 0;       // the f32 working copy of one layer's internals ("internals scratch", BlockActs), or the
                        // GPU block's "recompute internals"
   // At bf16 storage the working copy is on the device all step (every layer computes in it); at f32 only when
@@ -75,8 +80,9 @@ struct Instance {
   bool scratch_always = false;
   // The scratch a plan adds when some layer recomputes (0 when it is there anyway).
   double recompute_scratch() const { return scratch_always ? 0.0 : IS; }
-  double W = 0;        // one layer's weights (compute copy)
-  double G = 0;        // one layer's gradients (f32)
+  double W = 0;        // the largest layer's weights (compute copy): one weight buffer
+  double G = 0;        // the largest layer's gradients (f32): one gradient buffer
+  std::vector<double> Wl, Gl;  // [L] layer l's weights and gradients, as its uploads and downloads move them
   double HW = 0, HG = 0;  // head weights / gradients (lm_head counted here when tied)
   double tokens = 0;   // device buffer: positions, targets, document ids
   double token_upload = 0;  // uploaded each step: positions and targets (unpacked batches)
@@ -89,20 +95,26 @@ struct Instance {
   // Times (seconds).
   std::vector<double> f, b, r;  // [L] forward, backward, recompute
   double head = 0, embed_f = 0, embed_b = 0;
-  double acc_layer = 0, acc_head = 0;  // host accumulation of one layer's / the head's gradients
+  std::vector<double> acc;             // [L] host accumulation of layer l's gradients
+  double acc_head = 0;                 // ... of the head's
   double bw_h2d = 0, bw_d2h = 0;       // bytes/s
   double bw_sum = 0;                   // h2d + d2h bytes/s with both busy; 0 = no joint limit
   double latency = 0;
   double bw_nvme_r = 0, bw_nvme_w = 0; // bytes/s; 0 = no NVMe
-  double opt_layer = 0, opt_embed = 0, opt_head = 0;  // host optimizer seconds per slab; 0 = off
+  std::vector<double> opt_layer;      // [L] host optimizer seconds of layer l's slab (all 0 = off)
+  double opt_embed = 0, opt_head = 0;  // ... of the embedding's and the head's
+  bool has_optimizer() const;
+  // opt_embed + the updates of layers 0 .. l-1: when layer l's update can start
+  double opt_before(int64_t l) const;
   // The executor's window fence at B(L-1): when its working set packs a backward buffer into memory that a
   // buffer the d2h stream read used (the head's gradients), B(L-1)'s compute waits for the head gradients'
   // download (WorkingSet::fence_waits; cost_model.h: the fence term).
   bool head_fence = false;
   int64_t parameters = 0;
-  double layer_flops = 0, head_flops = 0;  // forward FLOPs of one layer; head forward + backward
-  double mlp_share = 0.5;                    // of a layer's backward, the MLP half (mlp_flops_share)
-  double mlp_grad_share = 0.5;               // of its gradient bytes, the MLP half's (downloaded first)
+  std::vector<double> layer_flops;           // [L] forward FLOPs of layer l
+  double head_flops = 0;                     // head forward + backward
+  std::vector<double> mlp_share;             // [L] of layer l's backward, the MLP half (mlp_flops_share)
+  std::vector<double> mlp_grad_share;        // [L] of its gradient bytes, the MLP half's (downloaded first)
   std::string profile_name;
 
   int num_windows() const { return int(2 * L + 1); }
@@ -121,6 +133,10 @@ struct Instance {
   double fixed_window(int w) const;
   // The largest of them (for messages).
   double fixed_peak() const;
+  // What the download in backward window B(k) carries (the gradients of the layer above, or the head's), and
+  // the host's accumulation of it; the epilogue takes layer 0's.
+  double grads_down(int64_t k) const;
+  double accumulate_in(int64_t k) const;
   // Host time of the step's prologue (embedding lookup, first uploads) and epilogue (last gradients out,
   // embedding backward).
   double prologue() const;

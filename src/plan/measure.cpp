@@ -50,22 +50,30 @@ void fill_random(float* p, size_t n, Rng& rng, float scale) {
 Profile measure_profile(const ModelConfig& cfg0, int64_t B, int64_t T, const MeasureOptions& o) {
   LT_CHECK(B >= 1 && T >= 1, "profile: batch {} x seq {} must both be >= 1", B, T);
   LT_CHECK(o.reps >= 1, "profile: --reps must be >= 1");
-  check_uniform_layers(cfg0, "the profiler (plan/measure.cpp)");
   const ModelConfig& cfg = cfg0;
   const int64_t L = cfg.num_layers, N = B * T, C = cfg.hidden_size, V = cfg.vocab_size;
   const DType mdt = o.compute == ComputeType::bf16 ? DType::bf16 : DType::f32;
   const BlockShape s = BlockShape::make(cfg, B, T, o.activations);
 
-  // One layer's weights (the executor streams every layer through the same buffers; layers share shapes),
-  // plus the embedding and head, from a 1-layer copy of the config.
+  // One layer of each kind (the executor streams every layer through the same buffers, sized for the largest;
+  // layers of one kind share shapes — a hybrid model has Gated DeltaNet and attention layers), plus the
+  // embedding and head, from a copy of the config with those layers.
   ModelConfig one = cfg;
-  one.num_layers = 1;
+  std::vector<int64_t> proto(size_t(cfg.num_layers));  // layer l is measured with `one`'s layer proto[l]
+  one.layer_types.clear();
+  for (int64_t l = 0; l < cfg.num_layers; ++l) {
+    const LayerKind k = cfg.layer_kind(l);
+    const auto it = std::find(one.layer_types.begin(), one.layer_types.end(), k);
+    proto[size_t(l)] = int64_t(it - one.layer_types.begin());
+    if (it == one.layer_types.end()) one.layer_types.push_back(k);
+  }
+  one.num_layers = int64_t(one.layer_types.size());
+  if (!cfg.is_hybrid()) one.layer_types.clear();  // uniform models keep their implicit full attention
   ModelSlabs params(one, DType::f32);
   init_random(params, o.seed);
   ModelSlabs copy(one, mdt);
   make_compute_copy(copy, params);
-  const SlabLayout& wl = copy.layout(SlabKind::layer);
-  const SlabLayout gl = SlabLayout::make(cfg, SlabKind::layer, DType::f32);
+  const LayerBytes lb = LayerBytes::make(cfg, s, mdt);
 
   std::unique_ptr<Device> dev = open_device(o.device, o.device_memory, o.link);
   const LayerKernels kernels = device_layer_kernels(o.device, s.act);
@@ -93,15 +101,15 @@ Profile measure_profile(const ModelConfig& cfg0, int64_t B, int64_t T, const Mea
   } cleanup{*dev, allocs};
 
   const size_t xbytes = s.boundary_bytes(), dxbytes = size_t(N * C) * 4;
-  auto* w = static_cast<uint8_t*>(dalloc(wl.bytes(), "weights"));
-  auto* g = static_cast<uint8_t*>(dalloc(gl.bytes(), "grads"));
+  auto* w = static_cast<uint8_t*>(dalloc(lb.weights, "weights"));
+  auto* g = static_cast<uint8_t*>(dalloc(lb.grads, "grads"));
   auto* x_in = static_cast<uint8_t*>(dalloc(xbytes, "x_in"));
   auto* x_out = static_cast<uint8_t*>(dalloc(xbytes, "x_out"));
   auto* dx_in = static_cast<float*>(dalloc(dxbytes, "dx_in"));
   auto* dx_out = static_cast<float*>(dalloc(dxbytes, "dx_out"));
   // A kept layer's internals, and the compute's scratch as the executor's working set has it (a layer that
   // recomputes its internals uses the same scratch after the kept layer's backward).
-  auto* kept = dalloc(block_stored_bytes(s), "kept internals");
+  auto* kept = dalloc(*std::max_element(lb.stored.begin(), lb.stored.end()), "kept internals");
   auto* pos = static_cast<int32_t*>(dalloc(size_t(N) * 4, "positions"));
   auto* targets = static_cast<int32_t*>(dalloc(size_t(N) * 4, "targets"));
   auto* loss = static_cast<double*>(dalloc(sizeof(double), "loss"));
@@ -110,9 +118,10 @@ Profile measure_profile(const ModelConfig& cfg0, int64_t B, int64_t T, const Mea
   binding.tok = TokenInfo{pos, nullptr};
   std::vector<float> rope_host;
   if (kernels == LayerKernels::cpu) {
-    binding.acts = static_cast<float*>(dalloc(BlockActs::floats(s) * 4, "working copy"));
-    binding.backward_scratch = static_cast<float*>(dalloc(BlockScratch::floats(s) * 4, "scratch"));
+    binding.acts = static_cast<float*>(dalloc(lb.acts_floats * 4, "working copy"));
+    binding.backward_scratch = static_cast<float*>(dalloc(lb.scratch_floats * 4, "scratch"));
   } else {
+    check_uniform_layers(cfg, "the GPU block (cuda/layers; profile on the CPU block)");
     const GpuComputeBytes g = GpuComputeBytes::make(cfg, s, mdt);
     binding.recompute_stored = dalloc(g.recompute_internals, "recompute internals");
     binding.block_scratch = dalloc(g.block_scratch, "block scratch");
@@ -139,7 +148,6 @@ Profile measure_profile(const ModelConfig& cfg0, int64_t B, int64_t T, const Mea
     ids[size_t(i)] = int32_t(rng.below(uint64_t(V)));
   }
   constexpr StreamKind kC = StreamKind::compute, kH = StreamKind::h2d, kD = StreamKind::d2h;
-  dev->copy_h2d(w, copy.layer(0), wl.bytes(), kH, "setup W");
   dev->copy_h2d(x_in, hx_stored.data(), xbytes, kH, "setup x");
   dev->copy_h2d(dx_out, hdx.data(), dxbytes, kH, "setup dx");
   dev->copy_h2d(pos, hpos.data(), size_t(N) * 4, kH, "setup pos");
@@ -161,16 +169,25 @@ Profile measure_profile(const ModelConfig& cfg0, int64_t B, int64_t T, const Mea
   p.source = fmt::format("measured by `lazytrain profile` on {} with {} threads, best of {}", dev->name(),
                          num_threads(), o.reps);
 
-  const BlockView view = BlockView::bind(wl, w);
   LayerCompute* c = compute.get();
-  // Warm-up: primitive creation and first-touch page faults belong to no layer.
+  int64_t loaded = -1;  // the prototype layer in `w`
+  // Warm-up (each kind once): primitive creation and first-touch page faults belong to no layer.
   auto run_layer = [&](int64_t l, int rep) {
+    const int64_t pl = proto[size_t(l)];
+    const SlabLayout& wl = copy.layout(SlabKind::layer, pl);
+    if (pl != loaded) {
+      dev->copy_h2d(w, copy.layer(pl), wl.bytes(), kH, fmt::format("setup W{}", pl));
+      dev->synchronize();
+      loaded = pl;
+    }
+    const BlockView view = BlockView::bind(wl, w);
+    const SlabLayout gl = SlabLayout::make_layer(cfg, l, DType::f32);
     const std::string fwd = fmt::format("fwd L{}#{}", l, rep), bwd = fmt::format("bwd L{}#{}", l, rep),
                       rc = fmt::format("recompute L{}#{}", l, rep);
     dev->launch(kC, [=] { c->forward(x_out, kept, x_in, view); }, fwd, int(l));
-    const SlabLayout* glp = &gl;
     // The backward as the executor runs it (zeroed gradients, the MLP half, the attention half), in one launch.
     auto backward = [=](void* internals) {
+      const SlabLayout* glp = &gl;
       c->zero(g, glp->bytes());
       BlockGrads gr = BlockGrads::bind(*glp, g);
       c->backward_mlp(gr, dx_out, internals, view);
@@ -182,7 +199,8 @@ Profile measure_profile(const ModelConfig& cfg0, int64_t B, int64_t T, const Mea
     dev->launch(kC, [=] { backward(nullptr); }, rc + " bwd", int(l));
     dev->synchronize();
   };
-  run_layer(-1, 0);
+  for (int64_t k = 0; k < one.num_layers; ++k)
+    run_layer(int64_t(std::find(proto.begin(), proto.end(), k) - proto.begin()), -1);
   p.forward_s.assign(size_t(L), 0);
   p.backward_s.assign(size_t(L), 0);
   p.recompute_s.assign(size_t(L), 0);
@@ -278,7 +296,7 @@ Profile measure_profile(const ModelConfig& cfg0, int64_t B, int64_t T, const Mea
 
   // The link: one layer's weights up and gradients down, alone and together (both directions busy).
   {
-    const size_t bytes = std::max({wl.bytes(), gl.bytes(), xbytes});
+    const size_t bytes = std::max({lb.weights, lb.grads, xbytes});
     std::vector<uint8_t> host_src(bytes, 1), host_dst(bytes, 0);
     auto* dbuf = static_cast<uint8_t*>(dalloc(bytes, "link probe"));
     auto* dbuf2 = static_cast<uint8_t*>(dalloc(bytes, "link probe 2"));
@@ -310,7 +328,7 @@ Profile measure_profile(const ModelConfig& cfg0, int64_t B, int64_t T, const Mea
 
   // Gradient accumulation on a HostWorker, the executor's loop (fixed chunks, dst += src).
   {
-    const size_t n = gl.bytes() / 4;
+    const size_t n = lb.grads / 4;
     std::vector<float> dst(n, 0.0f), src(n, 1.0f);
     HostWorker hw("host", dev.get());
     TraceRecorder hrec;
@@ -324,7 +342,7 @@ Profile measure_profile(const ModelConfig& cfg0, int64_t B, int64_t T, const Mea
     hw.drain();
     std::vector<double> t;
     for (int rep = 1; rep <= o.reps; ++rep) t.push_back(op_seconds(hrec, fmt::format("accumulate#{}", rep)));
-    p.accumulate_gbps = double(gl.bytes()) / 1e9 / fastest(t);
+    p.accumulate_gbps = double(lb.grads) / 1e9 / fastest(t);
   }
 
   // The host optimizer: the fused Hybrid 8-bit AdamW update of one layer slab (optim/adamw.h).

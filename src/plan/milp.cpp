@@ -192,7 +192,7 @@ Built build(const Instance& in) {
   }
   v.T.resize(size_t(nw));
   for (int w = 0; w < nw; ++w) v.T[size_t(w)] = lp.col(0, kInf, bt.scale, false);
-  const bool optimizer = in.opt_layer > 0 || in.opt_embed > 0 || in.opt_head > 0;
+  const bool optimizer = in.has_optimizer();
   if (optimizer) v.E = lp.col(0, kInf, bt.scale, false);
   if (in.head_fence) v.fence = lp.col(0, kInf, bt.scale, false);
 
@@ -276,29 +276,32 @@ Built build(const Instance& in) {
   std::vector<std::vector<std::pair<int, double>>> h2d(static_cast<size_t>(nw)), d2h(static_cast<size_t>(nw));
   std::vector<double> h2d_c(static_cast<size_t>(nw), 0.0), d2h_c(static_cast<size_t>(nw), 0.0),
       host_c(static_cast<size_t>(nw), 0.0);  // bytes (and host seconds) per window
-  for (int64_t l = 0; l < L; ++l) h2d_c[size_t(in.fwd(l))] += l + 1 < L ? in.W : in.HW;
+  for (int64_t l = 0; l < L; ++l) h2d_c[size_t(in.fwd(l))] += l + 1 < L ? in.Wl[size_t(l + 1)] : in.HW;
   // Backward weights (exec/weight_buffers.h, as cost_model.cpp counts them): none while the source of what a
   // window needs is at or above the lowest layer the forward left on the device. "The source of boundary i is
   // s" is the edge s -> e with s <= i < e, so "source(i) >= resident" is a sum of edges.
   const int64_t resident = in.first_resident();
-  auto upload_unless_resident = [&](int w, int64_t i) {  // W · (1 - [source(i) >= resident])
-    h2d_c[size_t(w)] += in.W;
+  auto upload_unless_resident = [&](int w, int64_t i) {  // W_i · (1 - [source(i) >= resident])
+    const double wi = in.Wl[size_t(i)];
+    h2d_c[size_t(w)] += wi;
     for (int64_t s = resident; s <= i; ++s)
-      for (int64_t e = i + 1; e <= L; ++e) h2d[size_t(w)].push_back({v.x[size_t(s)][size_t(e)], -in.W});
+      for (int64_t e = i + 1; e <= L; ++e) h2d[size_t(w)].push_back({v.x[size_t(s)][size_t(e)], -wi});
   };
   if (L >= 2) upload_unless_resident(in.head_window(), L - 1);  // layer L-1 again after a segment below it
   for (int64_t k = 1; k < L; ++k) {
     const int w = in.bwd(k);
     upload_unless_resident(w, k - 1);  // layer k-1, the next window's first
-    for (int64_t s = 0; s < std::min(k, resident); ++s)  // the segment's layers s .. k-1
-      h2d[size_t(w)].push_back({v.x[size_t(s)][size_t(k + 1)], double(k - s) * in.W});
+    for (int64_t s = 0; s < std::min(k, resident); ++s) {  // the segment's layers s .. k-1
+      double seg = 0;
+      for (int64_t m = s; m < k; ++m) seg += in.Wl[size_t(m)];
+      h2d[size_t(w)].push_back({v.x[size_t(s)][size_t(k + 1)], seg});
+    }
     if (v.u[size_t(k)] >= 0) h2d[size_t(w)].push_back({v.u[size_t(k)], in.A});  // source reload for top k-1
   }
   if (v.u[size_t(L)] >= 0) h2d[size_t(in.head_window())].push_back({v.u[size_t(L)], in.A});
   for (int64_t k = 0; k < L; ++k) {
-    if (k < L - 1) d2h_c[size_t(in.bwd(k))] += in.G;
-    else if (!in.head_fence) d2h_c[size_t(in.bwd(k))] += in.HG;
-    host_c[size_t(in.bwd(k))] += k == L - 1 ? in.acc_head : in.acc_layer;
+    d2h_c[size_t(in.bwd(k))] += in.grads_down(k);
+    host_c[size_t(in.bwd(k))] += in.accumulate_in(k);
   }
   for (int64_t i = 0; i < L; ++i) {
     for (const auto* m : {&v.offh, &v.offn})
@@ -352,12 +355,11 @@ Built build(const Instance& in) {
   if (optimizer) {
     const double P = in.prologue();
     const double s0 = std::max(in.embed_f, in.token_upload / in.bw_h2d) + in.A / in.bw_h2d;
-    lp.row({{v.E, 1.0}}, std::max(in.opt_embed, in.opt_embed + in.opt_layer - s0), kInf);
+    lp.row({{v.E, 1.0}}, std::max(in.opt_embed, in.opt_before(1) - s0), kInf);
     for (int64_t l = 1; l <= L; ++l) {  // l = L: the head's upload in F(L-1)
       std::vector<std::pair<int, double>> t = {{v.E, 1.0}};
       for (int64_t m = 0; m + 1 < l; ++m) t.push_back({v.T[size_t(in.fwd(m))], 1.0});
-      const double need = l < L ? in.opt_embed + double(l + 1) * in.opt_layer - P
-                                : in.opt_embed + double(L) * in.opt_layer + in.opt_head - P;
+      const double need = l < L ? in.opt_before(l + 1) - P : in.opt_before(L) + in.opt_head - P;
       lp.row(t, need, kInf);
     }
   }
@@ -367,14 +369,14 @@ Built build(const Instance& in) {
   // scratch all step and the recompute cache over the backward when any layer recomputes, y and R).
   // Lifetime model: scratch only where used, the recompute cache only as deep as the run's top.
   const double budget = double(in.budget.device_bytes);
-  const double A = in.A * kGBScale, I = in.I * kGBScale, S = in.recompute_scratch() * kGBScale;
+  const double A = in.A * kGBScale, S = in.recompute_scratch() * kGBScale;
   for (int w = 0; w < nw; ++w) {
     std::vector<std::pair<int, double>> t;
     double rhs = (budget - in.fixed_window(w)) * kGBScale;
     const int64_t dev_upto = w < L ? std::min<int64_t>(w + 1, L - 1) : w == L ? L - 1 : 2 * L - w;
     const int64_t keep_upto = w < L ? w : w == L ? L - 1 : 2 * L - w;  // inclusive
     for (int64_t i = 0; i <= dev_upto; ++i) t.push_back({v.dev[size_t(i)], A});
-    for (int64_t q = 0; q <= keep_upto; ++q) t.push_back({v.keep[size_t(q)], I});
+    for (int64_t q = 0; q <= keep_upto; ++q) t.push_back({v.keep[size_t(q)], in.I[size_t(q)] * kGBScale});
     if (static_mem) {
       t.push_back({v.y, S});
       if (w > L) t.push_back({v.R, A});

@@ -240,10 +240,10 @@ class Builder {
 
   // The previous step's optimizer update on the optimizer lane: embedding, layers, head, in order.
   void start_update() {
-    if (in_.opt_layer <= 0 && in_.opt_embed <= 0 && in_.opt_head <= 0) return;
+    if (!in_.has_optimizer()) return;
     update_embed_ = eng_.add(Lane::optimizer, "update embedding", -1, in_.opt_embed, 0, {});
     for (int64_t l = 0; l < L_; ++l)
-      update_layer_[l] = eng_.add(Lane::optimizer, fmt::format("update L{}", l), int(l), in_.opt_layer, 0, {});
+      update_layer_[l] = eng_.add(Lane::optimizer, fmt::format("update L{}", l), int(l), in_.opt_layer[size_t(l)], 0, {});
     update_head_ = eng_.add(Lane::optimizer, "update head", -1, in_.opt_head, 0, {});
   }
 
@@ -262,7 +262,7 @@ class Builder {
     if (!slot.upload) return b;
     wait(Lane::h2d, wfree_[size_t(b)]);
     if (!w_upload_.count(l) && update_layer_.count(l)) wait(Lane::h2d, update_layer_[l]);  // gate_upload
-    wready_[size_t(b)] = add(Lane::h2d, fmt::format("h2d W{}", l), int(l), 0, in_.W, {});
+    wready_[size_t(b)] = add(Lane::h2d, fmt::format("h2d W{}", l), int(l), 0, in_.Wl[size_t(l)], {});
     if (!w_upload_.count(l)) w_upload_[l] = wready_[size_t(b)];
     return b;
   }
@@ -432,19 +432,19 @@ class Builder {
       const int g = next_g_;
       next_g_ = (next_g_ + 1) % int(gfree_.size());
       wait(Lane::compute, gfree_[size_t(g)]);
-      const double bl = in_.b[size_t(l)], mlp = in_.mlp_share;
+      const double bl = in_.b[size_t(l)], mlp = in_.mlp_share[size_t(l)];
       const int mlp_done = launch_on(b, {&xin}, fmt::format("bwd L{} mlp", l), l, bl * mlp);
       const int done = launch_on(b, {&xin}, fmt::format("bwd L{} attention", l), l, bl * (1 - mlp));
       // Gradients out once the host worker has emptied the staging slot (the MLP half's while the attention
       // half runs), then accumulated on the host.
       wait(Lane::d2h, mlp_done);
       wait(Lane::d2h, slot_release_[size_t(g)]);
-      const double mlp_bytes = in_.G * in_.mlp_grad_share;
+      const double grad_bytes = in_.Gl[size_t(l)], mlp_bytes = grad_bytes * in_.mlp_grad_share[size_t(l)];
       add(Lane::d2h, fmt::format("d2h dW{} mlp", l), int(l), 0, mlp_bytes, {});
       wait(Lane::d2h, done);
-      const int d = add(Lane::d2h, fmt::format("d2h dW{} attention", l), int(l), 0, in_.G - mlp_bytes, {});
+      const int d = add(Lane::d2h, fmt::format("d2h dW{} attention", l), int(l), 0, grad_bytes - mlp_bytes, {});
       gfree_[size_t(g)] = d;
-      slot_release_[size_t(g)] = eng_.add(Lane::host, fmt::format("accumulate dW{}", l), int(l), in_.acc_layer, 0, {d});
+      slot_release_[size_t(g)] = eng_.add(Lane::host, fmt::format("accumulate dW{}", l), int(l), in_.acc[size_t(l)], 0, {d});
     }
     const int dx0 = add(Lane::d2h, "d2h dx0", 0, 0, in_.A, {});
     eng_.add(Lane::host, "embedding backward", 0, in_.embed_b, 0, {dx0});
@@ -526,9 +526,10 @@ SimResult simulate(const Instance& in, const Plan& plan_in, const TransferWindow
   plan.validate(in.L);
   // The step as the executor runs it; with the optimizer, the previous step's update pipelined into it (the
   // step without it gives the optimizer's exposed part).
-  const bool optimizer = in.opt_layer > 0 || in.opt_embed > 0 || in.opt_head > 0;
+  const bool optimizer = in.has_optimizer();
   Instance plain = in;
-  plain.opt_layer = plain.opt_embed = plain.opt_head = 0;
+  plain.opt_layer.assign(plain.opt_layer.size(), 0.0);
+  plain.opt_embed = plain.opt_head = 0;
   SimResult r;
   auto run = [&](const Instance& inst, SimResult& out, bool record) {
     Engine eng(inst);

@@ -13,6 +13,7 @@
 #include "plan/cost_model.h"
 #include "plan/hardware.h"
 #include "plan/instance.h"
+#include "testing/exec_testing.h"
 
 namespace lt::testing {
 
@@ -55,7 +56,9 @@ inline Profile synthetic_profile(const ModelConfig& cfg, int64_t B, int64_t T, R
 }
 
 // A random instance with L layers. Byte sizes and times are redrawn after make_instance so that boundaries,
-// internals and weights take comparable room and transfers compare with compute in every direction.
+// internals and weights take comparable room and transfers compare with compute in every direction. Half the
+// instances have two kinds of layer with their own internals, weights and gradients (as Qwen3.5's Gated DeltaNet
+// and attention layers), in a random order.
 inline Instance random_instance(Rng& rng, int64_t L, MemoryModel memory, bool restricted, bool nvme = false) {
   const ModelConfig cfg = tiny_plan_config(L, rng.next_u64());
   Profile prof = synthetic_profile(cfg, 2, 16, rng);
@@ -72,23 +75,41 @@ inline Instance random_instance(Rng& rng, int64_t L, MemoryModel memory, bool re
   Instance in = make_instance(cfg, 2, 16, prof, bud, o);
   in.opt.exec.weight_buffers = 1 + int(rng.below(4));  // how many top layers the backward finds resident
   const double MB = 1e6;
-  in.A = MB * (0.5 + rng.uniform());
+  auto round_up = [](double x) { return 256 * std::ceil(x / 256); };
+  in.A = round_up(MB * (0.5 + rng.uniform()));
   in.A_nvme = in.A;
-  in.I = in.A * (0.5 + 4 * rng.uniform());
-  in.W = MB * (0.3 + 2 * rng.uniform());
-  in.G = in.W * (1 + rng.uniform());
-  in.HW = in.W * (0.5 + rng.uniform());
+  const int kinds = 1 + int(rng.below(2));
+  double I[2], W[2], G[2];
+  for (int k = 0; k < kinds; ++k) {
+    I[k] = round_up(in.A * (0.5 + 4 * rng.uniform()));
+    W[k] = round_up(MB * (0.3 + 2 * rng.uniform()));
+    G[k] = round_up(W[k] * (1 + rng.uniform()));
+  }
+  in.I.clear();
+  in.Wl.clear();
+  in.Gl.clear();
+  in.W = in.G = 0;
+  for (int64_t l = 0; l < L; ++l) {
+    const int k = int(rng.below(uint64_t(kinds)));
+    in.I.push_back(I[k]);
+    in.Wl.push_back(W[k]);
+    in.Gl.push_back(G[k]);
+    in.W = std::max(in.W, W[k]);
+    in.G = std::max(in.G, G[k]);
+  }
+  in.HW = round_up(in.W * (0.5 + rng.uniform()));
   in.HG = in.HW * 2;
-  in.BS = in.I * (0.5 + rng.uniform());
+  in.BS = round_up(in.I[0] * (0.5 + rng.uniform()));
   in.tokens = 1e3;
-  for (double* x : {&in.A, &in.A_nvme, &in.I, &in.W, &in.G, &in.HW, &in.HG, &in.BS}) *x = 256 * std::ceil(*x / 256);
   // Bandwidths: a weight upload takes 0.2 .. 1.5 of a forward, an offload 0.2 .. 2.
   const double f = 1e-3;
   in.bw_h2d = in.W / (f * (0.2 + 1.3 * rng.uniform()));
   in.bw_d2h = in.A / (f * (0.2 + 1.8 * rng.uniform()));
   in.bw_sum = rng.below(3) == 0 ? 0.8 * (in.bw_h2d + in.bw_d2h) : 0.0;
-  in.acc_layer = f * 0.5 * rng.uniform();
-  in.acc_head = in.acc_layer;
+  const double acc = f * 0.5 * rng.uniform() / in.G;  // seconds per gradient byte
+  in.acc.clear();
+  for (double g : in.Gl) in.acc.push_back(g * acc);
+  in.acc_head = in.G * acc;
   if (nvme) {
     in.bw_nvme_r = in.A / (f * (0.5 + 2 * rng.uniform()));
     in.bw_nvme_w = in.A / (f * (0.5 + 2 * rng.uniform()));
@@ -98,7 +119,7 @@ inline Instance random_instance(Rng& rng, int64_t L, MemoryModel memory, bool re
   Plan small = Plan::every(L, L);  // everything dropped but boundary 0
   const double hi = evaluate(in, keep).model_device_bytes;
   const double lo = evaluate(in, small).model_device_bytes;
-  const double lo2 = std::min(lo, in.fixed_peak() + in.I + in.A);
+  const double lo2 = std::min(lo, in.fixed_peak() + in.I[0] + in.A);
   in.budget.device_bytes = size_t(lo2 + (hi - lo2) * rng.uniform() * 1.05);
   in.budget.host_act_bytes = size_t(in.A * double(rng.below(uint64_t(L + 1))));
   in.allow_host = rng.below(5) != 0;
@@ -106,13 +127,35 @@ inline Instance random_instance(Rng& rng, int64_t L, MemoryModel memory, bool re
   return in;
 }
 
+// A Qwen3.5 hybrid of L layers, both kinds in a random order (random_hybrid_config's sizes).
+inline ModelConfig hybrid_plan_config(int64_t L, Rng& rng) {
+  ModelConfig cfg = random_hybrid_config(rng);
+  cfg.num_layers = L;
+  cfg.layer_types.clear();
+  for (int64_t l = 0; l < L; ++l)
+    cfg.layer_types.push_back(rng.below(3) ? LayerKind::linear_attention : LayerKind::full_attention);
+  cfg.layer_types[size_t(rng.below(uint64_t(L)))] = LayerKind::full_attention;
+  return cfg;
+}
+
 // An instance whose byte sizes are the real ones of a small model (so the executor's working set, its
-// packing and fences, match the instance), with random per-layer times, links and budgets.
-inline Instance realistic_instance(Rng& rng, int64_t L, MemoryModel memory, bool nvme = false) {
+// packing and fences, match the instance), with random per-layer times, links and budgets. `hybrid`: a Qwen3.5
+// model (layers of two kinds, L >= 2).
+inline Instance realistic_instance(Rng& rng, int64_t L, MemoryModel memory, bool nvme = false, bool hybrid = false) {
   ModelConfig cfg = tiny_plan_config(L, rng.next_u64());
   cfg.hidden_size = 64;
   cfg.intermediate_size = 128 + 32 * int64_t(rng.below(3));
   cfg.vocab_size = 256;
+  if (hybrid) {  // the same widths (the window model's agreement with the simulator depends on them)
+    const ModelConfig base = cfg;
+    cfg = hybrid_plan_config(L, rng);
+    cfg.hidden_size = base.hidden_size;
+    cfg.intermediate_size = base.intermediate_size;
+    cfg.vocab_size = base.vocab_size;
+    cfg.head_dim = 16;
+    cfg.linear_key_head_dim = 16;
+    cfg.linear_value_head_dim = 16;
+  }
   const int64_t B = 2 + int64_t(rng.below(3)), T = 64;
   Profile prof = synthetic_profile(cfg, B, T, rng);
   prof.optimizer_params_per_s = rng.below(2) ? 0 : 3e7 * (0.5 + rng.uniform());
@@ -137,7 +180,7 @@ inline Instance realistic_instance(Rng& rng, int64_t L, MemoryModel memory, bool
   // the planner's window model (each window's transfers overlap its compute) does not describe.
   in.opt.exec.weight_buffers = 2 + int(rng.below(3));
   const double hi = evaluate(in, Plan::keep_all(L)).model_device_bytes;
-  const double lo = std::min(evaluate(in, Plan::every(L, L)).model_device_bytes, in.fixed_peak() + in.I + in.A);
+  const double lo = std::min(evaluate(in, Plan::every(L, L)).model_device_bytes, in.fixed_peak() + in.I[0] + in.A);
   in.budget.device_bytes = size_t(lo + (hi - lo) * rng.uniform() * 1.05);
   in.budget.host_act_bytes = size_t(in.A * double(rng.below(uint64_t(L + 1))));
   if (nvme) in.budget.nvme_bytes = size_t(in.A_nvme * double(rng.below(uint64_t(L + 1))));

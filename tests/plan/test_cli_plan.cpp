@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 
 #include <nlohmann/json.hpp>
 
@@ -99,6 +100,54 @@ TEST_F(CmdPlan, ProfileThenSimulate) {
   std::filesystem::remove(prof);
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_EQ(nlohmann::json::parse(r.out)["status"], "optimal");
+}
+
+// A Qwen3.5 hybrid end to end: measured per layer kind on the CPU device, simulated, planned to optimality under
+// a device budget keep-all does not fit, and the plan run by the streaming executor: gradients byte-identical to
+// the in-memory path's.
+TEST_F(CmdPlan, HybridProfilePlanRun) {
+  const std::string base = ::testing::TempDir() + "lt_cli_hybrid_" + std::to_string(::getpid());
+  const std::string prof = base + ".json", plan = base + ".plan.json", model = base + "_model";
+  const std::string tiny = std::string(LT_SOURCE_DIR) + "/examples/tiny-qwen35/config.json";
+  const std::string batch = std::string(LT_SOURCE_DIR) + "/examples/tiny-qwen3/batch.json";  // B 4, T 64, vocabulary 384
+  const std::string shape = " --batch 4 --seq 64";
+  CmdResult r = run("profile --model " + tiny + shape + " --link-gbps 1 --reps 1 --device-memory 256MiB --out " + prof);
+  ASSERT_EQ(r.status, 0) << r.out;
+  ASSERT_EQ(nlohmann::json::parse(std::ifstream(prof))["forward_s"].size(), 4u);
+  r = run("simulate --profile " + prof + " --model " + tiny + shape + " --policy every:2 --json");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_GT(nlohmann::json::parse(r.out)["step_s"].get<double>(), 0);
+  r = run("plan --model " + tiny + " --hardware " + prof + shape + " --json");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const nlohmann::json roomy = nlohmann::json::parse(r.out);
+  double keep_all = 0, every1 = 0;
+  for (const auto& b : roomy["plans"]) {
+    if (b["name"] == "keep-all") keep_all = b["executor_device_bytes"].get<double>();
+    if (b["name"] == "every:1") every1 = b["executor_device_bytes"].get<double>();
+  }
+  ASSERT_GT(keep_all, every1);
+  const std::string budget = std::to_string(int64_t((keep_all + every1) / 2));
+  r = run("plan --model " + tiny + " --hardware " + prof + shape + " --device-memory " + budget + " --json --out " + plan);
+  ASSERT_EQ(r.status, 0) << r.out;
+  const nlohmann::json tight = nlohmann::json::parse(r.out);
+  EXPECT_EQ(tight["status"], "optimal");
+  ASSERT_EQ(tight["plans"][0]["name"], "lazytrain");
+  EXPECT_LE(tight["plans"][0]["executor_device_bytes"].get<double>(), double(std::stoll(budget)));
+  ASSERT_EQ(run("init --config " + tiny + " --out " + model + " --seed 5").status, 0);
+  r = run("grad --model " + model + " --batch " + batch + " --out " + base + "_ref.safetensors");
+  ASSERT_EQ(r.status, 0) << r.out;
+  r = run("grad --model " + model + " --batch " + batch + " --out " + base + "_plan.safetensors --policy " + plan +
+          " --device-memory " + budget);
+  ASSERT_EQ(r.status, 0) << r.out;
+  auto bytes = [](const std::string& f) {
+    std::ifstream in(f, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  const std::string ref = bytes(base + "_ref.safetensors");
+  EXPECT_FALSE(ref.empty());
+  EXPECT_TRUE(ref == bytes(base + "_plan.safetensors")) << "the planned step's gradients differ from the in-memory path's";
+  for (const std::string& f : {prof, plan, base + "_ref.safetensors", base + "_plan.safetensors"}) std::filesystem::remove(f);
+  std::filesystem::remove_all(model);
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include "plan/plan_file.h"
 #include "plan/planner.h"
 #include "plan_testing.h"
+#include "testing/exec_testing.h"
 
 namespace lt {
 namespace {
@@ -57,6 +58,39 @@ TEST(CostModel, ExecutorWindowBytesEqualTheWorkingSet) {
       const std::vector<double> life = window_device_bytes(in, p, MemoryModel::lifetime);
       for (size_t w = 0; w < mine.size(); ++w) EXPECT_LE(life[w], mine[w]) << "seed " << seed;
       EXPECT_GE(double(ws.device_bytes()), *std::max_element(mine.begin(), mine.end()));
+    }
+  }
+}
+
+// The same for Qwen3.5 hybrids: each layer's kept internals its own size, the buffers the largest layer's; the
+// CPU block at f32 and bf16 storage, and the GPU memory model's what-if sizes (no GPU block runs these layers).
+TEST(CostModel, ExecutorWindowBytesEqualTheWorkingSetHybrid) {
+  for (uint64_t seed = 1; seed <= 30; ++seed) {
+    Rng rng(seed + 500);
+    const ModelConfig cfg = testing::random_hybrid_config(rng);
+    const int64_t L = cfg.num_layers, B = 1 + int64_t(rng.below(2)), T = 8 + int64_t(rng.below(80));
+    InstanceOptions o;
+    o.exec.compute = rng.below(2) ? ComputeType::bf16 : ComputeType::f32;
+    o.exec.weight_buffers = 1 + int(rng.below(3));
+    if (seed % 3 != 0) o.exec.activations = DType::bf16;
+    if (seed % 3 == 2) o.exec.kernels = LayerKernels::gpu;
+    Profile prof = testing::synthetic_profile(cfg, B, T, rng);
+    Instance in = make_instance(cfg, B, T, prof, Budgets{size_t(1) << 40, 0, 0}, o);
+    bool differ = false;
+    for (int64_t l = 0; l < L; ++l) {
+      differ |= in.I[size_t(l)] != in.I[0];
+      EXPECT_LE(in.Wl[size_t(l)], in.W);
+      EXPECT_LE(in.Gl[size_t(l)], in.G);
+    }
+    EXPECT_TRUE(differ) << "seed " << seed << ": Gated DeltaNet and attention layers keep different internals";
+    for (int k = 0; k < 5; ++k) {
+      const Plan p = random_plan(L, rng, true);
+      const WorkingSet ws = plan_working_set(cfg, B, T, p, o.exec);
+      const std::vector<double> mine = window_device_bytes(in, p, MemoryModel::executor);
+      ASSERT_EQ(mine.size(), ws.window_bytes.size());
+      for (size_t w = 0; w < mine.size(); ++w)
+        EXPECT_EQ(size_t(mine[w]), ws.window_bytes[w]) << "seed " << seed << " window " << in.window_name(int(w));
+      EXPECT_EQ(size_t(evaluate(in, p).executor_window_bytes), *std::max_element(ws.window_bytes.begin(), ws.window_bytes.end()));
     }
   }
 }
@@ -124,6 +158,37 @@ TEST(Hardware, BuiltInMachinesCarryThePublishedFigures) {
   EXPECT_EQ(find_hardware("rtx3090")->device_memory_bytes, size_t(24e9));
   EXPECT_EQ(find_hardware("a100"), nullptr);
   EXPECT_EQ(hardware_names(), "h800, h200, rtx3090");
+}
+
+// A Gated DeltaNet layer's FLOPs: 2 per multiply-add over its matrices and convolution kernels, plus the chunked
+// delta rule's; a gated attention layer's q_proj has twice the query rows. The built-in profile of a hybrid gives
+// each layer its own kind's times.
+TEST(Hardware, HybridLayersHaveTheirOwnFlops) {
+  const ModelConfig cfg = load_model_config(std::string(LT_SOURCE_DIR) + "/examples/qwen3.6-27b/config.json");
+  const int64_t B = 2, T = 256;
+  const double C = double(cfg.hidden_size), Ik = double(cfg.intermediate_size);
+  const double key = double(cfg.linear_num_key_heads * cfg.linear_key_head_dim);
+  const double value = double(cfg.linear_num_value_heads * cfg.linear_value_head_dim);
+  const double Hv = double(cfg.linear_num_value_heads);
+  const double conv = (2 * key + value) * double(cfg.linear_conv_kernel_dim);
+  const double linear_weights = C * (2 * key + value) + C * value + 2 * C * Hv + value * C + conv + 3 * C * Ik;
+  EXPECT_DOUBLE_EQ(layer_forward_flops(cfg, B, T, LayerKind::linear_attention),
+                   2.0 * B * T * linear_weights + delta_rule_flops(cfg, B, T));
+  // 27B's sizes: dk = dv = 128, chunks of 64, 48 value heads.
+  EXPECT_DOUBLE_EQ(delta_rule_flops(cfg, B, T), double(B * T) * 48 * 2 * (3 * 64 * 128 + 2 * 64 * 128 + 3 * 128 * 128));
+  const double QD = double(cfg.q_dim()), KVD = double(cfg.kv_dim());
+  const double full_weights = C * 2 * QD + 2 * C * KVD + QD * C + 3 * C * Ik;
+  const double attention = 2.0 * B * cfg.num_heads * double(T) * T * cfg.head_dim;
+  EXPECT_DOUBLE_EQ(layer_forward_flops(cfg, B, T, LayerKind::full_attention), 2.0 * B * T * full_weights + attention);
+  EXPECT_EQ(layer_parameters(cfg, LayerKind::linear_attention) * 48 + layer_parameters(cfg, LayerKind::full_attention) * 16 +
+                2 * cfg.vocab_size * cfg.hidden_size + cfg.hidden_size,
+            cfg.num_parameters());
+  const Profile p = hardware_profile(*find_hardware("h800"), cfg, B, T);
+  const double rate = find_hardware("h800")->sustained_tflops * 1e12;
+  for (int64_t l = 0; l < cfg.num_layers; ++l)
+    EXPECT_NEAR(p.forward_s[size_t(l)], layer_forward_flops(cfg, B, T, cfg.layer_kind(l)) / rate, 1e-15) << "layer " << l;
+  EXPECT_NE(p.forward_s[0], p.forward_s[3]);  // linear, then full attention every 4th
+  EXPECT_EQ(p.forward_s[0], p.forward_s[1]);
 }
 
 TEST(Hardware, FlopsAndProfileFromThem) {

@@ -16,14 +16,14 @@ namespace {
 // For every plan the MILP returns, the simulated step (the executor's dependencies, in-order streams, ring
 // slots, fences) is within 10% of the MILP's window model, and within 3% on average; and the executor accepts
 // the plan with its transfer windows.
-void expect_simulator_agrees(bool full, uint64_t seed0) {
+void expect_simulator_agrees(bool full, uint64_t seed0, bool hybrid = false) {
   double sum = 0;
   int n = 0;
   for (uint64_t seed = seed0; seed < seed0 + 25; ++seed) {
     Rng rng(seed);
     const int64_t L = 2 + int64_t(rng.below(10));
     const MemoryModel mm = seed % 2 ? MemoryModel::lifetime : MemoryModel::executor;
-    Instance in = testing::realistic_instance(rng, L, mm, full && seed % 3 == 0);
+    Instance in = testing::realistic_instance(rng, L, mm, full && seed % 3 == 0, hybrid);
     if (!full) in = restrict_instance(in);
     MilpOptions o;
     o.time_limit_s = 20;
@@ -45,6 +45,8 @@ void expect_simulator_agrees(bool full, uint64_t seed0) {
 
 TEST(Simulate, AgreesWithTheMilpRestricted) { expect_simulator_agrees(false, 9000); }
 TEST(Simulate, AgreesWithTheMilpFull) { expect_simulator_agrees(true, 9100); }
+// Qwen3.5 hybrids: each layer's own weights, gradients, internals and times.
+TEST(Simulate, AgreesWithTheMilpHybrid) { expect_simulator_agrees(true, 9200, true); }
 
 // Infinite links and a host that takes no time: the step is its compute, in order, plus nothing.
 TEST(Simulate, ComputeBoundStepIsTheComputeSum) {
@@ -52,8 +54,9 @@ TEST(Simulate, ComputeBoundStepIsTheComputeSum) {
   Instance in = testing::realistic_instance(rng, 6, MemoryModel::executor);
   in.bw_h2d = in.bw_d2h = 1e30;
   in.bw_sum = 0;
-  in.acc_layer = in.acc_head = in.embed_f = in.embed_b = 0;
-  in.opt_layer = in.opt_embed = in.opt_head = 0;
+  in.acc.assign(size_t(in.L), 0.0);
+  in.opt_layer.assign(size_t(in.L), 0.0);
+  in.acc_head = in.embed_f = in.embed_b = in.opt_embed = in.opt_head = 0;
   for (const char* spec : {"keep-all", "every:1", "every:3", "host:2"}) {
     const Plan p = normalize_plan(Plan::parse(spec, 6));
     const SimResult s = simulate(in, p);
@@ -116,7 +119,7 @@ TEST(Simulate, SlowOptimizerIsExposed) {
   Rng rng(5);
   Instance in = testing::realistic_instance(rng, 6, MemoryModel::executor);
   const Plan p = Plan::every(6, 2);
-  in.opt_layer = 10 * in.f[0];  // far slower than a forward window
+  in.opt_layer.assign(size_t(in.L), 10 * in.f[0]);  // far slower than a forward window
   in.opt_embed = in.opt_head = in.f[0];
   const SimResult s = simulate(in, p);
   EXPECT_GT(s.optimizer_exposed_s, 5 * in.f[0]);
