@@ -30,6 +30,19 @@ Plan random_plan(int64_t L, Rng& rng, bool nvme) {
   return p;
 }
 
+// Window by window, the instance's executor-model bytes for `p` are plan_working_set's; the lifetime model is never
+// above them and the packed block never below.
+void expect_windows_are_the_working_set(const Instance& in, const Plan& p, uint64_t seed) {
+  const WorkingSet ws = plan_working_set(in.cfg, in.B, in.T, p, in.opt.exec);
+  const std::vector<double> mine = window_device_bytes(in, p, MemoryModel::executor);
+  ASSERT_EQ(mine.size(), ws.window_bytes.size());
+  for (size_t w = 0; w < mine.size(); ++w)
+    EXPECT_EQ(size_t(mine[w]), ws.window_bytes[w]) << "seed " << seed << " window " << in.window_name(int(w));
+  const std::vector<double> life = window_device_bytes(in, p, MemoryModel::lifetime);
+  for (size_t w = 0; w < mine.size(); ++w) EXPECT_LE(life[w], mine[w]) << "seed " << seed;
+  EXPECT_GE(double(ws.device_bytes()), *std::max_element(mine.begin(), mine.end()));
+}
+
 // The MILP's per-window device bytes are the executor's (plan_working_set) exactly, for every plan, with the CPU
 // block at f32 and bf16 activation storage and with the GPU block (its own scratch).
 TEST(CostModel, ExecutorWindowBytesEqualTheWorkingSet) {
@@ -47,18 +60,7 @@ TEST(CostModel, ExecutorWindowBytesEqualTheWorkingSet) {
     if (seed % 3 == 2) o.exec.kernels = LayerKernels::gpu;
     Profile prof = testing::synthetic_profile(cfg, B, T, rng);
     Instance in = make_instance(cfg, B, T, prof, Budgets{size_t(1) << 40, 0, 0}, o);
-    for (int k = 0; k < 5; ++k) {
-      const Plan p = random_plan(L, rng, true);
-      const WorkingSet ws = plan_working_set(cfg, B, T, p, o.exec);
-      const std::vector<double> mine = window_device_bytes(in, p, MemoryModel::executor);
-      ASSERT_EQ(mine.size(), ws.window_bytes.size());
-      for (size_t w = 0; w < mine.size(); ++w)
-        EXPECT_EQ(size_t(mine[w]), ws.window_bytes[w]) << "seed " << seed << " window " << in.window_name(int(w));
-      // The lifetime model is never above the executor's, and the packed block never below its windows.
-      const std::vector<double> life = window_device_bytes(in, p, MemoryModel::lifetime);
-      for (size_t w = 0; w < mine.size(); ++w) EXPECT_LE(life[w], mine[w]) << "seed " << seed;
-      EXPECT_GE(double(ws.device_bytes()), *std::max_element(mine.begin(), mine.end()));
-    }
+    for (int k = 0; k < 5; ++k) expect_windows_are_the_working_set(in, random_plan(L, rng, true), seed);
   }
 }
 
@@ -83,15 +85,7 @@ TEST(CostModel, ExecutorWindowBytesEqualTheWorkingSetHybrid) {
       EXPECT_LE(in.Gl[size_t(l)], in.G);
     }
     EXPECT_TRUE(differ) << "seed " << seed << ": Gated DeltaNet and attention layers keep different internals";
-    for (int k = 0; k < 5; ++k) {
-      const Plan p = random_plan(L, rng, true);
-      const WorkingSet ws = plan_working_set(cfg, B, T, p, o.exec);
-      const std::vector<double> mine = window_device_bytes(in, p, MemoryModel::executor);
-      ASSERT_EQ(mine.size(), ws.window_bytes.size());
-      for (size_t w = 0; w < mine.size(); ++w)
-        EXPECT_EQ(size_t(mine[w]), ws.window_bytes[w]) << "seed " << seed << " window " << in.window_name(int(w));
-      EXPECT_EQ(size_t(evaluate(in, p).executor_window_bytes), *std::max_element(ws.window_bytes.begin(), ws.window_bytes.end()));
-    }
+    for (int k = 0; k < 5; ++k) expect_windows_are_the_working_set(in, random_plan(L, rng, true), seed);
   }
 }
 
