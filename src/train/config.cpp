@@ -133,6 +133,7 @@ const std::map<std::string, Key>& keys() {
       {"save_dtype", text(&TrainConfig::save_dtype, {"bf16", "f32"})},
       {"device", text(&TrainConfig::device, {"cpu", "cuda", "cuda-sim"})},
       {"device_memory", size_text(&TrainConfig::device_memory, false)},
+      {"host_memory", size_text(&TrainConfig::host_memory, true)},
       {"host_act_memory", size_text(&TrainConfig::host_act_memory, true)},
       {"nvme_dir", text(&TrainConfig::nvme_dir)},
       {"nvme_size", size_text(&TrainConfig::nvme_size, false)},

@@ -49,7 +49,9 @@ struct TrainConfig {
   // --- LazyTrain ---
   std::string device = "cpu";                // cpu, cuda (GPU 0), or cuda-sim (the CUDA kernels emulated on the CPU)
   std::string device_memory = "8GiB";
-  std::string host_act_memory = "auto";      // host memory for activations; auto: from MemAvailable
+  std::string host_memory = "auto";          // host memory the run may use (weights, gradients, optimizer states,
+                                             // host activations); auto: MemAvailable. Checked before loading.
+  std::string host_act_memory = "auto";      // host memory for activations; auto: a quarter of host_memory
   std::string nvme_dir;                      // empty: no NVMe tier
   std::string nvme_size = "0";
   double link_gbps = 0;                      // emulated link of the cpu device; 0 = unlimited

@@ -49,6 +49,35 @@ size_t mem_available_bytes() {
   return 0;
 }
 
+// The host memory the run may use: host_memory, or MemAvailable (0 when /proc/meminfo says nothing: unchecked).
+size_t host_memory_budget(const TrainConfig& c) {
+  return c.host_memory == "auto" ? mem_available_bytes() : parse_size(c.host_memory, "host_memory");
+}
+
+// Host bytes per parameter the run keeps: f32 masters and gradients, the bf16 compute copy, optimizer states.
+double host_bytes_per_parameter(const TrainConfig& c) {
+  const double states = c.optimizer_state_bits == 8 ? 2.05 : 8.0;
+  return 4 + 4 + (c.compute_dtype == "bf16" ? 2 : 0) + states;
+}
+
+// Before any weight is read: a model whose parameters alone (masters, gradients, compute copy, optimizer states)
+// exceed the host budget is refused with the numbers, instead of failing part way through loading.
+void check_host_memory_for_parameters(const TrainConfig& c) {
+  const size_t budget = host_memory_budget(c);
+  if (budget == 0) return;
+  fs::path p(c.model_name_or_path);
+  if (fs::is_directory(p)) p /= "config.json";
+  if (!fs::is_regular_file(p)) return;  // load_model_source names what is missing
+  const ModelConfig mc = load_model_config(p.string());
+  const double need = double(mc.num_parameters()) * host_bytes_per_parameter(c);
+  LT_CHECK(need < double(budget),
+           "host memory: {} parameters need {} on the host (f32 weights and gradients{}, {}-bit optimizer states) "
+           "before any activation, but {} is {}; lower the model size, or use a host with more memory",
+           mc.num_parameters(), format_bytes(need), c.compute_dtype == "bf16" ? ", the bf16 compute copy" : "",
+           c.optimizer_state_bits, c.host_memory == "auto" ? "MemAvailable" : "host_memory",
+           format_bytes(double(budget)));
+}
+
 // The model: an HF directory to fine-tune, or a config.json to train from scratch (seeded init).
 struct ModelSource {
   ModelConfig config;
@@ -126,6 +155,7 @@ TrainResult run_training(const TrainConfig& asked) {
   const ComputeType compute = c.compute_dtype == "bf16" ? ComputeType::bf16 : ComputeType::f32;
   const DType activations = device_activation_storage(asked.device, asked.activation_dtype, compute, "activation_dtype");
   c.activation_dtype = dtype_name(activations);  // resolved, as recorded with checkpoints
+  check_host_memory_for_parameters(c);            // before anything is written or loaded
   fs::create_directories(c.output_dir);
   if (!c.nvme_dir.empty()) ensure_nvme_dir(c.nvme_dir);
 
@@ -202,7 +232,7 @@ TrainResult run_training(const TrainConfig& asked) {
     req.profile = measure_profile(mc, B, T, mo);
     req.budget.device_bytes = device_bytes;
     req.budget.host_act_bytes =
-        c.host_act_memory == "auto" ? mem_available_bytes() / 4 : parse_size(c.host_act_memory, "host_act_memory");
+        c.host_act_memory == "auto" ? host_memory_budget(c) / 4 : parse_size(c.host_act_memory, "host_act_memory");
     req.budget.nvme_bytes = c.nvme_dir.empty() ? 0 : parse_size(c.nvme_size, "nvme_size");
     req.options.exec = eo;
     req.options.allow_nvme = !c.nvme_dir.empty();
@@ -220,14 +250,14 @@ TrainResult run_training(const TrainConfig& asked) {
            format_bytes(double(ws.device_bytes())), B, T, format_bytes(double(device_bytes)));
   {
     // Host memory: masters + grads + bf16 copy + optimizer states + host activations.
-    const double states = c.optimizer_state_bits == 8 ? 2.05 : 8.0;
-    const double host_need = double(mc.num_parameters()) * (4 + 4 + (compute == ComputeType::bf16 ? 2 : 0) + states) +
-                             double(ws.host_activation_bytes);
-    const size_t avail = mem_available_bytes();
+    const double host_need =
+        double(mc.num_parameters()) * host_bytes_per_parameter(c) + double(ws.host_activation_bytes);
+    const size_t avail = host_memory_budget(c);
     LT_CHECK(avail == 0 || host_need < double(avail),
-             "host memory: the run needs about {} (weights, gradients, optimizer states, host activations) but "
-             "MemAvailable is {}",
-             format_bytes(host_need), format_bytes(double(avail)));
+             "host memory: the run needs about {} (weights, gradients, optimizer states, host activations {}) but "
+             "{} is {}",
+             format_bytes(host_need), format_bytes(double(ws.host_activation_bytes)),
+             c.host_memory == "auto" ? "MemAvailable" : "host_memory", format_bytes(double(avail)));
     if (ws.nvme_bytes > 0) {
       struct statvfs sv {};
       LT_CHECK(statvfs(c.nvme_dir.c_str(), &sv) == 0, "nvme_dir {}: {}", c.nvme_dir, std::strerror(errno));
