@@ -7,24 +7,19 @@ step 1. Both exit non-zero with one message naming host_memory and the bytes; a 
 Usage: check_host_memory.py --lazytrain BIN"""
 import argparse
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from arith_work import CONFIG, arith_work
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lazytrain", required=True)
     a = ap.parse_args()
-    work = tempfile.mkdtemp(prefix="lt_host_memory_")
-    try:
-        subprocess.run(["/usr/bin/python3", os.path.join(ROOT, "examples/arith/make_data.py"), work, "--train", "40",
-                        "--test", "4"], check=True, capture_output=True)
-        config = os.path.join(ROOT, "examples/arith/config.yaml")
-        common = [f"model_name_or_path={work}/model/config.json", f"dataset_dir={work}/data", "max_steps=2",
+    with arith_work("lt_host_memory_", 40, 4) as (work, paths):
+        config = CONFIG
+        common = paths + ["max_steps=2",
                   "save_steps=1", "eval_steps=0", "logging_steps=1", "cutoff_len=96", "device_memory=512MiB",
                   "plan=host:1", "host_act_memory=64MiB", "compute_dtype=f32", "optimizer_state_bits=32"]
 
@@ -58,8 +53,6 @@ def main():
             sys.exit(f"FAIL: host_memory=1GiB did not train: {p.stderr[-1500:]}")
         print(f"pass: {params} parameters refused at 1KiB (before loading) and at {budget} bytes (no room for host "
               f"activations); trains at 1GiB")
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -9,26 +9,20 @@ resident (carried too), must end with byte-identical model files.
 Usage: check_microbatch_carry.py --lazytrain BIN"""
 import argparse
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from arith_work import CONFIG, arith_work
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lazytrain", required=True)
     a = ap.parse_args()
-    work = tempfile.mkdtemp(prefix="lt_microbatch_")
-    try:
-        subprocess.run(["/usr/bin/python3", os.path.join(ROOT, "examples/arith/make_data.py"), work, "--train", "200",
-                        "--test", "6"], check=True, capture_output=True)
-        config = os.path.join(ROOT, "examples/arith/config.yaml")
+    with arith_work("lt_microbatch_", 200, 6) as (work, paths):
+        config = CONFIG
         # Saves at 3 and 6 and evaluations at 4 flush the pending update outside a step.
-        common = [f"model_name_or_path={work}/model/config.json", f"dataset_dir={work}/data",
-                  "per_device_train_batch_size=3", "gradient_accumulation_steps=3", "max_steps=8", "save_steps=3",
+        common = paths + ["per_device_train_batch_size=3", "gradient_accumulation_steps=3", "max_steps=8", "save_steps=3",
                   "eval_steps=4", "save_total_limit=1", "logging_steps=4", "cutoff_len=160", "device_memory=512MiB"]
         runs = [("keep-all", 1, False), ("keep-all", 2, False), ("keep-all", 4, False), ("every:2", 2, False),
                 ("every:2", 4, False), ("keep-all", 4, True), ("every:2", 2, True)]
@@ -48,8 +42,6 @@ def main():
                     sys.exit(f"FAIL: checkpoint-8/{name} of plan {plan} with {buffers} weight buffers (resident head: "
                              f"{head}) differs from {runs[0][0]} with {runs[0][1]}")
         print(f"pass: {len(runs)} runs (plans x weight buffers x resident head) byte-identical with gradient accumulation")
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

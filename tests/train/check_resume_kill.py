@@ -7,14 +7,12 @@ Usage: check_resume_kill.py --lazytrain BIN [--kills N] [--seed S] [--steps N] [
 import argparse
 import os
 import random
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from arith_work import CONFIG, ROOT, arith_work
 
 
 def main():
@@ -27,12 +25,9 @@ def main():
                     help="cuda-sim: the GPU block and head under cuda-sim (bf16 activations), what --device cuda runs")
     a = ap.parse_args()
     rng = random.Random(a.seed)
-    work = tempfile.mkdtemp(prefix="lt_resume_kill_")
-    try:
-        subprocess.run(["/usr/bin/python3", os.path.join(ROOT, "examples/arith/make_data.py"), work, "--train", "400",
-                        "--test", "10"], check=True, capture_output=True)
-        config = os.path.join(ROOT, "examples/arith/config.yaml")
-        common = [f"model_name_or_path={work}/model/config.json", f"dataset_dir={work}/data", "eval_dataset=",
+    with arith_work("lt_resume_kill_", 400, 10) as (work, paths):
+        config = CONFIG
+        common = paths + ["eval_dataset=",
                   "per_device_train_batch_size=4", f"max_steps={a.steps}", "save_steps=2", "save_total_limit=2",
                   "logging_steps=4", "plan=every:2", "cutoff_len=160", "device_memory=256MiB", f"device={a.device}"]
         if a.device == "cuda-sim":  # the GPU's storage, so the executor launches the GPU block (exec/backend.h)
@@ -94,8 +89,6 @@ def main():
         if rel > 1e-5:
             sys.exit(f"FAIL: checkpoint loss {ours['loss']} vs PyTorch {theirs['loss']} (rel {rel:.2e})")
         print(f"pass: the checkpoint loads in PyTorch with the same loss ({ours['loss']:.6f} vs {theirs['loss']:.6f})")
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":
