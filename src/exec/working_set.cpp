@@ -217,9 +217,9 @@ GpuComputeBytes GpuComputeBytes::make(const ModelConfig& cfg, const BlockShape& 
       extra = std::max(extra, size_t(floats) * sizeof(float));
     }
     g.block_scratch += extra;
-    for (LayerKind k : {LayerKind::full_attention, LayerKind::linear_attention})
-      if (k == LayerKind::full_attention || cfg.is_hybrid())
-        g.recompute_internals = std::max(g.recompute_internals, block_stored_bytes(s.for_layer(k)));
+    g.recompute_internals = block_stored_bytes(a);
+    if (cfg.is_hybrid())
+      g.recompute_internals = std::max(g.recompute_internals, block_stored_bytes(s.for_layer(LayerKind::linear_attention)));
   }
   g.head_workspace = cuda::head_workspace_bytes(HeadShape{s.N(), s.C, cfg.vocab_size, float(cfg.rms_norm_eps)}, matrices);
   g.rope_half = s.T * (s.D / 2);

@@ -94,11 +94,10 @@ struct Dp {
   double interior(int64_t k, int64_t s, int64_t e, bool host_s, bool resident_src) const {
     double compute = in.b[size_t(k)] + in.r[size_t(k)];
     double h2d = k >= 1 && !resident_src ? in.Wl[size_t(k - 1)] : 0.0;
-    if (e >= 0 && k == e - 1)
-      for (int64_t m = s; m < k; ++m) {  // the segment: whole forwards
-        compute += in.f[size_t(m)];
-        if (!resident_src) h2d += in.Wl[size_t(m)];
-      }
+    if (e >= 0 && k == e - 1) {
+      for (int64_t m = s; m < k; ++m) compute += in.f[size_t(m)];  // the segment: whole forwards
+      if (!resident_src) h2d += in.weights_of(s, k);
+    }
     if (s >= 0 && k - 1 == s && host_s) h2d += in.A;
     return window_time(in, compute, h2d, d2h_of(k), host_of(k));
   }

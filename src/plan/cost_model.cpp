@@ -235,8 +235,7 @@ Prediction evaluate(const Instance& in, const Plan& plan_in, const TransferWindo
   if (source(L - 1) < resident) win[size_t(in.head_window())].h2d_bytes += in.Wl[size_t(L - 1)];
   for (int64_t k = 1; k < L; ++k) {
     double& h2d = win[size_t(in.bwd(k))].h2d_bytes;
-    if (src[size_t(k)] >= 0 && src[size_t(k)] < resident)
-      for (int64_t m = src[size_t(k)]; m < k; ++m) h2d += in.Wl[size_t(m)];  // the segment's layers
+    if (src[size_t(k)] >= 0 && src[size_t(k)] < resident) h2d += in.weights_of(src[size_t(k)], k);  // the segment
     if (source(k - 1) < resident) h2d += in.Wl[size_t(k - 1)];              // the next window's first
   }
   for (int64_t k = 0; k < L; ++k) {

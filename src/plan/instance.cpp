@@ -49,6 +49,12 @@ double Instance::prologue() const { return std::max(embed_f, token_upload / bw_h
 
 double Instance::epilogue() const { return Gl[0] / bw_d2h + std::max(acc[0], A / bw_d2h) + embed_b; }
 
+double Instance::weights_of(int64_t a, int64_t b) const {
+  double w = 0;
+  for (int64_t m = a; m < b; ++m) w += Wl[size_t(m)];
+  return w;
+}
+
 double Instance::grads_down(int64_t k) const {
   if (k < L - 1) return Gl[size_t(k + 1)];
   return head_fence ? 0.0 : HG;  // with the fence the head's download is the fence itself

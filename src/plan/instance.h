@@ -83,6 +83,7 @@ struct Instance {
   double W = 0;        // the largest layer's weights (compute copy): one weight buffer
   double G = 0;        // the largest layer's gradients (f32): one gradient buffer
   std::vector<double> Wl, Gl;  // [L] layer l's weights and gradients, as its uploads and downloads move them
+  double weights_of(int64_t a, int64_t b) const;  // Σ Wl over layers a .. b-1 (a recompute segment's uploads)
   double HW = 0, HG = 0;  // head weights / gradients (lm_head counted here when tied)
   double tokens = 0;   // device buffer: positions, targets, document ids
   double token_upload = 0;  // uploaded each step: positions and targets (unpacked batches)

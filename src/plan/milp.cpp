@@ -291,11 +291,8 @@ Built build(const Instance& in) {
   for (int64_t k = 1; k < L; ++k) {
     const int w = in.bwd(k);
     upload_unless_resident(w, k - 1);  // layer k-1, the next window's first
-    for (int64_t s = 0; s < std::min(k, resident); ++s) {  // the segment's layers s .. k-1
-      double seg = 0;
-      for (int64_t m = s; m < k; ++m) seg += in.Wl[size_t(m)];
-      h2d[size_t(w)].push_back({v.x[size_t(s)][size_t(k + 1)], seg});
-    }
+    for (int64_t s = 0; s < std::min(k, resident); ++s)  // the segment's layers s .. k-1
+      h2d[size_t(w)].push_back({v.x[size_t(s)][size_t(k + 1)], in.weights_of(s, k)});
     if (v.u[size_t(k)] >= 0) h2d[size_t(w)].push_back({v.u[size_t(k)], in.A});  // source reload for top k-1
   }
   if (v.u[size_t(L)] >= 0) h2d[size_t(in.head_window())].push_back({v.u[size_t(L)], in.A});

@@ -54,6 +54,9 @@ size_t host_memory_budget(const TrainConfig& c) {
   return c.host_memory == "auto" ? mem_available_bytes() : parse_size(c.host_memory, "host_memory");
 }
 
+// What the budget is called in messages.
+const char* host_memory_name(const TrainConfig& c) { return c.host_memory == "auto" ? "MemAvailable" : "host_memory"; }
+
 // Host bytes per parameter the run keeps: f32 masters and gradients, the bf16 compute copy, optimizer states.
 double host_bytes_per_parameter(const TrainConfig& c) {
   const double states = c.optimizer_state_bits == 8 ? 2.05 : 8.0;
@@ -74,8 +77,7 @@ void check_host_memory_for_parameters(const TrainConfig& c) {
            "host memory: {} parameters need {} on the host (f32 weights and gradients{}, {}-bit optimizer states) "
            "before any activation, but {} is {}; lower the model size, or use a host with more memory",
            mc.num_parameters(), format_bytes(need), c.compute_dtype == "bf16" ? ", the bf16 compute copy" : "",
-           c.optimizer_state_bits, c.host_memory == "auto" ? "MemAvailable" : "host_memory",
-           format_bytes(double(budget)));
+           c.optimizer_state_bits, host_memory_name(c), format_bytes(double(budget)));
 }
 
 // The model: an HF directory to fine-tune, or a config.json to train from scratch (seeded init).
@@ -257,7 +259,7 @@ TrainResult run_training(const TrainConfig& asked) {
              "host memory: the run needs about {} (weights, gradients, optimizer states, host activations {}) but "
              "{} is {}",
              format_bytes(host_need), format_bytes(double(ws.host_activation_bytes)),
-             c.host_memory == "auto" ? "MemAvailable" : "host_memory", format_bytes(double(avail)));
+             host_memory_name(c), format_bytes(double(avail)));
     if (ws.nvme_bytes > 0) {
       struct statvfs sv {};
       LT_CHECK(statvfs(c.nvme_dir.c_str(), &sv) == 0, "nvme_dir {}: {}", c.nvme_dir, std::strerror(errno));
