@@ -1,8 +1,13 @@
 // fuzz_dataset_records: a dataset file's bytes (JSON Lines, or one JSON array when the input starts with '['),
-// split into records, the format detected from the first, every record converted under each named format, and
-// the good ones rendered with the Qwen3 chat template, tokenised (examples/arith's tokenizer) and cut to a length.
+// split into records (read whole, and as a stream in small chunks: the same records or the same error), the format
+// detected from the first, every record converted under each named format, and the good ones rendered with the
+// Qwen3 chat template, tokenised (examples/arith's tokenizer) and cut to a length.
+#include <cstdlib>
+#include <string>
+#include <utility>
 #include <vector>
 
+#include "core/error.h"
 #include "fuzz_common.h"
 #include "fuzz_data_common.h"
 #include "text/chat_template.h"
@@ -16,7 +21,26 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view text = lt::fuzz::as_text(data, size);
   const std::string path = !text.empty() && text[0] == '[' ? "data.json" : "data.jsonl";
   lt::fuzz::expect_clean([&] {
-    const std::vector<lt::DataRecord> records = lt::split_records(text, path);
+    // Read as a stream in chunks of 1..17 bytes (the input picks), records and any error are those of the
+    // input read whole: the reader's refills may fall anywhere.
+    std::vector<std::pair<std::string, int64_t>> streamed;
+    std::string stream_error;
+    try {
+      lt::RecordReader reader(text, path, 1 + (size ? data[size - 1] % 17 : 0));
+      for (lt::DataRecord r; reader.next(r);) streamed.emplace_back(std::string(r.text), r.line);
+    } catch (const lt::Error& e) {
+      stream_error = e.what();
+    }
+    std::vector<lt::DataRecord> records;
+    try {
+      records = lt::split_records(text, path);
+    } catch (const lt::Error& e) {
+      if (stream_error != e.what()) std::abort();  // the same error
+      throw;
+    }
+    if (!stream_error.empty() || streamed.size() != records.size()) std::abort();
+    for (size_t i = 0; i < records.size(); ++i)
+      if (streamed[i].first != records[i].text || streamed[i].second != records[i].line) std::abort();
     if (records.empty()) return;
     std::vector<lt::DatasetSpec> specs;
     lt::fuzz::expect_clean([&] {

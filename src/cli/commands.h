@@ -21,6 +21,7 @@ void register_plan(CLI::App& app);
 void register_profile(CLI::App& app);
 void register_simulate(CLI::App& app);
 void register_train(CLI::App& app);
+void register_data(CLI::App& app);
 void register_eval(CLI::App& app);
 void register_generate(CLI::App& app);
 void register_info(CLI::App& app);

@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   lt::cli::register_profile(app);
   lt::cli::register_simulate(app);
   lt::cli::register_train(app);
+  lt::cli::register_data(app);
   lt::cli::register_eval(app);
   lt::cli::register_generate(app);
   lt::cli::register_info(app);

@@ -1,6 +1,12 @@
 #include "train/data_format.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 
 #include "core/error.h"
@@ -373,74 +379,159 @@ std::vector<std::string> dataset_files(const DatasetSpec& spec) {
   return files;
 }
 
-std::vector<DataRecord> split_records(std::string_view bytes, const std::string& path) {
-  std::vector<DataRecord> out;
-  size_t i = 0;
-  const size_t n = bytes.size();
-  if (bytes.substr(0, 3) == "\xEF\xBB\xBF") i = 3;  // a UTF-8 byte-order mark
-  int64_t line = 1;
-  size_t j = i;
-  while (j < n && is_space(bytes[j])) line += bytes[j++] == '\n';
+RecordReader::RecordReader(const std::string& path, size_t chunk_bytes)
+    : path_(path), fd_(::open(path.c_str(), O_RDONLY | O_CLOEXEC)), chunk_(std::max<size_t>(chunk_bytes, 1)) {
+  LT_CHECK(fd_.get() >= 0, "{}: cannot open: {}", path, std::strerror(errno));
+  struct stat st {};
+  LT_CHECK(::fstat(fd_.get(), &st) == 0, "{}: cannot stat: {}", path, std::strerror(errno));
+  LT_CHECK(!S_ISDIR(st.st_mode), "{}: is a directory, expected a file", path);
+  ::posix_fadvise(fd_.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
+}
 
-  if (j == n || bytes[j] != '[') {  // JSON Lines
-    int64_t ln = 1;
-    while (i < n) {
-      size_t nl = bytes.find('\n', i);
-      size_t end = nl == std::string_view::npos ? n : nl;
-      std::string_view text = bytes.substr(i, end - i);
-      if (!blank(text)) out.push_back({trim(text), ln});
-      ++ln;
-      i = end + 1;
-    }
-    return out;
+RecordReader::RecordReader(std::string_view bytes, std::string path, size_t chunk_bytes)
+    : path_(std::move(path)), source_(bytes), chunk_(chunk_bytes), in_place_(chunk_bytes == 0), eof_(in_place_) {}
+
+bool RecordReader::refill() {
+  if (eof_) return false;
+  buffer_.erase(0, pos_);  // the consumed bytes; a record being scanned starts at pos_ and stays
+  pos_ = 0;
+  const size_t old = buffer_.size();
+  size_t got = 0;
+  if (fd_.get() >= 0) {
+    buffer_.resize(old + chunk_);
+    ssize_t n;
+    do n = ::read(fd_.get(), buffer_.data() + old, chunk_);
+    while (n < 0 && errno == EINTR);
+    LT_CHECK(n >= 0, "{}: read failed: {}", path_, std::strerror(errno));
+    got = size_t(n);
+    buffer_.resize(old + got);
+  } else {
+    got = std::min(chunk_, source_.size() - source_pos_);
+    buffer_.append(source_.substr(source_pos_, got));
+    source_pos_ += got;
   }
+  eof_ = got == 0;
+  return !eof_;
+}
 
-  // A JSON array: find each element's extent by bracket depth outside strings; each is parsed later.
-  const int64_t array_line = line;
-  i = j + 1;
-  bool first = true;
-  while (true) {
-    while (i < n && is_space(bytes[i])) line += bytes[i++] == '\n';
-    LT_CHECK(i < n, "{}:{}: invalid JSON: the array opened here is never closed", path, array_line);
-    if (first && bytes[i] == ']') {
-      ++i;
-      break;
+void RecordReader::skip_spaces() {
+  do {
+    const std::string_view v = view();
+    while (pos_ < v.size() && is_space(v[pos_])) line_ += v[pos_++] == '\n';
+  } while (pos_ == view().size() && refill());
+}
+
+bool RecordReader::next(DataRecord& record) {
+  if (mode_ == Mode::start) {
+    while (view().size() - pos_ < 3 && refill()) {
     }
-    first = false;
-    const size_t start = i;
-    const int64_t start_line = line;
-    int64_t depth = 0;
-    while (i < n) {
-      char c = bytes[i];
+    if (view().substr(pos_, 3) == "\xEF\xBB\xBF") pos_ += 3;  // a UTF-8 byte-order mark
+    // The first non-blank byte decides. (JSON Lines skips blank lines anyway; line_ has counted them.)
+    skip_spaces();
+    if (pos_ < view().size() && view()[pos_] == '[') {
+      mode_ = Mode::array;
+      array_line_ = line_;
+      ++pos_;
+    } else {
+      mode_ = Mode::lines;
+    }
+  }
+  if (mode_ == Mode::lines) return next_line(record);
+  return next_element(record);
+}
+
+bool RecordReader::next_line(DataRecord& record) {
+  size_t searched = 0;  // bytes after pos_ known to hold no newline
+  for (;;) {
+    std::string_view v = view();
+    size_t end = v.find('\n', pos_ + searched);
+    if (end == std::string_view::npos) {
+      searched = v.size() - pos_;
+      if (refill()) continue;
+      v = view();
+      if (pos_ == v.size()) {
+        mode_ = Mode::done;
+        return false;
+      }
+      end = v.size();  // the last line has no newline
+    }
+    const std::string_view text = v.substr(pos_, end - pos_);
+    const int64_t line = line_++;
+    pos_ = std::min(end + 1, v.size());
+    searched = 0;
+    if (blank(text)) continue;
+    record = {trim(text), line};
+    return true;
+  }
+}
+
+// A JSON array: each element's extent by bracket depth outside strings; each is parsed later.
+bool RecordReader::next_element(DataRecord& record) {
+  if (mode_ == Mode::closed) {
+    skip_spaces();
+    LT_CHECK(pos_ == view().size(), "{}:{}: invalid JSON: unexpected text after the array's closing ']'", path_, line_);
+    mode_ = Mode::done;
+  }
+  if (mode_ == Mode::done) return false;
+  skip_spaces();
+  LT_CHECK(pos_ < view().size(), "{}:{}: invalid JSON: the array opened here is never closed", path_, array_line_);
+  if (first_ && view()[pos_] == ']') {
+    ++pos_;
+    mode_ = Mode::closed;
+    return next_element(record);
+  }
+  first_ = false;
+  const int64_t start_line = line_;
+  // Scanned bytes past pos_ (pos_ stays at the element's start while the buffer grows), and the scan's state.
+  size_t k = 0;
+  int64_t depth = 0, line = line_;
+  bool in_string = false, escaped = false;
+  for (;;) {
+    const std::string_view v = view();
+    const char* p = v.data() + pos_;
+    const size_t n = v.size() - pos_;
+    for (; k < n; ++k) {
+      const char c = p[k];
+      if (c == '\n') ++line;
+      if (in_string) {
+        if (escaped) escaped = false;
+        else if (c == '\\') escaped = true;
+        else if (c == '"') in_string = false;
+        continue;
+      }
       if (c == '"') {
-        for (++i; i < n && bytes[i] != '"'; ++i) {
-          if (bytes[i] == '\\' && i + 1 < n) ++i;
-          if (bytes[i] == '\n') ++line;
-        }
-        LT_CHECK(i < n, "{}:{}: invalid JSON: a string in the record starting here is never closed", path,
-                 start_line);
+        in_string = true;
       } else if (c == '{' || c == '[') {
         ++depth;
       } else if (c == '}' || c == ']') {
         if (depth == 0) {
-          LT_CHECK(c == ']', "{}:{}: invalid JSON: unbalanced '}}'", path, line);
+          LT_CHECK(c == ']', "{}:{}: invalid JSON: unbalanced '}}'", path_, line);
           break;
         }
         --depth;
       } else if (c == ',' && depth == 0) {
         break;
-      } else if (c == '\n') {
-        ++line;
       }
-      ++i;
     }
-    LT_CHECK(i < n, "{}:{}: invalid JSON: the record starting here never ends (unbalanced brackets?), so the array "
-             "is not closed", path, start_line);
-    out.push_back({trim(bytes.substr(start, i - start)), start_line});
-    if (bytes[i++] == ']') break;
+    if (k < n) break;
+    if (refill()) continue;
+    LT_CHECK(!in_string, "{}:{}: invalid JSON: a string in the record starting here is never closed", path_,
+             start_line);
+    LT_FAIL("{}:{}: invalid JSON: the record starting here never ends (unbalanced brackets?), so the array is not "
+            "closed", path_, start_line);
   }
-  while (i < n && is_space(bytes[i])) line += bytes[i++] == '\n';
-  LT_CHECK(i == n, "{}:{}: invalid JSON: unexpected text after the array's closing ']'", path, line);
+  const std::string_view v = view();
+  record = {trim(v.substr(pos_, k)), start_line};
+  line_ = line;
+  if (v[pos_ + k] == ']') mode_ = Mode::closed;
+  pos_ += k + 1;
+  return true;
+}
+
+std::vector<DataRecord> split_records(std::string_view bytes, const std::string& path) {
+  std::vector<DataRecord> out;
+  RecordReader reader(bytes, path);
+  for (DataRecord r; reader.next(r);) out.push_back(r);
   return out;
 }
 

@@ -17,7 +17,8 @@
 //
 // Files: JSON (an array of records) or JSON Lines (one record per line), decided from the content as
 // the HF `json` loader does (a first non-blank byte '[' means an array), so a .json file holding lines
-// works too; a directory means every *.json / *.jsonl file in it, by name. Each record is parsed on its
+// works too; a directory means every *.json / *.jsonl file in it, by name. Files are read as a stream
+// (RecordReader), never whole, so a data set larger than memory tokenises. Each record is parsed on its
 // own and keeps its line number, so one bad record in a million is reported as "path:line: ..." and can
 // be skipped; a file whose array structure is broken (unclosed string or bracket) is refused whole.
 //
@@ -35,6 +36,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "io/unique_fd.h"
 #include "text/chat_template.h"
 
 namespace lt {
@@ -95,8 +97,50 @@ struct DataRecord {
   int64_t line = 0;
 };
 
-// Splits a file's bytes into records (see the file comment). Throws lt::Error "path:line: ..." when the
-// array structure itself is broken; a record that is merely invalid JSON is returned, to be reported.
+// A data file's records one at a time, with memory bounded by the read chunk plus the longest record, so a
+// file larger than memory streams (see the file comment for how records are found). A record's text stays
+// valid until the next call. Throws lt::Error "path:line: ..." when the array structure itself is broken
+// (when the reader gets there: the records before it have been returned); a record that is merely invalid
+// JSON is returned, to be reported.
+class RecordReader {
+ public:
+  static constexpr size_t kChunkBytes = size_t(4) << 20;
+  // Reads the file at `path` in chunks. Throws lt::Error when it cannot be opened or is a directory.
+  explicit RecordReader(const std::string& path, size_t chunk_bytes = kChunkBytes);
+  // Reads bytes already in memory: in place by default (records are views of `bytes`, valid as long as it
+  // is), or copied chunk by chunk as from a file when chunk_bytes is given (tests, fuzzing).
+  RecordReader(std::string_view bytes, std::string path, size_t chunk_bytes = 0);
+  RecordReader(const RecordReader&) = delete;
+  RecordReader& operator=(const RecordReader&) = delete;
+
+  // The next record, or false after the last one.
+  bool next(DataRecord& record);
+  const std::string& path() const { return path_; }
+
+ private:
+  enum class Mode { start, lines, array, closed, done };
+  std::string_view view() const { return in_place_ ? source_ : std::string_view(buffer_); }
+  bool refill();  // appends the next chunk after the unread bytes; false at the end of the input
+  void skip_spaces();
+  bool next_line(DataRecord& record);
+  bool next_element(DataRecord& record);
+
+  std::string path_;
+  UniqueFd fd_;                 // a file, or -1 for bytes in memory
+  std::string_view source_;     // bytes in memory
+  size_t source_pos_ = 0;       // of them, copied into buffer_ so far
+  size_t chunk_ = kChunkBytes;
+  bool in_place_ = false;       // view() is source_ itself
+  std::string buffer_;
+  size_t pos_ = 0;              // the first byte of view() not yet consumed
+  bool eof_ = false;
+  Mode mode_ = Mode::start;
+  int64_t line_ = 1;            // the line pos_ is on
+  int64_t array_line_ = 0;      // where the array opened
+  bool first_ = true;           // no element of the array read yet
+};
+
+// Every record of a file's bytes (RecordReader in place).
 std::vector<DataRecord> split_records(std::string_view bytes, const std::string& path);
 
 // A spec with formatting `detect` resolved from a record's fields (the first record of the first file).

@@ -1,12 +1,20 @@
 #include "train/data_tokenize.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
+#include <optional>
 
 #include "core/error.h"
 #include "core/parallel.h"
 #include "io/json_file.h"
+#include "io/unique_fd.h"
 #include "train/data_cache.h"
 
 namespace lt {
@@ -57,34 +65,32 @@ std::string sanitize(std::string_view name) {
   return out;
 }
 
-struct DataFile {
-  std::string path;
-  std::string bytes;
-  std::vector<DataRecord> records;
-};
-
 // One record's outcome in a chunk.
 struct RecordResult {
+  std::string text;  // the record, copied out of the reader's buffer
+  int64_t record_line = 0;
   TokenizedChat chat;
   std::string error;
   int64_t line = 0;
 };
 
-// Parses, converts and tokenises every record; the store and report for one dataset.
-std::shared_ptr<TokenStore> build_store(const std::vector<DataFile>& files, const DatasetSpec& spec,
-                                        const Tokenizer& tok, const ChatTemplate& tpl,
-                                        const TokenizeOptions& opt, DatasetReport& report) {
-  auto store = std::make_shared<TokenStore>();
-  store->own_offsets.push_back(0);
-  for (const DataFile& f : files) {
-    const int64_t n = int64_t(f.records.size());
-    for (int64_t begin = 0; begin < n; begin += kChunkRecords) {
-      const int64_t count = std::min(kChunkRecords, n - begin);
-      std::vector<RecordResult> results(static_cast<size_t>(count));
-      parallel_for(count, [&](int64_t k) {
-        const DataRecord& rec = f.records[size_t(begin + k)];
+// Streams, converts and tokenises every record of the files in order, kChunkRecords at a time (in parallel
+// within a chunk), counting into `report`, and hands each kept example to `emit` in record order. Memory: one
+// chunk of records, whatever the size of the files.
+template <typename Emit>
+void tokenize_dataset(const std::vector<std::string>& files, const DatasetSpec& spec, const Tokenizer& tok,
+                      const ChatTemplate& tpl, const TokenizeOptions& opt, DatasetReport& report, Emit&& emit) {
+  std::vector<RecordResult> results;
+  for (const std::string& path : files) {
+    RecordReader reader(path);
+    for (bool more = true; more;) {
+      results.clear();
+      DataRecord rec;
+      while (int64_t(results.size()) < kChunkRecords && (more = reader.next(rec)))
+        results.push_back({std::string(rec.text), rec.line, {}, {}, 0});
+      parallel_for(int64_t(results.size()), [&](int64_t k) {
         RecordResult& res = results[size_t(k)];
-        ConvertedRecord conv = convert_record(rec.text, rec.line, spec);
+        ConvertedRecord conv = convert_record(res.text, res.record_line, spec);
         if (!conv.error.empty()) {
           res.error = std::move(conv.error);
           res.line = conv.error_line;
@@ -96,7 +102,7 @@ std::shared_ptr<TokenStore> build_store(const std::vector<DataFile>& files, cons
       for (RecordResult& res : results) {
         ++report.records;
         if (!res.error.empty()) {
-          std::string message = fmt::format("{}:{}: {}", f.path, res.line, res.error);
+          std::string message = fmt::format("{}:{}: {}", path, res.line, res.error);
           LT_CHECK(opt.on_bad_example == OnBadExample::skip, "{} (set on_bad_example: skip to skip such records)",
                    message);
           ++report.bad;
@@ -112,59 +118,86 @@ std::shared_ptr<TokenStore> build_store(const std::vector<DataFile>& files, cons
         ++report.examples;
         report.tokens += int64_t(res.chat.ids.size());
         report.trainable_tokens += std::count(res.chat.trainable.begin(), res.chat.trainable.end(), uint8_t(1));
-        store->own_ids.insert(store->own_ids.end(), res.chat.ids.begin(), res.chat.ids.end());
-        store->own_trainable.insert(store->own_trainable.end(), res.chat.trainable.begin(), res.chat.trainable.end());
-        store->own_offsets.push_back(int64_t(store->own_ids.size()));
+        emit(res.chat);
       }
     }
   }
-  store->n = int64_t(store->own_offsets.size()) - 1;
-  store->offsets = store->own_offsets.data();
-  store->ids = store->own_ids.data();
-  store->trainable = store->own_trainable.data();
-  return store;
 }
 
-// Reads a dataset's files and splits them into records; resolves a `detect` spec from the first record
-// that is a JSON object.
-std::vector<DataFile> read_dataset(DatasetSpec& spec) {
-  std::vector<DataFile> files;
-  for (const std::string& path : dataset_files(spec)) {
-    DataFile f;
-    f.path = path;
-    f.bytes = read_file(path);
-    f.records = split_records(f.bytes, path);
-    files.push_back(std::move(f));
+// Examples kept in memory (no cache).
+struct MemoryStore {
+  std::shared_ptr<TokenStore> store = std::make_shared<TokenStore>();
+  MemoryStore() { store->own_offsets.push_back(0); }
+  void add(const TokenizedChat& t) {
+    store->own_ids.insert(store->own_ids.end(), t.ids.begin(), t.ids.end());
+    store->own_trainable.insert(store->own_trainable.end(), t.trainable.begin(), t.trainable.end());
+    store->own_offsets.push_back(int64_t(store->own_ids.size()));
   }
-  if (spec.formatting == DataFormatting::detect) {
-    const DataFile* first_file = nullptr;
-    for (const DataFile& f : files) {
-      if (!f.records.empty()) {
-        first_file = &f;
+  std::shared_ptr<TokenStore> finish(uint64_t key) {
+    store->n = int64_t(store->own_offsets.size()) - 1;
+    store->offsets = store->own_offsets.data();
+    store->ids = store->own_ids.data();
+    store->trainable = store->own_trainable.data();
+    store->key = key;
+    return std::move(store);
+  }
+};
+
+// Resolves a `detect` spec from the first record that is a JSON object among the first kDetectTries records of
+// the first file that has any.
+void detect_format(DatasetSpec& spec, const std::vector<std::string>& files) {
+  if (spec.formatting != DataFormatting::detect) return;
+  for (const std::string& path : files) {
+    RecordReader reader(path);
+    DataRecord rec;
+    if (!reader.next(rec)) continue;
+    std::string pick(rec.text);
+    int64_t pick_line = rec.line;
+    for (size_t tries = 1;; ++tries) {
+      if (json::parse(rec.text, nullptr, false).is_object()) {
+        pick = rec.text;
+        pick_line = rec.line;
         break;
       }
+      if (tries == kDetectTries || !reader.next(rec)) break;
     }
-    LT_CHECK(first_file, "dataset '{}': {} holds no records", spec.name, spec.path);
-    const DataRecord* pick = &first_file->records[0];
-    for (size_t i = 0; i < std::min(kDetectTries, first_file->records.size()); ++i) {
-      if (json::parse(first_file->records[i].text, nullptr, false).is_object()) {
-        pick = &first_file->records[i];
-        break;
-      }
-    }
-    spec = detect_dataset_spec(spec, pick->text, first_file->path, pick->line);
+    spec = detect_dataset_spec(spec, pick, path, pick_line);
+    return;
   }
-  return files;
+  LT_FAIL("dataset '{}': {} holds no records", spec.name, spec.path);
 }
 
-uint64_t dataset_key(const DatasetSpec& spec, const std::vector<DataFile>& files, uint64_t tok_hash,
+// hash_piece(h, the file's bytes), read in chunks.
+uint64_t hash_file(uint64_t h, const std::string& path) {
+  const UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  LT_CHECK(fd.get() >= 0, "{}: cannot open: {}", path, std::strerror(errno));
+  struct stat st {};
+  LT_CHECK(::fstat(fd.get(), &st) == 0, "{}: cannot stat: {}", path, std::strerror(errno));
+  LT_CHECK(!S_ISDIR(st.st_mode), "{}: is a directory, expected a file", path);
+  const uint64_t len = uint64_t(st.st_size);
+  h = fnv1a64(&len, sizeof len, h);
+  std::vector<char> chunk(size_t(1) << 20);
+  uint64_t done = 0;
+  for (;;) {
+    const ssize_t n = ::read(fd.get(), chunk.data(), chunk.size());
+    if (n < 0 && errno == EINTR) continue;
+    LT_CHECK(n >= 0, "{}: read failed: {}", path, std::strerror(errno));
+    if (n == 0) break;
+    h = fnv1a64(chunk.data(), size_t(n), h);
+    done += uint64_t(n);
+  }
+  LT_CHECK(done == len, "{}: changed while being read ({} bytes, then {})", path, len, done);
+  return h;
+}
+
+uint64_t dataset_key(const DatasetSpec& spec, const std::vector<std::string>& files, uint64_t tok_hash,
                      uint64_t tpl_hash, const TokenizeOptions& opt) {
   uint64_t h = hash_piece(kFnvOffset, fmt::format("lazytrain data cache v{}", kDataCacheVersion));
   h = hash_piece(h, spec.describe());
   bool dir = fs::is_directory(spec.path);
-  for (const DataFile& f : files) {
-    h = hash_piece(h, dir ? fs::path(f.path).filename().string() : std::string());
-    h = hash_piece(h, f.bytes);
+  for (const std::string& path : files) {
+    h = hash_piece(h, dir ? fs::path(path).filename().string() : std::string());
+    h = hash_file(h, path);
   }
   h = fnv1a64(&tok_hash, sizeof tok_hash, h);
   h = fnv1a64(&tpl_hash, sizeof tpl_hash, h);
@@ -358,7 +391,8 @@ TokenizedDataset load_datasets(const std::vector<DatasetSpec>& specs, const Toke
 
   TokenizedDataset out;
   for (DatasetSpec spec : specs) {
-    std::vector<DataFile> files = read_dataset(spec);
+    const std::vector<std::string> files = dataset_files(spec);
+    detect_format(spec, files);
     const uint64_t key = dataset_key(spec, files, tok_hash, tpl_hash, options);
     DatasetReport report;
     std::string cache_path;
@@ -384,18 +418,51 @@ TokenizedDataset load_datasets(const std::vector<DatasetSpec>& specs, const Toke
     report.name = spec.name;
     report.path = spec.path;
     report.cache_path = cache_path;
-    std::shared_ptr<TokenStore> store = build_store(files, spec, tokenizer, tpl, options, report);
-    store->key = key;
-    LT_CHECK(report.records > 0, "dataset '{}': {} holds no records", spec.name, spec.path);
+    const DatasetReport before = report;
+    auto no_records = [&] { return fmt::format("dataset '{}': {} holds no records", spec.name, spec.path); };
+
+    // With a cache the examples stream into it and are then mapped from it: nothing the size of the data is
+    // held in memory. A cache that cannot be written (a full disk, a read-only directory) is not fatal: the
+    // data is tokenised again into memory, and the report says why.
+    std::string write_error;
     if (use_cache) {
+      std::optional<TokenCacheWriter> writer;
       try {
-        write_token_cache(cache_path, *store, report);
+        writer.emplace(cache_path, key);
       } catch (const Error& e) {
-        report.cache = CacheUse::none;
-        report.cache_note = fmt::format("could not write the cache: {}", e.what());
+        write_error = e.what();
       }
+      if (writer) {
+        tokenize_dataset(files, spec, tokenizer, tpl, options, report, [&](const TokenizedChat& t) {
+          if (!writer) return;
+          try {
+            writer->add(t.ids, t.trainable);
+          } catch (const Error& e) {
+            write_error = e.what();
+            writer.reset();  // the temporary file goes; the rest is only counted
+          }
+        });
+        LT_CHECK(report.records > 0, "{}", no_records());
+      }
+      if (writer) {
+        try {
+          writer->commit(report);
+          CacheRead back = read_token_cache(cache_path, key);
+          LT_CHECK(back.store, "{}: the cache just written does not read back: {}", cache_path, back.why_not);
+          out.add(std::move(back.store), std::move(report));
+          continue;
+        } catch (const Error& e) {
+          write_error = e.what();
+        }
+      }
+      report = before;
+      report.cache = CacheUse::none;
+      report.cache_note = fmt::format("could not write the cache, tokenised in memory instead: {}", write_error);
     }
-    out.add(std::move(store), std::move(report));
+    MemoryStore memory;
+    tokenize_dataset(files, spec, tokenizer, tpl, options, report, [&](const TokenizedChat& t) { memory.add(t); });
+    LT_CHECK(report.records > 0, "{}", no_records());
+    out.add(memory.finish(key), std::move(report));
   }
   LT_CHECK(out.size() > 0, "no examples left to train on:\n{}", out.summary());
   return out;

@@ -25,17 +25,20 @@
 // (FNV-1a is not cryptographic: a key says "same inputs" with a 2^-64 chance of a false match between
 // two different inputs, which is enough to avoid redoing work; it is no defence against a crafted file.)
 // A restart reads the files to hash them but neither parses nor tokenises them. The file is written
-// atomically (tmp + fsync + rename) and read back with mmap; one whose header, sizes, offsets or
-// payload checksum do not match is rebuilt, and the report says why. A tokenizer that was not loaded
-// from a file (Tokenizer::from_json) cannot be hashed, so it is never cached.
+// atomically (tmp + fsync + rename) as the examples arrive (TokenCacheWriter: the data is never held whole,
+// so a data set larger than memory tokenises) and read back with mmap, after its checksum is verified through
+// read(2); one whose header, sizes, offsets or payload checksum do not match is rebuilt, and the report says
+// why. A tokenizer that was not loaded from a file (Tokenizer::from_json) cannot be hashed, so it is never
+// cached, and its examples are held in memory.
 //
-// Cache file layout (little-endian, every section 8-byte aligned):
-//   [0, 64)  header: char magic[8] = "LTDATA\0\1"; u32 version; u32 header bytes (64); u64 key;
+// Cache file layout (little-endian, every section 8-byte aligned; version 2 puts the sections whose size is
+// known only at the end after the ids, which stream):
+//   [0, 64)  header: char magic[8] = "LTDATA\0\1"; u32 version (2); u32 header bytes (64); u64 key;
 //            u64 examples n; u64 tokens N; u64 report bytes R; u64 payload checksum (FNV-1a of all that
 //            follows the header); u64 0
-//   i64 offsets[n + 1]      example i is tokens [offsets[i], offsets[i+1])
-//   i32 ids[N]
+//   i32 ids[N], zero-padded to a multiple of 8 bytes
 //   u8  trainable[N], zero-padded to a multiple of 8
+//   i64 offsets[n + 1]      example i is tokens [offsets[i], offsets[i+1])
 //   char report[R]          the DatasetReport as JSON (so a cache hit reports the same counts)
 #pragma once
 

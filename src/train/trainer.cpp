@@ -148,6 +148,26 @@ std::string resolve_compute_dtype(const std::string& asked, const std::string& d
 
 }  // namespace
 
+ChatTemplateKind train_template_kind(const TrainConfig& c, ModelType type) {
+  return c.template_name == "auto" ? default_chat_template(model_type_name(type))
+                                   : parse_chat_template_kind(c.template_name);
+}
+
+DataLoader load_train_data(const TrainConfig& c, const Tokenizer& tok, const ChatTemplate& tpl) {
+  TokenizeOptions topt;
+  topt.cutoff_len = c.cutoff_len;
+  topt.on_bad_example = parse_on_bad_example(c.on_bad_example);
+  topt.cache_dir = c.output_dir + "/data_cache";
+  TokenizedDataset data = load_datasets(resolve_datasets(c.dataset, c.dataset_dir), tok, tpl, topt);
+  LoaderOptions lopt;
+  lopt.batch_size = c.per_device_train_batch_size;
+  lopt.seed = uint64_t(c.seed);
+  lopt.packing = c.packing ? Packing::on : Packing::off;
+  lopt.row_len = c.cutoff_len;
+  lopt.pad_id = default_pad_id(tok);
+  return DataLoader(std::move(data), lopt);
+}
+
 TrainResult run_training(const TrainConfig& asked) {
   Timer run_timer;
   TrainConfig c = asked;
@@ -174,21 +194,8 @@ TrainResult run_training(const TrainConfig& asked) {
   ModelSource model = load_model_source(c);
   const ModelConfig& mc = model.config;
   Tokenizer tok = Tokenizer::load(model.dir);
-  ChatTemplateKind kind = c.template_name == "auto" ? default_chat_template(model_type_name(mc.type))
-                                                    : parse_chat_template_kind(c.template_name);
-  ChatTemplate tpl(kind, tok);
-  TokenizeOptions topt;
-  topt.cutoff_len = c.cutoff_len;
-  topt.on_bad_example = parse_on_bad_example(c.on_bad_example);
-  topt.cache_dir = c.output_dir + "/data_cache";
-  TokenizedDataset data = load_datasets(resolve_datasets(c.dataset, c.dataset_dir), tok, tpl, topt);
-  LoaderOptions lopt;
-  lopt.batch_size = c.per_device_train_batch_size;
-  lopt.seed = uint64_t(c.seed);
-  lopt.packing = c.packing ? Packing::on : Packing::off;
-  lopt.row_len = c.cutoff_len;
-  lopt.pad_id = default_pad_id(tok);
-  DataLoader loader(std::move(data), lopt);
+  ChatTemplate tpl(train_template_kind(c, mc.type), tok);
+  DataLoader loader = load_train_data(c, tok, tpl);
   const int64_t steps_per_epoch =
       std::max<int64_t>(1, loader.steps_per_epoch() / c.gradient_accumulation_steps);
   const int64_t total_steps =

@@ -11,7 +11,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "model/config.h"
+#include "text/text.h"
 #include "train/config.h"
+#include "train/data_loader.h"
 
 namespace lt {
 
@@ -29,5 +32,10 @@ struct TrainResult {
 };
 
 TrainResult run_training(const TrainConfig& cfg);
+
+// The run's data exactly as `train` prepares it, for `lazytrain data`, which prepares it and stops: the chat
+// template (the config's, or the model type's), the datasets tokenised into output_dir/data_cache, the loader.
+ChatTemplateKind train_template_kind(const TrainConfig& c, ModelType type);
+DataLoader load_train_data(const TrainConfig& c, const Tokenizer& tok, const ChatTemplate& tpl);
 
 }  // namespace lt

@@ -263,6 +263,64 @@ TEST(DataFormat, BrokenArrayStructureIsRefusedWithItsLine) {
             std::string::npos);
 }
 
+// Every record (text and line) a reader gives, or the error that stopped it after those.
+struct ReadAll {
+  std::vector<std::pair<std::string, int64_t>> records;
+  std::string error;
+  bool operator==(const ReadAll&) const = default;
+};
+ReadAll read_all(RecordReader& reader) {
+  ReadAll out;
+  out.error = testing::error_of([&] {
+    for (DataRecord r; reader.next(r);) out.records.emplace_back(std::string(r.text), r.line);
+  });
+  return out;
+}
+
+TEST(DataFormat, StreamedRecordsEqualTheWholeFileAtEveryChunkSize) {
+  // Each input read whole (in place) is the reference; read a chunk at a time every boundary falls somewhere
+  // else: inside a BOM, a CRLF, an escape, a multi-line string, a record, the whitespace before the array.
+  const std::vector<std::string> inputs = {
+      "\xEF\xBB\xBF{\"a\": 1}\r\n\n   \n{\"b\": 2}\n{broken\n",
+      "{\"a\": \"no final newline\"}",
+      "\n\n  \n",
+      "",
+      "\xEF\xBB\xBF",
+      "\n[\n  {\"instruction\": \"a [tricky], {string} \\\" with \\\\\", \"output\": \"x\"},\n  {\n"
+      "    \"instruction\": \"multi\\nline\",\n    \"output\": [1, {\"k\": \"]\"}]\n  }\n  ,{\"x\": 1}\n]\n",
+      "\xEF\xBB\xBF \t[ ] \n",
+      "[{\"a\": 1},\n]",
+      "[{\"s\": \"raw\nnewline \\\\\"}, {\"t\": \"\\\"\"}]",
+      // broken: each stops after the records before the break, with the whole-file message
+      "[\n{\"a\": 1},\n{\"a\": \"open",
+      "[\n{\"a\": [1, 2}\n, {}]",
+      "[{\"a\": 1}] x",
+      "[\n\n",
+      "[{\"a\": 1}, {\"b\": 2}}",
+      "[{\"a\": \"ends in a backslash\\",
+  };
+  const std::string dir = testing::fresh_test_dir("lt_records_");
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    RecordReader whole(inputs[i], "f.json");
+    const ReadAll expected = read_all(whole);
+    for (size_t chunk : {1u, 2u, 3u, 5u, 7u, 16u, 64u, 4096u}) {
+      RecordReader chunked(inputs[i], "f.json", chunk);
+      EXPECT_EQ(read_all(chunked), expected) << "input " << i << ", chunks of " << chunk;
+    }
+    const std::string path = dir + "/f.json";
+    testing::write_text_file(path, inputs[i]);
+    for (size_t chunk : {size_t(1), size_t(3), RecordReader::kChunkBytes}) {
+      RecordReader file(path, chunk);
+      ReadAll got = read_all(file);
+      EXPECT_EQ(got.records, expected.records) << "input " << i << " from a file, chunks of " << chunk;
+      EXPECT_EQ(got.error.empty(), expected.error.empty()) << got.error;
+    }
+  }
+  EXPECT_NE(testing::error_of([&] { RecordReader r(dir + "/absent.jsonl"); }).find("absent.jsonl: cannot open"),
+            std::string::npos);
+  EXPECT_NE(testing::error_of([&] { RecordReader r(dir); }).find("is a directory"), std::string::npos);
+}
+
 TEST(DataFormat, InvalidJsonNamesTheLineInsideAMultiLineRecord) {
   ConvertedRecord r = convert_record("{\n  \"instruction\": \"q\",\n  \"output\": tru\n}", 10, spec("alpaca"));
   EXPECT_EQ(r.error_line, 12);

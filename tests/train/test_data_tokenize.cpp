@@ -4,12 +4,16 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 
 #include "testing/files_testing.h"
 #include "core/error.h"
+#include "io/io_faults.h"
 #include "io/json_file.h"
 #include "text/text_testing.h"
 #include "train/data_loader.h"
@@ -325,6 +329,9 @@ TEST(DataTokenize, CorruptOrTruncatedCacheIsRebuiltNeverTrusted) {
   TokenizedDataset fresh = load_datasets(specs, qwen3_tokenizer(), tpl, opt);
   const std::string cache = fresh.reports()[0].cache_path;
   const std::string good = read_file(cache);
+  // `fresh` maps the cache, and this test rewrites that file in place (LazyTrain never does: it writes a new
+  // file and renames it over, so a mapping keeps the old one), so its examples are copied first.
+  const std::vector<TokenizedChat> expected = all(fresh);
 
   struct Case {
     std::string name, bytes, why;
@@ -349,9 +356,115 @@ TEST(DataTokenize, CorruptOrTruncatedCacheIsRebuiltNeverTrusted) {
     const DatasetReport& r = again.reports()[0];
     EXPECT_EQ(r.cache, CacheUse::rebuilt) << c.name;
     EXPECT_NE(r.cache_note.find(c.why), std::string::npos) << c.name << ": " << r.cache_note;
-    EXPECT_TRUE(same(all(again), all(fresh))) << c.name;
+    EXPECT_TRUE(same(all(again), expected)) << c.name;
     EXPECT_EQ(read_file(cache), good) << c.name << ": the rebuilt cache is written back";
   }
+}
+
+// A data set of `n` alpaca records, some long, every 97th malformed (for on_bad_example: skip), as JSON Lines.
+std::string write_many(const std::string& dir, int n) {
+  std::string text;
+  for (int i = 0; i < n; ++i) {
+    if (i % 97 == 13) {
+      text += "{\"instruction\": \"broken\"\n";
+      continue;
+    }
+    std::string answer = fmt::format("Answer {}: ", i);
+    for (int k = 0; k < (i % 7) * 9; ++k) answer += fmt::format("word{} ", (i * 31 + k) % 1000);
+    text += nlohmann::json{{"instruction", fmt::format("Question {}?", i)}, {"output", answer}}.dump() + "\n";
+  }
+  write(dir + "/many.jsonl", text);
+  return dir + "/many.jsonl";
+}
+
+TEST(DataTokenize, StreamedIntoTheCacheEqualsTokenisedInMemory) {
+  LT_REQUIRE_QWEN3();
+  const std::string dir = temp_dir();
+  const auto specs = resolve_datasets({write_many(dir, 3000)}, "");  // three chunks of records and more
+  ChatTemplate tpl(ChatTemplateKind::qwen2_5, qwen3_tokenizer());
+  TokenizeOptions memory_opt{.cutoff_len = 96, .on_bad_example = OnBadExample::skip};
+  TokenizeOptions cache_opt = memory_opt;
+  cache_opt.cache_dir = dir + "/cache";
+  const TokenizedDataset memory = load_datasets(specs, qwen3_tokenizer(), tpl, memory_opt);
+  const TokenizedDataset built = load_datasets(specs, qwen3_tokenizer(), tpl, cache_opt);
+  const TokenizedDataset hit = load_datasets(specs, qwen3_tokenizer(), tpl, cache_opt);
+  ASSERT_EQ(built.reports()[0].cache, CacheUse::built) << built.reports()[0].summary();
+  ASSERT_EQ(hit.reports()[0].cache, CacheUse::hit);
+  EXPECT_GT(memory.reports()[0].truncated, 0);
+  EXPECT_EQ(memory.reports()[0].bad, 31);
+  for (const TokenizedDataset* d : {&built, &hit}) {
+    EXPECT_TRUE(same(all(*d), all(memory)));
+    EXPECT_EQ(d->reports()[0].to_json(), memory.reports()[0].to_json());
+    EXPECT_EQ(d->key(), memory.key());
+    EXPECT_EQ(d->max_length(), memory.max_length());
+  }
+}
+
+// Fails the `fail_at`-th call of kind `op` (counting only calls on paths under `under`) with `error`.
+struct CacheFault {
+  std::map<IoOp, int> calls;
+  IoOp op = IoOp::write;
+  int fail_at = -1;
+  int error = ENOSPC;
+  explicit CacheFault(const std::string& under) {
+    set_io_fault_hook([this, under](IoOp o, const std::string& path) {
+      if (path.find(under) == std::string::npos) return IoFault{};
+      return calls[o]++ == fail_at && o == op ? IoFault{error} : IoFault{};
+    });
+  }
+  ~CacheFault() { set_io_fault_hook({}); }
+};
+
+TEST(DataTokenize, ACacheThatCannotBeWrittenIsNotFatalAndLeavesNothing) {
+  LT_REQUIRE_QWEN3();
+  const std::string dir = temp_dir();
+  const auto specs = resolve_datasets({write_many(dir, 1500)}, "");
+  ChatTemplate tpl(ChatTemplateKind::qwen2_5, qwen3_tokenizer());
+  const TokenizeOptions memory_opt{.cutoff_len = 400, .on_bad_example = OnBadExample::skip};
+  TokenizeOptions opt = memory_opt;
+  opt.cache_dir = dir + "/cache";
+  const std::vector<TokenizedChat> expected = all(load_datasets(specs, qwen3_tokenizer(), tpl, memory_opt));
+  std::map<IoOp, int> per_build;
+  {
+    CacheFault count(opt.cache_dir);
+    load_datasets(specs, qwen3_tokenizer(), tpl, opt);
+    per_build = count.calls;
+  }
+  ASSERT_GE(per_build[IoOp::write], 3);  // buffered ids, the sections copied in, the header
+  int cases = 0;
+  for (const auto& [op, err] : {std::pair{IoOp::write, ENOSPC}, {IoOp::write, EIO}, {IoOp::fsync, EIO},
+                                {IoOp::rename, EROFS}}) {
+    for (int k = 0; k < per_build[op]; ++k) {
+      fs::remove_all(opt.cache_dir);
+      const std::string what = fmt::format("{} #{} fails with {}", io_op_name(op), k, std::strerror(err));
+      CacheFault fault(opt.cache_dir);
+      fault.op = op, fault.fail_at = k, fault.error = err;
+      const TokenizedDataset d = load_datasets(specs, qwen3_tokenizer(), tpl, opt);
+      const DatasetReport& r = d.reports()[0];
+      ++cases;
+      EXPECT_EQ(r.cache, CacheUse::none) << what;
+      EXPECT_NE(r.cache_note.find("could not write the cache"), std::string::npos) << what << ": " << r.cache_note;
+      EXPECT_NE(r.cache_note.find(std::strerror(err)), std::string::npos) << what << ": " << r.cache_note;
+      EXPECT_TRUE(same(all(d), expected)) << what;
+      EXPECT_EQ(r.examples, int64_t(expected.size())) << what << ": counted once, not once per pass";
+      // No temporary is left, and a cache file only when the failure came after its rename (the directory's
+      // fsync): then it is whole, and the next load uses it.
+      bool left = false;
+      for (const auto& e : fs::directory_iterator(opt.cache_dir)) {
+        EXPECT_EQ(e.path().string(), r.cache_path) << what << ": left " << e.path().filename();
+        left = true;
+      }
+      if (left) {
+        set_io_fault_hook({});
+        const TokenizedDataset again = load_datasets(specs, qwen3_tokenizer(), tpl, opt);
+        EXPECT_EQ(again.reports()[0].cache, CacheUse::hit) << what;
+        EXPECT_TRUE(same(all(again), expected)) << what;
+      }
+    }
+  }
+  EXPECT_GE(cases, 6);
+  // Without faults the next load builds it.
+  EXPECT_EQ(load_datasets(specs, qwen3_tokenizer(), tpl, opt).reports()[0].cache, CacheUse::built);
 }
 
 TEST(DataTokenize, TokenizerNotFromAFileIsNeverCached) {
