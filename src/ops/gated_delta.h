@@ -17,7 +17,8 @@
 //     in f32 with every exponent ≤ 0 (γ is non-increasing; the masked triangle is never exponentiated). The
 //     backward is reverse-mode through exactly these steps, chunk by chunk from the last, the chunk-start states
 //     S₀ recomputed by a forward pass over the chunks (never saved by the forward: at Qwen3.6's sizes they would
-//     be 16× the layer's other activations). Equal to the recurrence to f32 rounding.
+//     be 16× the layer's other activations). Equal to the recurrence to f32 rounding. Every product of a chunk's
+//     matrices is one GEMM (ops/gemm.h, single-threaded inside the task of one sequence and head).
 //
 // Legend: B rows, T tokens per row, N = B·T, Hk key heads, Hv value heads (a multiple of Hk), dk key head dim,
 // dv value head dim. Rows are strided (ld*: elements between consecutive tokens), so q, k and v may be slices of

@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "core/parallel.h"
+#include "ops/gemm.h"
 
 namespace lt {
 namespace {
@@ -61,14 +62,16 @@ void state_t_times(float* y, const float* S, const float* x, int64_t dk, int64_t
   for (int64_t d = 0; d < dk; ++d) axpy(y, x[d], S + d * dv, dv);
 }
 
-// y[dk] = S x[dv]
-void state_times(float* y, const float* S, const float* x, int64_t dk, int64_t dv) {
-  for (int64_t d = 0; d < dk; ++d) y[d] = dot(S + d * dv, x, dv);
-}
-
 // S[dk, dv] += a · x[dk] yᵀ[dv]
 void state_add_outer(float* S, float a, const float* x, const float* y, int64_t dk, int64_t dv) {
   for (int64_t d = 0; d < dk; ++d) axpy(S + d * dv, a * x[d], y, dv);
+}
+
+// The chunk's matrix products go through ops/gemm.h (oneDNN, single-threaded inside the caller's task: a task is
+// one sequence and head, so the bits never depend on the thread count). C = op(A) op(B), row-major.
+void mm(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
+        int64_t ldb, float* C, int64_t ldc, Accumulate acc = Accumulate::no) {
+  gemm_f32(ta, tb, M, N, K, A, lda, B, ldb, C, ldc, acc);
 }
 
 // One chunk of one value head: its inputs gathered contiguous, and the forward's quantities from S₀.
@@ -78,17 +81,24 @@ struct Chunk {
   std::vector<float> beta, gam; // [C]: β, γ = in-chunk cumulative log decay
   std::vector<float> eg, egc;   // [C]: e^γ, e^{γ_C − γ}
   std::vector<float> E;         // [C, C]: e^{γi − γj} for j ≤ i, 0 above the diagonal
-  std::vector<float> KK;        // [C, C]: k_i · k_j for j < i
+  std::vector<float> KK;        // [C, C]: K Kᵀ (M reads j < i)
+  std::vector<float> QK;        // [C, C]: Q Kᵀ (the output and the backward read j ≤ i)
+  std::vector<float> PE;        // [C, C]: QK ⊙ E, lower triangle
   std::vector<float> A;         // [C, C]: (I + M)⁻¹, unit lower triangular
   std::vector<float> Kb, Vb;    // [C, dk]: β e^γ k;  [C, dv]: β v
   std::vector<float> W, U, Vp;  // [C, dk], [C, dv], [C, dv]: W = A Kb, U = A Vb, V' = U − W S₀
+  std::vector<float> Kc;        // [C, dk]: e^{γ_C − γ} k, the state update's left factor
 
   Chunk(int64_t dk_, int64_t dv_) : dk(dk_), dv(dv_) {
     const size_t c = size_t(kDeltaChunk);
     q.resize(c * dk), k.resize(c * dk), v.resize(c * dv);
     beta.resize(c), gam.resize(c), eg.resize(c), egc.resize(c);
-    E.resize(c * c), KK.resize(c * c), A.resize(c * c);
-    Kb.resize(c * dk), Vb.resize(c * dv), W.resize(c * dk), U.resize(c * dv), Vp.resize(c * dv);
+    E.resize(c * c), KK.resize(c * c), QK.resize(c * c), PE.resize(c * c), A.resize(c * c);
+    Kb.resize(c * dk), Vb.resize(c * dv), W.resize(c * dk), U.resize(c * dv), Vp.resize(c * dv), Kc.resize(c * dk);
+  }
+  static size_t floats(int64_t dk, int64_t dv) {
+    const size_t c = size_t(kDeltaChunk);
+    return c * (5 * size_t(dk) + 4 * size_t(dv) + 4) + 5 * c * c;
   }
 
   // Tokens n0 .. n0+C-1 of value head vh (key head kh).
@@ -106,15 +116,20 @@ struct Chunk {
     }
   }
 
-  // Everything of the chunk that does not depend on S₀: E, KK, A, Kb, Vb, W, U.
+  // Everything of the chunk that does not depend on S₀: E, KK, QK, PE, A, Kb, Vb, W, U, Kc.
   void solve() {
+    mm(Trans::no, Trans::yes, C, C, dk, k.data(), dk, k.data(), dk, KK.data(), C);  // K Kᵀ
+    mm(Trans::no, Trans::yes, C, C, dk, q.data(), dk, k.data(), dk, QK.data(), C);  // Q Kᵀ
     for (int64_t i = 0; i < C; ++i) {
       eg[i] = std::exp(gam[i]);
       egc[i] = std::exp(gam[C - 1] - gam[i]);
-      for (int64_t j = 0; j < C; ++j) E[i * C + j] = j <= i ? std::exp(gam[i] - gam[j]) : 0.f;
-      for (int64_t j = 0; j < i; ++j) KK[i * C + j] = dot(&k[i * dk], &k[j * dk], dk);
+      for (int64_t j = 0; j < C; ++j) {
+        E[i * C + j] = j <= i ? std::exp(gam[i] - gam[j]) : 0.f;
+        PE[i * C + j] = QK[i * C + j] * E[i * C + j];
+      }
     }
-    // (I + M) A = I by forward substitution, M_im = β_i KK_im E_im: A_i = e_i − Σ_{m<i} M_im A_m.
+    // (I + M) A = I by forward substitution, M_im = β_i KK_im E_im: A_i = e_i − Σ_{m<i} M_im A_m (C³/6 work:
+    // small beside the products with dk and dv).
     std::fill(A.begin(), A.begin() + C * C, 0.f);
     for (int64_t i = 0; i < C; ++i) {
       float* Ai = &A[i * C];
@@ -125,45 +140,36 @@ struct Chunk {
       }
     }
     for (int64_t i = 0; i < C; ++i) {
-      for (int64_t d = 0; d < dk; ++d) Kb[i * dk + d] = beta[i] * eg[i] * k[i * dk + d];
+      for (int64_t d = 0; d < dk; ++d) {
+        Kb[i * dk + d] = beta[i] * eg[i] * k[i * dk + d];
+        Kc[i * dk + d] = egc[i] * k[i * dk + d];
+      }
       for (int64_t e = 0; e < dv; ++e) Vb[i * dv + e] = beta[i] * v[i * dv + e];
     }
-    for (int64_t i = 0; i < C; ++i) {
-      float* Wi = &W[i * dk];
-      float* Ui = &U[i * dv];
-      std::fill(Wi, Wi + dk, 0.f);
-      std::fill(Ui, Ui + dv, 0.f);
-      for (int64_t j = 0; j <= i; ++j) {
-        axpy(Wi, A[i * C + j], &Kb[j * dk], dk);
-        axpy(Ui, A[i * C + j], &Vb[j * dv], dv);
-      }
-    }
+    // W = A Kb, U = A Vb (A's zeros above the diagonal take no part).
+    mm(Trans::no, Trans::no, C, dk, C, A.data(), C, Kb.data(), dk, W.data(), dk);
+    mm(Trans::no, Trans::no, C, dv, C, A.data(), C, Vb.data(), dv, U.data(), dv);
   }
 
   // V' = U − W S₀.
   void pseudo_values(const float* S0) {
-    for (int64_t i = 0; i < C; ++i) {
-      float* Vpi = &Vp[i * dv];
-      std::memcpy(Vpi, &U[i * dv], size_t(dv) * 4);
-      for (int64_t d = 0; d < dk; ++d) axpy(Vpi, -W[i * dk + d], S0 + d * dv, dv);
-    }
+    mm(Trans::no, Trans::no, C, dv, dk, W.data(), dk, S0, dv, Vp.data(), dv);
+    for (int64_t x = 0; x < C * dv; ++x) Vp[x] = U[x] - Vp[x];
   }
 
-  // O_i = e^{γ_i} S₀ᵀ q_i + Σ_{j≤i} (q_i·k_j) E_ij V'_j, written to o (rows of stride ldo).
-  void output(float* o, int64_t ldo, const float* S0, float* tmp_dv) const {
-    for (int64_t i = 0; i < C; ++i) {
-      float* oi = o + i * ldo;
-      state_t_times(tmp_dv, S0, &q[i * dk], dk, dv);
-      for (int64_t e = 0; e < dv; ++e) oi[e] = eg[i] * tmp_dv[e];
-      for (int64_t j = 0; j <= i; ++j) axpy(oi, dot(&q[i * dk], &k[j * dk], dk) * E[i * C + j], &Vp[j * dv], dv);
-    }
+  // O = diag(e^γ) Q S₀ + (QKᵀ ⊙ E) V', written to o (rows of stride ldo).
+  void output(float* o, int64_t ldo, const float* S0) const {
+    mm(Trans::no, Trans::no, C, dv, dk, q.data(), dk, S0, dv, o, ldo);
+    for (int64_t i = 0; i < C; ++i)
+      for (int64_t e = 0; e < dv; ++e) o[i * ldo + e] *= eg[i];
+    mm(Trans::no, Trans::no, C, dv, C, PE.data(), C, Vp.data(), dv, o, ldo, Accumulate::yes);
   }
 
-  // S ← e^{γ_C} S + Σ_i e^{γ_C − γ_i} k_i V'_iᵀ.
+  // S ← e^{γ_C} S + Kcᵀ V'.
   void advance(float* S) const {
     const float eG = eg[C - 1];
     for (int64_t x = 0; x < dk * dv; ++x) S[x] *= eG;
-    for (int64_t i = 0; i < C; ++i) state_add_outer(S, egc[i], &k[i * dk], &Vp[i * dv], dk, dv);
+    mm(Trans::yes, Trans::no, dk, dv, C, Kc.data(), dk, Vp.data(), dv, S, dv, Accumulate::yes);
   }
 };
 
@@ -175,14 +181,14 @@ void forward_sequence(float* o, const Sequence& seq, int64_t vh, const float* q,
                       const float* beta, const float* g, const DeltaShape& s) {
   const int64_t kh = vh / (s.Hv / s.Hk);
   Chunk ch(s.dk, s.dv);
-  std::vector<float> S(static_cast<size_t>(s.dk * s.dv), 0.f), tmp(static_cast<size_t>(s.dv));
+  std::vector<float> S(static_cast<size_t>(s.dk * s.dv), 0.f);
   const int64_t ldo = s.Hv * s.dv;
   for (int64_t c0 = 0; c0 < seq.len; c0 += kDeltaChunk) {
     const int64_t n0 = seq.begin + c0;
     ch.load(n0, std::min(kDeltaChunk, seq.len - c0), kh, vh, q, k, v, beta, g, s);
     ch.solve();
     ch.pseudo_values(S.data());
-    ch.output(o + n0 * ldo + vh * s.dv, ldo, S.data(), tmp.data());
+    ch.output(o + n0 * ldo + vh * s.dv, ldo, S.data());
     ch.advance(S.data());
   }
 }
@@ -194,51 +200,51 @@ void forward_sequence(float* o, const Sequence& seq, int64_t vh, const float* q,
 // Scratch of one backward task, reused across its value heads and chunks.
 struct BackwardScratch {
   std::vector<float> states;        // [chunks, dk, dv]: S₀ of every chunk of the sequence
-  std::vector<float> dS, dS0;       // [dk, dv]
+  std::vector<float> dS, dS0, tS;   // [dk, dv]
   std::vector<float> dq, dk, dv;    // [C, dk], [C, dk], [C, dv] of the chunk (dq for the scaled q)
   std::vector<float> dgam, dbeta;   // [C]
   std::vector<float> dVp, dW, dKb, dVb;  // [C, dv], [C, dk], [C, dk], [C, dv]
-  std::vector<float> dA, Y, dM, dE, P;   // [C, C]
-  std::vector<float> tdk, tdv;      // [dk], [dv]
+  std::vector<float> tCk, tCv;           // [C, dk], [C, dv]
+  std::vector<float> dA, Y, dM, dE, dP;  // [C, C]
   std::vector<float> dq_seq, dk_seq;  // [len, dk]: the key head's dq, dk summed over its value heads
 
   BackwardScratch(const DeltaShape& s, int64_t max_len) {
     const size_t c = size_t(kDeltaChunk), dk_ = size_t(s.dk), dv_ = size_t(s.dv);
     const size_t chunks = size_t((max_len + kDeltaChunk - 1) / kDeltaChunk);
     states.resize(chunks * dk_ * dv_);
-    dS.resize(dk_ * dv_), dS0.resize(dk_ * dv_);
+    dS.resize(dk_ * dv_), dS0.resize(dk_ * dv_), tS.resize(dk_ * dv_);
     dq.resize(c * dk_), dk.resize(c * dk_), dv.resize(c * dv_);
     dgam.resize(c), dbeta.resize(c);
     dVp.resize(c * dv_), dW.resize(c * dk_), dKb.resize(c * dk_), dVb.resize(c * dv_);
-    dA.resize(c * c), Y.resize(c * c), dM.resize(c * c), dE.resize(c * c), P.resize(c * c);
-    tdk.resize(dk_), tdv.resize(dv_);
+    tCk.resize(c * dk_), tCv.resize(c * dv_);
+    dA.resize(c * c), Y.resize(c * c), dM.resize(c * c), dE.resize(c * c), dP.resize(c * c);
     dq_seq.resize(size_t(max_len) * dk_), dk_seq.resize(size_t(max_len) * dk_);
   }
   static size_t bytes(const DeltaShape& s, int64_t max_len) {
     const size_t c = size_t(kDeltaChunk), dk_ = size_t(s.dk), dv_ = size_t(s.dv);
     const size_t chunks = size_t((max_len + kDeltaChunk - 1) / kDeltaChunk);
-    const size_t floats = (chunks + 2) * dk_ * dv_ + c * (4 * dk_ + 3 * dv_ + 2) + 5 * c * c + dk_ + dv_ +
+    const size_t floats = (chunks + 3) * dk_ * dv_ + c * (5 * dk_ + 4 * dv_ + 2) + 5 * c * c +
                           2 * size_t(max_len) * dk_;
-    // The chunk's forward quantities (struct Chunk) beside them.
-    const size_t chunk_floats = c * (5 * dk_ + 5 * dv_ + 4) + 3 * c * c;
-    return (floats + chunk_floats) * sizeof(float);
+    return (floats + Chunk::floats(s.dk, s.dv)) * sizeof(float);  // the chunk's forward quantities beside them
   }
 };
 
 // Reverse-mode through one chunk's forward (Chunk::pseudo_values, output, advance) with S₀ = `S0`: reads dO
 // (rows of stride ldo) and sc.dS (the gradient of the chunk's end state), leaves the chunk's input gradients in
-// sc.dq (of the scaled q), sc.dk, sc.dv, sc.dbeta, sc.dgam and the gradient of S₀ in sc.dS0.
+// sc.dq (of the scaled q), sc.dk, sc.dv, sc.dbeta, sc.dgam and the gradient of S₀ in sc.dS0. Every product
+// of a chunk's [C, dk|dv] matrices with each other or with a state is one GEMM; the rest is per row.
 void backward_chunk(const Chunk& ch, const float* S0, const float* dO, int64_t ldo, BackwardScratch& sc) {
   const int64_t C = ch.C, dk = ch.dk, dv = ch.dv;
   const float* dS1 = sc.dS.data();
   float* dS0 = sc.dS0.data();
-  std::fill(sc.dq.begin(), sc.dq.begin() + C * dk, 0.f);
-  std::fill(sc.dk.begin(), sc.dk.begin() + C * dk, 0.f);
+  float* tS = sc.tS.data();
+  float* tCk = sc.tCk.data();
+  float* tCv = sc.tCv.data();
   std::fill(sc.dgam.begin(), sc.dgam.begin() + C, 0.f);
   std::fill(sc.dbeta.begin(), sc.dbeta.begin() + C, 0.f);
   std::fill(sc.dE.begin(), sc.dE.begin() + C * C, 0.f);
-  float* tdk = sc.tdk.data();
-  float* tdv = sc.tdv.data();
+  constexpr Trans N = Trans::no, T = Trans::yes;
+  constexpr Accumulate add = Accumulate::yes;
 
   // (a) S₁ = e^{γ_C} S₀ + …: dS₀ = e^{γ_C} dS₁, dγ_C = e^{γ_C} Σ S₀ ⊙ dS₁.
   const float eG = ch.eg[C - 1];
@@ -248,89 +254,77 @@ void backward_chunk(const Chunk& ch, const float* S0, const float* dO, int64_t l
     dG += S0[x] * dS1[x];
   }
   dG *= eG;
-  // (b) S₁ += Σ_i e^{γ_C−γ_i} k_i V'_iᵀ: dV'_i = e^{γ_C−γ_i} dS₁ᵀ k_i, dk_i += e^{γ_C−γ_i} dS₁ V'_i,
-  //     and the exponent's gradient s_i = e^{γ_C−γ_i} k_iᵀ dS₁ V'_i to γ_C (+) and γ_i (−).
+  // (b) S₁ += Kcᵀ V' (Kc_i = e^{γ_C−γ_i} k_i): R = K dS₁, dV'_i = e^{γ_C−γ_i} R_i, dk_i = e^{γ_C−γ_i} (V' dS₁ᵀ)_i,
+  //     and the exponent's gradient s_i = e^{γ_C−γ_i} R_i · V'_i to γ_C (+) and γ_i (−).
+  mm(N, N, C, dv, dk, ch.k.data(), dk, dS1, dv, sc.dVp.data(), dv);
+  mm(N, T, C, dk, dv, ch.Vp.data(), dv, dS1, dv, sc.dk.data(), dk);
   for (int64_t i = 0; i < C; ++i) {
-    state_t_times(&sc.dVp[i * dv], dS1, &ch.k[i * dk], dk, dv);
-    const float si = ch.egc[i] * dot(&sc.dVp[i * dv], &ch.Vp[i * dv], dv);
-    for (int64_t e = 0; e < dv; ++e) sc.dVp[i * dv + e] *= ch.egc[i];
-    state_times(tdk, dS1, &ch.Vp[i * dv], dk, dv);
-    axpy(&sc.dk[i * dk], ch.egc[i], tdk, dk);
+    float* dVpi = &sc.dVp[i * dv];
+    const float si = ch.egc[i] * dot(dVpi, &ch.Vp[i * dv], dv);
+    for (int64_t e = 0; e < dv; ++e) dVpi[e] *= ch.egc[i];
+    for (int64_t d = 0; d < dk; ++d) sc.dk[i * dk + d] *= ch.egc[i];
     dG += si;
     sc.dgam[i] -= si;
   }
-  // (c) O_i = e^{γ_i} S₀ᵀ q_i + Σ_{j≤i} P_ij V'_j, P_ij = (q_i·k_j) E_ij.
+  // (c) O = diag(e^γ) Q S₀ + (QKᵀ ⊙ E) V': dγ_i += e^{γ_i} (Q S₀)_i · dO_i, dq = diag(e^γ) dO S₀ᵀ,
+  //     dS₀ += (diag(e^γ) Q)ᵀ dO, dV' += (QKᵀ ⊙ E)ᵀ dO.
+  mm(N, N, C, dv, dk, ch.q.data(), dk, S0, dv, tCv, dv);
+  mm(N, T, C, dk, dv, dO, ldo, S0, dv, sc.dq.data(), dk);
   for (int64_t i = 0; i < C; ++i) {
-    const float* dOi = dO + i * ldo;
-    state_t_times(tdv, S0, &ch.q[i * dk], dk, dv);  // S₀ᵀ q_i
-    sc.dgam[i] += ch.eg[i] * dot(tdv, dOi, dv);
-    state_times(tdk, S0, dOi, dk, dv);  // S₀ dO_i
-    axpy(&sc.dq[i * dk], ch.eg[i], tdk, dk);
-    state_add_outer(dS0, ch.eg[i], &ch.q[i * dk], dOi, dk, dv);
-    for (int64_t j = 0; j <= i; ++j) {
-      const float qk = dot(&ch.q[i * dk], &ch.k[j * dk], dk);
-      sc.P[i * C + j] = qk;  // Q Kᵀ, kept for (h)
-      axpy(&sc.dVp[j * dv], qk * ch.E[i * C + j], dOi, dv);
+    sc.dgam[i] += ch.eg[i] * dot(&tCv[i * dv], dO + i * ldo, dv);
+    for (int64_t d = 0; d < dk; ++d) {
+      sc.dq[i * dk + d] *= ch.eg[i];
+      tCk[i * dk + d] = ch.eg[i] * ch.q[i * dk + d];
     }
   }
-  // (h) P = QKᵀ ⊙ E: dQK_ij = dP_ij E_ij with dP_ij = dO_i · V'_j; dE_ij += dP_ij (QKᵀ)_ij off the diagonal.
+  mm(T, N, dk, dv, C, tCk, dk, dO, ldo, dS0, dv, add);
+  mm(T, N, C, dv, C, ch.PE.data(), C, dO, ldo, sc.dVp.data(), dv, add);
+  // (h) P = QKᵀ ⊙ E: dP = dO V'ᵀ; dQK = dP ⊙ E (zero above the diagonal); dq += dQK K, dk += dQKᵀ Q;
+  //     dE_ij += dP_ij (QKᵀ)_ij off the diagonal.
+  float* dP = sc.dP.data();
+  mm(N, T, C, C, dv, dO, ldo, ch.Vp.data(), dv, dP, C);
   for (int64_t i = 0; i < C; ++i) {
-    const float* dOi = dO + i * ldo;
-    for (int64_t j = 0; j <= i; ++j) {
-      const float dP = dot(dOi, &ch.Vp[j * dv], dv);
-      const float dQK = dP * ch.E[i * C + j];
-      axpy(&sc.dq[i * dk], dQK, &ch.k[j * dk], dk);
-      axpy(&sc.dk[j * dk], dQK, &ch.q[i * dk], dk);
-      if (j < i) sc.dE[i * C + j] += dP * sc.P[i * C + j];
-    }
+    for (int64_t j = 0; j < i; ++j) sc.dE[i * C + j] += dP[i * C + j] * ch.QK[i * C + j];
+    for (int64_t j = 0; j < C; ++j) dP[i * C + j] *= ch.E[i * C + j];  // now dQK
   }
-  // (d) V' = U − W S₀: dU = dV', dW_i = −S₀ dV'_i, dS₀ −= Σ_i W_i dV'_iᵀ.
-  for (int64_t i = 0; i < C; ++i) {
-    state_times(&sc.dW[i * dk], S0, &sc.dVp[i * dv], dk, dv);
-    for (int64_t d = 0; d < dk; ++d) sc.dW[i * dk + d] = -sc.dW[i * dk + d];
-    state_add_outer(dS0, -1.f, &ch.W[i * dk], &sc.dVp[i * dv], dk, dv);
-  }
+  mm(N, N, C, dk, C, dP, C, ch.k.data(), dk, sc.dq.data(), dk, add);
+  mm(T, N, C, dk, C, dP, C, ch.q.data(), dk, sc.dk.data(), dk, add);
+  // (d) V' = U − W S₀: dU = dV', dW = −dV' S₀ᵀ, dS₀ −= Wᵀ dV'.
+  mm(N, T, C, dk, dv, sc.dVp.data(), dv, S0, dv, sc.dW.data(), dk);
+  for (int64_t x = 0; x < C * dk; ++x) sc.dW[x] = -sc.dW[x];
+  mm(T, N, dk, dv, C, ch.W.data(), dk, sc.dVp.data(), dv, tS, dv);
+  for (int64_t x = 0; x < dk * dv; ++x) dS0[x] -= tS[x];
   const float* dU = sc.dVp.data();
-  // (e) W = A Kb, U = A Vb: dA_ij = dW_i·Kb_j + dU_i·Vb_j (j < i: A's diagonal is constant),
-  //     dKb_j = Σ_{i≥j} A_ij dW_i, dVb_j = Σ_{i≥j} A_ij dU_i.
-  std::fill(sc.dKb.begin(), sc.dKb.begin() + C * dk, 0.f);
-  std::fill(sc.dVb.begin(), sc.dVb.begin() + C * dv, 0.f);
+  // (e) W = A Kb, U = A Vb: dA = strictly_lower(dW Kbᵀ + dU Vbᵀ) (A's diagonal is constant), dKb = Aᵀ dW,
+  //     dVb = Aᵀ dU.
+  float* dA = sc.dA.data();
+  mm(N, T, C, C, dk, sc.dW.data(), dk, ch.Kb.data(), dk, dA, C);
+  mm(N, T, C, C, dv, dU, dv, ch.Vb.data(), dv, dA, C, add);
+  for (int64_t i = 0; i < C; ++i)
+    for (int64_t j = i; j < C; ++j) dA[i * C + j] = 0.f;
+  mm(T, N, C, dk, C, ch.A.data(), C, sc.dW.data(), dk, sc.dKb.data(), dk);
+  mm(T, N, C, dv, C, ch.A.data(), C, dU, dv, sc.dVb.data(), dv);
+  // (f) A = (I + M)⁻¹: dM = −Aᵀ dA Aᵀ, strictly lower. Y = dA Aᵀ, then dM = −Aᵀ Y (A's and dA's zeros make the
+  //     full products the triangular sums).
+  mm(N, T, C, C, C, dA, C, ch.A.data(), C, sc.Y.data(), C);
+  mm(T, N, C, C, C, ch.A.data(), C, sc.Y.data(), C, sc.dM.data(), C);
+  // (g) M_ij = β_i KK_ij E_ij (j < i): dβ, dE, and dKK = −(AᵀY)_ij β_i E_ij (strictly lower, in place of dM);
+  //     then KK = K Kᵀ: dk += dKK K + dKKᵀ K.
+  float* dKK = sc.dM.data();
   for (int64_t i = 0; i < C; ++i) {
     for (int64_t j = 0; j < C; ++j) {
-      sc.dA[i * C + j] = j < i ? dot(&sc.dW[i * dk], &ch.Kb[j * dk], dk) + dot(&dU[i * dv], &ch.Vb[j * dv], dv)
-                               : 0.f;
-    }
-    for (int64_t j = 0; j <= i; ++j) {
-      axpy(&sc.dKb[j * dk], ch.A[i * C + j], &sc.dW[i * dk], dk);
-      axpy(&sc.dVb[j * dv], ch.A[i * C + j], &dU[i * dv], dv);
-    }
-  }
-  // (f) A = (I + M)⁻¹: dM = −Aᵀ dA Aᵀ, strictly lower. Y = dA Aᵀ, then dM = −Aᵀ Y.
-  for (int64_t i = 0; i < C; ++i) {
-    for (int64_t j = 0; j < C; ++j) {
-      float acc = 0.f;
-      for (int64_t m = 0; m < std::min(i, j + 1); ++m) acc += sc.dA[i * C + m] * ch.A[j * C + m];
-      sc.Y[i * C + j] = acc;
-    }
-  }
-  for (int64_t i = 0; i < C; ++i) {
-    for (int64_t j = 0; j < i; ++j) {
-      float acc = 0.f;
-      for (int64_t m = i; m < C; ++m) acc += ch.A[m * C + i] * sc.Y[m * C + j];
-      sc.dM[i * C + j] = -acc;
-    }
-  }
-  // (g) M_ij = β_i KK_ij E_ij (j < i): dKK, dβ, dE; then KK = K Kᵀ: dk_i += Σ_j dKK_ij k_j, dk_j += dKK_ij k_i.
-  for (int64_t i = 0; i < C; ++i) {
-    for (int64_t j = 0; j < i; ++j) {
-      const float dM = sc.dM[i * C + j], KK = ch.KK[i * C + j], E = ch.E[i * C + j];
-      const float dKK = dM * ch.beta[i] * E;
+      if (j >= i) {
+        dKK[i * C + j] = 0.f;
+        continue;
+      }
+      const float dM = -dKK[i * C + j], KK = ch.KK[i * C + j], E = ch.E[i * C + j];
       sc.dbeta[i] += dM * KK * E;
       sc.dE[i * C + j] += dM * ch.beta[i] * KK;
-      axpy(&sc.dk[i * dk], dKK, &ch.k[j * dk], dk);
-      axpy(&sc.dk[j * dk], dKK, &ch.k[i * dk], dk);
+      dKK[i * C + j] = dM * ch.beta[i] * E;
     }
   }
+  mm(N, N, C, dk, C, dKK, C, ch.k.data(), dk, sc.dk.data(), dk, add);
+  mm(T, N, C, dk, C, dKK, C, ch.k.data(), dk, sc.dk.data(), dk, add);
   // (i) E_ij = e^{γ_i − γ_j}: dγ_i += dE_ij E_ij, dγ_j −= dE_ij E_ij.
   for (int64_t i = 0; i < C; ++i) {
     for (int64_t j = 0; j < i; ++j) {
