@@ -15,6 +15,7 @@ packages=(
   nodejs npm
   libgtest-dev libgmock-dev libbenchmark-dev
   clang libclang-rt-14-dev libomp-14-dev
+  openmpi-bin libopenmpi-dev
   python3 python3-numpy python3-torch
 )
 

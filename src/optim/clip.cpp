@@ -49,18 +49,41 @@ double accumulate_grad(float* dst, const bf16_t* src, int64_t n, GradMode mode) 
 
 namespace {
 
-// accumulate_grad_slab's loop; dst = nullptr with overwrite: Σ src² only, the same sum.
+// accumulate_grad_slab's loop over chunks [first, last); dst = nullptr with overwrite: Σ src² only, the same sums.
+void chunk_pass(uint8_t* dst, const SlabLayout& dst_layout, const uint8_t* src, const SlabLayout& src_layout,
+                const std::vector<GradChunk>& chunks, size_t first, size_t last, GradMode mode, double* partial) {
+  LT_CHECK(first <= last && last <= chunks.size(), "accumulate_grad_chunks: chunks [{}, {}) of {}", first, last,
+           chunks.size());
+  const auto& de = dst_layout.entries();
+  const auto& se = src_layout.entries();
+  const VectorPath path = best_vector_path();
+  const bool overwrite = mode == GradMode::overwrite;
+  // One parallel loop over the chunks (one fork-join per slab, not per tensor).
+  parallel_for(int64_t(last - first), [&](int64_t k) {
+    const GradChunk& t = chunks[first + size_t(k)];
+    float* d = dst ? reinterpret_cast<float*>(dst + de[t.entry].offset) + t.begin : nullptr;
+    const uint8_t* s = src + se[t.entry].offset;
+    partial[size_t(k)] = se[t.entry].dtype == DType::f32
+                             ? accumulate_chunk(path, d, reinterpret_cast<const float*>(s) + t.begin, t.len, overwrite)
+                             : accumulate_chunk(path, d, reinterpret_cast<const bf16_t*>(s) + t.begin, t.len, overwrite);
+  });
+}
+
 double slab_pass(uint8_t* dst, const SlabLayout& dst_layout, const uint8_t* src, const SlabLayout& src_layout,
                  GradMode mode) {
+  const std::vector<GradChunk> chunks = grad_chunks(dst_layout, src_layout);
+  std::vector<double> partial(chunks.size());
+  chunk_pass(dst, dst_layout, src, src_layout, chunks, 0, chunks.size(), mode, partial.data());
+  return combine_grad_chunks(chunks, partial.data());
+}
+
+}  // namespace
+
+std::vector<GradChunk> grad_chunks(const SlabLayout& dst_layout, const SlabLayout& src_layout) {
   const auto& de = dst_layout.entries();
   const auto& se = src_layout.entries();
   LT_CHECK_EQ(de.size(), se.size(), "accumulate_grad_slab: the two layouts hold different tensor counts");
-  // One parallel loop over every entry's chunks (one fork-join per slab, not per tensor).
-  struct Task {
-    size_t entry;
-    int64_t begin, len;
-  };
-  std::vector<Task> tasks;
+  std::vector<GradChunk> chunks;
   for (size_t i = 0; i < de.size(); ++i) {
     LT_CHECK(de[i].name == se[i].name && de[i].numel() == se[i].numel(),
              "accumulate_grad_slab: tensor {} is '{}' ({} elements) in the gradient layout but '{}' ({}) in the "
@@ -71,32 +94,30 @@ double slab_pass(uint8_t* dst, const SlabLayout& dst_layout, const uint8_t* src,
              "accumulate_grad_slab: source gradient '{}' is {}; expected f32 or bf16", se[i].name,
              dtype_name(se[i].dtype));
     for (int64_t b = 0; b < de[i].numel(); b += kAccumulateChunk)
-      tasks.push_back({i, b, std::min(kAccumulateChunk, de[i].numel() - b)});
+      chunks.push_back({i, b, std::min(kAccumulateChunk, de[i].numel() - b)});
   }
-  const VectorPath path = best_vector_path();
-  const bool overwrite = mode == GradMode::overwrite;
-  std::vector<double> partial(tasks.size());
-  parallel_for(int64_t(tasks.size()), [&](int64_t k) {
-    const Task& t = tasks[size_t(k)];
-    float* d = dst ? reinterpret_cast<float*>(dst + de[t.entry].offset) + t.begin : nullptr;
-    const uint8_t* s = src + se[t.entry].offset;
-    partial[size_t(k)] = se[t.entry].dtype == DType::f32
-                             ? accumulate_chunk(path, d, reinterpret_cast<const float*>(s) + t.begin, t.len, overwrite)
-                             : accumulate_chunk(path, d, reinterpret_cast<const bf16_t*>(s) + t.begin, t.len, overwrite);
-  });
+  return chunks;
+}
+
+void accumulate_grad_chunks(uint8_t* dst, const SlabLayout& dst_layout, const uint8_t* src,
+                            const SlabLayout& src_layout, const std::vector<GradChunk>& chunks, size_t first,
+                            size_t last, GradMode mode, double* partial) {
+  LT_CHECK(dst != nullptr, "accumulate_grad_chunks: no destination slab");
+  chunk_pass(dst, dst_layout, src, src_layout, chunks, first, last, mode, partial);
+}
+
+double combine_grad_chunks(const std::vector<GradChunk>& chunks, const double* partial) {
   // Each entry's chunks in order, then the entries in order: the sum accumulate_grad gives entry by entry.
   double sum = 0.0, entry_sum = 0.0;
-  for (size_t k = 0; k < tasks.size(); ++k) {
+  for (size_t k = 0; k < chunks.size(); ++k) {
     entry_sum += partial[k];
-    if (k + 1 == tasks.size() || tasks[k + 1].entry != tasks[k].entry) {
+    if (k + 1 == chunks.size() || chunks[k + 1].entry != chunks[k].entry) {
       sum += entry_sum;
       entry_sum = 0.0;
     }
   }
   return sum;
 }
-
-}  // namespace
 
 double accumulate_grad_slab(uint8_t* dst, const SlabLayout& dst_layout, const uint8_t* src,
                             const SlabLayout& src_layout, GradMode mode) {

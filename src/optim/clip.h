@@ -35,6 +35,23 @@ double accumulate_grad(float* dst, const bf16_t* src, int64_t n, GradMode mode =
 double accumulate_grad_slab(uint8_t* dst, const SlabLayout& dst_layout, const uint8_t* src,
                             const SlabLayout& src_layout, GradMode mode = GradMode::add);
 
+// The work of accumulate_grad_slab, chunk by chunk: tensor `entry`'s elements [begin, begin + len), len at most
+// kAccumulateChunk. A slab's chunks (every entry's, in order) partition it; data-parallel ranks (dist/) each
+// accumulate a contiguous run of them and combine their partial sums in this order, which gives the one-process
+// result bit for bit.
+struct GradChunk {
+  size_t entry;
+  int64_t begin, len;
+};
+// The chunks of a slab accumulated from src_layout into dst_layout (checked as accumulate_grad_slab checks them).
+std::vector<GradChunk> grad_chunks(const SlabLayout& dst_layout, const SlabLayout& src_layout);
+// accumulate_grad_slab over chunks [first, last) of `chunks` only; partial[k - first] receives chunk k's Σ dst².
+void accumulate_grad_chunks(uint8_t* dst, const SlabLayout& dst_layout, const uint8_t* src,
+                            const SlabLayout& src_layout, const std::vector<GradChunk>& chunks, size_t first,
+                            size_t last, GradMode mode, double* partial);
+// The slab's Σ g² from every chunk's partial: each entry's chunks in order, then the entries in order.
+double combine_grad_chunks(const std::vector<GradChunk>& chunks, const double* partial);
+
 // The Σ g² accumulate_grad_slab(slab, layout, slab, layout, GradMode::overwrite) returns, read-only: for
 // gradients copied straight into their place (the executor's overwrite mode), bit for bit the same sum.
 double grad_slab_sum_of_squares(const uint8_t* slab, const SlabLayout& layout);

@@ -1,0 +1,117 @@
+#include "dist/comm.h"
+
+#include <mpi.h>
+
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "core/error.h"
+
+namespace lt {
+
+namespace {
+
+// Throws lt::Error for a failed MPI call, with MPI's own message.
+void check_mpi(int rc, const char* call) {
+  if (rc == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, text, &len);
+  LT_FAIL("MPI: {} failed: {}", call, std::string(text, size_t(len)));
+}
+
+int env_int(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::atoi(v) : 0;
+}
+
+// MPI counts are int: a message above 2 GiB goes as a count of 1 MiB blocks (callers keep sizes multiples of
+// that or small); here only the plain byte form is used, so the size is checked.
+int byte_count(size_t bytes, const char* call) {
+  LT_CHECK(bytes <= size_t(INT_MAX), "MPI: {} of {} bytes exceeds one message's limit (2 GiB)", call, bytes);
+  return int(bytes);
+}
+
+}  // namespace
+
+int launcher_world_size() {
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS"})
+    if (const int n = env_int(name); n > 0) return n;
+  return 1;
+}
+
+Comm& Comm::world() {
+  static Comm comm;
+  return comm;
+}
+
+Comm::Comm() {
+  const int launched = launcher_world_size();
+  if (launched <= 1) return;  // a plain run: no MPI at all
+  int provided = 0;
+  check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
+  std::atexit([] {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Finalize();
+  });
+  check_mpi(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+  check_mpi(MPI_Comm_rank(MPI_COMM_WORLD, &rank_), "MPI_Comm_rank");
+  check_mpi(MPI_Comm_size(MPI_COMM_WORLD, &size_), "MPI_Comm_size");
+  mpi_ = true;
+  // srun without an MPI plugin starts N singletons, each a world of one: N runs writing the same outputs.
+  LT_CHECK(size_ == launched, "the launcher started {} processes but MPI sees a world of {} (srun: add --mpi=pmix)",
+           launched, size_);
+}
+
+void Comm::allgather(const void* mine, size_t bytes, void* all) const {
+  if (!mpi_) {
+    if (bytes) std::memmove(all, mine, bytes);
+    return;
+  }
+  const int n = byte_count(bytes, "MPI_Allgather");
+  check_mpi(MPI_Allgather(mine, n, MPI_BYTE, all, n, MPI_BYTE, MPI_COMM_WORLD), "MPI_Allgather");
+}
+
+void Comm::alltoallv(const void* send, std::span<const size_t> send_bytes, std::span<const size_t> send_offsets,
+                     void* recv, std::span<const size_t> recv_bytes, std::span<const size_t> recv_offsets) const {
+  const size_t n = size_t(size_);
+  LT_CHECK(send_bytes.size() == n && send_offsets.size() == n && recv_bytes.size() == n && recv_offsets.size() == n,
+           "Comm::alltoallv: {} ranks, but {} / {} / {} / {} sizes and offsets", n, send_bytes.size(),
+           send_offsets.size(), recv_bytes.size(), recv_offsets.size());
+  if (!mpi_) {
+    LT_CHECK_EQ(send_bytes[0], recv_bytes[0], "Comm::alltoallv: a rank's message to itself");
+    if (send_bytes[0])
+      std::memmove(static_cast<char*>(recv) + recv_offsets[0], static_cast<const char*>(send) + send_offsets[0],
+                   send_bytes[0]);
+    return;
+  }
+  std::vector<int> sc(n), so(n), rc(n), ro(n);
+  for (size_t r = 0; r < n; ++r) {
+    sc[r] = byte_count(send_bytes[r], "MPI_Alltoallv");
+    so[r] = byte_count(send_offsets[r], "MPI_Alltoallv");
+    rc[r] = byte_count(recv_bytes[r], "MPI_Alltoallv");
+    ro[r] = byte_count(recv_offsets[r], "MPI_Alltoallv");
+  }
+  check_mpi(MPI_Alltoallv(send, sc.data(), so.data(), MPI_BYTE, recv, rc.data(), ro.data(), MPI_BYTE, MPI_COMM_WORLD),
+            "MPI_Alltoallv");
+}
+
+void Comm::broadcast(void* data, size_t bytes, int root) const {
+  if (!mpi_) return;
+  check_mpi(MPI_Bcast(data, byte_count(bytes, "MPI_Bcast"), MPI_BYTE, root, MPI_COMM_WORLD), "MPI_Bcast");
+}
+
+void Comm::barrier() const {
+  if (mpi_) check_mpi(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier");
+}
+
+std::vector<double> Comm::allgather(double mine) const {
+  std::vector<double> all(static_cast<size_t>(size_));
+  allgather(&mine, sizeof mine, all.data());
+  return all;
+}
+
+}  // namespace lt

@@ -1,0 +1,56 @@
+// dist/comm.h — the process group of a data-parallel run, on MPI.
+//
+// `mpirun -np N lazytrain ...` (or srun) starts N processes; each learns its rank and the world's size here. A
+// process not started by an MPI launcher is a world of one and never initialises MPI, so a plain run is unchanged.
+// What started us is read from the launcher's environment (Open MPI's OMPI_COMM_WORLD_SIZE, PMI's PMI_SIZE, srun's
+// SLURM_STEP_NUM_TASKS; a launcher whose processes MPI then sees as separate worlds is refused); then MPI_Init_thread (funnelled: only the thread that called it talks to MPI) runs once,
+// and MPI_Finalize at exit.
+//
+// Every collective here is deterministic: sums are never left to the library's reduction order (which MPI does
+// not fix); data is gathered and added in rank order by the caller (dist/grad_exchange.h), so N ranks give the
+// bits one process gives.
+//
+// Errors: MPI's error handler is set to return codes, and every failed call throws lt::Error naming the call and
+// MPI's message; a rank that dies ends the job through the launcher (Open MPI aborts the other ranks).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace lt {
+
+class Comm {
+ public:
+  // The world this process belongs to (initialised on first use).
+  static Comm& world();
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  bool distributed() const { return size_ > 1; }
+
+  // Every rank sends `bytes` bytes of `mine` and receives every rank's (its own included) into all[size() ·
+  // bytes], in rank order.
+  void allgather(const void* mine, size_t bytes, void* all) const;
+  // Every rank r sends send[dest] (send_bytes[dest] bytes at send_offsets[dest]) to each rank dest and receives
+  // from each rank src recv_bytes[src] bytes at recv_offsets[src] (a rank's message to itself included). The
+  // sizes must agree pairwise.
+  void alltoallv(const void* send, std::span<const size_t> send_bytes, std::span<const size_t> send_offsets,
+                 void* recv, std::span<const size_t> recv_bytes, std::span<const size_t> recv_offsets) const;
+  // Rank `root`'s `bytes` bytes at `data` to every rank.
+  void broadcast(void* data, size_t bytes, int root) const;
+  void barrier() const;
+  // Every rank's value, in rank order.
+  std::vector<double> allgather(double mine) const;
+
+ private:
+  Comm();
+  int rank_ = 0, size_ = 1;
+  bool mpi_ = false;
+};
+
+// Whether this process was started by an MPI launcher (the environment says so), and with how many ranks.
+int launcher_world_size();
+
+}  // namespace lt

@@ -1,0 +1,97 @@
+#include "dist/grad_exchange.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/error.h"
+
+namespace lt {
+
+SlabShards SlabShards::make(const SlabLayout& dst_layout, const SlabLayout& src_layout, int ranks) {
+  LT_CHECK(ranks >= 1, "SlabShards: {} ranks", ranks);
+  SlabShards sh;
+  sh.chunks = grad_chunks(dst_layout, src_layout);
+  const auto& se = src_layout.entries();
+  int64_t total = 0;
+  for (const GradChunk& c : sh.chunks) {
+    total += c.len;
+    sh.src_bytes.push_back(size_t(c.len) * dtype_size(se[c.entry].dtype));
+  }
+  // Rank r's run ends at the first chunk that reaches (r + 1)/N of the elements.
+  sh.first.assign(size_t(ranks) + 1, sh.chunks.size());
+  sh.first[0] = 0;
+  int64_t seen = 0;
+  size_t k = 0;
+  for (int r = 1; r < ranks; ++r) {
+    const int64_t target = total * r / ranks;
+    while (k < sh.chunks.size() && seen + sh.chunks[k].len <= target) seen += sh.chunks[k++].len;
+    sh.first[size_t(r)] = k;
+  }
+  return sh;
+}
+
+void reduce_scatter_ordered(const Comm& comm, uint8_t* dst, const SlabLayout& dst_layout, const uint8_t* src,
+                            const SlabLayout& src_layout, const SlabShards& sh, GradMode mode,
+                            std::vector<double>& partial) {
+  const int n = comm.size(), me = comm.rank();
+  LT_CHECK_EQ(sh.first.size(), size_t(n) + 1, "reduce_scatter_ordered: shards made for another world size");
+  const auto& se = src_layout.entries();
+  auto chunk_src = [&](const uint8_t* base, size_t k) {
+    const GradChunk& c = sh.chunks[k];
+    return base + se[c.entry].offset + size_t(c.begin) * dtype_size(se[c.entry].dtype);
+  };
+  // Send: this rank's chunks grouped by owner, packed. Receive: the chunks this rank owns, from every rank.
+  std::vector<size_t> send_bytes(size_t(n), 0), send_off(size_t(n), 0), recv_bytes(size_t(n), 0),
+      recv_off(size_t(n), 0);
+  size_t owned_bytes = 0;
+  for (size_t k = sh.first[size_t(me)]; k < sh.first[size_t(me) + 1]; ++k) owned_bytes += sh.src_bytes[k];
+  size_t total = 0;
+  for (int r = 0; r < n; ++r) {
+    send_off[size_t(r)] = total;
+    for (size_t k = sh.first[size_t(r)]; k < sh.first[size_t(r) + 1]; ++k) send_bytes[size_t(r)] += sh.src_bytes[k];
+    total += send_bytes[size_t(r)];
+    recv_off[size_t(r)] = size_t(r) * owned_bytes;
+    recv_bytes[size_t(r)] = owned_bytes;
+  }
+  std::vector<uint8_t> send(total), recv(size_t(n) * owned_bytes);
+  for (int r = 0; r < n; ++r) {
+    uint8_t* out = send.data() + send_off[size_t(r)];
+    for (size_t k = sh.first[size_t(r)]; k < sh.first[size_t(r) + 1]; ++k) {
+      std::memcpy(out, chunk_src(src, k), sh.src_bytes[k]);
+      out += sh.src_bytes[k];
+    }
+  }
+  comm.alltoallv(send.data(), send_bytes, send_off, recv.data(), recv_bytes, recv_off);
+
+  // Each rank's contribution in rank order, unpacked into a source slab (only the owned chunks are read).
+  const size_t first = sh.first[size_t(me)], last = sh.first[size_t(me) + 1];
+  partial.assign(last - first, 0.0);
+  std::vector<uint8_t> staged(src_layout.bytes());
+  for (int r = 0; r < n; ++r) {
+    const uint8_t* in = recv.data() + recv_off[size_t(r)];
+    for (size_t k = first; k < last; ++k) {
+      std::memcpy(const_cast<uint8_t*>(chunk_src(staged.data(), k)), in, sh.src_bytes[k]);
+      in += sh.src_bytes[k];
+    }
+    accumulate_grad_chunks(dst, dst_layout, staged.data(), src_layout, sh.chunks, first, last,
+                           r == 0 ? mode : GradMode::add, partial.data());
+  }
+}
+
+double slab_sum_of_squares(const Comm& comm, const SlabShards& sh, const std::vector<double>& partial) {
+  const int n = comm.size();
+  // Owners hold different counts; each sends a fixed-size row (the most any rank owns), padded.
+  size_t most = 0;
+  for (int r = 0; r < n; ++r) most = std::max(most, sh.owned(r));
+  LT_CHECK_EQ(partial.size(), sh.owned(comm.rank()), "slab_sum_of_squares: partials of another shard");
+  std::vector<double> mine(most, 0.0), all(size_t(n) * most);
+  std::copy(partial.begin(), partial.end(), mine.begin());
+  comm.allgather(mine.data(), most * sizeof(double), all.data());
+  std::vector<double> ordered;
+  ordered.reserve(sh.chunks.size());
+  for (int r = 0; r < n; ++r)
+    for (size_t k = 0; k < sh.owned(r); ++k) ordered.push_back(all[size_t(r) * most + k]);
+  return combine_grad_chunks(sh.chunks, ordered.data());
+}
+
+}  // namespace lt

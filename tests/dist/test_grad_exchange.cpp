@@ -1,0 +1,105 @@
+// The ordered reduce-scatter of gradient slabs: every rank builds the same layouts and every rank's micro-batch
+// gradients from seeds, so each can run the one-process accumulation itself and compare its own shard and the
+// norm bit for bit. Run as a plain test (a world of one) and under mpirun with 2 and 3 ranks (CMakeLists.txt:
+// dist_exchange.ranks2 / .ranks3). Odd sizes throughout: tensors of 1..2 chunks plus a few elements, bf16
+// matrices beside f32 norms in the source layout, ranks that own no chunk.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/rng.h"
+#include "dist/comm.h"
+#include "dist/grad_exchange.h"
+#include "optim/kernels.h"
+#include "testing/model_testing.h"
+
+namespace lt {
+namespace {
+
+ModelConfig odd_config() {
+  testing::SmallShape s;
+  s.vocab = 61, s.hidden = 136, s.intermediate = 401, s.layers = 1, s.heads = 4, s.kv_heads = 2, s.head_dim = 34;
+  return testing::small_model_config(ModelType::qwen3, s);
+}
+
+// A slab in `layout` of seeded values, never zero (f32 or bf16 per tensor, as the layout says).
+std::vector<uint8_t> random_slab(const SlabLayout& layout, uint64_t seed) {
+  std::vector<uint8_t> bytes(layout.bytes(), 0);
+  Rng rng(seed);
+  for (const SlabEntry& e : layout.entries()) {
+    for (int64_t i = 0; i < e.numel(); ++i) {
+      const float x = float(0.01 * rng.normal()) + (i % 2 ? 1e-4f : -1e-4f);
+      if (e.dtype == DType::f32) std::memcpy(bytes.data() + e.offset + size_t(i) * 4, &x, 4);
+      else reinterpret_cast<bf16_t*>(bytes.data() + e.offset)[i] = f32_to_bf16(x);
+    }
+  }
+  return bytes;
+}
+
+uint64_t seed_of(int step, int rank) { return 1000 + uint64_t(step) * 97 + uint64_t(rank); }
+
+TEST(SlabShards, RunsOfChunksInOrderBalancedByElements) {
+  const ModelConfig cfg = odd_config();
+  const SlabLayout dl = SlabLayout::make_layer(cfg, 0), sl = SlabLayout::make_layer(cfg, 0, DType::bf16);
+  for (int ranks = 1; ranks <= 7; ++ranks) {
+    const SlabShards sh = SlabShards::make(dl, sl, ranks);
+    ASSERT_EQ(sh.first.size(), size_t(ranks) + 1);
+    EXPECT_EQ(sh.first.front(), 0u);
+    EXPECT_EQ(sh.first.back(), sh.chunks.size());
+    int64_t total = 0;
+    for (const GradChunk& c : sh.chunks) total += c.len;
+    for (int r = 0; r < ranks; ++r) {
+      ASSERT_LE(sh.first[size_t(r)], sh.first[size_t(r) + 1]);
+      int64_t mine = 0;
+      for (size_t k = sh.first[size_t(r)]; k < sh.first[size_t(r) + 1]; ++k) mine += sh.chunks[k].len;
+      EXPECT_LE(std::abs(mine - total / ranks), kAccumulateChunk) << ranks << " ranks, rank " << r;
+    }
+  }
+}
+
+TEST(GradExchange, ShardsAndNormEqualTheOneProcessAccumulationBitwise) {
+  const Comm& comm = Comm::world();
+  const int n = comm.size(), me = comm.rank();
+  const ModelConfig cfg = odd_config();
+  const SlabLayout dl = SlabLayout::make_layer(cfg, 0);
+  for (DType src_dtype : {DType::f32, DType::bf16}) {
+    const SlabLayout sl = SlabLayout::make_layer(cfg, 0, src_dtype);
+    const SlabShards sh = SlabShards::make(dl, sl, n);
+    for (GradMode mode : {GradMode::overwrite, GradMode::add}) {
+      const std::vector<uint8_t> start = random_slab(dl, 7);
+      std::vector<uint8_t> expected = start, actual = start;
+      constexpr int kSteps = 3;  // accumulation steps: micro-batches step·N + r, in that order
+      double expected_norm = 0, actual_norm = 0;
+      std::vector<double> partial;
+      for (int a = 0; a < kSteps; ++a) {
+        for (int r = 0; r < n; ++r) {
+          const std::vector<uint8_t> g = random_slab(sl, seed_of(a, r));
+          expected_norm = accumulate_grad_slab(expected.data(), dl, g.data(), sl,
+                                               a == 0 && r == 0 ? mode : GradMode::add);
+        }
+        const std::vector<uint8_t> mine = random_slab(sl, seed_of(a, me));
+        reduce_scatter_ordered(comm, actual.data(), dl, mine.data(), sl, sh, a == 0 ? mode : GradMode::add, partial);
+        actual_norm = slab_sum_of_squares(comm, sh, partial);
+      }
+      EXPECT_EQ(0, std::memcmp(&actual_norm, &expected_norm, sizeof(double)))
+          << "rank " << me << " of " << n << ": " << actual_norm << " vs " << expected_norm;
+      // This rank's chunks are the one-process sums; the others it has not touched.
+      const auto& de = dl.entries();
+      for (size_t k = 0; k < sh.chunks.size(); ++k) {
+        const GradChunk& c = sh.chunks[k];
+        const size_t at = de[c.entry].offset + size_t(c.begin) * 4, bytes = size_t(c.len) * 4;
+        const bool owned = k >= sh.first[size_t(me)] && k < sh.first[size_t(me) + 1];
+        const std::vector<uint8_t>& want = owned ? expected : start;
+        EXPECT_EQ(0, std::memcmp(actual.data() + at, want.data() + at, bytes))
+            << "rank " << me << " of " << n << ", chunk " << k << (owned ? " (owned)" : " (not owned)") << ", "
+            << dtype_name(src_dtype) << (mode == GradMode::overwrite ? ", overwrite" : ", add");
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace lt
