@@ -356,7 +356,7 @@ std::vector<DatasetSpec> resolve_datasets(const std::vector<std::string>& names,
     if (!fs::exists(path)) {
       std::string looked = registry.is_object() ? fmt::format("not in {}, and ", registry_path) : "";
       LT_FAIL("dataset '{}': {}no such file{}", name, looked,
-              in_dir.empty() ? std::string() : fmt::format(" (looked at {} and {})", in_dir, name));
+              in_dir.empty() || in_dir == name ? std::string() : fmt::format(" (looked at {} and {})", in_dir, name));
     }
     DatasetSpec s;
     s.name = name;

@@ -199,7 +199,11 @@ TEST(DataFormat, ResolvesNamesThroughTheRegistryThenPaths) {
   EXPECT_EQ(specs[1].path, dir + "/plain.jsonl");
   EXPECT_EQ(specs[1].formatting, DataFormatting::detect);
   std::string e = error_of([&] { resolve_datasets({"nope"}, dir); });
-  EXPECT_NE(e.find("dataset 'nope': not in " + dir + "/dataset_info.json, and no such file"), std::string::npos) << e;
+  EXPECT_NE(e.find("dataset 'nope': not in " + dir + "/dataset_info.json, and no such file (looked at " + dir +
+                   "/nope and nope)"), std::string::npos) << e;
+  // An absolute path is one place, named once.
+  e = error_of([&] { resolve_datasets({dir + "/absent.jsonl"}, dir); });
+  EXPECT_EQ(e.find("looked at"), std::string::npos) << e;
   EXPECT_NE(error_of([] { split_dataset_list("a,,b"); }).find("empty name"), std::string::npos);
   // A directory is every .json / .jsonl file in it, by name.
   fs::create_directories(dir + "/many");
