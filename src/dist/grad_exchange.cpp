@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "core/error.h"
 
@@ -75,6 +76,39 @@ void reduce_scatter_ordered(const Comm& comm, uint8_t* dst, const SlabLayout& ds
     }
     accumulate_grad_chunks(dst, dst_layout, staged.data(), src_layout, sh.chunks, first, last,
                            r == 0 ? mode : GradMode::add, partial.data());
+  }
+}
+
+void allgather_shards(const Comm& comm, uint8_t* slab, const SlabLayout& layout, const SlabShards& sh) {
+  const int n = comm.size();
+  LT_CHECK_EQ(sh.first.size(), size_t(n) + 1, "allgather_shards: shards made for another world size");
+  const auto& le = layout.entries();
+  auto chunk_at = [&](size_t k) {
+    const GradChunk& c = sh.chunks[k];
+    return std::pair{le[c.entry].offset + size_t(c.begin) * dtype_size(le[c.entry].dtype),
+                     size_t(c.len) * dtype_size(le[c.entry].dtype)};
+  };
+  // Fixed-size rows (the largest shard's bytes) so one MPI_Allgather moves them all.
+  std::vector<size_t> shard_bytes(size_t(n), 0);
+  for (int r = 0; r < n; ++r)
+    for (size_t k = sh.first[size_t(r)]; k < sh.first[size_t(r) + 1]; ++k) shard_bytes[size_t(r)] += chunk_at(k).second;
+  const size_t row = *std::max_element(shard_bytes.begin(), shard_bytes.end());
+  std::vector<uint8_t> mine(row, 0), all(size_t(n) * row);
+  uint8_t* out = mine.data();
+  for (size_t k = sh.first[size_t(comm.rank())]; k < sh.first[size_t(comm.rank()) + 1]; ++k) {
+    const auto [at, bytes] = chunk_at(k);
+    std::memcpy(out, slab + at, bytes);
+    out += bytes;
+  }
+  comm.allgather(mine.data(), row, all.data());
+  for (int r = 0; r < n; ++r) {
+    if (r == comm.rank()) continue;
+    const uint8_t* in = all.data() + size_t(r) * row;
+    for (size_t k = sh.first[size_t(r)]; k < sh.first[size_t(r) + 1]; ++k) {
+      const auto [at, bytes] = chunk_at(k);
+      std::memcpy(slab + at, in, bytes);
+      in += bytes;
+    }
   }
 }
 

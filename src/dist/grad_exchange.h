@@ -44,6 +44,11 @@ void reduce_scatter_ordered(const Comm& comm, uint8_t* dst, const SlabLayout& ds
                             const SlabLayout& src_layout, const SlabShards& shards, GradMode mode,
                             std::vector<double>& partial);
 
+// Every owner's chunks of `slab` (`layout`, the layout the shards were made for as destination) to every rank: after
+// it each rank holds the whole slab as its owners left it (one allgather of the largest shard's bytes). The step of
+// a replicated optimizer, and of the updated weights of a sharded one. Collective.
+void allgather_shards(const Comm& comm, uint8_t* slab, const SlabLayout& layout, const SlabShards& shards);
+
 // The slab's Σ g² from every owner's partials, combined in chunk order (one allgather). Collective.
 double slab_sum_of_squares(const Comm& comm, const SlabShards& shards, const std::vector<double>& partial);
 

@@ -86,7 +86,12 @@ TEST(GradExchange, ShardsAndNormEqualTheOneProcessAccumulationBitwise) {
       }
       EXPECT_EQ(0, std::memcmp(&actual_norm, &expected_norm, sizeof(double)))
           << "rank " << me << " of " << n << ": " << actual_norm << " vs " << expected_norm;
-      // This rank's chunks are the one-process sums; the others it has not touched.
+      // This rank's chunks are the one-process sums; the others it has not touched. Gathered, every rank holds
+      // the whole one-process slab.
+      std::vector<uint8_t> gathered = actual;
+      allgather_shards(comm, gathered.data(), dl, sh);
+      EXPECT_EQ(0, std::memcmp(gathered.data(), expected.data(), dl.bytes()))
+          << "rank " << me << " of " << n << ": the gathered slab differs from the one-process one";
       const auto& de = dl.entries();
       for (size_t k = 0; k < sh.chunks.size(); ++k) {
         const GradChunk& c = sh.chunks[k];
