@@ -16,9 +16,10 @@
 //       V' = U − W S₀,   O = diag(e^γ) Q S₀ + lower(Q Kᵀ ⊙ e^{γi−γj}) V',   S₁ = e^{γ_C} S₀ + (diag(e^{γ_C−γ}) K)ᵀ V'
 //     in f32 with every exponent ≤ 0 (γ is non-increasing; the masked triangle is never exponentiated). The
 //     backward is reverse-mode through exactly these steps, chunk by chunk from the last, the chunk-start states
-//     S₀ recomputed by a forward pass over the chunks (never saved by the forward: at Qwen3.6's sizes they would
-//     be 16× the layer's other activations). Equal to the recurrence to f32 rounding. Every product of a chunk's
-//     matrices is one GEMM (ops/gemm.h, single-threaded inside the task of one sequence and head).
+//     S₀ recomputed by a forward pass over the chunks, whose chunk quantities the reverse sweep then reuses (never
+//     saved by the forward: at Qwen3.6's sizes they would be 16× the layer's other activations). Equal to the
+//     recurrence to f32 rounding. Every product of a chunk's matrices is one GEMM (ops/gemm.h, single-threaded
+//     inside the task of one sequence and head).
 //
 // Legend: B rows, T tokens per row, N = B·T, Hk key heads, Hv value heads (a multiple of Hk), dk key head dim,
 // dv value head dim. Rows are strided (ld*: elements between consecutive tokens), so q, k and v may be slices of
@@ -57,7 +58,7 @@ void gated_delta_backward(float* dq, float* dk, float* dv, float* dbeta, float* 
                           const int32_t* doc_ids, const DeltaShape& s);
 
 // Transient memory the chunked backward allocates per task (one sequence of at most T tokens, one key head):
-// the chunk-start states of a value head and the chunk's temporaries. At most min(threads, tasks) at once.
+// every chunk's forward quantities and start state for one value head, and the chunk's temporaries. At most min(threads, tasks) at once.
 size_t gated_delta_backward_task_bytes(const DeltaShape& s);
 
 // One token of the recurrence in f32 on a carried state (generation's cache): for each value head h,

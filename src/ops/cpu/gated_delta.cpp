@@ -199,6 +199,7 @@ void forward_sequence(float* o, const Sequence& seq, int64_t vh, const float* q,
 
 // Scratch of one backward task, reused across its value heads and chunks.
 struct BackwardScratch {
+  std::vector<Chunk> chunks;        // [chunks]: every chunk's forward quantities, from the states pass
   std::vector<float> states;        // [chunks, dk, dv]: S₀ of every chunk of the sequence
   std::vector<float> dS, dS0, tS;   // [dk, dv]
   std::vector<float> dq, dk, dv;    // [C, dk], [C, dk], [C, dv] of the chunk (dq for the scaled q)
@@ -211,6 +212,7 @@ struct BackwardScratch {
   BackwardScratch(const DeltaShape& s, int64_t max_len) {
     const size_t c = size_t(kDeltaChunk), dk_ = size_t(s.dk), dv_ = size_t(s.dv);
     const size_t chunks = size_t((max_len + kDeltaChunk - 1) / kDeltaChunk);
+    this->chunks.assign(chunks, Chunk(s.dk, s.dv));
     states.resize(chunks * dk_ * dv_);
     dS.resize(dk_ * dv_), dS0.resize(dk_ * dv_), tS.resize(dk_ * dv_);
     dq.resize(c * dk_), dk.resize(c * dk_), dv.resize(c * dv_);
@@ -225,7 +227,7 @@ struct BackwardScratch {
     const size_t chunks = size_t((max_len + kDeltaChunk - 1) / kDeltaChunk);
     const size_t floats = (chunks + 3) * dk_ * dv_ + c * (5 * dk_ + 4 * dv_ + 2) + 5 * c * c +
                           2 * size_t(max_len) * dk_;
-    return (floats + Chunk::floats(s.dk, s.dv)) * sizeof(float);  // the chunk's forward quantities beside them
+    return (floats + chunks * Chunk::floats(s.dk, s.dv)) * sizeof(float);  // every chunk's forward quantities
   }
 };
 
@@ -353,17 +355,19 @@ void backward_sequence(float* dq, float* dk, float* dv, float* dbeta, float* dg,
                        const float* beta, const float* g, const DeltaShape& s, BackwardScratch& sc) {
   const int64_t group = s.Hv / s.Hk, Sdd = s.dk * s.dv, ldo = s.Hv * s.dv;
   const int64_t chunks = (seq.len + kDeltaChunk - 1) / kDeltaChunk;
-  Chunk ch(s.dk, s.dv);
   std::fill(sc.dq_seq.begin(), sc.dq_seq.begin() + seq.len * s.dk, 0.f);
   std::fill(sc.dk_seq.begin(), sc.dk_seq.begin() + seq.len * s.dk, 0.f);
   for (int64_t vh = kh * group; vh < (kh + 1) * group; ++vh) {
-    // The chunk-start states, by the forward's own steps (so the backward sees the forward's S₀ bits).
+    // The forward again, by its own steps (so the backward sees the forward's S₀ bits): every chunk's quantities
+    // kept for the reverse pass, and the chunk-start states.
     std::fill(sc.states.begin(), sc.states.begin() + Sdd, 0.f);
-    for (int64_t c = 0; c + 1 < chunks; ++c) {
+    for (int64_t c = 0; c < chunks; ++c) {
       const int64_t c0 = c * kDeltaChunk;
+      Chunk& ch = sc.chunks[size_t(c)];
       ch.load(seq.begin + c0, std::min(kDeltaChunk, seq.len - c0), kh, vh, q, k, v, beta, g, s);
       ch.solve();
       ch.pseudo_values(&sc.states[size_t(c * Sdd)]);
+      if (c + 1 == chunks) break;
       std::memcpy(&sc.states[size_t((c + 1) * Sdd)], &sc.states[size_t(c * Sdd)], size_t(Sdd) * 4);
       ch.advance(&sc.states[size_t((c + 1) * Sdd)]);
     }
@@ -371,9 +375,7 @@ void backward_sequence(float* dq, float* dk, float* dv, float* dbeta, float* dg,
     for (int64_t c = chunks - 1; c >= 0; --c) {
       const int64_t c0 = c * kDeltaChunk, n0 = seq.begin + c0;
       const float* S0 = &sc.states[size_t(c * Sdd)];
-      ch.load(n0, std::min(kDeltaChunk, seq.len - c0), kh, vh, q, k, v, beta, g, s);
-      ch.solve();
-      ch.pseudo_values(S0);
+      const Chunk& ch = sc.chunks[size_t(c)];
       backward_chunk(ch, S0, dout + n0 * ldo + vh * s.dv, ldo, sc);
       // (o) γ = cumsum(g): dg_j = Σ_{i≥j} dγ_i.
       float acc = 0.f;
