@@ -64,19 +64,12 @@ void reduce_scatter_ordered(const Comm& comm, uint8_t* dst, const SlabLayout& ds
   }
   comm.alltoallv(send.data(), send_bytes, send_off, recv.data(), recv_bytes, recv_off);
 
-  // Each rank's contribution in rank order, unpacked into a source slab (only the owned chunks are read).
+  // Each rank's contribution in rank order, added straight from the received buffer.
   const size_t first = sh.first[size_t(me)], last = sh.first[size_t(me) + 1];
   partial.assign(last - first, 0.0);
-  std::vector<uint8_t> staged(src_layout.bytes());
-  for (int r = 0; r < n; ++r) {
-    const uint8_t* in = recv.data() + recv_off[size_t(r)];
-    for (size_t k = first; k < last; ++k) {
-      std::memcpy(const_cast<uint8_t*>(chunk_src(staged.data(), k)), in, sh.src_bytes[k]);
-      in += sh.src_bytes[k];
-    }
-    accumulate_grad_chunks(dst, dst_layout, staged.data(), src_layout, sh.chunks, first, last,
+  for (int r = 0; r < n; ++r)
+    accumulate_grad_packed(dst, dst_layout, recv.data() + recv_off[size_t(r)], src_layout, sh.chunks, first, last,
                            r == 0 ? mode : GradMode::add, partial.data());
-  }
 }
 
 void allgather_shards(const Comm& comm, uint8_t* slab, const SlabLayout& layout, const SlabShards& sh) {

@@ -49,9 +49,12 @@ double accumulate_grad(float* dst, const bf16_t* src, int64_t n, GradMode mode) 
 
 namespace {
 
-// accumulate_grad_slab's loop over chunks [first, last); dst = nullptr with overwrite: Σ src² only, the same sums.
+// accumulate_grad_slab's loop over chunks [first, last), chunk k's source at packed + packed_at[k - first] when
+// packed is given (a run of chunks sent as one buffer), else at its place in src_layout; dst = nullptr with
+// overwrite: Σ src² only, the same sums.
 void chunk_pass(uint8_t* dst, const SlabLayout& dst_layout, const uint8_t* src, const SlabLayout& src_layout,
-                const std::vector<GradChunk>& chunks, size_t first, size_t last, GradMode mode, double* partial) {
+                const std::vector<GradChunk>& chunks, size_t first, size_t last, GradMode mode, double* partial,
+                const size_t* packed_at = nullptr) {
   LT_CHECK(first <= last && last <= chunks.size(), "accumulate_grad_chunks: chunks [{}, {}) of {}", first, last,
            chunks.size());
   const auto& de = dst_layout.entries();
@@ -62,10 +65,10 @@ void chunk_pass(uint8_t* dst, const SlabLayout& dst_layout, const uint8_t* src, 
   parallel_for(int64_t(last - first), [&](int64_t k) {
     const GradChunk& t = chunks[first + size_t(k)];
     float* d = dst ? reinterpret_cast<float*>(dst + de[t.entry].offset) + t.begin : nullptr;
-    const uint8_t* s = src + se[t.entry].offset;
-    partial[size_t(k)] = se[t.entry].dtype == DType::f32
-                             ? accumulate_chunk(path, d, reinterpret_cast<const float*>(s) + t.begin, t.len, overwrite)
-                             : accumulate_chunk(path, d, reinterpret_cast<const bf16_t*>(s) + t.begin, t.len, overwrite);
+    const bool f32 = se[t.entry].dtype == DType::f32;
+    const uint8_t* s = packed_at ? src + packed_at[k] : src + se[t.entry].offset + size_t(t.begin) * (f32 ? 4 : 2);
+    partial[size_t(k)] = f32 ? accumulate_chunk(path, d, reinterpret_cast<const float*>(s), t.len, overwrite)
+                             : accumulate_chunk(path, d, reinterpret_cast<const bf16_t*>(s), t.len, overwrite);
   });
 }
 
@@ -104,6 +107,19 @@ void accumulate_grad_chunks(uint8_t* dst, const SlabLayout& dst_layout, const ui
                             size_t last, GradMode mode, double* partial) {
   LT_CHECK(dst != nullptr, "accumulate_grad_chunks: no destination slab");
   chunk_pass(dst, dst_layout, src, src_layout, chunks, first, last, mode, partial);
+}
+
+void accumulate_grad_packed(uint8_t* dst, const SlabLayout& dst_layout, const uint8_t* packed,
+                            const SlabLayout& src_layout, const std::vector<GradChunk>& chunks, size_t first,
+                            size_t last, GradMode mode, double* partial) {
+  LT_CHECK(dst != nullptr, "accumulate_grad_packed: no destination slab");
+  std::vector<size_t> at(last - first);
+  size_t bytes = 0;
+  for (size_t k = first; k < last; ++k) {
+    at[k - first] = bytes;
+    bytes += size_t(chunks[k].len) * dtype_size(src_layout.entries()[chunks[k].entry].dtype);
+  }
+  chunk_pass(dst, dst_layout, packed, src_layout, chunks, first, last, mode, partial, at.data());
 }
 
 double combine_grad_chunks(const std::vector<GradChunk>& chunks, const double* partial) {

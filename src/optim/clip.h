@@ -49,6 +49,11 @@ std::vector<GradChunk> grad_chunks(const SlabLayout& dst_layout, const SlabLayou
 void accumulate_grad_chunks(uint8_t* dst, const SlabLayout& dst_layout, const uint8_t* src,
                             const SlabLayout& src_layout, const std::vector<GradChunk>& chunks, size_t first,
                             size_t last, GradMode mode, double* partial);
+// The same with chunks [first, last)'s source data back to back in `packed` (each chunk's elements in its
+// src_layout dtype), as a data-parallel owner receives them (dist/grad_exchange.h).
+void accumulate_grad_packed(uint8_t* dst, const SlabLayout& dst_layout, const uint8_t* packed,
+                            const SlabLayout& src_layout, const std::vector<GradChunk>& chunks, size_t first,
+                            size_t last, GradMode mode, double* partial);
 // The slab's Σ g² from every chunk's partial: each entry's chunks in order, then the entries in order.
 double combine_grad_chunks(const std::vector<GradChunk>& chunks, const double* partial);
 
