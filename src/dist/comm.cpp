@@ -99,19 +99,4 @@ void Comm::alltoallv(const void* send, std::span<const size_t> send_bytes, std::
             "MPI_Alltoallv");
 }
 
-void Comm::broadcast(void* data, size_t bytes, int root) const {
-  if (!mpi_) return;
-  check_mpi(MPI_Bcast(data, byte_count(bytes, "MPI_Bcast"), MPI_BYTE, root, MPI_COMM_WORLD), "MPI_Bcast");
-}
-
-void Comm::barrier() const {
-  if (mpi_) check_mpi(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier");
-}
-
-std::vector<double> Comm::allgather(double mine) const {
-  std::vector<double> all(static_cast<size_t>(size_));
-  allgather(&mine, sizeof mine, all.data());
-  return all;
-}
-
 }  // namespace lt

@@ -38,11 +38,6 @@ class Comm {
   // sizes must agree pairwise.
   void alltoallv(const void* send, std::span<const size_t> send_bytes, std::span<const size_t> send_offsets,
                  void* recv, std::span<const size_t> recv_bytes, std::span<const size_t> recv_offsets) const;
-  // Rank `root`'s `bytes` bytes at `data` to every rank.
-  void broadcast(void* data, size_t bytes, int root) const;
-  void barrier() const;
-  // Every rank's value, in rank order.
-  std::vector<double> allgather(double mine) const;
 
  private:
   Comm();

@@ -38,6 +38,29 @@ uint64_t hash_piece(uint64_t h, std::string_view bytes) {
   return fnv1a64(bytes.data(), bytes.size(), h);
 }
 
+// hash_piece(h, the file's bytes), read in chunks.
+uint64_t hash_file(uint64_t h, const std::string& path) {
+  const UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  LT_CHECK(fd.get() >= 0, "{}: cannot open: {}", path, std::strerror(errno));
+  struct stat st {};
+  LT_CHECK(::fstat(fd.get(), &st) == 0, "{}: cannot stat: {}", path, std::strerror(errno));
+  LT_CHECK(!S_ISDIR(st.st_mode), "{}: is a directory, expected a file", path);
+  const uint64_t len = uint64_t(st.st_size);
+  h = fnv1a64(&len, sizeof len, h);
+  std::vector<char> chunk(size_t(1) << 20);
+  uint64_t done = 0;
+  for (;;) {
+    const ssize_t n = ::read(fd.get(), chunk.data(), chunk.size());
+    if (n < 0 && errno == EINTR) continue;
+    LT_CHECK(n >= 0, "{}: read failed: {}", path, std::strerror(errno));
+    if (n == 0) break;
+    h = fnv1a64(chunk.data(), size_t(n), h);
+    done += uint64_t(n);
+  }
+  LT_CHECK(done == len, "{}: changed while being read ({} bytes, then {})", path, len, done);
+  return h;
+}
+
 // The tokenizer's files, hashed; nullopt-like 0 with `why` when it was not loaded from a file.
 uint64_t tokenizer_hash(const Tokenizer& tok, std::string* why) {
   const fs::path file = tok.source();
@@ -46,9 +69,9 @@ uint64_t tokenizer_hash(const Tokenizer& tok, std::string* why) {
     *why = fmt::format("the tokenizer was not loaded from a file ('{}'), so it cannot be part of a cache key", tok.source());
     return 0;
   }
-  uint64_t h = hash_piece(kFnvOffset, read_file(file.string()));
-  fs::path config = file.parent_path() / "tokenizer_config.json";
-  return hash_piece(h, fs::exists(config) ? read_file(config.string()) : std::string());
+  const uint64_t h = hash_file(kFnvOffset, file.string());
+  const fs::path config = file.parent_path() / "tokenizer_config.json";
+  return fs::exists(config) ? hash_file(h, config.string()) : hash_piece(h, std::string());
 }
 
 // What a template does, hashed from a probe rendering (so a custom EOS changes the key too).
@@ -167,29 +190,6 @@ void detect_format(DatasetSpec& spec, const std::vector<std::string>& files) {
   LT_FAIL("dataset '{}': {} holds no records", spec.name, spec.path);
 }
 
-// hash_piece(h, the file's bytes), read in chunks.
-uint64_t hash_file(uint64_t h, const std::string& path) {
-  const UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  LT_CHECK(fd.get() >= 0, "{}: cannot open: {}", path, std::strerror(errno));
-  struct stat st {};
-  LT_CHECK(::fstat(fd.get(), &st) == 0, "{}: cannot stat: {}", path, std::strerror(errno));
-  LT_CHECK(!S_ISDIR(st.st_mode), "{}: is a directory, expected a file", path);
-  const uint64_t len = uint64_t(st.st_size);
-  h = fnv1a64(&len, sizeof len, h);
-  std::vector<char> chunk(size_t(1) << 20);
-  uint64_t done = 0;
-  for (;;) {
-    const ssize_t n = ::read(fd.get(), chunk.data(), chunk.size());
-    if (n < 0 && errno == EINTR) continue;
-    LT_CHECK(n >= 0, "{}: read failed: {}", path, std::strerror(errno));
-    if (n == 0) break;
-    h = fnv1a64(chunk.data(), size_t(n), h);
-    done += uint64_t(n);
-  }
-  LT_CHECK(done == len, "{}: changed while being read ({} bytes, then {})", path, len, done);
-  return h;
-}
-
 uint64_t dataset_key(const DatasetSpec& spec, const std::vector<std::string>& files, uint64_t tok_hash,
                      uint64_t tpl_hash, const TokenizeOptions& opt) {
   uint64_t h = hash_piece(kFnvOffset, fmt::format("lazytrain data cache v{}", kDataCacheVersion));
@@ -282,29 +282,23 @@ std::string DatasetReport::summary() const {
 }
 
 TokenizedDataset TokenizedDataset::from_examples(const std::vector<TokenizedChat>& examples) {
-  auto store = std::make_shared<TokenStore>();
-  store->own_offsets.push_back(0);
+  MemoryStore memory;
   DatasetReport report;
   report.name = report.path = "memory";
   for (const TokenizedChat& t : examples) {
     LT_CHECK_EQ(t.ids.size(), t.trainable.size(), "an example's ids and trainable flags differ in length");
     LT_CHECK(!t.ids.empty(), "an example has no tokens");
-    store->own_ids.insert(store->own_ids.end(), t.ids.begin(), t.ids.end());
-    store->own_trainable.insert(store->own_trainable.end(), t.trainable.begin(), t.trainable.end());
-    store->own_offsets.push_back(int64_t(store->own_ids.size()));
+    memory.add(t);
     report.trainable_tokens += std::count(t.trainable.begin(), t.trainable.end(), uint8_t(1));
   }
-  store->n = int64_t(examples.size());
-  store->offsets = store->own_offsets.data();
-  store->ids = store->own_ids.data();
-  store->trainable = store->own_trainable.data();
-  uint64_t h = fnv1a64(store->own_offsets.data(), store->own_offsets.size() * 8);
-  h = fnv1a64(store->own_ids.data(), store->own_ids.size() * 4, h);
-  store->key = fnv1a64(store->own_trainable.data(), store->own_trainable.size(), h);
-  report.records = report.examples = store->n;
-  report.tokens = int64_t(store->own_ids.size());
+  const TokenStore& st = *memory.store;
+  uint64_t h = fnv1a64(st.own_offsets.data(), st.own_offsets.size() * 8);
+  h = fnv1a64(st.own_ids.data(), st.own_ids.size() * 4, h);
+  h = fnv1a64(st.own_trainable.data(), st.own_trainable.size(), h);
+  report.records = report.examples = int64_t(examples.size());
+  report.tokens = int64_t(st.own_ids.size());
   TokenizedDataset ds;
-  ds.add(std::move(store), std::move(report));
+  ds.add(memory.finish(h), std::move(report));
   return ds;
 }
 
