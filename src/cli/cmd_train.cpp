@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "cli/commands.h"
+#include "dist/comm.h"
 #include "train/trainer.h"
 
 namespace lt::cli {
@@ -17,7 +18,7 @@ void register_train(CLI::App& app) {
   cmd->add_option("overrides", *overrides, "key=value overrides of the config");
   cmd->callback([config, overrides]() {
     TrainResult r = run_training(load_train_config(*config, *overrides));
-    std::printf("%s\n", r.summary.dump().c_str());
+    if (Comm::world().rank() == 0) std::printf("%s\n", r.summary.dump().c_str());  // data parallel: rank 0 speaks
     // Stopped by a signal (after saving, unless save_on_signal is false): the exit status a shell or scheduler
     // expects of a process ended by it (128 + the signal), not success.
     if (!r.stopped_by.empty()) throw ExitStatus{r.stopped_by == "SIGINT" ? 130 : 143};

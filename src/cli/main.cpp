@@ -5,6 +5,24 @@
 #include "cli/commands.h"
 #include "core/cpu_features.h"
 #include "core/error.h"
+#include "dist/comm.h"
+
+namespace {
+
+// One line on stderr and a non-zero exit. Under mpirun the line names the rank, and the whole job ends at once:
+// the other ranks may be waiting for this one in a collective, which would never come.
+int fail(const char* what) {
+  if (lt::launcher_world_size() > 1) {
+    const lt::Comm& comm = lt::Comm::world();
+    std::fprintf(stderr, "lazytrain: error (rank %d of %d): %s\n", comm.rank(), comm.size(), what);
+    std::fflush(stderr);
+    comm.abort(1);
+  }
+  std::fprintf(stderr, "lazytrain: error: %s\n", what);
+  return 1;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"LazyTrain: train and fine-tune LLMs on hardware with far less memory than the model"};
@@ -36,12 +54,8 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const lt::cli::ExitStatus& s) {  // a command that ended as it should, with a status of its own
     return s.code;
-  } catch (const lt::Error& e) {
-    std::fprintf(stderr, "lazytrain: error: %s\n", e.what());
-    return 1;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "lazytrain: error: %s\n", e.what());
-    return 1;
+    return fail(e.what());
   }
   return 0;
 }

@@ -51,7 +51,9 @@ Comm::Comm() {
   const int launched = launcher_world_size();
   if (launched <= 1) return;  // a plain run: no MPI at all
   int provided = 0;
-  check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
+  check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided), "MPI_Init_thread");
+  LT_CHECK(provided >= MPI_THREAD_SERIALIZED, "MPI: this MPI library gives thread level {}, serialized ({}) is needed",
+           provided, int(MPI_THREAD_SERIALIZED));
   std::atexit([] {
     int finalized = 0;
     MPI_Finalized(&finalized);
@@ -73,6 +75,62 @@ void Comm::allgather(const void* mine, size_t bytes, void* all) const {
   }
   const int n = byte_count(bytes, "MPI_Allgather");
   check_mpi(MPI_Allgather(mine, n, MPI_BYTE, all, n, MPI_BYTE, MPI_COMM_WORLD), "MPI_Allgather");
+}
+
+void Comm::allgatherv(const void* mine, size_t my_bytes, void* all, std::span<const size_t> bytes,
+                      std::span<const size_t> offsets) const {
+  const size_t n = size_t(size_);
+  LT_CHECK(bytes.size() == n && offsets.size() == n && bytes[size_t(rank_)] == my_bytes,
+           "Comm::allgatherv: {} ranks, but {} sizes and {} offsets (this rank's: {} of {} bytes)", n, bytes.size(),
+           offsets.size(), bytes.size() > size_t(rank_) ? bytes[size_t(rank_)] : 0, my_bytes);
+  if (!mpi_) {
+    if (my_bytes) std::memmove(static_cast<char*>(all) + offsets[0], mine, my_bytes);
+    return;
+  }
+  std::vector<int> rc(n), ro(n);
+  for (size_t r = 0; r < n; ++r) {
+    rc[r] = byte_count(bytes[r], "MPI_Allgatherv");
+    ro[r] = byte_count(offsets[r], "MPI_Allgatherv");
+  }
+  check_mpi(MPI_Allgatherv(mine, byte_count(my_bytes, "MPI_Allgatherv"), MPI_BYTE, all, rc.data(), ro.data(), MPI_BYTE,
+                           MPI_COMM_WORLD),
+            "MPI_Allgatherv");
+}
+
+void Comm::gatherv(const void* mine, size_t my_bytes, void* all, std::span<const size_t> bytes,
+                   std::span<const size_t> offsets) const {
+  const size_t n = size_t(size_);
+  if (!mpi_) {
+    if (my_bytes) std::memmove(static_cast<char*>(all) + offsets[0], mine, my_bytes);
+    return;
+  }
+  std::vector<int> rc(n, 0), ro(n, 0);
+  if (rank_ == 0) {
+    LT_CHECK(bytes.size() == n && offsets.size() == n, "Comm::gatherv: {} ranks, but {} sizes and {} offsets", n,
+             bytes.size(), offsets.size());
+    for (size_t r = 0; r < n; ++r) {
+      rc[r] = byte_count(bytes[r], "MPI_Gatherv");
+      ro[r] = byte_count(offsets[r], "MPI_Gatherv");
+    }
+  }
+  check_mpi(MPI_Gatherv(mine, byte_count(my_bytes, "MPI_Gatherv"), MPI_BYTE, all, rc.data(), ro.data(), MPI_BYTE, 0,
+                        MPI_COMM_WORLD),
+            "MPI_Gatherv");
+}
+
+std::vector<int64_t> Comm::allgather_int(int64_t mine) const {
+  std::vector<int64_t> all(static_cast<size_t>(size_));
+  allgather(&mine, sizeof mine, all.data());
+  return all;
+}
+
+void Comm::barrier() const {
+  if (mpi_) check_mpi(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier");
+}
+
+void Comm::abort(int code) const {
+  if (mpi_) MPI_Abort(MPI_COMM_WORLD, code);
+  std::_Exit(code);
 }
 
 void Comm::alltoallv(const void* send, std::span<const size_t> send_bytes, std::span<const size_t> send_offsets,

@@ -3,8 +3,9 @@
 // `mpirun -np N lazytrain ...` (or srun) starts N processes; each learns its rank and the world's size here. A
 // process not started by an MPI launcher is a world of one and never initialises MPI, so a plain run is unchanged.
 // What started us is read from the launcher's environment (Open MPI's OMPI_COMM_WORLD_SIZE, PMI's PMI_SIZE, srun's
-// SLURM_STEP_NUM_TASKS; a launcher whose processes MPI then sees as separate worlds is refused); then MPI_Init_thread (funnelled: only the thread that called it talks to MPI) runs once,
-// and MPI_Finalize at exit.
+// SLURM_STEP_NUM_TASKS; a launcher whose processes MPI then sees as separate worlds is refused); then MPI_Init_thread
+// runs once, serialized (the trainer's thread between steps and the executor's host lane during a step call MPI,
+// never both at once), and MPI_Finalize at exit.
 //
 // Every collective here is deterministic: sums are never left to the library's reduction order (which MPI does
 // not fix); data is gathered and added in rank order by the caller (dist/grad_exchange.h), so N ranks give the
@@ -33,6 +34,18 @@ class Comm {
   // Every rank sends `bytes` bytes of `mine` and receives every rank's (its own included) into all[size() ·
   // bytes], in rank order.
   void allgather(const void* mine, size_t bytes, void* all) const;
+  // The same with each rank's own size: rank r's bytes[r] bytes land at all + offsets[r].
+  void allgatherv(const void* mine, size_t my_bytes, void* all, std::span<const size_t> bytes,
+                  std::span<const size_t> offsets) const;
+  // To rank 0 only: rank r's my_bytes land at all + offsets[r] (bytes[r] of them; `all`, `bytes` and `offsets`
+  // are read on rank 0 only).
+  void gatherv(const void* mine, size_t my_bytes, void* all, std::span<const size_t> bytes,
+               std::span<const size_t> offsets) const;
+  // Every rank's int, in rank order (e.g. a flag every rank must agree on, or a size before an allgatherv).
+  std::vector<int64_t> allgather_int(int64_t mine) const;
+  void barrier() const;
+  // Ends every rank of the job at once (a rank that failed: the others may be waiting in a collective).
+  [[noreturn]] void abort(int code) const;
   // Every rank r sends send[dest] (send_bytes[dest] bytes at send_offsets[dest]) to each rank dest and receives
   // from each rank src recv_bytes[src] bytes at recv_offsets[src] (a rank's message to itself included). The
   // sizes must agree pairwise.

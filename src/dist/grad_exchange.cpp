@@ -31,44 +31,49 @@ SlabShards SlabShards::make(const SlabLayout& dst_layout, const SlabLayout& src_
   return sh;
 }
 
-void reduce_scatter_ordered(const Comm& comm, uint8_t* dst, const SlabLayout& dst_layout, const uint8_t* src,
-                            const SlabLayout& src_layout, const SlabShards& sh, GradMode mode,
-                            std::vector<double>& partial) {
+ReceivedChunks gather_owned_chunks(const Comm& comm, const uint8_t* src, const SlabLayout& src_layout,
+                                   const SlabShards& sh) {
   const int n = comm.size(), me = comm.rank();
-  LT_CHECK_EQ(sh.first.size(), size_t(n) + 1, "reduce_scatter_ordered: shards made for another world size");
+  LT_CHECK_EQ(sh.first.size(), size_t(n) + 1, "gather_owned_chunks: shards made for another world size");
   const auto& se = src_layout.entries();
-  auto chunk_src = [&](const uint8_t* base, size_t k) {
+  auto chunk_src = [&](size_t k) {
     const GradChunk& c = sh.chunks[k];
-    return base + se[c.entry].offset + size_t(c.begin) * dtype_size(se[c.entry].dtype);
+    return src + se[c.entry].offset + size_t(c.begin) * dtype_size(se[c.entry].dtype);
   };
   // Send: this rank's chunks grouped by owner, packed. Receive: the chunks this rank owns, from every rank.
-  std::vector<size_t> send_bytes(size_t(n), 0), send_off(size_t(n), 0), recv_bytes(size_t(n), 0),
+  ReceivedChunks got;
+  for (size_t k = sh.first[size_t(me)]; k < sh.first[size_t(me) + 1]; ++k) got.per_rank += sh.src_bytes[k];
+  std::vector<size_t> send_bytes(size_t(n), 0), send_off(size_t(n), 0), recv_bytes(size_t(n), got.per_rank),
       recv_off(size_t(n), 0);
-  size_t owned_bytes = 0;
-  for (size_t k = sh.first[size_t(me)]; k < sh.first[size_t(me) + 1]; ++k) owned_bytes += sh.src_bytes[k];
   size_t total = 0;
   for (int r = 0; r < n; ++r) {
     send_off[size_t(r)] = total;
     for (size_t k = sh.first[size_t(r)]; k < sh.first[size_t(r) + 1]; ++k) send_bytes[size_t(r)] += sh.src_bytes[k];
     total += send_bytes[size_t(r)];
-    recv_off[size_t(r)] = size_t(r) * owned_bytes;
-    recv_bytes[size_t(r)] = owned_bytes;
+    recv_off[size_t(r)] = size_t(r) * got.per_rank;
   }
-  std::vector<uint8_t> send(total), recv(size_t(n) * owned_bytes);
+  std::vector<uint8_t> send(total);
   for (int r = 0; r < n; ++r) {
     uint8_t* out = send.data() + send_off[size_t(r)];
     for (size_t k = sh.first[size_t(r)]; k < sh.first[size_t(r) + 1]; ++k) {
-      std::memcpy(out, chunk_src(src, k), sh.src_bytes[k]);
+      std::memcpy(out, chunk_src(k), sh.src_bytes[k]);
       out += sh.src_bytes[k];
     }
   }
-  comm.alltoallv(send.data(), send_bytes, send_off, recv.data(), recv_bytes, recv_off);
+  got.data.resize(size_t(n) * got.per_rank);
+  comm.alltoallv(send.data(), send_bytes, send_off, got.data.data(), recv_bytes, recv_off);
+  return got;
+}
 
+void reduce_scatter_ordered(const Comm& comm, uint8_t* dst, const SlabLayout& dst_layout, const uint8_t* src,
+                            const SlabLayout& src_layout, const SlabShards& sh, GradMode mode,
+                            std::vector<double>& partial) {
+  const ReceivedChunks got = gather_owned_chunks(comm, src, src_layout, sh);
   // Each rank's contribution in rank order, added straight from the received buffer.
-  const size_t first = sh.first[size_t(me)], last = sh.first[size_t(me) + 1];
+  const size_t first = sh.first[size_t(comm.rank())], last = sh.first[size_t(comm.rank()) + 1];
   partial.assign(last - first, 0.0);
-  for (int r = 0; r < n; ++r)
-    accumulate_grad_packed(dst, dst_layout, recv.data() + recv_off[size_t(r)], src_layout, sh.chunks, first, last,
+  for (int r = 0; r < comm.size(); ++r)
+    accumulate_grad_packed(dst, dst_layout, got.from(r), src_layout, sh.chunks, first, last,
                            r == 0 ? mode : GradMode::add, partial.data());
 }
 

@@ -36,6 +36,16 @@ struct SlabShards {
   size_t owned(int rank) const { return first[size_t(rank) + 1] - first[size_t(rank)]; }
 };
 
+// Every rank's chunks of `src` (src_layout) that this rank owns, packed in chunk order per source rank, ranks in
+// order: what an owner adds in rank order (accumulate_grad_packed). One alltoallv. Collective.
+struct ReceivedChunks {
+  std::vector<uint8_t> data;
+  size_t per_rank = 0;  // bytes from each rank
+  const uint8_t* from(int rank) const { return data.data() + size_t(rank) * per_rank; }
+};
+ReceivedChunks gather_owned_chunks(const Comm& comm, const uint8_t* src, const SlabLayout& src_layout,
+                                   const SlabShards& shards);
+
 // This rank's gradient `src` (src_layout) for the slab goes to the owners of its chunks; this rank adds every
 // rank's gradient of the chunks it owns into dst (dst_layout, f32) in rank order — the first add an overwrite when
 // mode is overwrite. dst's other chunks are not touched. partial[owned chunks] receives their Σ dst² after the

@@ -36,20 +36,6 @@ constexpr StreamKind kCompute = StreamKind::compute, kH2D = StreamKind::h2d, kD2
 
 }  // namespace
 
-double grad_sum_of_squares(const float* x, int64_t n) {
-  constexpr int64_t kChunk = 32768;
-  const int64_t chunks = (n + kChunk - 1) / kChunk;
-  std::vector<double> part(static_cast<size_t>(chunks), 0.0);
-  parallel_for(chunks, [&](int64_t c) {
-    double acc = 0;
-    for (int64_t i = c * kChunk, e = std::min(n, (c + 1) * kChunk); i < e; ++i) acc += double(x[i]) * double(x[i]);
-    part[size_t(c)] = acc;
-  });
-  double total = 0;
-  for (double p : part) total += p;
-  return total;
-}
-
 namespace {
 
 // Forwards every operation to the step's own recorder and to the caller's.
@@ -706,6 +692,10 @@ struct StreamingExecutor::Step {
     dev.host_callback(kD2H, [this] {
       host.submit([this] {
         const SlabLayout& hl = grads.layout(SlabKind::head);
+        if (target.reducer) {  // the tied part goes with the embedding's (backward's end)
+          target.reducer->slab(SlabKind::head, 0, grads.slab(SlabKind::head), hl, head_stage, hl, target.mode);
+          return;
+        }
         double p = accumulate_grad_slab(grads.slab(SlabKind::head), hl, head_stage, hl, target.mode);
         if (target.partials) target.partials->set(SlabKind::head, 0, p);
         if (cfg.tie_word_embeddings) {  // lm_head's part of the embedding gradient; its norm comes later
@@ -810,7 +800,7 @@ struct StreamingExecutor::Step {
       // host only sums its squares. Nothing else touches them then: the only other reader, the pending update
       // of layer l, finished before W[l]'s forward upload (gate_upload).
       const size_t split = gl(l).entry(kMlpGradsFirst).offset;
-      const bool direct = target.mode == GradMode::overwrite;
+      const bool direct = target.mode == GradMode::overwrite && !target.reducer;
       uint8_t* dst = direct ? grads.layer(l) : gstage[size_t(g)];
       wait(kD2H, mlp_done);
       if (!direct) dev.host_callback(kD2H, [this, g] { gslots.acquire(g, &host); }, "wait staging slab");
@@ -828,6 +818,10 @@ struct StreamingExecutor::Step {
       } else {
         dev.host_callback(kD2H, [this, g, l] {
           host.submit([this, g, l, slot = gslots.release_guard(g)] {
+            if (target.reducer) {
+              target.reducer->slab(SlabKind::layer, l, grads.layer(l), gl(l), gstage[size_t(g)], gl(l), target.mode);
+              return;
+            }
             double p = accumulate_grad_slab(grads.layer(l), gl(l), gstage[size_t(g)], gl(l), target.mode);
             if (target.partials) target.partials->set(SlabKind::layer, l, p);
           }, fmt::format("accumulate dW{}", l), int(l), gl(l).bytes());
@@ -839,6 +833,12 @@ struct StreamingExecutor::Step {
     dev.copy_d2h(dx0_host, dx[cur], dxbytes, kD2H, "d2h dx0", 0);
     dev.host_callback(kD2H, [this] {
       host.submit([this] {
+        if (target.reducer) {
+          const uint8_t* tied = cfg.tie_word_embeddings ? head_stage + grads.layout(SlabKind::head).bytes() : nullptr;
+          target.reducer->embedding(grads.slab(SlabKind::embedding), grads.layout(SlabKind::embedding), tied,
+                                    dx0_host, batch.input_ids.data(), N, target.mode);
+          return;
+        }
         float* table = grads.tensor(SlabKind::embedding, 0, "embed_tokens.weight").ptr<float>();
         const int64_t n = cfg.vocab_size * C;
         // Overwrite mode and untied: the head did not write the table this step, so start from zero.

@@ -41,6 +41,23 @@ struct StepStats {
   nlohmann::json to_json() const;
 };
 
+// Data parallel (dist/data_parallel.h): each micro-batch's gradient, as it reaches host memory, goes to a reducer
+// instead of being added into the host gradients here. Called on the executor's host lane, slab by slab in the
+// same order on every rank (embedding last); the reducer keeps the norm partials of what it owns (GradTarget's
+// partials are then not set by the executor). `mode` is the step's: overwrite for its first micro-batch.
+class GradReducer {
+ public:
+  virtual ~GradReducer() = default;
+  // A layer's or the head's gradient `src` (src_layout) for the f32 slab `dst` (dst_layout).
+  virtual void slab(SlabKind kind, int64_t layer, uint8_t* dst, const SlabLayout& dst_layout, const uint8_t* src,
+                    const SlabLayout& src_layout, GradMode mode) = 0;
+  // The embedding table's gradient: with tied embeddings first lm_head's part (`tied_part`, the embedding slab's
+  // layout; null when untied), then the scatter of dx0[N, C] by `ids` (ops/embedding.h), as one process applies
+  // them micro-batch by micro-batch.
+  virtual void embedding(uint8_t* table, const SlabLayout& layout, const uint8_t* tied_part, const float* dx0,
+                         const int32_t* ids, int64_t N, GradMode mode) = 0;
+};
+
 // Where the step's gradients go. The executor adds each slab's gradient into the f32 host gradients with
 // the optimizer's accumulate (which returns that slab's Σ g² in the same pass) and records the partials.
 struct GradTarget {
@@ -49,6 +66,7 @@ struct GradTarget {
   // The loss is the mean over this many counted tokens (all micro-batches of the optimizer step, so the
   // loss is weighted by tokens across them); 0: this batch's own count.
   int64_t tokens_in_step = 0;
+  GradReducer* reducer = nullptr;  // data parallel: the gradients go there (partials unset)
 };
 
 // The previous step's optimizer update, run slab by slab on the host worker while this step's forward
@@ -60,10 +78,6 @@ struct PendingUpdate {
   StepArgs args;
   ModelSlabs* compute_copy = nullptr;  // the bf16 weights the device streams, rewritten in the same pass
 };
-
-// Σ x² in double over fixed chunks combined in order: the embedding gradient's partial norm (it arrives by
-// scatter-add, not through accumulate_grad). Deterministic whatever the thread count.
-double grad_sum_of_squares(const float* x, int64_t n);
 
 class StreamingExecutor {
  public:

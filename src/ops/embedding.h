@@ -21,4 +21,11 @@ struct TokenGroups {
   std::vector<int32_t> order;    // [N]
 };
 TokenGroups group_tokens_by_id(const int32_t* ids, int64_t N, int64_t V);
+
+// embedding_backward restricted to the table's elements [first, last) (row-major [V, C]): each of them receives
+// exactly what embedding_backward adds to it, the rest are untouched. A data-parallel owner of part of the
+// table replays every rank's scatter into its part (dist/data_parallel.h).
+void embedding_backward_range(float* dtable, const float* dout, const TokenGroups& groups, int64_t C, int64_t first,
+                              int64_t last);
+
 }  // namespace lt

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <iterator>
+#include <tuple>
 
 #include "core/error.h"
 #include "core/parallel.h"
@@ -85,23 +87,30 @@ AdamWSlab::AdamWSlab(std::vector<OptimTensor> tensors, const AdamWConfig& cfg)
   size_t offset = 0;
   for (const OptimTensor& t : tensors_) {
     LT_CHECK(t.param_offset % 4 == 0, "tensor '{}': parameter offset {} is not f32-aligned", t.name, t.param_offset);
+    LT_CHECK(0 <= t.own_begin && t.own_begin <= t.owned_end() && t.owned_end() <= t.numel(),
+             "tensor '{}': owned elements [{}, {}) outside its {}", t.name, t.own_begin, t.owned_end(), t.numel());
+    LT_CHECK(t.precision == StatePrecision::f32 ||
+                 (t.own_begin % block_ == 0 && (t.owned_end() == t.numel() || t.owned_end() % block_ == 0)),
+             "tensor '{}': owned elements [{}, {}) cut an 8-bit block of {}", t.name, t.own_begin, t.owned_end(),
+             block_);
     offset = align_up(offset, 64);
     state_offset_.push_back(int64_t(offset));
-    const size_t n = size_t(t.numel());
+    const size_t n = size_t(t.owned());
     if (t.precision == StatePrecision::f32) offset += 2 * n * sizeof(float);
-    else offset += 2 * align_up(n, 64) + 2 * size_t(blocks_of(t.numel(), block_)) * sizeof(float);
+    else offset += 2 * align_up(n, 64) + 2 * size_t(blocks_of(t.owned(), block_)) * sizeof(float);
   }
   state_ = AlignedBuffer<uint8_t>(align_up(offset, kPageAlign));
   for (size_t i = 0; i < tensors_.size(); ++i) {
     const OptimTensor& t = tensors_[i];
     if (t.precision == StatePrecision::q8) {  // m = v = 0: the maps' zero codes (absmax 0 already)
       TensorState s = state(i);
-      std::memset(s.qm, quant_zero_code(QuantMapKind::signed_dynamic), size_t(t.numel()));
-      std::memset(s.qv, quant_zero_code(QuantMapKind::unsigned_dynamic), size_t(t.numel()));
+      std::memset(s.qm, quant_zero_code(QuantMapKind::signed_dynamic), size_t(t.owned()));
+      std::memset(s.qv, quant_zero_code(QuantMapKind::unsigned_dynamic), size_t(t.owned()));
     }
     const int64_t chunk = t.precision == StatePrecision::q8 ? block_ * std::max<int64_t>(1, kTaskElems / block_)
                                                             : kTaskElems;
-    for (int64_t b = 0; b < t.numel(); b += chunk) tasks_.push_back({i, b, std::min(t.numel(), b + chunk)});
+    for (int64_t b = t.own_begin; b < t.owned_end(); b += chunk)
+      tasks_.push_back({i, b, std::min(t.owned_end(), b + chunk)});
   }
 }
 
@@ -109,13 +118,13 @@ AdamWSlab::TensorState AdamWSlab::state(size_t i) const {
   LT_CHECK(i < tensors_.size(), "optimizer state: tensor index {} out of range", i);
   const OptimTensor& t = tensors_[i];
   uint8_t* base = const_cast<uint8_t*>(state_.data()) + state_offset_[i];
-  const size_t n = size_t(t.numel());
+  const size_t n = size_t(t.owned());
   TensorState s;
   if (t.precision == StatePrecision::f32) {
     s.m = reinterpret_cast<float*>(base);
     s.v = s.m + n;
   } else {
-    s.blocks = blocks_of(t.numel(), block_);
+    s.blocks = blocks_of(t.owned(), block_);
     s.qm = base;
     s.qv = base + align_up(n, 64);
     s.absmax_m = reinterpret_cast<float*>(base + 2 * align_up(n, 64));
@@ -134,16 +143,16 @@ void AdamWSlab::update(uint8_t* param, const uint8_t* grad, const StepArgs& args
     const Task& task = tasks_[size_t(k)];
     const OptimTensor& t = tensors_[task.tensor];
     const TensorState s = state(task.tensor);
-    const int64_t b = task.begin, n = task.end - task.begin;
+    const int64_t b = task.begin, n = task.end - task.begin, j = b - t.own_begin;  // j: index into the owned state
     float* p = reinterpret_cast<float*>(param + t.param_offset) + b;
     const float* g = reinterpret_cast<const float*>(grad + t.param_offset) + b;
     uint8_t* c = copy && t.copy_offset >= 0 ? copy + t.copy_offset : nullptr;
     bf16_t* c16 = c && t.copy_dtype == DType::bf16 ? reinterpret_cast<bf16_t*>(c) + b : nullptr;
     const AdamWScalars& sc = t.decay ? decayed : undecayed;
     if (t.precision == StatePrecision::f32) {
-      adamw32(path, {p, g, s.m + b, s.v + b, c16, n}, sc);
+      adamw32(path, {p, g, s.m + j, s.v + j, c16, n}, sc);
     } else {
-      adamw8(path, {p, g, s.qm + b, s.absmax_m + b / block_, s.qv + b, s.absmax_v + b / block_, c16, n, block_}, sc);
+      adamw8(path, {p, g, s.qm + j, s.absmax_m + j / block_, s.qv + j, s.absmax_v + j / block_, c16, n, block_}, sc);
     }
     if (c && t.copy_dtype == DType::f32) std::memcpy(reinterpret_cast<float*>(c) + b, p, size_t(n) * sizeof(float));
   }, kTasksPerGrab);
@@ -151,13 +160,13 @@ void AdamWSlab::update(uint8_t* param, const uint8_t* grad, const StepArgs& args
 
 StateReport AdamWSlab::report() const {
   StateReport r;
-  for (const OptimTensor& t : tensors_) {
-    r.parameters += t.numel();
+  for (const OptimTensor& t : tensors_) {  // the owned elements
+    r.parameters += t.owned();
     if (t.precision == StatePrecision::q8) {
-      r.q8_parameters += t.numel();
-      r.state_bytes += 2 * size_t(t.numel()) + 2 * size_t(blocks_of(t.numel(), block_)) * sizeof(float);
+      r.q8_parameters += t.owned();
+      r.state_bytes += 2 * size_t(t.owned()) + 2 * size_t(blocks_of(t.owned(), block_)) * sizeof(float);
     } else {
-      r.state_bytes += 2 * size_t(t.numel()) * sizeof(float);
+      r.state_bytes += 2 * size_t(t.owned()) * sizeof(float);
     }
   }
   return r;
@@ -166,6 +175,7 @@ StateReport AdamWSlab::report() const {
 void AdamWSlab::collect_state(NamedTensors& out) const {
   for (size_t i = 0; i < tensors_.size(); ++i) {
     const OptimTensor& t = tensors_[i];
+    LT_CHECK(t.owned() == t.numel(), "optimizer state of '{}': this rank holds part of it (state_pieces)", t.name);
     const TensorState s = state(i);
     if (t.precision == StatePrecision::f32) {
       out[t.name + ".exp_avg"] = TensorView::contiguous(s.m, DType::f32, t.shape);
@@ -179,10 +189,33 @@ void AdamWSlab::collect_state(NamedTensors& out) const {
   }
 }
 
+std::vector<StatePiece> AdamWSlab::state_pieces() const {
+  std::vector<StatePiece> out;
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    const OptimTensor& t = tensors_[i];
+    const TensorState s = state(i);
+    const size_t n = size_t(t.owned()), at = size_t(t.own_begin);
+    auto piece = [&](std::string suffix, DType dt, Shape shape, void* data, size_t elems, size_t first) {
+      out.push_back({t.name + suffix, dt, std::move(shape), static_cast<uint8_t*>(data), elems * dtype_size(dt),
+                     first * dtype_size(dt)});
+    };
+    if (t.precision == StatePrecision::f32) {
+      piece(".exp_avg", DType::f32, t.shape, s.m, n, at);
+      piece(".exp_avg_sq", DType::f32, t.shape, s.v, n, at);
+    } else {  // own_begin is a block multiple: the owned blocks are [own_begin / B, ...)
+      const Shape blocks = {blocks_of(t.numel(), block_)};
+      piece(".exp_avg.q8", DType::u8, t.shape, s.qm, n, at);
+      piece(".exp_avg.absmax", DType::f32, blocks, s.absmax_m, size_t(s.blocks), at / size_t(block_));
+      piece(".exp_avg_sq.q8", DType::u8, t.shape, s.qv, n, at);
+      piece(".exp_avg_sq.absmax", DType::f32, blocks, s.absmax_v, size_t(s.blocks), at / size_t(block_));
+    }
+  }
+  return out;
+}
+
 void AdamWSlab::restore_state(const SafetensorsFile& file) {
-  NamedTensors mine;
-  collect_state(mine);
-  for (const auto& [name, dst] : mine) {
+  for (const StatePiece& p : state_pieces()) {
+    const std::string& name = p.name;
     if (!file.contains(name)) {
       const bool q8 = name.size() > 3 && (name.ends_with(".q8") || name.ends_with(".absmax"));
       LT_FAIL("optimizer state {} has no tensor '{}': the checkpoint was saved with {} states for this tensor "
@@ -190,11 +223,11 @@ void AdamWSlab::restore_state(const SafetensorsFile& file) {
               file.path(), name, q8 ? "f32 (or no)" : "8-bit (or no)", q8 ? "8-bit" : "f32");
     }
     const SafetensorsTensorInfo& info = file.info(name);
-    LT_CHECK(info.dtype == dst.dtype && info.shape == dst.shape,
+    LT_CHECK(info.dtype == p.dtype && info.shape == p.shape,
              "optimizer state {}: '{}' is {} {} in the file but {} {} here (different block size or model?)",
-             file.path(), name, dtype_name(info.dtype), shape_str(info.shape), dtype_name(dst.dtype),
-             shape_str(dst.shape));
-    std::memcpy(dst.data, file.view(name).data, dst.bytes());
+             file.path(), name, dtype_name(info.dtype), shape_str(info.shape), dtype_name(p.dtype),
+             shape_str(p.shape));
+    if (p.bytes) std::memcpy(p.data, static_cast<const uint8_t*>(file.view(name).data) + p.offset, p.bytes);
   }
 }
 
@@ -225,7 +258,7 @@ std::vector<OptimTensor> optim_tensors(const ModelConfig& model, SlabKind kind, 
   return out;
 }
 
-HybridAdamW::HybridAdamW(ModelSlabs& params, const ModelSlabs& grads, AdamWConfig cfg)
+HybridAdamW::HybridAdamW(ModelSlabs& params, const ModelSlabs& grads, AdamWConfig cfg, const OwnedRanges* owned)
     : params_(params), grads_(grads), cfg_(std::move(cfg)) {
   LT_CHECK(params.config() == grads.config(), "optimizer: parameters and gradients are of different models");
   LT_CHECK(params.matrix_dtype() == DType::f32 && grads.matrix_dtype() == DType::f32,
@@ -233,10 +266,20 @@ HybridAdamW::HybridAdamW(ModelSlabs& params, const ModelSlabs& grads, AdamWConfi
   LT_CHECK(cfg_.max_consecutive_skips >= 1, "max_consecutive_skips must be at least 1, got {}",
            cfg_.max_consecutive_skips);
   const ModelConfig& m = params.config();
-  embedding_ = AdamWSlab(optim_tensors(m, SlabKind::embedding, 0, cfg_), cfg_);
-  head_ = AdamWSlab(optim_tensors(m, SlabKind::head, 0, cfg_), cfg_);
-  for (int64_t i = 0; i < params.num_layers(); ++i)
-    layers_.emplace_back(optim_tensors(m, SlabKind::layer, i, cfg_), cfg_);
+  LT_CHECK(!owned || int64_t(owned->size()) == params.num_layers() + 2, "optimizer: owned ranges for {} slabs, the model has {}",
+           owned ? owned->size() : 0, params.num_layers() + 2);
+  auto tensors = [&](SlabKind kind, int64_t layer, size_t slot) {
+    std::vector<OptimTensor> ts = optim_tensors(m, kind, layer, cfg_);
+    if (owned) {
+      const auto& ranges = (*owned)[slot];
+      LT_CHECK_EQ(ranges.size(), ts.size(), "optimizer: owned ranges per tensor of a slab");
+      for (size_t i = 0; i < ts.size(); ++i) std::tie(ts[i].own_begin, ts[i].own_end) = ranges[i];
+    }
+    return ts;
+  };
+  embedding_ = AdamWSlab(tensors(SlabKind::embedding, 0, 0), cfg_);
+  for (int64_t i = 0; i < params.num_layers(); ++i) layers_.emplace_back(tensors(SlabKind::layer, i, size_t(1 + i)), cfg_);
+  head_ = AdamWSlab(tensors(SlabKind::head, 0, size_t(params.num_layers() + 1)), cfg_);
 }
 
 AdamWSlab& HybridAdamW::slab_state(SlabKind kind, int64_t layer) {
@@ -272,6 +315,7 @@ StepPlan HybridAdamW::plan_step(double grad_sum_of_squares) {
 
 void HybridAdamW::update(SlabKind kind, int64_t layer, const StepArgs& args, uint8_t* compute_copy) {
   slab_state(kind, layer).update(params_.slab(kind, layer), grads_.slab(kind, layer), args, compute_copy);
+  if (after_update_) after_update_(kind, layer, compute_copy);
 }
 
 void HybridAdamW::update_all(const StepArgs& args, ModelSlabs* compute_copy) {
@@ -296,18 +340,36 @@ StateReport HybridAdamW::state_report() const {
   return r;
 }
 
+std::vector<StatePiece> HybridAdamW::state_pieces() const {
+  std::vector<StatePiece> out = embedding_.state_pieces();
+  for (const AdamWSlab& l : layers_) {
+    std::vector<StatePiece> p = l.state_pieces();
+    out.insert(out.end(), std::make_move_iterator(p.begin()), std::make_move_iterator(p.end()));
+  }
+  std::vector<StatePiece> h = head_.state_pieces();
+  out.insert(out.end(), std::make_move_iterator(h.begin()), std::make_move_iterator(h.end()));
+  return out;
+}
+
+SafetensorsMetadata HybridAdamW::state_metadata() const {
+  return {{"lazytrain", "optimizer_state"},      {"optimizer", "adamw"},
+          {"step", std::to_string(step_)},       {"consecutive_skips", std::to_string(consecutive_skips_)},
+          {"block_size", std::to_string(cfg_.block_size)}, {"beta1", fmt::format("{}", cfg_.beta1)},
+          {"beta2", fmt::format("{}", cfg_.beta2)}, {"eps", fmt::format("{}", cfg_.eps)},
+          {"weight_decay", fmt::format("{}", cfg_.weight_decay)}};
+}
+
 void HybridAdamW::save_state(const std::string& path) const {
   NamedTensors tensors;
-  embedding_.collect_state(tensors);
-  for (const AdamWSlab& l : layers_) l.collect_state(tensors);
-  head_.collect_state(tensors);
-  const SafetensorsMetadata meta = {
-      {"lazytrain", "optimizer_state"},      {"optimizer", "adamw"},
-      {"step", std::to_string(step_)},       {"consecutive_skips", std::to_string(consecutive_skips_)},
-      {"block_size", std::to_string(cfg_.block_size)}, {"beta1", fmt::format("{}", cfg_.beta1)},
-      {"beta2", fmt::format("{}", cfg_.beta2)}, {"eps", fmt::format("{}", cfg_.eps)},
-      {"weight_decay", fmt::format("{}", cfg_.weight_decay)}};
-  write_safetensors(path, tensors, meta);
+  std::vector<AlignedBuffer<uint8_t>> storage;
+  if (gather_) {
+    tensors = gather_(state_pieces(), storage);
+  } else {
+    embedding_.collect_state(tensors);
+    for (const AdamWSlab& l : layers_) l.collect_state(tensors);
+    head_.collect_state(tensors);
+  }
+  write_safetensors(path, tensors, state_metadata());
 }
 
 void HybridAdamW::load_state(const std::string& path) {

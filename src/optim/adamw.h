@@ -15,6 +15,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <utility>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -65,8 +67,31 @@ struct OptimTensor {
   DType copy_dtype = DType::bf16;  // bf16 (matrices) or f32 (vectors) in the compute copy
   StatePrecision precision = StatePrecision::f32;
   bool decay = true;
+  // Data parallel (ZeRO-1): the elements [own_begin, own_end) this rank updates and keeps states for; the whole
+  // tensor by default (own_end -1). With 8-bit states own_begin is a multiple of the block size.
+  int64_t own_begin = 0, own_end = -1;
   int64_t numel() const { return shape_numel(shape); }
+  int64_t owned_end() const { return own_end < 0 ? numel() : own_end; }
+  int64_t owned() const { return owned_end() - own_begin; }
 };
+
+// This rank's part of one optimizer state tensor: `bytes` bytes at byte `offset` of the whole tensor (`dtype`,
+// `shape`). Without data parallelism every piece is the whole tensor.
+struct StatePiece {
+  std::string name;
+  DType dtype = DType::f32;
+  Shape shape;
+  uint8_t* data = nullptr;
+  size_t bytes = 0, offset = 0;
+};
+
+// Data parallel: the whole state tensors from every rank's pieces, for the checkpoint (dist/data_parallel.h).
+// Called by save_state on the rank that writes; returns views into `storage`.
+using StateGather = std::function<NamedTensors(const std::vector<StatePiece>& mine,
+                                               std::vector<AlignedBuffer<uint8_t>>& storage)>;
+// Data parallel: after a slab's update (the owned elements), every rank's updated part to every rank: the f32
+// masters and, when given, the compute copy.
+using AfterUpdate = std::function<void(SlabKind kind, int64_t layer, uint8_t* compute_copy)>;
 
 // One step's arguments for an update.
 struct StepArgs {
@@ -95,7 +120,8 @@ class AdamWSlab {
   void update(uint8_t* param, const uint8_t* grad, const StepArgs& args, uint8_t* copy = nullptr,
               VectorPath path = best_vector_path());
 
-  // Views of tensor i's state: f32 states fill m, v; 8-bit ones qm, qv, absmax_m, absmax_v ([blocks]).
+  // Views of tensor i's state for its owned elements (element own_begin + j at index j): f32 states fill m, v;
+  // 8-bit ones qm, qv, absmax_m, absmax_v ([blocks] of the owned elements).
   struct TensorState {
     float* m = nullptr;
     float* v = nullptr;
@@ -112,7 +138,10 @@ class AdamWSlab {
 
   // Checkpoint tensors: "<name>.exp_avg", "<name>.exp_avg_sq" (f32) or "<name>.exp_avg.q8" (u8 codes,
   // the parameter's shape) and "<name>.exp_avg.absmax" ([blocks] f32), the same for exp_avg_sq.
+  // collect_state: views of the whole tensors (a slab that owns every element); state_pieces: this rank's parts.
   void collect_state(NamedTensors& out) const;
+  std::vector<StatePiece> state_pieces() const;
+  // Reads this rank's part of every state tensor from a checkpoint of the whole tensors.
   void restore_state(const SafetensorsFile& file);
 
  private:
@@ -140,7 +169,12 @@ struct StepPlan {
 // and gradient slabs given at construction (both f32, same config; they must outlive the optimizer).
 class HybridAdamW {
  public:
-  HybridAdamW(ModelSlabs& params, const ModelSlabs& grads, AdamWConfig cfg);
+  // `owned` (data parallel): per slab (embedding, layers 0..L-1, head), per tensor, the elements [begin, end) this
+  // rank updates and keeps states for; null: every element.
+  using OwnedRanges = std::vector<std::vector<std::pair<int64_t, int64_t>>>;
+  HybridAdamW(ModelSlabs& params, const ModelSlabs& grads, AdamWConfig cfg, const OwnedRanges* owned = nullptr);
+  void set_state_gather(StateGather gather) { gather_ = std::move(gather); }
+  void set_after_update(AfterUpdate after) { after_update_ = std::move(after); }
 
   const AdamWConfig& config() const { return cfg_; }
 
@@ -165,8 +199,11 @@ class HybridAdamW {
   AdamWSlab& slab_state(SlabKind kind, int64_t layer = 0);
 
   // Every slab's state, the step count and the skip count, as one safetensors file (atomic); load checks
-  // that the file matches this model and configuration (tensor names, precision, block size).
+  // that the file matches this model and configuration (tensor names, precision, block size). A sharded
+  // optimizer saves through its StateGather (collective) and loads its own part.
   void save_state(const std::string& path) const;
+  std::vector<StatePiece> state_pieces() const;  // every slab's, in order
+  SafetensorsMetadata state_metadata() const;
   void load_state(const std::string& path);
 
  private:
@@ -177,6 +214,8 @@ class HybridAdamW {
   std::vector<AdamWSlab> layers_;
   int64_t step_ = 0;
   int consecutive_skips_ = 0;
+  StateGather gather_;
+  AfterUpdate after_update_;
 };
 
 // The tensors of one slab of `layout` for the optimizer: HF names, offsets in the f32 layout and in the

@@ -141,6 +141,23 @@ double accumulate_grad_slab(uint8_t* dst, const SlabLayout& dst_layout, const ui
   return slab_pass(dst, dst_layout, src, src_layout, mode);
 }
 
+double grad_chunk_sum_of_squares(const float* x, int64_t n) {
+  double acc = 0;
+  for (int64_t i = 0; i < n; ++i) acc += double(x[i]) * double(x[i]);
+  return acc;
+}
+
+double grad_sum_of_squares(const float* x, int64_t n) {
+  const int64_t chunks = (n + kAccumulateChunk - 1) / kAccumulateChunk;
+  std::vector<double> part(static_cast<size_t>(chunks), 0.0);
+  parallel_for(chunks, [&](int64_t c) {
+    part[size_t(c)] = grad_chunk_sum_of_squares(x + c * kAccumulateChunk, std::min(n - c * kAccumulateChunk, kAccumulateChunk));
+  });
+  double total = 0;
+  for (double p : part) total += p;
+  return total;
+}
+
 double grad_slab_sum_of_squares(const uint8_t* slab, const SlabLayout& layout) {
   return slab_pass(nullptr, layout, slab, layout, GradMode::overwrite);
 }

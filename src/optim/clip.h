@@ -61,6 +61,13 @@ double combine_grad_chunks(const std::vector<GradChunk>& chunks, const double* p
 // gradients copied straight into their place (the executor's overwrite mode), bit for bit the same sum.
 double grad_slab_sum_of_squares(const uint8_t* slab, const SlabLayout& layout);
 
+// Σ x² in double over fixed chunks (kAccumulateChunk elements, each summed in order by
+// grad_chunk_sum_of_squares) combined in order, starting from 0: the embedding gradient's partial norm (it
+// arrives by scatter-add, not through accumulate_grad). Deterministic whatever the thread count.
+double grad_sum_of_squares(const float* x, int64_t n);
+// One chunk of it (n <= kAccumulateChunk): a data-parallel owner of some of the table's chunks sums its own.
+double grad_chunk_sum_of_squares(const float* x, int64_t n);
+
 // The per-slab partial sums of one step. set() may be called from several threads for different slabs.
 // When a slab is accumulated again (next micro-batch, or the tied embedding receiving lm_head's gradient
 // after its own), its newer partial replaces the older: the partial must be of the final gradient.

@@ -21,8 +21,9 @@ std::string hms(double s) {
 
 }  // namespace
 
-RunLog::RunLog(const std::string& output_dir, int64_t total_steps, bool resume)
-    : dir_(output_dir), total_(total_steps), tty_(isatty(fileno(stderr))) {
+RunLog::RunLog(const std::string& output_dir, int64_t total_steps, bool resume, bool silent)
+    : dir_(output_dir), total_(total_steps), tty_(isatty(fileno(stderr))), silent_(silent) {
+  if (silent_) return;
   std::filesystem::create_directories(dir_);
   const std::string path = dir_ + "/metrics.jsonl";
   metrics_ = std::fopen(path.c_str(), resume ? "a" : "w");
@@ -53,6 +54,7 @@ void RunLog::draw(int64_t step, double elapsed_s, const std::string& tail) {
 }
 
 void RunLog::log_step(const nlohmann::json& m) {
+  if (silent_) return;
   const int64_t step = m.at("step").get<int64_t>();
   std::string line = m.dump() + "\n";
   LT_CHECK(std::fwrite(line.data(), 1, line.size(), metrics_) == line.size() && std::fflush(metrics_) == 0,
@@ -66,6 +68,7 @@ void RunLog::log_step(const nlohmann::json& m) {
 }
 
 void RunLog::log_eval(int64_t step, const nlohmann::json& m) {
+  if (silent_) return;
   nlohmann::json line = m;
   line["step"] = step;
   line["kind"] = "eval";
@@ -79,6 +82,7 @@ void RunLog::log_eval(int64_t step, const nlohmann::json& m) {
 }
 
 void RunLog::message(const std::string& text) {
+  if (silent_) return;
   if (tty_ && bar_drawn_) std::fprintf(stderr, "\r\033[K");
   std::fprintf(stderr, "%s\n", text.c_str());
   bar_drawn_ = false;
@@ -86,10 +90,12 @@ void RunLog::message(const std::string& text) {
 }
 
 void RunLog::tick(int64_t step, double elapsed_s) {
+  if (silent_) return;
   if (tty_) draw(step, elapsed_s, last_tail_);
 }
 
 void RunLog::finish() {
+  if (silent_) return;
   if (tty_ && bar_drawn_) std::fprintf(stderr, "\n");
   bar_drawn_ = false;
   tb_->flush();

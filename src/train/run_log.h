@@ -15,8 +15,9 @@ namespace lt {
 
 class RunLog {
  public:
-  // total_steps for the ETA; `resume` appends to an existing metrics.jsonl instead of starting it anew.
-  RunLog(const std::string& output_dir, int64_t total_steps, bool resume);
+  // total_steps for the ETA; `resume` appends to an existing metrics.jsonl instead of starting it anew. `silent`:
+  // shows and writes nothing (a data-parallel rank other than 0).
+  RunLog(const std::string& output_dir, int64_t total_steps, bool resume, bool silent = false);
   ~RunLog();
 
   // A logging step: `m` must hold "step", "loss", "lr", "tokens_per_s"; every number goes to TensorBoard
@@ -35,6 +36,7 @@ class RunLog {
   std::string dir_;
   int64_t total_;
   bool tty_;
+  bool silent_;
   bool bar_drawn_ = false;
   std::string last_tail_;
   FILE* metrics_ = nullptr;

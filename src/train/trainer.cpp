@@ -3,6 +3,7 @@
 
 #include <sys/statvfs.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fmt/format.h>
@@ -15,6 +16,8 @@
 #include "core/timer.h"
 #include "core/units.h"
 #include "device/device.h"
+#include "dist/comm.h"
+#include "dist/data_parallel.h"
 #include "exec/backend.h"
 #include "exec/executor.h"
 #include "io/json_file.h"
@@ -57,22 +60,23 @@ size_t host_memory_budget(const TrainConfig& c) {
 // What the budget is called in messages.
 const char* host_memory_name(const TrainConfig& c) { return c.host_memory == "auto" ? "MemAvailable" : "host_memory"; }
 
-// Host bytes per parameter the run keeps: f32 masters and gradients, the bf16 compute copy, optimizer states.
-double host_bytes_per_parameter(const TrainConfig& c) {
-  const double states = c.optimizer_state_bits == 8 ? 2.05 : 8.0;
+// Host bytes per parameter a rank keeps: f32 masters and gradients, the bf16 compute copy, its 1/ranks of the
+// optimizer states.
+double host_bytes_per_parameter(const TrainConfig& c, int ranks) {
+  const double states = (c.optimizer_state_bits == 8 ? 2.05 : 8.0) / ranks;
   return 4 + 4 + (c.compute_dtype == "bf16" ? 2 : 0) + states;
 }
 
 // Before any weight is read: a model whose parameters alone (masters, gradients, compute copy, optimizer states)
 // exceed the host budget is refused with the numbers, instead of failing part way through loading.
-void check_host_memory_for_parameters(const TrainConfig& c) {
+void check_host_memory_for_parameters(const TrainConfig& c, int ranks) {
   const size_t budget = host_memory_budget(c);
   if (budget == 0) return;
   fs::path p(c.model_name_or_path);
   if (fs::is_directory(p)) p /= "config.json";
   if (!fs::is_regular_file(p)) return;  // load_model_source names what is missing
   const ModelConfig mc = load_model_config(p.string());
-  const double need = double(mc.num_parameters()) * host_bytes_per_parameter(c);
+  const double need = double(mc.num_parameters()) * host_bytes_per_parameter(c, ranks);
   LT_CHECK(need < double(budget),
            "host memory: {} parameters need {} on the host (f32 weights and gradients{}, {}-bit optimizer states) "
            "before any activation, but {} is {}; lower the model size, or use a host with more memory",
@@ -108,9 +112,14 @@ ModelSource load_model_source(const TrainConfig& c) {
   return m;
 }
 
-nlohmann::json result_config(const TrainConfig& c) {
+// The keys whose values change a run's results, as saved with its checkpoints. Data parallel: what changes
+// results is the global number of micro-batches per step (ranks × gradient_accumulation_steps), not how they are
+// dealt, so that is saved instead and a run resumes on any number of ranks that keeps it.
+nlohmann::json result_config(const TrainConfig& c, int ranks) {
   nlohmann::json all = c.to_json(), out;
-  for (const auto& k : TrainConfig::result_keys()) out[k] = all[k];
+  for (const auto& k : TrainConfig::result_keys())
+    if (k != "gradient_accumulation_steps") out[k] = all[k];
+  out["global_micro_batches"] = c.gradient_accumulation_steps * ranks;
   return out;
 }
 
@@ -170,6 +179,10 @@ DataLoader load_train_data(const TrainConfig& c, const Tokenizer& tok, const Cha
 
 TrainResult run_training(const TrainConfig& asked) {
   Timer run_timer;
+  // Data parallel (`mpirun -np N lazytrain train ...`): every rank runs this function; rank 0 alone writes.
+  const Comm& comm = Comm::world();
+  const bool lead = comm.rank() == 0;
+  const int ranks = comm.size();
   TrainConfig c = asked;
   std::string compute_why;
   c.compute_dtype = resolve_compute_dtype(asked.compute_dtype, asked.device, &compute_why);
@@ -177,7 +190,7 @@ TrainResult run_training(const TrainConfig& asked) {
   const ComputeType compute = c.compute_dtype == "bf16" ? ComputeType::bf16 : ComputeType::f32;
   const DType activations = device_activation_storage(asked.device, asked.activation_dtype, compute, "activation_dtype");
   c.activation_dtype = dtype_name(activations);  // resolved, as recorded with checkpoints
-  check_host_memory_for_parameters(c);            // before anything is written or loaded
+  check_host_memory_for_parameters(c, ranks);            // before anything is written or loaded
   fs::create_directories(c.output_dir);
   if (!c.nvme_dir.empty()) ensure_nvme_dir(c.nvme_dir);
 
@@ -195,15 +208,25 @@ TrainResult run_training(const TrainConfig& asked) {
   const ModelConfig& mc = model.config;
   Tokenizer tok = Tokenizer::load(model.dir);
   ChatTemplate tpl(train_template_kind(c, mc.type), tok);
-  DataLoader loader = load_train_data(c, tok, tpl);
-  const int64_t steps_per_epoch =
-      std::max<int64_t>(1, loader.steps_per_epoch() / c.gradient_accumulation_steps);
+  // Rank 0 tokenises (and writes the data cache) first; the others then read the cache it wrote.
+  std::optional<DataLoader> loaded;
+  if (lead) loaded.emplace(load_train_data(c, tok, tpl));
+  comm.barrier();
+  if (!lead) loaded.emplace(load_train_data(c, tok, tpl));
+  DataLoader& loader = *loaded;
+  // A step is `micro_per_step` micro-batches: rank r runs a·N + r of them (a = 0..A-1), as one process with N·A
+  // accumulation steps would run them all, in that order.
+  const int64_t micro_per_step = c.gradient_accumulation_steps * ranks;
+  const int64_t steps_per_epoch = std::max<int64_t>(1, loader.steps_per_epoch() / micro_per_step);
   const int64_t total_steps =
       c.max_steps > 0 ? c.max_steps : int64_t(std::ceil(c.num_train_epochs * double(steps_per_epoch)));
   const int64_t warmup = c.warmup_steps > 0 ? c.warmup_steps : int64_t(std::ceil(c.warmup_ratio * double(total_steps)));
   const LrSchedule schedule{c.lr_scheduler_type, c.learning_rate, warmup, total_steps};
 
-  RunLog log(c.output_dir, total_steps, !resume_dir.empty());
+  RunLog log(c.output_dir, total_steps, !resume_dir.empty(), /*silent=*/!lead);
+  if (ranks > 1)
+    log.message(fmt::format("data parallel: {} ranks x {} micro-batches per step (global batch {} rows)", ranks,
+                            c.gradient_accumulation_steps, micro_per_step * c.per_device_train_batch_size));
   log.message(fmt::format("model: {} ({}, {} layers, {:.1f}M parameters{})", c.model_name_or_path,
                           model_type_name(mc.type), mc.num_layers, double(mc.num_parameters()) / 1e6,
                           model.from_scratch ? ", random init" : ""));
@@ -260,7 +283,7 @@ TrainResult run_training(const TrainConfig& asked) {
   {
     // Host memory: masters + grads + bf16 copy + optimizer states + host activations.
     const double host_need =
-        double(mc.num_parameters()) * host_bytes_per_parameter(c) + double(ws.host_activation_bytes);
+        double(mc.num_parameters()) * host_bytes_per_parameter(c, ranks) + double(ws.host_activation_bytes);
     const size_t avail = host_memory_budget(c);
     LT_CHECK(avail == 0 || host_need < double(avail),
              "host memory: the run needs about {} (weights, gradients, optimizer states, host activations {}) but "
@@ -310,16 +333,27 @@ TrainResult run_training(const TrainConfig& asked) {
   ac.weight_decay = c.weight_decay;
   ac.max_grad_norm = c.max_grad_norm;
   ac.matrix_states = c.optimizer_state_bits == 8 ? StatePrecision::q8 : StatePrecision::f32;
-  HybridAdamW opt(model.params, grads, ac);
-  log.message(fmt::format("optimizer: AdamW, {}-bit states, {:.2f} bytes/parameter", c.optimizer_state_bits,
-                          opt.state_report().bytes_per_parameter()));
+  // Data parallel: gradients reduce-scattered to their owners, the optimizer's states sharded the same way.
+  std::unique_ptr<DataParallelGrads> dp;
+  if (ranks > 1) dp = std::make_unique<DataParallelGrads>(comm, grads);
+  HybridAdamW opt(model.params, grads, ac, dp ? &dp->owned_ranges() : nullptr);
+  if (dp) dp->attach(opt, model.params, copy ? &*copy : nullptr);
+  const StateReport states = opt.state_report();
+  log.message(fmt::format("optimizer: AdamW, {}-bit states, {:.2f} bytes/parameter{}", c.optimizer_state_bits,
+                          states.bytes_per_parameter(),
+                          dp ? fmt::format("; rank 0 keeps them for {:.1f}M of the {:.1f}M parameters ({})",
+                                           double(states.parameters) / 1e6, double(mc.num_parameters()) / 1e6,
+                                           format_bytes(double(states.state_bytes)))
+                             : ""));
 
   // --- resume ---
   int64_t step = 0;
   if (!resume_dir.empty()) {
     const ResumeState st = parse_resume_state(load_checkpoint(resume_dir, model.params, opt), resume_dir + "/resume/state.json");
-    const nlohmann::json& saved = st.config;
-    const nlohmann::json now = result_config(c);
+    nlohmann::json saved = st.config;
+    const nlohmann::json now = result_config(c, ranks);
+    if (!saved.contains("global_micro_batches") && saved.contains("gradient_accumulation_steps"))
+      saved["global_micro_batches"] = saved["gradient_accumulation_steps"];  // saved before data parallelism
     std::string diff;
     for (const auto& [k, v] : now.items())
       if (!saved.contains(k) || saved[k] != v)
@@ -342,9 +376,14 @@ TrainResult run_training(const TrainConfig& asked) {
     pending.reset();
     ++weights_version;
   };
-  auto save = [&](int64_t at_step) {
-    flush_update();
-    nlohmann::json st = {{"cursor", loader.cursor().to_json()}, {"config", result_config(c)}};
+  auto save = [&](int64_t at_step) -> std::string {
+    flush_update();  // on every rank: the weights stay the same everywhere
+    if (!lead) {
+      dp->send_optimizer_state(opt);  // rank 0's save_state gathers it
+      return {};
+    }
+    nlohmann::json st = {{"cursor", loader.cursor().to_json()}, {"config", result_config(c, ranks)},
+                         {"world_size", ranks}};
     std::string path = save_checkpoint(writer, at_step, model.params, opt, st, model.extras);
     log.message("saved " + path);
     return path;
@@ -356,6 +395,7 @@ TrainResult run_training(const TrainConfig& asked) {
   auto evaluate = [&](int64_t at_step) {
     if (eval_specs.empty()) return;
     flush_update();
+    if (!lead) return;
     Timer t;
     EvalResult er = evaluate_exact_match(model.params, tok, tpl, eval_specs, EvalOptions{});
     last_eval = {{"exact_match", er.exact_match()}, {"total", er.total}, {"correct", er.correct},
@@ -376,27 +416,40 @@ TrainResult run_training(const TrainConfig& asked) {
     Timer step_timer;
     const double lr = schedule.at(step);
     // All micro-batches first: the loss is the mean over every counted token of the optimizer step.
+    // Every rank draws every micro-batch of the step (the loader is deterministic), so each knows the step's
+    // token count and the cursor moves the same everywhere; rank r runs a·N + r.
     std::vector<Batch> micro;
     int64_t counted = 0;
-    for (int64_t m = 0; m < c.gradient_accumulation_steps; ++m) {
+    for (int64_t m = 0; m < micro_per_step; ++m) {
       micro.push_back(loader.next());
       counted += StepTokens::make(micro.back()).count;
+      win.tokens += micro.back().N();
+      tokens_total += micro.back().N();
     }
     LT_CHECK(counted > 0, "step {}: no trainable token in the batch (every label is -100)", step);
     GradNormPartials partials(mc.num_layers);
-    double loss_sum = 0;
-    for (size_t m = 0; m < micro.size(); ++m) {
-      GradTarget target{&partials, m == 0 ? GradMode::overwrite : GradMode::add, counted};
+    std::vector<double> my_loss;  // [A]: this rank's micro-batches' loss sums
+    for (int64_t a = 0; a < c.gradient_accumulation_steps; ++a) {
+      const Batch& batch = micro[size_t(a * ranks + comm.rank())];
+      GradTarget target{dp ? nullptr : &partials, a == 0 ? GradMode::overwrite : GradMode::add, counted, dp.get()};
       // The weights change with the first micro-batch's pending update; the others start on the layers
       // the previous micro-batch's backward left on the device.
-      if (m == 0 && pending) ++weights_version;
-      StepStats st = executor.step(grads, model.params, weights, micro[m], plan, nullptr,
-                                   m == 0 && pending ? &*pending : nullptr, target, weights_version);
-      if (m == 0) pending.reset();
-      loss_sum += st.loss_sum;
+      if (a == 0 && pending) ++weights_version;
+      StepStats st = executor.step(grads, model.params, weights, batch, plan, nullptr,
+                                   a == 0 && pending ? &*pending : nullptr, target, weights_version);
+      if (a == 0) pending.reset();
+      my_loss.push_back(st.loss_sum);
       win.add(st);
-      win.tokens += micro[m].N();
-      tokens_total += micro[m].N();
+    }
+    double loss_sum = 0;  // in the global micro-batch order, as one process adds them
+    if (dp) {
+      std::vector<double> losses(my_loss.size() * size_t(ranks));
+      comm.allgather(my_loss.data(), my_loss.size() * sizeof(double), losses.data());
+      for (int64_t m = 0; m < micro_per_step; ++m)
+        loss_sum += losses[size_t(m % ranks) * my_loss.size() + size_t(m / ranks)];
+      dp->finish_step(partials);
+    } else {
+      for (double l : my_loss) loss_sum += l;
     }
     StepPlan sp = opt.plan_step(partials.sum_of_squares());
     if (sp.skip) log.message(fmt::format("step {}: non-finite gradient norm, step skipped", step + 1));
@@ -437,8 +490,13 @@ TrainResult run_training(const TrainConfig& asked) {
     const bool saved = c.save_steps > 0 && done % c.save_steps == 0 && done < total_steps;
     if (saved) stop_checkpoint = save(done);
     if (c.eval_steps > 0 && done % c.eval_steps == 0 && done < total_steps) evaluate(done);
-    if (stop.requested() && done < total_steps) {
-      stopped_by = stop.name();
+    // A signal reaches the ranks at different moments: they stop together, at the first step any rank saw it.
+    const bool stop_now = dp ? [&] {
+      const std::vector<int64_t> seen = comm.allgather_int(stop.requested() ? 1 : 0);
+      return std::find(seen.begin(), seen.end(), 1) != seen.end();
+    }() : stop.requested();
+    if (stop_now && done < total_steps) {
+      stopped_by = stop.requested() ? stop.name() : "SIGTERM";  // seen by another rank
       if (!c.save_on_signal) stop_checkpoint.clear();
       else if (!saved) stop_checkpoint = save(done);
       log.message(fmt::format("{} at step {}: stopped{}", stopped_by, done,
@@ -473,7 +531,12 @@ TrainResult run_training(const TrainConfig& asked) {
     r.summary["eval_exact_match"] = last_eval["exact_match"];
     r.summary["eval"] = last_eval;
   }
-  write_json_file(c.output_dir + "/summary.json", r.summary);
+  r.summary["host_optimizer_state_bytes_per_rank"] = states.state_bytes;
+  if (dp) {
+    r.summary["world_size"] = ranks;
+    r.summary["exchange_bytes_per_rank"] = dp->bytes_sent();  // rank 0's
+  }
+  if (lead) write_json_file(c.output_dir + "/summary.json", r.summary);
   return r;
 }
 

@@ -12,7 +12,10 @@
 #include "core/dtype.h"
 #include "core/rng.h"
 #include "dist/comm.h"
+#include "dist/data_parallel.h"
 #include "dist/grad_exchange.h"
+#include "model/weights.h"
+#include "ops/embedding.h"
 #include "optim/kernels.h"
 #include "testing/model_testing.h"
 
@@ -103,6 +106,65 @@ TEST(GradExchange, ShardsAndNormEqualTheOneProcessAccumulationBitwise) {
             << dtype_name(src_dtype) << (mode == GradMode::overwrite ? ", overwrite" : ", add");
       }
     }
+  }
+}
+
+TEST(DataParallelGrads, EmbeddingReplayAndNormsEqualTheOneProcessStepBitwise) {
+  // The table: 1031 x 136 = 5 chunks whose boundaries cut rows; each rank's micro-batch has its own token count
+  // and repeated ids. One process per micro-batch m = a·N + r: lm_head's part (tied) then the scatter of dx0.
+  const Comm& comm = Comm::world();
+  const int n = comm.size(), me = comm.rank();
+  for (bool tied : {true, false}) {
+    testing::SmallShape shape;
+    shape.vocab = 1031, shape.hidden = 136, shape.intermediate = 72, shape.layers = 2, shape.tied = tied;
+    const ModelConfig cfg = testing::small_model_config(ModelType::qwen3, shape);
+    const int64_t V = cfg.vocab_size, C = cfg.hidden_size;
+    ModelSlabs expected(cfg), actual(cfg);
+    DataParallelGrads dp(comm, actual);
+    const SlabLayout& el = actual.layout(SlabKind::embedding);
+    auto micro = [&](int a, int r) {  // rank r's micro-batch a: ids, dx0 rows, tied part
+      Rng rng(seed_of(a, r) * 31);
+      const int64_t N = 40 + 7 * r + a;
+      std::vector<int32_t> ids(static_cast<size_t>(N));
+      for (auto& id : ids) id = int32_t(rng.next_u64() % uint64_t(r % 2 ? 17 : V));  // odd ranks: many repeats
+      std::vector<float> rows(static_cast<size_t>(N * C));
+      for (auto& x : rows) x = float(0.01 * rng.normal()) + 1e-4f;
+      return std::tuple{ids, rows, random_slab(el, seed_of(a, r) + 500)};
+    };
+    double expected_sq = 0;
+    GradNormPartials partials(cfg.num_layers);
+    for (int a = 0; a < 2; ++a) {
+      const GradMode mode = a == 0 ? GradMode::overwrite : GradMode::add;
+      float* table = expected.tensor(SlabKind::embedding, 0, "embed_tokens.weight").ptr<float>();
+      for (int r = 0; r < n; ++r) {
+        auto [ids, rows, part] = micro(a, r);
+        const GradMode m = a == 0 && r == 0 ? GradMode::overwrite : GradMode::add;
+        if (tied) accumulate_grad_slab(expected.slab(SlabKind::embedding), el, part.data(), el, m);
+        else if (m == GradMode::overwrite) std::fill(table, table + V * C, 0.0f);
+        embedding_backward(table, rows.data(), ids.data(), int64_t(ids.size()), C, V);
+      }
+      expected_sq = grad_sum_of_squares(table, V * C);
+      // This rank's micro-batch: the other slabs too (finish_step needs every slab), then the table.
+      for (int64_t l = 0; l < cfg.num_layers; ++l) {
+        const SlabLayout& ll = actual.layout(SlabKind::layer, l);
+        dp.slab(SlabKind::layer, l, actual.layer(l), ll, random_slab(ll, seed_of(a, me) + 9).data(), ll, mode);
+      }
+      const SlabLayout& hl = actual.layout(SlabKind::head);
+      dp.slab(SlabKind::head, 0, actual.slab(SlabKind::head), hl, random_slab(hl, seed_of(a, me) + 3).data(), hl, mode);
+      auto [ids, rows, part] = micro(a, me);
+      dp.embedding(actual.slab(SlabKind::embedding), el, tied ? part.data() : nullptr, rows.data(), ids.data(),
+                   int64_t(ids.size()), mode);
+    }
+    dp.finish_step(partials);
+    double got_sq = 0;
+    for (int64_t l = 0; l < cfg.num_layers; ++l) partials.set(SlabKind::layer, l, 0.0);  // the table's alone
+    partials.set(SlabKind::head, 0, 0.0);
+    got_sq = partials.sum_of_squares();
+    EXPECT_EQ(0, std::memcmp(&got_sq, &expected_sq, sizeof(double)))
+        << "rank " << me << " of " << n << (tied ? ", tied" : ", untied") << ": " << got_sq << " vs " << expected_sq;
+    allgather_shards(comm, actual.slab(SlabKind::embedding), el, dp.shards(SlabKind::embedding, 0));
+    EXPECT_EQ(0, std::memcmp(actual.slab(SlabKind::embedding), expected.slab(SlabKind::embedding), el.bytes()))
+        << "rank " << me << " of " << n << (tied ? ", tied" : ", untied") << ": the table differs";
   }
 }
 

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/cpu_features.h"
@@ -134,6 +135,26 @@ TEST(Embedding, BitsIndependentOfThreadCount) {
     return d;
   });
   EXPECT_TRUE(bits_equal(a, b));
+}
+
+TEST(Embedding, RangeAddsExactlyWhatTheWholeBackwardAddsThereAndNothingElsewhere) {
+  // A data-parallel owner replays every rank's scatter into its part of the table (dist/data_parallel.h): ranges
+  // that cut rows anywhere, empty ones, the whole table; repeated ids; C not a multiple of the column block.
+  const int64_t N = 300, C = 200, V = 37;
+  auto ids = random_ids(N, V, 16);
+  Vec dout = random_vector(size_t(N * C), 17), start = random_vector(size_t(V * C), 18);
+  Vec whole = start;
+  embedding_backward(whole.data(), dout.data(), ids.data(), N, C, V);
+  const TokenGroups groups = group_tokens_by_id(ids.data(), N, V);
+  for (auto [first, last] : std::vector<std::pair<int64_t, int64_t>>{
+           {0, V * C}, {0, 1}, {77, 77}, {C - 3, 2 * C + 5}, {131, 5 * C - 1}, {V * C - 129, V * C}, {1000, 4321}}) {
+    Vec part = start;
+    embedding_backward_range(part.data(), dout.data(), groups, C, first, last);
+    for (int64_t i = 0; i < V * C; ++i) {
+      const float want = i >= first && i < last ? whole[size_t(i)] : start[size_t(i)];
+      ASSERT_EQ(std::memcmp(&part[size_t(i)], &want, 4), 0) << "range [" << first << ", " << last << ") element " << i;
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------------------------------------

@@ -174,6 +174,88 @@ TEST(HybridAdamW, PerSlabUpdatesInAnyOrderOrConcurrentlyGiveTheSameBits) {
   EXPECT_TRUE(slab_bytes(copy) == slab_bytes(want));
 }
 
+// Data parallel (ZeRO-1): three "ranks" each own a block-aligned third of every tensor (some own nothing of small
+// tensors) and keep states for it alone. Each rank's elements of the masters and the compute copy, and its state
+// pieces laid side by side, are the whole optimizer's bits; a whole state file loads into the parts.
+TEST(HybridAdamW, ShardedOptimizersUpdateTheirElementsAsTheWholeOneDoes) {
+  constexpr int kRanks = 3;
+  Model whole;
+  HybridAdamW ow(whole.params, whole.grads, AdamWConfig{});
+  ModelSlabs whole_copy(whole.cfg, DType::bf16);
+  run_steps(whole, ow, 3, Order::step_call, &whole_copy);
+  testing::TempDir dir;
+  ow.save_state(dir.file("whole.safetensors"));
+
+  auto ranges_for = [&](int rank) {  // [L + 2][tensors]: a block-aligned third of each tensor
+    HybridAdamW::OwnedRanges owned;
+    auto slab = [&](SlabKind kind, int64_t layer) {
+      std::vector<std::pair<int64_t, int64_t>> r;
+      for (const SlabEntry& e : whole.params.layout(kind, layer).entries()) {
+        auto cut = [&](int k) { return k == kRanks ? e.numel() : e.numel() * k / kRanks / 256 * 256; };
+        r.push_back({cut(rank), cut(rank + 1)});
+      }
+      owned.push_back(r);
+    };
+    slab(SlabKind::embedding, 0);
+    for (int64_t l = 0; l < whole.params.num_layers(); ++l) slab(SlabKind::layer, l);
+    slab(SlabKind::head, 0);
+    return owned;
+  };
+  std::vector<std::vector<uint8_t>> pieces(ow.state_pieces().size());  // each state tensor's bytes, ranks side by side
+  size_t state_total = 0;
+  for (int rank = 0; rank < kRanks; ++rank) {
+    Model m;
+    const HybridAdamW::OwnedRanges owned = ranges_for(rank);
+    HybridAdamW opt(m.params, m.grads, AdamWConfig{}, &owned);
+    ModelSlabs copy(m.cfg, DType::bf16);
+    run_steps(m, opt, 3, Order::step_call, &copy);
+    state_total += opt.state_report().state_bytes;
+    size_t s = 0;
+    auto check = [&](SlabKind kind, int64_t layer) {
+      const auto& me = owned[s++];
+      const auto& fl = m.params.layout(kind, layer).entries();
+      const auto& cl = copy.layout(kind, layer).entries();
+      for (size_t i = 0; i < fl.size(); ++i) {
+        const auto [b, e] = me[i];
+        EXPECT_EQ(0, std::memcmp(m.params.slab(kind, layer) + fl[i].offset + b * 4,
+                                 whole.params.slab(kind, layer) + fl[i].offset + b * 4, size_t(e - b) * 4))
+            << "rank " << rank << ": masters of " << fl[i].name;
+        const size_t cs = dtype_size(cl[i].dtype);
+        EXPECT_EQ(0, std::memcmp(copy.slab(kind, layer) + cl[i].offset + size_t(b) * cs,
+                                 whole_copy.slab(kind, layer) + cl[i].offset + size_t(b) * cs, size_t(e - b) * cs))
+            << "rank " << rank << ": compute copy of " << fl[i].name;
+      }
+    };
+    check(SlabKind::embedding, 0);
+    for (int64_t l = 0; l < m.params.num_layers(); ++l) check(SlabKind::layer, l);
+    check(SlabKind::head, 0);
+    const std::vector<StatePiece> mine = opt.state_pieces();
+    ASSERT_EQ(mine.size(), pieces.size());
+    for (size_t i = 0; i < mine.size(); ++i) {
+      ASSERT_EQ(mine[i].offset, pieces[i].size()) << "rank " << rank << ": " << mine[i].name << " is not the next part";
+      pieces[i].insert(pieces[i].end(), mine[i].data, mine[i].data + mine[i].bytes);
+    }
+    // The whole optimizer's file loads into this rank's parts.
+    Model fresh;
+    HybridAdamW loaded(fresh.params, fresh.grads, AdamWConfig{}, &owned);
+    loaded.load_state(dir.file("whole.safetensors"));
+    const std::vector<StatePiece> got = loaded.state_pieces();
+    for (size_t i = 0; i < got.size(); ++i)
+      EXPECT_EQ(0, std::memcmp(got[i].data, mine[i].data, mine[i].bytes)) << "rank " << rank << ": " << got[i].name;
+  }
+  NamedTensors full;
+  ow.slab_state(SlabKind::embedding).collect_state(full);
+  for (int64_t l = 0; l < whole.params.num_layers(); ++l) ow.slab_state(SlabKind::layer, l).collect_state(full);
+  ow.slab_state(SlabKind::head).collect_state(full);
+  const std::vector<StatePiece> order = ow.state_pieces();
+  for (size_t i = 0; i < order.size(); ++i) {
+    const TensorView& v = full.at(order[i].name);
+    ASSERT_EQ(pieces[i].size(), v.bytes()) << order[i].name;
+    EXPECT_EQ(0, std::memcmp(pieces[i].data(), v.data, v.bytes())) << order[i].name;
+  }
+  EXPECT_EQ(state_total, ow.state_report().state_bytes);  // nothing kept twice: every 8-bit block has one owner
+}
+
 TEST(HybridAdamW, BitsDoNotDependOnTheThreadCount) {
   const int saved = num_threads();
   std::vector<std::vector<uint8_t>> results;

@@ -12,6 +12,7 @@
 // 2.2 ms (30 GB/s), backward 6 ms (17 GB/s).
 #include "ops/embedding.h"
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -64,24 +65,32 @@ TokenGroups group_tokens_by_id(const int32_t* ids, int64_t N, int64_t V) {
 
 void embedding_backward(float* dtable, const float* dout, const int32_t* ids, int64_t N, int64_t C, int64_t V) {
   LT_OPS_OVERRIDE(embedding_backward, dtable, dout, ids, N, C, V);
-  const TokenGroups groups = group_tokens_by_id(ids, N, V);
   LT_CHECK(C > 0, "embedding_backward: bad size C={}", C);
+  embedding_backward_range(dtable, dout, group_tokens_by_id(ids, N, V), C, 0, V * C);
+}
 
-  // dtable[V, C] += Σ_{n: ids[n] = v} dout[n, :]
+void embedding_backward_range(float* dtable, const float* dout, const TokenGroups& groups, int64_t C, int64_t first,
+                              int64_t last) {
+  LT_CHECK(C > 0 && 0 <= first && first <= last, "embedding_backward_range: bad range [{}, {}) with C={}", first,
+           last, C);
+  // dtable[V, C] += Σ_{n: ids[n] = v} dout[n, :], elements [first, last) only
   parallel_chunks(C, kColChunk, [&](int64_t c0, int64_t c1) {
-    const int64_t w = c1 - c0;
     double acc[kColChunk];
     for (size_t i = 0; i < groups.present.size(); ++i) {
+      const int64_t row = int64_t(groups.present[i]) * C;
+      const int64_t b = std::max(c0, first - row), e = std::min(c1, last - row);  // this row's columns in range
+      if (b >= e) continue;
+      const int64_t w = e - b;
       const int64_t k0 = groups.start[i], k1 = groups.start[i + 1];
-      float* dst = dtable + int64_t(groups.present[i]) * C + c0;
+      float* dst = dtable + row + b;
       if (k1 - k0 == 1) {  // the common case: float(double(x)) == x, so add the row directly
-        const float* g = dout + int64_t(groups.order[size_t(k0)]) * C + c0;
+        const float* g = dout + int64_t(groups.order[size_t(k0)]) * C + b;
         for (int64_t j = 0; j < w; ++j) dst[j] += g[j];
         continue;
       }
       for (int64_t j = 0; j < w; ++j) acc[j] = 0.0;
       for (int64_t k = k0; k < k1; ++k) {
-        const float* g = dout + int64_t(groups.order[size_t(k)]) * C + c0;
+        const float* g = dout + int64_t(groups.order[size_t(k)]) * C + b;
         for (int64_t j = 0; j < w; ++j) acc[j] += double(g[j]);
       }
       for (int64_t j = 0; j < w; ++j) dst[j] += float(acc[j]);

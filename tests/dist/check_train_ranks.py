@@ -1,0 +1,137 @@
+#!/usr/bin/python3
+"""Data parallel training under mpirun is bitwise the one-process run with the same global batch.
+
+N ranks x A accumulation steps deal the micro-batches one process with N*A accumulation steps runs, and the
+gradients are summed in that order (dist/data_parallel.h), so for 1 x 6, 2 x 3 and 3 x 2 the checkpoints
+(model, f32 masters, optimizer states) are byte-identical and metrics.jsonl has the same loss and gradient norm
+at every step — with tied and untied embeddings (the tied lm_head's part of the table is replayed rank by rank).
+Also: a run saved on 2 ranks resumes on 3 and on 1 and ends byte-identical to the uninterrupted run; rank 0 alone
+writes and prints; each rank keeps optimizer states for about 1/N of the parameters; a rank killed mid-run ends the whole job with a non-zero exit, leaving only whole checkpoints.
+
+Usage: check_train_ranks.py --lazytrain BIN --mpirun MPIEXEC"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "train"))
+from arith_work import CONFIG, arith_work  # noqa: E402
+
+FILES = ("model.safetensors", "resume/optimizer.safetensors", "resume/params.safetensors")
+ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1")
+
+
+def fail(msg):
+    sys.exit(f"FAIL: {msg}")
+
+
+def metrics(out):
+    rows = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl")) if '"loss"' in l]
+    return [(r["step"], r["loss"], r["grad_norm"], r["lr"]) for r in rows]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lazytrain", required=True)
+    ap.add_argument("--mpirun", required=True)
+    a = ap.parse_args()
+
+    def train(ranks, out, extra, check=True, wrapper=None, timeout=600):
+        cmd = [a.lazytrain, "train", CONFIG, f"output_dir={out}"] + extra
+        if wrapper:
+            cmd = wrapper + cmd
+        if ranks > 1 or wrapper:
+            cmd = [a.mpirun, "--oversubscribe", "-np", str(ranks)] + cmd
+        p = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=timeout)
+        if check and p.returncode != 0:
+            fail(f"{ranks} ranks exited {p.returncode}: {' '.join(cmd)}\n{p.stderr[-3000:]}")
+        return p
+
+    def same(ref, out, step, what):
+        for name in FILES:
+            x = open(os.path.join(ref, f"checkpoint-{step}", name), "rb").read()
+            y = open(os.path.join(out, f"checkpoint-{step}", name), "rb").read()
+            if x != y:
+                fail(f"{what}: checkpoint-{step}/{name} differs from the one-process run")
+
+    with arith_work("lt_dist_train_", 240, 6) as (work, paths):
+        common = paths + ["per_device_train_batch_size=2", "max_steps=4", "save_steps=2", "eval_steps=3",
+                          "save_total_limit=3", "logging_steps=1", "cutoff_len=96", "device_memory=512MiB",
+                          "plan=every:2", "threads=1", "compute_dtype=bf16", "optimizer_state_bits=8"]
+        model = json.load(open(os.path.join(work, "model/config.json")))
+        deals = [(1, 6), (2, 3), (3, 2)]
+        for tied in (True, False):
+            model["tie_word_embeddings"] = tied
+            json.dump(model, open(os.path.join(work, "model/config.json"), "w"))
+            outs = {}
+            for ranks, accum in deals:
+                out = os.path.join(work, f"{'tied' if tied else 'untied'}-{ranks}x{accum}")
+                p = train(ranks, out, common + [f"gradient_accumulation_steps={accum}"])
+                outs[ranks] = out
+                if ranks > 1:
+                    same(outs[1], out, 4, f"{ranks} ranks x {accum} (tied: {tied})")
+                    if metrics(out) != metrics(outs[1]):
+                        fail(f"{ranks} ranks: metrics differ:\n{metrics(out)}\n{metrics(outs[1])}")
+                    # Rank 0 alone prints: one summary line on stdout, no line twice on stderr (the progress).
+                    summaries = [l for l in p.stdout.splitlines() if l.startswith("{")]
+                    if len(summaries) != 1 or json.loads(summaries[0]).get("world_size") != ranks:
+                        fail(f"{ranks} ranks printed {len(summaries)} summaries: {p.stdout[-2000:]}")
+                    # The optimizer is sharded: rank 0 keeps states for about 1/N of the parameters.
+                    one = json.load(open(os.path.join(outs[1], "summary.json")))["host_optimizer_state_bytes_per_rank"]
+                    mine = json.loads(summaries[0])["host_optimizer_state_bytes_per_rank"]
+                    if not 0.8 < mine * ranks / one < 1.2:
+                        fail(f"{ranks} ranks: rank 0 keeps {mine} bytes of optimizer state, one process {one}")
+                    lines = [l for l in p.stderr.splitlines() if l.startswith("saved ")]
+                    if len(lines) != len(set(lines)):
+                        fail(f"{ranks} ranks: more than one rank logs:\n{p.stderr[-2000:]}")
+            print(f"pass: tied={tied}: 2 x 3 and 3 x 2 ranks byte-identical to 1 x 6 (checkpoints, metrics); "
+                  f"optimizer state on rank 0 {mine} bytes at 3 ranks, {one} in one process")
+
+        # Resume across world sizes: checkpoint-2 of the 2-rank run, continued on 3 ranks and on 1.
+        ref = os.path.join(work, "untied-1x6")
+        for ranks, accum in ((3, 2), (1, 6)):
+            out = os.path.join(work, f"resumed-on-{ranks}")
+            os.makedirs(out)
+            shutil.copytree(os.path.join(work, "untied-2x3", "checkpoint-2"), os.path.join(out, "checkpoint-2"))
+            p = train(ranks, out, common + [f"gradient_accumulation_steps={accum}",
+                                            f"resume_from_checkpoint={out}/checkpoint-2"])
+            if "resumed from" not in p.stderr:
+                fail(f"resumed on {ranks}: the run did not say it resumed:\n{p.stderr[-1500:]}")
+            same(ref, out, 4, f"saved on 2 ranks, resumed on {ranks}")
+        print("pass: saved on 2 ranks, resumed on 3 and on 1: byte-identical to the uninterrupted run")
+
+        # A global batch that changes is refused on resume, naming the key.
+        out = os.path.join(work, "resumed-other-batch")
+        os.makedirs(out)
+        shutil.copytree(os.path.join(work, "untied-2x3", "checkpoint-2"), os.path.join(out, "checkpoint-2"))
+        p = train(2, out, common + ["gradient_accumulation_steps=2", f"resume_from_checkpoint={out}/checkpoint-2"],
+                  check=False)
+        if p.returncode == 0 or "global_micro_batches" not in p.stderr:
+            fail(f"resume with 2 x 2 instead of 6 micro-batches: exit {p.returncode}: {p.stderr[-1500:]}")
+
+        # A rank killed mid-run (SIGKILL once the first checkpoint is whole) ends the job; checkpoints stay whole.
+        out = os.path.join(work, "killed")
+        kill_rank1 = ["sh", "-c", f'if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then '
+                      f'(while [ ! -e {out}/checkpoint-2/model.safetensors ]; do sleep 0.1; done; sleep 1; '
+                      f'kill -9 $$) & fi; exec "$@"', "sh"]
+        t0 = time.time()
+        p = train(2, out, common + ["gradient_accumulation_steps=3", "max_steps=100000", "eval_steps=0"],
+                  check=False, wrapper=kill_rank1, timeout=300)
+        took = time.time() - t0
+        if p.returncode == 0:
+            fail("a job whose rank 1 was killed exited 0")
+        for d in sorted(os.listdir(out)):
+            if ".tmp" in d:
+                fail(f"a temporary was left behind: {d}")
+            if d.startswith("checkpoint-"):
+                for name in FILES:
+                    if not os.path.isfile(os.path.join(out, d, name)):
+                        fail(f"{d} is not whole: {name} is missing")
+        print(f"pass: rank 1 killed: the job ended in {took:.1f} s with exit {p.returncode}, checkpoints whole")
+
+
+if __name__ == "__main__":
+    main()
