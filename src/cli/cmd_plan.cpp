@@ -12,6 +12,7 @@
 #include <memory>
 
 #include "cli/commands.h"
+#include "cli/device_options.h"
 #include "core/error.h"
 #include "model/block.h"
 #include "core/units.h"
@@ -29,6 +30,7 @@ struct PlanOptions {
   double time_limit = 10;
   int threads = 1, weight_buffers = 2;
   bool json = false, verbose = false, no_optimizer = false, in_process = false, resident_head = false;
+  DataParallelOptions data_parallel;
 };
 
 void run_plan(const PlanOptions& o) {
@@ -50,6 +52,7 @@ void run_plan(const PlanOptions& o) {
   rq.options.exec.weight_buffers = o.weight_buffers;
   rq.options.exec.resident_head = o.resident_head;
   rq.options.include_optimizer = !o.no_optimizer;
+  o.data_parallel.apply_to(rq.options);
   rq.profile.apply_to(rq.options.exec, o.activation_dtype, "--activation-dtype");
   rq.options.memory = o.memory_model == "lifetime" ? MemoryModel::lifetime : MemoryModel::executor;
   rq.milp.time_limit_s = o.time_limit;
@@ -103,6 +106,7 @@ void register_plan(CLI::App& app) {
   cmd->add_flag("--resident-head", o->resident_head, "the head's weights stay on the device all step");
   cmd->add_option("--search-batch", o->search_batch, "also search batches up to N: largest that fits, best throughput");
   cmd->add_flag("--no-optimizer", o->no_optimizer, "leave the host optimizer out of the objective");
+  o->data_parallel.add_to(*cmd);
   cmd->add_flag("--in-process", o->in_process, "run CBC in this process (no child; the time limit is CBC's own)");
   cmd->add_flag("--json", o->json, "one JSON object");
   cmd->add_flag("--verbose", o->verbose, "CBC's log on stderr");

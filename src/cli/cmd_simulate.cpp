@@ -10,6 +10,7 @@
 #include <memory>
 
 #include "cli/commands.h"
+#include "cli/device_options.h"
 #include "core/error.h"
 #include "model/block.h"
 #include "core/units.h"
@@ -27,6 +28,7 @@ struct SimulateOptions {
   int64_t batch = 0, seq = 0;
   int weight_buffers = 2;
   bool json = false, no_optimizer = false, resident_head = false;
+  DataParallelOptions data_parallel;
 };
 
 void run_simulate(const SimulateOptions& o) {
@@ -41,6 +43,7 @@ void run_simulate(const SimulateOptions& o) {
   io.exec.weight_buffers = o.weight_buffers;
   io.exec.resident_head = o.resident_head;
   io.include_optimizer = !o.no_optimizer;
+  o.data_parallel.apply_to(io);
   const size_t dev = o.device_memory.empty() ? prof.device_memory_bytes : parse_size(o.device_memory, "--device-memory");
   const Budgets budget{dev, parse_size(o.host_act_memory, "--host-act-memory"), parse_size(o.nvme, "--nvme")};
   const Instance in = make_instance(cfg, o.batch, o.seq, prof, budget, io);
@@ -58,6 +61,12 @@ void run_simulate(const SimulateOptions& o) {
     j["violations"] = model.violations;
     j["model_step_s"] = model.step_s;
     j["model_iteration_s"] = model.iteration_s;
+    if (in.opt.ranks > 1) {
+      j["ranks"] = in.opt.ranks;
+      j["job_tokens_per_s"] = double(o.batch * o.seq) * in.opt.ranks / r.iteration_s;
+      j["exchange_micro_bytes"] = in.exchange_micro_bytes;
+      j["exchange_step_bytes"] = in.exchange_step_bytes;
+    }
     std::printf("%s\n", j.dump().c_str());
     return;
   }
@@ -74,6 +83,11 @@ void run_simulate(const SimulateOptions& o) {
               format_bytes(double(r.peak_device_bytes)).c_str(), format_bytes(r.window_device_bytes).c_str(),
               format_bytes(r.lifetime_device_bytes).c_str(),
               format_bytes(r.host_act_bytes).c_str(), format_bytes(r.nvme_bytes).c_str());
+  if (in.opt.ranks > 1)
+    std::printf("data parallel: %d ranks over %.3g GB/s each way: per rank %s exchanged per micro-batch, %s per step "
+                "(updated weights), counted above; the job %.0f tokens/s\n",
+                in.opt.ranks, in.opt.net_gbps, format_bytes(in.exchange_micro_bytes).c_str(),
+                format_bytes(in.exchange_step_bytes).c_str(), double(o.batch * o.seq) * in.opt.ranks / r.iteration_s);
   std::printf("cost model (windows): step %.4f s, iteration %.4f s (%+.1f%% vs simulated)%s\n", model.step_s,
               model.iteration_s, 100 * (model.iteration_s / r.iteration_s - 1),
               model.feasible ? "" : ("; does not fit: " + model.violations.front()).c_str());
@@ -100,6 +114,7 @@ void register_simulate(CLI::App& app) {
   cmd->add_flag("--resident-head", o->resident_head, "the head's weights stay on the device all step");
   cmd->add_option("--trace", o->trace, "write the simulated step as Chrome trace JSON");
   cmd->add_flag("--no-optimizer", o->no_optimizer, "leave the host optimizer out");
+  o->data_parallel.add_to(*cmd);
   cmd->add_flag("--json", o->json, "one JSON object");
   cmd->callback([o]() { run_simulate(*o); });
 }

@@ -84,4 +84,20 @@ std::unique_ptr<NvmeStore> DeviceOptions::open_nvme(size_t bytes) const {
   return store;
 }
 
+void DataParallelOptions::add_to(CLI::App& cmd) {
+  cmd.add_option("--ranks", ranks, "data-parallel ranks (mpirun -np N), each this batch; the exchange is counted")
+      ->check(CLI::Range(1, 1 << 20));
+  cmd.add_option("--net-gbps", net_gbps, "network bandwidth per rank, GB/s each way (needed with --ranks > 1)")
+      ->check(CLI::NonNegativeNumber);
+  cmd.add_option("--optimizer-state-bits", optimizer_state_bits, "8 or 32: the host memory per rank it reports")
+      ->check(CLI::IsMember({8, 32}));
+}
+
+void DataParallelOptions::apply_to(InstanceOptions& o) const {
+  LT_CHECK(ranks == 1 || net_gbps > 0, "--ranks {}: give the network bandwidth per rank with --net-gbps", ranks);
+  o.ranks = ranks;
+  o.net_gbps = net_gbps;
+  o.optimizer_state_bits = optimizer_state_bits;
+}
+
 }  // namespace lt::cli

@@ -8,6 +8,7 @@
 
 #include "device/device.h"
 #include "exec/executor.h"
+#include "plan/instance.h"
 
 namespace CLI {
 class App;
@@ -41,6 +42,15 @@ struct DeviceOptions {
   // The NVMe store for a plan that needs `bytes` of it (null when bytes == 0); refuses a plan that
   // needs one without --nvme-dir. Logs the I/O path in use and its probed bandwidth to stderr.
   std::unique_ptr<NvmeStore> open_nvme(size_t bytes) const;
+};
+
+// `plan` and `simulate` on paper for a data-parallel job: --ranks, --net-gbps, --optimizer-state-bits.
+struct DataParallelOptions {
+  int ranks = 1;
+  double net_gbps = 0;
+  int optimizer_state_bits = 8;
+  void add_to(CLI::App& cmd);
+  void apply_to(InstanceOptions& o) const;
 };
 
 }  // namespace lt::cli

@@ -2,7 +2,13 @@
 
 #include <mpi.h>
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <climits>
+#include <cstdio>
+#include <optional>
+#include <thread>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -29,6 +35,47 @@ int env_int(const char* name) {
 
 // MPI counts are int: a message above 2 GiB goes as a count of 1 MiB blocks (callers keep sizes multiples of
 // that or small); here only the plain byte form is used, so the size is checked.
+// The collective in progress (name and start) for the watchdog; one at a time (calls are serialized).
+std::atomic<const char*> g_call{nullptr};
+std::atomic<int64_t> g_since_ns{0};
+std::atomic<double> g_timeout_s{0};
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// Marks a timed collective for its duration.
+class Watched {
+ public:
+  explicit Watched(const char* call) {
+    g_since_ns.store(now_ns(), std::memory_order_relaxed);
+    g_call.store(call, std::memory_order_release);
+  }
+  ~Watched() { g_call.store(nullptr, std::memory_order_release); }
+  Watched(const Watched&) = delete;
+  Watched& operator=(const Watched&) = delete;
+};
+
+// Wakes every second; a collective past the timeout ends the process. The launcher then ends the other ranks.
+void watchdog(int rank, int size) {
+  for (;;) {
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    const char* call = g_call.load(std::memory_order_acquire);
+    const double limit = g_timeout_s.load(std::memory_order_relaxed);
+    if (!call || limit <= 0) continue;
+    const double waited = double(now_ns() - g_since_ns.load(std::memory_order_relaxed)) * 1e-9;
+    if (waited < limit || g_call.load(std::memory_order_acquire) != call) continue;
+    std::fprintf(stderr,
+                 "lazytrain: error (rank %d of %d): %s has waited %.0f s for the other ranks (dist_timeout_s: %.0f): "
+                 "a rank has stopped responding or the network is down; ending the job (the last whole checkpoint "
+                 "stays)\n",
+                 rank, size, call, waited, limit);
+    std::fflush(stderr);
+    std::_Exit(1);
+  }
+}
+
 int byte_count(size_t bytes, const char* call) {
   LT_CHECK(bytes <= size_t(INT_MAX), "MPI: {} of {} bytes exceeds one message's limit (2 GiB)", call, bytes);
   return int(bytes);
@@ -74,6 +121,7 @@ void Comm::allgather(const void* mine, size_t bytes, void* all) const {
     return;
   }
   const int n = byte_count(bytes, "MPI_Allgather");
+  const Watched watch("MPI_Allgather");
   check_mpi(MPI_Allgather(mine, n, MPI_BYTE, all, n, MPI_BYTE, MPI_COMM_WORLD), "MPI_Allgather");
 }
 
@@ -92,6 +140,7 @@ void Comm::allgatherv(const void* mine, size_t my_bytes, void* all, std::span<co
     rc[r] = byte_count(bytes[r], "MPI_Allgatherv");
     ro[r] = byte_count(offsets[r], "MPI_Allgatherv");
   }
+  const Watched watch("MPI_Allgatherv");
   check_mpi(MPI_Allgatherv(mine, byte_count(my_bytes, "MPI_Allgatherv"), MPI_BYTE, all, rc.data(), ro.data(), MPI_BYTE,
                            MPI_COMM_WORLD),
             "MPI_Allgatherv");
@@ -113,6 +162,7 @@ void Comm::gatherv(const void* mine, size_t my_bytes, void* all, std::span<const
       ro[r] = byte_count(offsets[r], "MPI_Gatherv");
     }
   }
+  const Watched watch("MPI_Gatherv");
   check_mpi(MPI_Gatherv(mine, byte_count(my_bytes, "MPI_Gatherv"), MPI_BYTE, all, rc.data(), ro.data(), MPI_BYTE, 0,
                         MPI_COMM_WORLD),
             "MPI_Gatherv");
@@ -124,8 +174,18 @@ std::vector<int64_t> Comm::allgather_int(int64_t mine) const {
   return all;
 }
 
-void Comm::barrier() const {
-  if (mpi_) check_mpi(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier");
+void Comm::barrier(bool timed) const {
+  if (!mpi_) return;
+  std::optional<Watched> w;
+  if (timed) w.emplace("MPI_Barrier");
+  check_mpi(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier");
+}
+
+void Comm::set_timeout(double seconds) const {
+  if (!mpi_) return;
+  const bool started = g_timeout_s.load() > 0;
+  g_timeout_s.store(seconds);
+  if (!started && seconds > 0) std::thread(watchdog, rank_, size_).detach();
 }
 
 void Comm::abort(int code) const {
@@ -153,8 +213,27 @@ void Comm::alltoallv(const void* send, std::span<const size_t> send_bytes, std::
     rc[r] = byte_count(recv_bytes[r], "MPI_Alltoallv");
     ro[r] = byte_count(recv_offsets[r], "MPI_Alltoallv");
   }
+  const Watched watch("MPI_Alltoallv");
   check_mpi(MPI_Alltoallv(send, sc.data(), so.data(), MPI_BYTE, recv, rc.data(), ro.data(), MPI_BYTE, MPI_COMM_WORLD),
             "MPI_Alltoallv");
+}
+
+double measure_exchange_gbps(const Comm& comm, size_t bytes) {
+  const size_t n = size_t(comm.size());
+  if (n == 1) return 0;
+  const size_t each = bytes / n;
+  std::vector<uint8_t> send(each * n, 1), recv(each * n);
+  std::vector<size_t> sizes(n, each), offsets(n);
+  for (size_t r = 0; r < n; ++r) offsets[r] = r * each;
+  double best = 1e30;
+  for (int rep = 0; rep < 3; ++rep) {
+    comm.barrier();
+    const int64_t t0 = now_ns();
+    comm.alltoallv(send.data(), sizes, offsets, recv.data(), sizes, offsets);
+    const std::vector<int64_t> took = comm.allgather_int(now_ns() - t0);
+    best = std::min(best, double(*std::max_element(took.begin(), took.end())) * 1e-9);
+  }
+  return double(each * (n - 1)) / best / 1e9;
 }
 
 }  // namespace lt

@@ -12,7 +12,10 @@
 // bits one process gives.
 //
 // Errors: MPI's error handler is set to return codes, and every failed call throws lt::Error naming the call and
-// MPI's message; a rank that dies ends the job through the launcher (Open MPI aborts the other ranks).
+// MPI's message; a rank that dies ends the job through the launcher (Open MPI aborts the other ranks). A rank
+// that hangs (stopped, deadlocked, its network gone) would leave the others waiting in a collective forever: with
+// set_timeout, a watchdog thread ends this process with a message naming the call once one has waited that long,
+// and the launcher then ends the job.
 #pragma once
 
 #include <cstddef>
@@ -43,7 +46,11 @@ class Comm {
                std::span<const size_t> offsets) const;
   // Every rank's int, in rank order (e.g. a flag every rank must agree on, or a size before an allgatherv).
   std::vector<int64_t> allgather_int(int64_t mine) const;
-  void barrier() const;
+  // `timed` false: exempt from the timeout (the others wait for rank 0's evaluation or checkpoint).
+  void barrier(bool timed = true) const;
+  // Any collective that waits longer than `seconds` for the other ranks ends the process (exit 1) with a message;
+  // 0: wait forever. No effect in a world of one.
+  void set_timeout(double seconds) const;
   // Ends every rank of the job at once (a rank that failed: the others may be waiting in a collective).
   [[noreturn]] void abort(int code) const;
   // Every rank r sends send[dest] (send_bytes[dest] bytes at send_offsets[dest]) to each rank dest and receives
@@ -57,6 +64,10 @@ class Comm {
   int rank_ = 0, size_ = 1;
   bool mpi_ = false;
 };
+
+// The exchange's speed between the ranks: an alltoallv of `bytes` from every rank to every other, timed (best of
+// three, the slowest rank's); returns GB/s each rank sends (and receives). Collective; 0 in a world of one.
+double measure_exchange_gbps(const Comm& comm, size_t bytes = size_t(32) << 20);
 
 // Whether this process was started by an MPI launcher (the environment says so), and with how many ranks.
 int launcher_world_size();

@@ -158,17 +158,24 @@ void AdamWSlab::update(uint8_t* param, const uint8_t* grad, const StepArgs& args
   }, kTasksPerGrab);
 }
 
+namespace {
+
+// The state of n elements: two f32 moments, or two 8-bit codes plus two f32 absmax per block.
+void add_state(StateReport& r, StatePrecision precision, int64_t n, int64_t block) {
+  r.parameters += n;
+  if (precision == StatePrecision::q8) {
+    r.q8_parameters += n;
+    r.state_bytes += 2 * size_t(n) + 2 * size_t(blocks_of(n, block)) * sizeof(float);
+  } else {
+    r.state_bytes += 2 * size_t(n) * sizeof(float);
+  }
+}
+
+}  // namespace
+
 StateReport AdamWSlab::report() const {
   StateReport r;
-  for (const OptimTensor& t : tensors_) {  // the owned elements
-    r.parameters += t.owned();
-    if (t.precision == StatePrecision::q8) {
-      r.q8_parameters += t.owned();
-      r.state_bytes += 2 * size_t(t.owned()) + 2 * size_t(blocks_of(t.owned(), block_)) * sizeof(float);
-    } else {
-      r.state_bytes += 2 * size_t(t.owned()) * sizeof(float);
-    }
-  }
+  for (const OptimTensor& t : tensors_) add_state(r, t.precision, t.owned(), block_);  // the owned elements
   return r;
 }
 
@@ -256,6 +263,17 @@ std::vector<OptimTensor> optim_tensors(const ModelConfig& model, SlabKind kind, 
     out.push_back(std::move(t));
   }
   return out;
+}
+
+StateReport model_state_report(const ModelConfig& model, const AdamWConfig& cfg) {
+  StateReport r;
+  auto slab = [&](SlabKind kind, int64_t layer) {
+    for (const OptimTensor& t : optim_tensors(model, kind, layer, cfg)) add_state(r, t.precision, t.numel(), cfg.block_size);
+  };
+  slab(SlabKind::embedding, 0);
+  for (int64_t l = 0; l < model.num_layers; ++l) slab(SlabKind::layer, l);
+  slab(SlabKind::head, 0);
+  return r;
 }
 
 HybridAdamW::HybridAdamW(ModelSlabs& params, const ModelSlabs& grads, AdamWConfig cfg, const OwnedRanges* owned)

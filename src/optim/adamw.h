@@ -218,6 +218,10 @@ class HybridAdamW {
   AfterUpdate after_update_;
 };
 
+// The optimizer state a whole model needs under `cfg` (every element, nothing allocated): the planner's host
+// memory (1/N of it per data-parallel rank).
+StateReport model_state_report(const ModelConfig& model, const AdamWConfig& cfg);
+
 // The tensors of one slab of `layout` for the optimizer: HF names, offsets in the f32 layout and in the
 // bf16 compute-copy layout, precision and weight decay per cfg.
 std::vector<OptimTensor> optim_tensors(const ModelConfig& model, SlabKind kind, int64_t layer, const AdamWConfig& cfg);

@@ -82,6 +82,42 @@ Plan normalize_plan(const Plan& p) {
   return q;
 }
 
+namespace {
+
+// Data parallel: the host lane's and the optimizer's extra work per rank (InstanceOptions::ranks).
+void add_data_parallel(Instance& in, const ModelConfig& cfg, int64_t N, const InstanceOptions& o) {
+  LT_CHECK(o.net_gbps > 0, "{} ranks: the network bandwidth per rank (GB/s) is needed to count the exchange", o.ranks);
+  const double n = o.ranks, share = (n - 1) / n, net = o.net_gbps * 1e9;
+  const double C = double(cfg.hidden_size);
+  // Gradients: reduce-scatter of each slab as it is accumulated (the adds themselves are unchanged).
+  double micro = 0;
+  for (int64_t l = 0; l < in.L; ++l) {
+    in.acc[size_t(l)] += share * in.Gl[size_t(l)] / net;
+    micro += share * in.Gl[size_t(l)];
+  }
+  in.acc_head += share * in.HG / net;
+  micro += share * in.HG;
+  // The embedding: every rank's dx0 rows [N, C] f32 and ids to every rank.
+  const double rows = (n - 1) * double(N) * (C * 4 + 4);
+  in.embed_b += rows / net;
+  micro += rows;
+  in.exchange_micro_bytes = micro;
+  if (!in.has_optimizer()) return;  // left out of the prediction: so is its exchange
+  // The optimizer: 1/N of each slab, then its masters (f32) and compute copy allgathered.
+  const double copy = o.exec.compute == ComputeType::bf16 ? 2 : 0;
+  double step = 0;
+  auto sharded = [&](double& t, double params) {
+    t = t / n + share * params * (4 + copy) / net;
+    step += share * params * (4 + copy);
+  };
+  for (int64_t l = 0; l < in.L; ++l) sharded(in.opt_layer[size_t(l)], double(layer_parameters(cfg, cfg.layer_kind(l))));
+  sharded(in.opt_embed, double(cfg.vocab_size) * C);
+  sharded(in.opt_head, C + (cfg.tie_word_embeddings ? 0 : double(cfg.vocab_size) * C));
+  in.exchange_step_bytes = step;
+}
+
+}  // namespace
+
 Instance make_instance(const ModelConfig& cfg, int64_t B, int64_t T, const Profile& profile0, const Budgets& budget,
                        const InstanceOptions& o) {
   LT_CHECK(B >= 1 && T >= 1, "batch {} x seq {}: both must be >= 1", B, T);
@@ -173,6 +209,8 @@ Instance make_instance(const ModelConfig& cfg, int64_t B, int64_t T, const Profi
   }
   in.opt_layer.resize(size_t(in.L), 0.0);
   in.head_flops = head_flops(cfg, B, T);
+  LT_CHECK(o.ranks >= 1, "ranks must be >= 1, got {}", o.ranks);
+  if (o.ranks > 1) add_data_parallel(in, cfg, N, o);
 
   in.allow_host = o.allow_host;
   in.allow_nvme = o.allow_nvme && !o.restricted && budget.nvme_bytes > 0 && in.bw_nvme_r > 0 && in.bw_nvme_w > 0 &&

@@ -59,6 +59,14 @@ struct InstanceOptions {
   // The restricted chain problem the DP solves exactly: device and host tiers only, each transfer in its
   // natural window (offload in F(i), reload in the window before B(i)), no optimizer term.
   bool restricted = false;
+  // Data parallel (docs/distributed.md): `ranks` processes, each this instance's micro-batch, exchanging over a
+  // network of `net_gbps` GB/s per rank in each direction. Each layer's host accumulation then also moves
+  // (N-1)/N of its gradients each way (owners add all N contributions: the same adds as one process), the
+  // embedding backward every rank's dx0 rows, and each slab's update covers 1/N of it, then allgathers the
+  // updated masters and compute copy ((N-1)/N of them each way).
+  int ranks = 1;
+  double net_gbps = 0;
+  int optimizer_state_bits = 8;  // the host memory line: 8-bit or f32 states for the large matrices
 };
 
 struct Instance {
@@ -112,6 +120,8 @@ struct Instance {
   // download (WorkingSet::fence_waits; cost_model.h: the fence term).
   bool head_fence = false;
   int64_t parameters = 0;
+  // Data parallel: bytes each rank sends (and receives) per micro-batch and per optimizer step.
+  double exchange_micro_bytes = 0, exchange_step_bytes = 0;
   std::vector<double> layer_flops;           // [L] forward FLOPs of layer l
   double head_flops = 0;                     // head forward + backward
   std::vector<double> mlp_share;             // [L] of layer l's backward, the MLP half (mlp_flops_share)

@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "core/timer.h"
 #include "core/units.h"
+#include "optim/adamw.h"
 
 namespace lt {
 namespace {
@@ -257,6 +258,19 @@ PlanReport make_plan(const PlanRequest& rq) {
   return rep;
 }
 
+namespace {
+
+// Host memory of one rank for the parameters: f32 masters and gradients, the bf16 compute copy, its share of the
+// optimizer states (optim/adamw.h model_state_report).
+double host_bytes_per_rank(const Instance& in) {
+  AdamWConfig ac;
+  ac.matrix_states = in.opt.optimizer_state_bits == 8 ? StatePrecision::q8 : StatePrecision::f32;
+  const double params = double(in.parameters), copy = in.opt.exec.compute == ComputeType::bf16 ? 2 : 0;
+  return params * (8 + copy) + double(model_state_report(in.cfg, ac).state_bytes) / in.opt.ranks;
+}
+
+}  // namespace
+
 nlohmann::json PlanReport::to_json() const {
   nlohmann::json plans = nlohmann::json::array();
   if (found) {
@@ -267,6 +281,13 @@ nlohmann::json PlanReport::to_json() const {
   }
   for (const PlanCandidate& c : baselines) plans.push_back(candidate_json(instance, c));
   nlohmann::json dpj = nullptr;
+  nlohmann::json ranks = nullptr;
+  if (instance.opt.ranks > 1)
+    ranks = {{"ranks", instance.opt.ranks},
+             {"net_gbps", instance.opt.net_gbps},
+             {"exchange_micro_bytes", instance.exchange_micro_bytes},
+             {"exchange_step_bytes", instance.exchange_step_bytes},
+             {"host_parameter_bytes_per_rank", host_bytes_per_rank(instance)}};
   if (dp_run) dpj = {{"feasible", dp.feasible}, {"objective", dp.objective}, {"seconds", dp.seconds}};
   return {{"status", solve_status_name(status)},
           {"proof", proof},
@@ -287,6 +308,7 @@ nlohmann::json PlanReport::to_json() const {
           {"mlp_chunk_tokens", instance.opt.exec.mlp_chunk_tokens},
           {"resolves", resolves},
           {"chain_dp", dpj},
+          {"data_parallel", ranks},
           {"notes", notes},
           {"plans", plans}};
 }
@@ -326,6 +348,13 @@ std::string PlanReport::table() const {
   };
   if (found) line(best);
   for (const PlanCandidate& c : baselines) line(c);
+  if (in.opt.ranks > 1 && found)
+    s += fmt::format("\ndata parallel: {} ranks over {:.3g} GB/s each way: per rank {} exchanged per micro-batch and {} "
+                     "per step (updated weights), counted above; the job {:.0f} tokens/s (tok/s x ranks); host "
+                     "memory per rank {} (f32 masters and gradients{}, 1/{} of the optimizer states)\n",
+                     in.opt.ranks, in.opt.net_gbps, gb(in.exchange_micro_bytes), gb(in.exchange_step_bytes),
+                     best.prediction.tokens_per_s(in) * in.opt.ranks, gb(host_bytes_per_rank(in)),
+                     in.opt.exec.compute == ComputeType::bf16 ? ", bf16 compute copy" : "", in.opt.ranks);
   if (found && executor_device_bytes)
     s += fmt::format("\nexecutor's memory function for the plan: {} (budget {})\n", gb(double(executor_device_bytes)),
                      gb(double(in.budget.device_bytes)));

@@ -146,6 +146,8 @@ const std::map<std::string, Key>& keys() {
       {"compute_dtype", text(&TrainConfig::compute_dtype, {"bf16", "f32", "auto"})},
       {"activation_dtype", text(&TrainConfig::activation_dtype, {"bf16", "f32", "auto"})},
       {"threads", number(&TrainConfig::threads, int64_t(0))},
+      {"net_gbps", number(&TrainConfig::net_gbps, 0.0)},
+      {"dist_timeout_s", number(&TrainConfig::dist_timeout_s, 0.0)},
   };
   return k;
 }

@@ -67,6 +67,10 @@ struct TrainConfig {
   std::string activation_dtype = "auto";     // bf16 | f32 | auto: storage of kept activations (auto: as compute)
                                              // natively, f32 where bf16 would be widened (AVX2-only CPUs)
   int64_t threads = 0;                       // 0: all cores
+  // Data parallel (mpirun -np N): the network per rank, GB/s each way, for the planner (0: measured at start),
+  // and how long a rank waits for the others in one exchange before the job ends (0: forever).
+  double net_gbps = 0;
+  double dist_timeout_s = 900;
 
   std::string source;                        // the file it came from (messages)
   nlohmann::json to_json() const;            // every key, as it would be written in YAML

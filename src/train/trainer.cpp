@@ -211,8 +211,9 @@ TrainResult run_training(const TrainConfig& asked) {
   // Rank 0 tokenises (and writes the data cache) first; the others then read the cache it wrote.
   std::optional<DataLoader> loaded;
   if (lead) loaded.emplace(load_train_data(c, tok, tpl));
-  comm.barrier();
+  comm.barrier(/*timed=*/false);
   if (!lead) loaded.emplace(load_train_data(c, tok, tpl));
+  comm.set_timeout(c.dist_timeout_s);  // from here a rank that stops answering ends the job
   DataLoader& loader = *loaded;
   // A step is `micro_per_step` micro-batches: rank r runs a·N + r of them (a = 0..A-1), as one process with N·A
   // accumulation steps would run them all, in that order.
@@ -224,9 +225,14 @@ TrainResult run_training(const TrainConfig& asked) {
   const LrSchedule schedule{c.lr_scheduler_type, c.learning_rate, warmup, total_steps};
 
   RunLog log(c.output_dir, total_steps, !resume_dir.empty(), /*silent=*/!lead);
-  if (ranks > 1)
-    log.message(fmt::format("data parallel: {} ranks x {} micro-batches per step (global batch {} rows)", ranks,
-                            c.gradient_accumulation_steps, micro_per_step * c.per_device_train_batch_size));
+  double net_gbps = c.net_gbps;
+  if (ranks > 1) {
+    if (net_gbps <= 0) net_gbps = measure_exchange_gbps(comm);
+    log.message(fmt::format("data parallel: {} ranks x {} micro-batches per step (global batch {} rows); exchange "
+                            "{:.3g} GB/s per rank{}",
+                            ranks, c.gradient_accumulation_steps, micro_per_step * c.per_device_train_batch_size,
+                            net_gbps, c.net_gbps > 0 ? " (net_gbps)" : " (measured)"));
+  }
   log.message(fmt::format("model: {} ({}, {} layers, {:.1f}M parameters{})", c.model_name_or_path,
                           model_type_name(mc.type), mc.num_layers, double(mc.num_parameters()) / 1e6,
                           model.from_scratch ? ", random init" : ""));
@@ -268,6 +274,9 @@ TrainResult run_training(const TrainConfig& asked) {
     req.budget.nvme_bytes = c.nvme_dir.empty() ? 0 : parse_size(c.nvme_size, "nvme_size");
     req.options.exec = eo;
     req.options.allow_nvme = !c.nvme_dir.empty();
+    req.options.ranks = ranks;
+    req.options.net_gbps = net_gbps;
+    req.options.optimizer_state_bits = int(c.optimizer_state_bits);
     PlanReport report = make_plan(req);
     LT_CHECK(report.found, "plan: auto found no plan that fits: {}", report.message);
     plan = executable_plan(report.instance, report.best.plan, report.best.windows);
@@ -378,14 +387,19 @@ TrainResult run_training(const TrainConfig& asked) {
   };
   auto save = [&](int64_t at_step) -> std::string {
     flush_update();  // on every rank: the weights stay the same everywhere
-    if (!lead) {
+    // Data parallel: rank 0 writes for minutes at times; the others wait for it without the timeout.
+    comm.set_timeout(0);
+    std::string path;
+    if (lead) {
+      nlohmann::json st = {{"cursor", loader.cursor().to_json()}, {"config", result_config(c, ranks)},
+                           {"world_size", ranks}};
+      path = save_checkpoint(writer, at_step, model.params, opt, st, model.extras);
+      log.message("saved " + path);
+    } else {
       dp->send_optimizer_state(opt);  // rank 0's save_state gathers it
-      return {};
     }
-    nlohmann::json st = {{"cursor", loader.cursor().to_json()}, {"config", result_config(c, ranks)},
-                         {"world_size", ranks}};
-    std::string path = save_checkpoint(writer, at_step, model.params, opt, st, model.extras);
-    log.message("saved " + path);
+    comm.barrier(/*timed=*/false);
+    comm.set_timeout(c.dist_timeout_s);
     return path;
   };
 
@@ -395,13 +409,17 @@ TrainResult run_training(const TrainConfig& asked) {
   auto evaluate = [&](int64_t at_step) {
     if (eval_specs.empty()) return;
     flush_update();
-    if (!lead) return;
+    if (!lead) {
+      comm.barrier(/*timed=*/false);  // rank 0 evaluates
+      return;
+    }
     Timer t;
     EvalResult er = evaluate_exact_match(model.params, tok, tpl, eval_specs, EvalOptions{});
     last_eval = {{"exact_match", er.exact_match()}, {"total", er.total}, {"correct", er.correct},
                  {"seconds", t.seconds()}};
     log.log_eval(at_step, last_eval);
     write_json_file(fmt::format("{}/eval-{}.json", c.output_dir, at_step), er.to_json(/*with_predictions=*/true));
+    comm.barrier(/*timed=*/false);
   };
 
   // --- the loop ---

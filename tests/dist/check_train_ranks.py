@@ -6,7 +6,8 @@ gradients are summed in that order (dist/data_parallel.h), so for 1 x 6, 2 x 3 a
 (model, f32 masters, optimizer states) are byte-identical and metrics.jsonl has the same loss and gradient norm
 at every step — with tied and untied embeddings (the tied lm_head's part of the table is replayed rank by rank).
 Also: a run saved on 2 ranks resumes on 3 and on 1 and ends byte-identical to the uninterrupted run; rank 0 alone
-writes and prints; each rank keeps optimizer states for about 1/N of the parameters; a rank killed mid-run ends the whole job with a non-zero exit, leaving only whole checkpoints.
+writes and prints; each rank keeps optimizer states for about 1/N of the parameters; a rank killed mid-run ends the whole job with a non-zero exit, leaving only whole checkpoints; a rank that stops
+answering ends it after dist_timeout_s with a message naming the wait.
 
 Usage: check_train_ranks.py --lazytrain BIN --mpirun MPIEXEC"""
 import argparse
@@ -131,6 +132,20 @@ def main():
                     if not os.path.isfile(os.path.join(out, d, name)):
                         fail(f"{d} is not whole: {name} is missing")
         print(f"pass: rank 1 killed: the job ended in {took:.1f} s with exit {p.returncode}, checkpoints whole")
+
+        # A rank that stops answering (SIGSTOP: alive, silent) ends the job after dist_timeout_s, with a message.
+        out = os.path.join(work, "stopped")
+        stop_rank1 = ["sh", "-c", f'if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then '
+                      f'(while [ ! -e {out}/checkpoint-2/model.safetensors ]; do sleep 0.1; done; sleep 1; '
+                      f'kill -STOP $$) & fi; exec "$@"', "sh"]
+        t0 = time.time()
+        p = train(2, out, common + ["gradient_accumulation_steps=3", "max_steps=100000", "eval_steps=0",
+                                    "dist_timeout_s=5"], check=False, wrapper=stop_rank1, timeout=300)
+        took = time.time() - t0
+        if p.returncode == 0 or "dist_timeout_s" not in p.stderr:
+            fail(f"a job whose rank 1 stopped: exit {p.returncode}, stderr: {p.stderr[-2000:]}")
+        line = next(l for l in p.stderr.splitlines() if "dist_timeout_s" in l)
+        print(f"pass: rank 1 stopped: the job ended in {took:.1f} s with exit {p.returncode}: {line.strip()}")
 
 
 if __name__ == "__main__":

@@ -129,6 +129,46 @@ TEST(Simulate, SlowOptimizerIsExposed) {
   EXPECT_NEAR(pr.optimizer_exposed_s, s.optimizer_exposed_s, 2 * in.f[0]);
 }
 
+// Data parallel on paper: N ranks over a network move exactly (N-1)/N of each gradient slab per micro-batch, every
+// rank's dx0 rows, and (N-1)/N of the updated masters and compute copy per step; each rank updates 1/N. A fast
+// network leaves the step as one process's with the optimizer's share cut; a slow one exposes the exchange.
+TEST(Simulate, DataParallelCountsTheExchange) {
+  const ModelConfig cfg = testing::tiny_plan_config(4);
+  Rng rng(7);
+  const Profile prof = [&] {
+    Profile p = testing::synthetic_profile(cfg, 2, 16, rng);
+    p.optimizer_params_per_s = 1e7;
+    return p;
+  }();
+  const Budgets budget{size_t(1) << 30, size_t(1) << 30, 0};
+  InstanceOptions o;
+  const Instance one = make_instance(cfg, 2, 16, prof, budget, o);
+  o.ranks = 4;
+  o.net_gbps = 2;
+  const Instance four = make_instance(cfg, 2, 16, prof, budget, o);
+  const double share = 3.0 / 4, net = 2e9, N = 32, C = double(cfg.hidden_size);
+  double micro = share * one.HG + 3 * N * (C * 4 + 4), step = 0;
+  for (int64_t l = 0; l < one.L; ++l) {
+    EXPECT_DOUBLE_EQ(four.acc[size_t(l)], one.acc[size_t(l)] + share * one.Gl[size_t(l)] / net) << l;
+    micro += share * one.Gl[size_t(l)];
+    const double params = double(layer_parameters(cfg, cfg.layer_kind(l)));
+    EXPECT_DOUBLE_EQ(four.opt_layer[size_t(l)], one.opt_layer[size_t(l)] / 4 + share * params * 4 / net) << l;
+    step += share * params * 4;
+  }
+  EXPECT_DOUBLE_EQ(four.acc_head, one.acc_head + share * one.HG / net);
+  EXPECT_DOUBLE_EQ(four.embed_b, one.embed_b + 3 * N * (C * 4 + 4) / net);
+  EXPECT_NEAR(four.exchange_micro_bytes, micro, 1e-6 * micro);
+  step += share * (double(cfg.vocab_size) * C + C) * 4;  // the table (tied: in the embedding) and the final norm
+  EXPECT_NEAR(four.exchange_step_bytes, step, 1e-6 * step);
+  // Fast network: the optimizer's quarter shows; slow: the exchange is exposed.
+  const Plan p = Plan::every(4, 1);
+  EXPECT_LT(simulate(four, p).iteration_s, simulate(one, p).iteration_s);
+  o.net_gbps = 1e-3;
+  EXPECT_GT(simulate(make_instance(cfg, 2, 16, prof, budget, o), p).iteration_s, 10 * simulate(one, p).iteration_s);
+  o.net_gbps = 0;
+  EXPECT_THROW(make_instance(cfg, 2, 16, prof, budget, o), Error);
+}
+
 TEST(Simulate, TraceHasEveryOperation) {
   Rng rng(6);
   Instance in = testing::realistic_instance(rng, 3, MemoryModel::executor);
