@@ -76,6 +76,21 @@ void watchdog(int rank, int size) {
   }
 }
 
+// Waits for a nonblocking collective without holding a core: MPI_Test in a loop, a few times at once, then
+// sleeping between tests (20 µs, doubling up to 1 ms). A blocking collective busy-polls while the other ranks
+// compute, and where the ranks share the host's cores the poll takes a core from their compute (measured with
+// bench/run_dist_scaling.sh: 2 ranks x 1 thread on 2 cores, 3.07 s steps vs 2.31 s for one rank alone).
+void wait_for(MPI_Request& request, const char* call) {
+  int done = 0;
+  for (int64_t nap_us = 0, tests = 0;; ++tests) {
+    check_mpi(MPI_Test(&request, &done, MPI_STATUS_IGNORE), call);
+    if (done) return;
+    if (tests < 64) continue;
+    nap_us = nap_us == 0 ? 20 : std::min<int64_t>(2 * nap_us, 1000);
+    std::this_thread::sleep_for(std::chrono::microseconds(nap_us));
+  }
+}
+
 int byte_count(size_t bytes, const char* call) {
   LT_CHECK(bytes <= size_t(INT_MAX), "MPI: {} of {} bytes exceeds one message's limit (2 GiB)", call, bytes);
   return int(bytes);
@@ -122,7 +137,9 @@ void Comm::allgather(const void* mine, size_t bytes, void* all) const {
   }
   const int n = byte_count(bytes, "MPI_Allgather");
   const Watched watch("MPI_Allgather");
-  check_mpi(MPI_Allgather(mine, n, MPI_BYTE, all, n, MPI_BYTE, MPI_COMM_WORLD), "MPI_Allgather");
+  MPI_Request req;
+  check_mpi(MPI_Iallgather(mine, n, MPI_BYTE, all, n, MPI_BYTE, MPI_COMM_WORLD, &req), "MPI_Allgather");
+  wait_for(req, "MPI_Allgather");
 }
 
 void Comm::allgatherv(const void* mine, size_t my_bytes, void* all, std::span<const size_t> bytes,
@@ -141,9 +158,11 @@ void Comm::allgatherv(const void* mine, size_t my_bytes, void* all, std::span<co
     ro[r] = byte_count(offsets[r], "MPI_Allgatherv");
   }
   const Watched watch("MPI_Allgatherv");
-  check_mpi(MPI_Allgatherv(mine, byte_count(my_bytes, "MPI_Allgatherv"), MPI_BYTE, all, rc.data(), ro.data(), MPI_BYTE,
-                           MPI_COMM_WORLD),
+  MPI_Request req;
+  check_mpi(MPI_Iallgatherv(mine, byte_count(my_bytes, "MPI_Allgatherv"), MPI_BYTE, all, rc.data(), ro.data(),
+                            MPI_BYTE, MPI_COMM_WORLD, &req),
             "MPI_Allgatherv");
+  wait_for(req, "MPI_Allgatherv");
 }
 
 void Comm::gatherv(const void* mine, size_t my_bytes, void* all, std::span<const size_t> bytes,
@@ -163,9 +182,11 @@ void Comm::gatherv(const void* mine, size_t my_bytes, void* all, std::span<const
     }
   }
   const Watched watch("MPI_Gatherv");
-  check_mpi(MPI_Gatherv(mine, byte_count(my_bytes, "MPI_Gatherv"), MPI_BYTE, all, rc.data(), ro.data(), MPI_BYTE, 0,
-                        MPI_COMM_WORLD),
+  MPI_Request req;
+  check_mpi(MPI_Igatherv(mine, byte_count(my_bytes, "MPI_Gatherv"), MPI_BYTE, all, rc.data(), ro.data(), MPI_BYTE, 0,
+                         MPI_COMM_WORLD, &req),
             "MPI_Gatherv");
+  wait_for(req, "MPI_Gatherv");
 }
 
 std::vector<int64_t> Comm::allgather_int(int64_t mine) const {
@@ -178,7 +199,9 @@ void Comm::barrier(bool timed) const {
   if (!mpi_) return;
   std::optional<Watched> w;
   if (timed) w.emplace("MPI_Barrier");
-  check_mpi(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier");
+  MPI_Request req;
+  check_mpi(MPI_Ibarrier(MPI_COMM_WORLD, &req), "MPI_Barrier");
+  wait_for(req, "MPI_Barrier");
 }
 
 void Comm::set_timeout(double seconds) const {
@@ -214,8 +237,11 @@ void Comm::alltoallv(const void* send, std::span<const size_t> send_bytes, std::
     ro[r] = byte_count(recv_offsets[r], "MPI_Alltoallv");
   }
   const Watched watch("MPI_Alltoallv");
-  check_mpi(MPI_Alltoallv(send, sc.data(), so.data(), MPI_BYTE, recv, rc.data(), ro.data(), MPI_BYTE, MPI_COMM_WORLD),
+  MPI_Request req;
+  check_mpi(MPI_Ialltoallv(send, sc.data(), so.data(), MPI_BYTE, recv, rc.data(), ro.data(), MPI_BYTE, MPI_COMM_WORLD,
+                           &req),
             "MPI_Alltoallv");
+  wait_for(req, "MPI_Alltoallv");
 }
 
 double measure_exchange_gbps(const Comm& comm, size_t bytes) {

@@ -1,6 +1,7 @@
 // train/trainer.cpp — the training loop. Reads top to bottom as the steps of a run.
 #include "train/trainer.h"
 
+#include <sys/resource.h>
 #include <sys/statvfs.h>
 
 #include <algorithm>
@@ -41,6 +42,12 @@ namespace fs = std::filesystem;
 
 namespace lt {
 namespace {
+
+// This process's peak resident memory (getrusage: ru_maxrss is in KiB on Linux).
+size_t peak_rss_bytes() {
+  struct rusage u {};
+  return getrusage(RUSAGE_SELF, &u) == 0 ? size_t(u.ru_maxrss) * 1024 : 0;
+}
 
 size_t mem_available_bytes() {
   std::ifstream f("/proc/meminfo");
@@ -550,6 +557,7 @@ TrainResult run_training(const TrainConfig& asked) {
     r.summary["eval"] = last_eval;
   }
   r.summary["host_optimizer_state_bytes_per_rank"] = states.state_bytes;
+  r.summary["peak_host_rss_bytes"] = peak_rss_bytes();  // rank 0's
   if (dp) {
     r.summary["world_size"] = ranks;
     r.summary["exchange_bytes_per_rank"] = dp->bytes_sent();  // rank 0's
