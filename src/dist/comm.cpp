@@ -104,6 +104,12 @@ int launcher_world_size() {
   return 1;
 }
 
+int launcher_local_rank() {
+  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"})
+    if (const char* v = std::getenv(name); v && *v) return std::atoi(v);
+  return 0;
+}
+
 Comm& Comm::world() {
   static Comm comm;
   return comm;

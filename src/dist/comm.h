@@ -71,5 +71,8 @@ double measure_exchange_gbps(const Comm& comm, size_t bytes = size_t(32) << 20);
 
 // Whether this process was started by an MPI launcher (the environment says so), and with how many ranks.
 int launcher_world_size();
+// This process's rank among the ranks on its host (Open MPI's OMPI_COMM_WORLD_LOCAL_RANK, MPICH's MPI_LOCALRANKID,
+// srun's SLURM_LOCALID); 0 without a launcher. Rank r of a host takes its local GPU r.
+int launcher_local_rank();
 
 }  // namespace lt

@@ -30,7 +30,7 @@ LayerKernels device_layer_kernels(const std::string& device, DType act) {
   return LayerKernels::cpu;
 }
 
-std::unique_ptr<Device> open_device(const std::string& device, size_t capacity, LinkSpec link) {
+std::unique_ptr<Device> open_device(const std::string& device, size_t capacity, LinkSpec link, int gpu) {
   check_device_name(device, "device");
   cuda::use_cuda_sim_kernels(device == "cuda-sim");
   if (device != "cuda") return make_cpu_device(capacity, link);
@@ -39,6 +39,7 @@ std::unique_ptr<Device> open_device(const std::string& device, size_t capacity, 
            "the cpu and cuda-sim devices");
   cuda::CudaDeviceOptions o;
   o.capacity = capacity;
+  o.gpu = gpu;
   return cuda::make_cuda_device(o);
 }
 

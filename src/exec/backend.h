@@ -34,7 +34,7 @@ LayerKernels device_layer_kernels(const std::string& device, DType act);
 // Opens the device: for cpu and cuda-sim the CPU device with `capacity` bytes and `link`; for cuda GPU 0 with an
 // arena of `capacity` bytes (the link is the hardware's: `link` must be unlimited). Also routes the host ops to the
 // cuda-sim kernels for cuda-sim and back for the others (not while a step runs).
-std::unique_ptr<Device> open_device(const std::string& device, size_t capacity, LinkSpec link);
+std::unique_ptr<Device> open_device(const std::string& device, size_t capacity, LinkSpec link, int gpu = 0);
 
 // Model slabs the streams copy (the weights the device streams, the gradients it writes back) pinned on `device`
 // (Device::pin_host; nothing on the CPU device) while this lives: declare it after the slabs and the device, so

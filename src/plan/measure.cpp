@@ -75,7 +75,7 @@ Profile measure_profile(const ModelConfig& cfg0, int64_t B, int64_t T, const Mea
   make_compute_copy(copy, params);
   const LayerBytes lb = LayerBytes::make(cfg, s, mdt);
 
-  std::unique_ptr<Device> dev = open_device(o.device, o.device_memory, o.link);
+  std::unique_ptr<Device> dev = open_device(o.device, o.device_memory, o.link, o.gpu);
   const LayerKernels kernels = device_layer_kernels(o.device, s.act);
   std::unique_ptr<LayerCompute> compute =
       kernels == LayerKernels::gpu ? cuda::make_gpu_layer_compute(*dev) : make_cpu_layer_compute();

@@ -18,6 +18,7 @@ namespace lt {
 
 struct MeasureOptions {
   std::string device = "cpu";               // cpu, cuda or cuda-sim (exec/backend.h)
+  int gpu = 0;                              // cuda: the device index (a data-parallel rank's local GPU)
   size_t device_memory = size_t(8) << 30;  // the emulated device's capacity (and the profile's default budget)
   LinkSpec link;                           // the emulated link (0 = unlimited)
   ComputeType compute = ComputeType::f32;

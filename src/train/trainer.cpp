@@ -261,6 +261,7 @@ TrainResult run_training(const TrainConfig& asked) {
   if (c.plan == "auto") {
     MeasureOptions mo;
     mo.device = c.device;
+    mo.gpu = launcher_local_rank();
     // The measurement device holds one layer's full working set at this shape; it is not the budget
     // (the planner gets that below), and the CPU device's arena only touches the pages it uses.
     mo.device_memory = std::max(device_bytes, size_t(8) << 30);
@@ -321,7 +322,9 @@ TrainResult run_training(const TrainConfig& asked) {
 
   // --- device, executor, optimizer ---
   // What the device name runs: exec/backend.h.
-  std::unique_ptr<Device> device = open_device(c.device, device_bytes, LinkSpec{c.link_gbps, c.link_gbps, 0});
+  // Data parallel: each rank its own GPU, local rank r on GPU r.
+  std::unique_ptr<Device> device =
+      open_device(c.device, device_bytes, LinkSpec{c.link_gbps, c.link_gbps, 0}, launcher_local_rank());
   std::unique_ptr<NvmeStore> nvme;
   if (ws.nvme_bytes > 0) {
     LT_CHECK(!c.nvme_dir.empty(), "plan '{}' uses the nvme tier: set nvme_dir", plan.name);
