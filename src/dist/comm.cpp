@@ -91,6 +91,64 @@ void wait_for(MPI_Request& request, const char* call) {
   }
 }
 
+void wait_all(std::vector<MPI_Request>& requests, const char* call) {
+  int done = 0;
+  for (int64_t nap_us = 0, tests = 0;; ++tests) {
+    check_mpi(MPI_Testall(int(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE), call);
+    if (done) return;
+    if (tests < 64) continue;
+    nap_us = nap_us == 0 ? 20 : std::min<int64_t>(2 * nap_us, 1000);
+    std::this_thread::sleep_for(std::chrono::microseconds(nap_us));
+  }
+}
+
+// MPI's counts and displacements are int: a collective whose sizes or offsets exceed the largest message
+// (1 GiB; LT_MPI_MAX_MESSAGE lowers it, which the tests use to run this path on small data) goes point to point
+// instead, each message in pieces of at most that many bytes. (The 27B model's embedding table is 5 GB of f32.)
+size_t g_max_message = size_t(1) << 30;
+
+bool fits(std::span<const size_t> sizes) {
+  return std::all_of(sizes.begin(), sizes.end(), [](size_t b) { return b <= g_max_message; });
+}
+
+// One rank's part of a point-to-point exchange.
+struct Message {
+  int peer;
+  uint8_t* data;  // read for a send, written for a receive
+  size_t bytes;
+};
+
+// Every receive and send at once, each in pieces; messages between two ranks arrive in the order sent (MPI's
+// non-overtaking rule), so piece k of a message matches piece k. A message to this rank itself is a copy.
+void exchange_messages(int me, const std::vector<Message>& sends, const std::vector<Message>& recvs,
+                       const char* call) {
+  constexpr int kTag = 7101;
+  std::vector<MPI_Request> requests;
+  for (const Message& m : recvs) {
+    if (m.peer == me) continue;
+    for (size_t at = 0; at < m.bytes; at += g_max_message) {
+      requests.emplace_back();
+      check_mpi(MPI_Irecv(m.data + at, int(std::min(g_max_message, m.bytes - at)), MPI_BYTE, m.peer, kTag,
+                          MPI_COMM_WORLD, &requests.back()),
+                call);
+    }
+  }
+  for (const Message& m : sends) {
+    if (m.peer == me) {
+      for (const Message& r : recvs)
+        if (r.peer == me && r.bytes) std::memmove(r.data, m.data, r.bytes);
+      continue;
+    }
+    for (size_t at = 0; at < m.bytes; at += g_max_message) {
+      requests.emplace_back();
+      check_mpi(MPI_Isend(m.data + at, int(std::min(g_max_message, m.bytes - at)), MPI_BYTE, m.peer, kTag,
+                          MPI_COMM_WORLD, &requests.back()),
+                call);
+    }
+  }
+  wait_all(requests, call);
+}
+
 int byte_count(size_t bytes, const char* call) {
   LT_CHECK(bytes <= size_t(INT_MAX), "MPI: {} of {} bytes exceeds one message's limit (2 GiB)", call, bytes);
   return int(bytes);
@@ -131,6 +189,11 @@ Comm::Comm() {
   check_mpi(MPI_Comm_rank(MPI_COMM_WORLD, &rank_), "MPI_Comm_rank");
   check_mpi(MPI_Comm_size(MPI_COMM_WORLD, &size_), "MPI_Comm_size");
   mpi_ = true;
+  if (const char* v = std::getenv("LT_MPI_MAX_MESSAGE"); v && *v) {
+    const long long m = std::atoll(v);
+    LT_CHECK(m >= 1 && m <= INT_MAX, "LT_MPI_MAX_MESSAGE={}: expected bytes in [1, {}]", v, INT_MAX);
+    g_max_message = size_t(m);
+  }
   // srun without an MPI plugin starts N singletons, each a world of one: N runs writing the same outputs.
   LT_CHECK(size_ == launched, "the launcher started {} processes but MPI sees a world of {} (srun: add --mpi=pmix)",
            launched, size_);
@@ -141,8 +204,17 @@ void Comm::allgather(const void* mine, size_t bytes, void* all) const {
     if (bytes) std::memmove(all, mine, bytes);
     return;
   }
-  const int n = byte_count(bytes, "MPI_Allgather");
   const Watched watch("MPI_Allgather");
+  if (bytes > g_max_message) {
+    std::vector<Message> sends, recvs;
+    for (int r = 0; r < size_; ++r) {
+      sends.push_back({r, static_cast<uint8_t*>(const_cast<void*>(mine)), bytes});
+      recvs.push_back({r, static_cast<uint8_t*>(all) + size_t(r) * bytes, bytes});
+    }
+    exchange_messages(rank_, sends, recvs, "MPI_Allgather (point to point)");
+    return;
+  }
+  const int n = byte_count(bytes, "MPI_Allgather");
   MPI_Request req;
   check_mpi(MPI_Iallgather(mine, n, MPI_BYTE, all, n, MPI_BYTE, MPI_COMM_WORLD, &req), "MPI_Allgather");
   wait_for(req, "MPI_Allgather");
@@ -156,6 +228,16 @@ void Comm::allgatherv(const void* mine, size_t my_bytes, void* all, std::span<co
            offsets.size(), bytes.size() > size_t(rank_) ? bytes[size_t(rank_)] : 0, my_bytes);
   if (!mpi_) {
     if (my_bytes) std::memmove(static_cast<char*>(all) + offsets[0], mine, my_bytes);
+    return;
+  }
+  if (!fits(bytes) || !fits(offsets)) {
+    const Watched watch("MPI_Allgatherv");
+    std::vector<Message> sends, recvs;
+    for (int r = 0; r < size_; ++r) {
+      sends.push_back({r, static_cast<uint8_t*>(const_cast<void*>(mine)), my_bytes});
+      recvs.push_back({r, static_cast<uint8_t*>(all) + offsets[size_t(r)], bytes[size_t(r)]});
+    }
+    exchange_messages(rank_, sends, recvs, "MPI_Allgatherv (point to point)");
     return;
   }
   std::vector<int> rc(n), ro(n);
@@ -178,10 +260,19 @@ void Comm::gatherv(const void* mine, size_t my_bytes, void* all, std::span<const
     if (my_bytes) std::memmove(static_cast<char*>(all) + offsets[0], mine, my_bytes);
     return;
   }
+  LT_CHECK(bytes.size() == n && offsets.size() == n && bytes[size_t(rank_)] == my_bytes,
+           "Comm::gatherv: {} ranks, but {} sizes and {} offsets", n, bytes.size(), offsets.size());
+  if (!fits(bytes) || !fits(offsets)) {
+    const Watched watch("MPI_Gatherv");
+    std::vector<Message> sends, recvs;
+    sends.push_back({0, static_cast<uint8_t*>(const_cast<void*>(mine)), my_bytes});
+    if (rank_ == 0)
+      for (int r = 0; r < size_; ++r) recvs.push_back({r, static_cast<uint8_t*>(all) + offsets[size_t(r)], bytes[size_t(r)]});
+    exchange_messages(rank_, sends, recvs, "MPI_Gatherv (point to point)");
+    return;
+  }
   std::vector<int> rc(n, 0), ro(n, 0);
   if (rank_ == 0) {
-    LT_CHECK(bytes.size() == n && offsets.size() == n, "Comm::gatherv: {} ranks, but {} sizes and {} offsets", n,
-             bytes.size(), offsets.size());
     for (size_t r = 0; r < n; ++r) {
       rc[r] = byte_count(bytes[r], "MPI_Gatherv");
       ro[r] = byte_count(offsets[r], "MPI_Gatherv");
@@ -235,6 +326,21 @@ void Comm::alltoallv(const void* send, std::span<const size_t> send_bytes, std::
                    send_bytes[0]);
     return;
   }
+  // Every rank must take the same path, and each knows only its own sizes: one small allreduce decides.
+  const Watched watch("MPI_Alltoallv");
+  int mine_fit = fits(send_bytes) && fits(send_offsets) && fits(recv_bytes) && fits(recv_offsets), all_fit = 0;
+  MPI_Request flag;
+  check_mpi(MPI_Iallreduce(&mine_fit, &all_fit, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD, &flag), "MPI_Alltoallv");
+  wait_for(flag, "MPI_Alltoallv");
+  if (!all_fit) {
+    std::vector<Message> sends, recvs;
+    for (int r = 0; r < size_; ++r) {
+      sends.push_back({r, static_cast<uint8_t*>(const_cast<void*>(send)) + send_offsets[size_t(r)], send_bytes[size_t(r)]});
+      recvs.push_back({r, static_cast<uint8_t*>(recv) + recv_offsets[size_t(r)], recv_bytes[size_t(r)]});
+    }
+    exchange_messages(rank_, sends, recvs, "MPI_Alltoallv (point to point)");
+    return;
+  }
   std::vector<int> sc(n), so(n), rc(n), ro(n);
   for (size_t r = 0; r < n; ++r) {
     sc[r] = byte_count(send_bytes[r], "MPI_Alltoallv");
@@ -242,7 +348,6 @@ void Comm::alltoallv(const void* send, std::span<const size_t> send_bytes, std::
     rc[r] = byte_count(recv_bytes[r], "MPI_Alltoallv");
     ro[r] = byte_count(recv_offsets[r], "MPI_Alltoallv");
   }
-  const Watched watch("MPI_Alltoallv");
   MPI_Request req;
   check_mpi(MPI_Ialltoallv(send, sc.data(), so.data(), MPI_BYTE, recv, rc.data(), ro.data(), MPI_BYTE, MPI_COMM_WORLD,
                            &req),

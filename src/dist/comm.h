@@ -4,8 +4,11 @@
 // process not started by an MPI launcher is a world of one and never initialises MPI, so a plain run is unchanged.
 // What started us is read from the launcher's environment (Open MPI's OMPI_COMM_WORLD_SIZE, PMI's PMI_SIZE, srun's
 // SLURM_STEP_NUM_TASKS; a launcher whose processes MPI then sees as separate worlds is refused); then MPI_Init_thread
-// runs once, serialized (the trainer's thread between steps and the executor's host lane during a step call MPI,
-// never both at once), and MPI_Finalize at exit.
+// runs once, serialized (the trainer's thread between steps, the executor's optimizer lane and then its host lane
+// during a step call MPI, each after the one before it is done), and MPI_Finalize at exit.
+//
+// Sizes: MPI counts bytes in int; a collective with a message or offset beyond 1 GiB (LT_MPI_MAX_MESSAGE bytes)
+// goes point to point in pieces instead, so a 5 GB embedding table moves like any slab.
 //
 // Every collective here is deterministic: sums are never left to the library's reduction order (which MPI does
 // not fix); data is gathered and added in rank order by the caller (dist/grad_exchange.h), so N ranks give the
@@ -40,8 +43,8 @@ class Comm {
   // The same with each rank's own size: rank r's bytes[r] bytes land at all + offsets[r].
   void allgatherv(const void* mine, size_t my_bytes, void* all, std::span<const size_t> bytes,
                   std::span<const size_t> offsets) const;
-  // To rank 0 only: rank r's my_bytes land at all + offsets[r] (bytes[r] of them; `all`, `bytes` and `offsets`
-  // are read on rank 0 only).
+  // To rank 0 only: rank r's my_bytes land at all + offsets[r] (bytes[r] of them; `all` is written on rank 0
+  // only; `bytes` and `offsets` are the same on every rank).
   void gatherv(const void* mine, size_t my_bytes, void* all, std::span<const size_t> bytes,
                std::span<const size_t> offsets) const;
   // Every rank's int, in rank order (e.g. a flag every rank must agree on, or a size before an allgatherv).
