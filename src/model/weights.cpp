@@ -14,19 +14,19 @@
 
 namespace lt {
 
-ModelSlabs::ModelSlabs(const ModelConfig& cfg, DType matrix_dtype)
+ModelSlabs::ModelSlabs(const ModelConfig& cfg, DType matrix_dtype, Fill fill)
     : cfg_(cfg),
       matrix_dtype_(matrix_dtype),
       embed_layout_(SlabLayout::make(cfg, SlabKind::embedding, matrix_dtype)),
       head_layout_(SlabLayout::make(cfg, SlabKind::head, matrix_dtype)),
-      embed_(embed_layout_.bytes()),
-      head_(head_layout_.bytes()) {
+      embed_(embed_layout_.bytes(), kPageAlign, fill),
+      head_(head_layout_.bytes(), kPageAlign, fill) {
   for (LayerKind k : {LayerKind::full_attention, LayerKind::linear_attention}) {
     if (k == LayerKind::full_attention || cfg.num_linear_attention_layers() > 0)
       layer_layouts_[size_t(k)] = SlabLayout::make(cfg, SlabKind::layer, matrix_dtype, k);
   }
   layers_.reserve(size_t(cfg.num_layers));
-  for (int64_t i = 0; i < cfg.num_layers; ++i) layers_.emplace_back(layout(SlabKind::layer, i).bytes());
+  for (int64_t i = 0; i < cfg.num_layers; ++i) layers_.emplace_back(layout(SlabKind::layer, i).bytes(), kPageAlign, fill);
 }
 
 const SlabLayout& ModelSlabs::layout(SlabKind kind, int64_t layer) const {

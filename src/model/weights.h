@@ -20,7 +20,9 @@ class ModelSlabs {
  public:
   ModelSlabs() = default;
   // Zero-filled slabs for `cfg`, matrices stored as `matrix_dtype` (f32 or bf16).
-  ModelSlabs(const ModelConfig& cfg, DType matrix_dtype = DType::f32);
+  // `fill` none: the slabs' pages are not touched here (they fault in where first written): a data-parallel rank's
+  // gradients, of which it only ever writes and reads the chunks it owns.
+  ModelSlabs(const ModelConfig& cfg, DType matrix_dtype = DType::f32, Fill fill = Fill::zero);
 
   const ModelConfig& config() const { return cfg_; }
   DType matrix_dtype() const { return matrix_dtype_; }

@@ -335,14 +335,16 @@ TrainResult run_training(const TrainConfig& asked) {
     log.message("nvme: " + nvme->describe());
   }
   StreamingExecutor executor(mc, *device, eo, nvme.get());
-  ModelSlabs grads(mc);
+  // Data parallel: a rank only ever touches the gradient chunks it owns (the exchange stages the rest), so the
+  // other chunks' pages are never faulted in (ZeRO-2's memory, without a second layout).
+  ModelSlabs grads(mc, DType::f32, ranks > 1 ? Fill::none : Fill::zero);
   std::optional<ModelSlabs> copy;
   if (compute == ComputeType::bf16) copy.emplace(mc, DType::bf16);
   // The slabs the streams copy, pinned for a GPU's DMA (the CPU device has nothing to pin).
   PinnedSlabs pins(*device);
   if (c.device == "cuda") {
     pins.pin(copy ? *copy : model.params, "weights");
-    pins.pin(grads, "gradients");
+    if (ranks == 1) pins.pin(grads, "gradients");  // data parallel: the executor's own staging is pinned
     log.message(fmt::format("pinned {} of host slabs in {:.2f} s", format_bytes(double(pins.bytes())), pins.seconds()));
   }
   AdamWConfig ac;
