@@ -197,7 +197,7 @@ TrainResult run_training(const TrainConfig& asked) {
   const ComputeType compute = c.compute_dtype == "bf16" ? ComputeType::bf16 : ComputeType::f32;
   const DType activations = device_activation_storage(asked.device, asked.activation_dtype, compute, "activation_dtype");
   c.activation_dtype = dtype_name(activations);  // resolved, as recorded with checkpoints
-  check_host_memory_for_parameters(c, ranks);            // before anything is written or loaded
+  check_host_memory_for_parameters(c, ranks);  // before anything is written or loaded
   fs::create_directories(c.output_dir);
   if (!c.nvme_dir.empty()) ensure_nvme_dir(c.nvme_dir);
 
