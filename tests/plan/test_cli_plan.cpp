@@ -63,6 +63,27 @@ TEST_F(CmdPlan, TableAndPlanFileTheExecutorReads) {
   EXPECT_TRUE(j["fits"].get<bool>());
 }
 
+TEST_F(CmdPlan, RanksCountTheExchangeAndNeedTheNetwork) {
+  const std::string common = "plan --model " + kModel +
+                             " --hardware rtx3090 --batch 8 --seq 512 --device-memory 3GiB --host-act-memory 4GiB "
+                             "--time-limit 5 --json";
+  const CmdResult one = run(common);
+  const CmdResult four = run(common + " --ranks 4 --net-gbps 5");
+  ASSERT_EQ(one.status, 0) << one.out;
+  ASSERT_EQ(four.status, 0) << four.out;
+  const nlohmann::json a = nlohmann::json::parse(one.out), b = nlohmann::json::parse(four.out);
+  EXPECT_TRUE(a["data_parallel"].is_null());
+  ASSERT_TRUE(b["data_parallel"].is_object());
+  EXPECT_EQ(b["data_parallel"]["ranks"], 4);
+  EXPECT_GT(b["data_parallel"]["exchange_micro_bytes"].get<double>(), 0);
+  EXPECT_GT(b["data_parallel"]["exchange_step_bytes"].get<double>(), 0);
+  EXPECT_GT(b["data_parallel"]["host_parameter_bytes_per_rank"].get<double>(), 0);
+  const CmdResult missing = run("simulate --profile rtx3090 --model " + kModel +
+                                " --batch 8 --seq 512 --policy every:2 --ranks 2");
+  EXPECT_NE(missing.status, 0);
+  EXPECT_NE(missing.out.find("--net-gbps"), std::string::npos) << missing.out;
+}
+
 TEST_F(CmdPlan, UnknownHardware) {
   const CmdResult r = run("plan --model " + kModel + " --hardware tpu-v9 --batch 1 --seq 64");
   EXPECT_NE(r.status, 0);
