@@ -7,7 +7,6 @@
 #include <chrono>
 #include <climits>
 #include <cstdio>
-#include <optional>
 #include <thread>
 #include <cstdlib>
 #include <cstring>
@@ -39,6 +38,8 @@ int env_int(const char* name) {
 std::atomic<const char*> g_call{nullptr};
 std::atomic<int64_t> g_since_ns{0};
 std::atomic<double> g_timeout_s{0};
+std::atomic<double> g_patience{1};  // the collective in progress may wait this many timeouts
+std::atomic<bool> g_watchdog{false};
 
 int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
@@ -48,8 +49,9 @@ int64_t now_ns() {
 // Marks a timed collective for its duration.
 class Watched {
  public:
-  explicit Watched(const char* call) {
+  explicit Watched(const char* call, double patience = 1) {
     g_since_ns.store(now_ns(), std::memory_order_relaxed);
+    g_patience.store(patience, std::memory_order_relaxed);
     g_call.store(call, std::memory_order_release);
   }
   ~Watched() { g_call.store(nullptr, std::memory_order_release); }
@@ -62,7 +64,7 @@ void watchdog(int rank, int size) {
   for (;;) {
     std::this_thread::sleep_for(std::chrono::seconds(1));
     const char* call = g_call.load(std::memory_order_acquire);
-    const double limit = g_timeout_s.load(std::memory_order_relaxed);
+    const double limit = g_timeout_s.load(std::memory_order_relaxed) * g_patience.load(std::memory_order_relaxed);
     if (!call || limit <= 0) continue;
     const double waited = double(now_ns() - g_since_ns.load(std::memory_order_relaxed)) * 1e-9;
     if (waited < limit || g_call.load(std::memory_order_acquire) != call) continue;
@@ -292,10 +294,9 @@ std::vector<int64_t> Comm::allgather_int(int64_t mine) const {
   return all;
 }
 
-void Comm::barrier(bool timed) const {
+void Comm::barrier(double patience) const {
   if (!mpi_) return;
-  std::optional<Watched> w;
-  if (timed) w.emplace("MPI_Barrier");
+  const Watched watch("MPI_Barrier", patience);
   MPI_Request req;
   check_mpi(MPI_Ibarrier(MPI_COMM_WORLD, &req), "MPI_Barrier");
   wait_for(req, "MPI_Barrier");
@@ -303,9 +304,8 @@ void Comm::barrier(bool timed) const {
 
 void Comm::set_timeout(double seconds) const {
   if (!mpi_) return;
-  const bool started = g_timeout_s.load() > 0;
   g_timeout_s.store(seconds);
-  if (!started && seconds > 0) std::thread(watchdog, rank_, size_).detach();
+  if (seconds > 0 && !g_watchdog.exchange(true)) std::thread(watchdog, rank_, size_).detach();
 }
 
 void Comm::abort(int code) const {

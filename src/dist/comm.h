@@ -49,8 +49,10 @@ class Comm {
                std::span<const size_t> offsets) const;
   // Every rank's int, in rank order (e.g. a flag every rank must agree on, or a size before an allgatherv).
   std::vector<int64_t> allgather_int(int64_t mine) const;
-  // `timed` false: exempt from the timeout (the others wait for rank 0's evaluation or checkpoint).
-  void barrier(bool timed = true) const;
+  // `patience`: this wait may last that many times the timeout (kWaitForLead: the others wait for rank 0's
+  // evaluation or checkpoint writing, legitimately long, yet not forever).
+  static constexpr double kWaitForLead = 20;
+  void barrier(double patience = 1) const;
   // Any collective that waits longer than `seconds` for the other ranks ends the process (exit 1) with a message;
   // 0: wait forever. No effect in a world of one.
   void set_timeout(double seconds) const;

@@ -15,6 +15,7 @@ namespace {
 NamedTensors gather_state(const Comm& comm, const std::vector<StatePiece>& mine,
                           std::vector<AlignedBuffer<uint8_t>>* storage) {
   const size_t n = size_t(comm.size()), pieces = mine.size();
+  comm.barrier(Comm::kWaitForLead);  // rank 0 comes here after writing the model files
   // Every piece's (offset, bytes) on every rank, in one allgather.
   std::vector<uint64_t> where(2 * pieces), all(2 * pieces * n);
   for (size_t i = 0; i < pieces; ++i) where[2 * i] = mine[i].offset, where[2 * i + 1] = mine[i].bytes;

@@ -218,7 +218,7 @@ TrainResult run_training(const TrainConfig& asked) {
   // Rank 0 tokenises (and writes the data cache) first; the others then read the cache it wrote.
   std::optional<DataLoader> loaded;
   if (lead) loaded.emplace(load_train_data(c, tok, tpl));
-  comm.barrier(/*timed=*/false);
+  comm.barrier();  // no timeout yet: tokenising a large data set takes what it takes
   if (!lead) loaded.emplace(load_train_data(c, tok, tpl));
   comm.set_timeout(c.dist_timeout_s);  // from here a rank that stops answering ends the job
   DataLoader& loader = *loaded;
@@ -399,8 +399,7 @@ TrainResult run_training(const TrainConfig& asked) {
   };
   auto save = [&](int64_t at_step) -> std::string {
     flush_update();  // on every rank: the weights stay the same everywhere
-    // Data parallel: rank 0 writes for minutes at times; the others wait for it without the timeout.
-    comm.set_timeout(0);
+    // Data parallel: rank 0 writes for minutes at times; the others wait for it with kWaitForLead's patience.
     std::string path;
     if (lead) {
       nlohmann::json st = {{"cursor", loader.cursor().to_json()}, {"config", result_config(c, ranks)},
@@ -410,8 +409,7 @@ TrainResult run_training(const TrainConfig& asked) {
     } else {
       dp->send_optimizer_state(opt);  // rank 0's save_state gathers it
     }
-    comm.barrier(/*timed=*/false);
-    comm.set_timeout(c.dist_timeout_s);
+    comm.barrier(Comm::kWaitForLead);
     return path;
   };
 
@@ -422,7 +420,7 @@ TrainResult run_training(const TrainConfig& asked) {
     if (eval_specs.empty()) return;
     flush_update();
     if (!lead) {
-      comm.barrier(/*timed=*/false);  // rank 0 evaluates
+      comm.barrier(Comm::kWaitForLead);  // rank 0 evaluates
       return;
     }
     Timer t;
@@ -431,7 +429,7 @@ TrainResult run_training(const TrainConfig& asked) {
                  {"seconds", t.seconds()}};
     log.log_eval(at_step, last_eval);
     write_json_file(fmt::format("{}/eval-{}.json", c.output_dir, at_step), er.to_json(/*with_predictions=*/true));
-    comm.barrier(/*timed=*/false);
+    comm.barrier(Comm::kWaitForLead);
   };
 
   // --- the loop ---
@@ -568,6 +566,9 @@ TrainResult run_training(const TrainConfig& asked) {
     r.summary["exchange_bytes_per_rank"] = dp->bytes_sent();  // rank 0's
   }
   if (lead) write_json_file(c.output_dir + "/summary.json", r.summary);
+  // The other ranks leave only once rank 0 has written everything: a launcher ends the job when one rank exits
+  // with an error status (a signal's 143), which could otherwise cut rank 0 short.
+  comm.barrier(Comm::kWaitForLead);
   return r;
 }
 

@@ -7,13 +7,15 @@ gradients are summed in that order (dist/data_parallel.h), so for 1 x 6, 2 x 3 a
 at every step — with tied and untied embeddings (the tied lm_head's part of the table is replayed rank by rank).
 Also: a run saved on 2 ranks resumes on 3 and on 1 and ends byte-identical to the uninterrupted run; rank 0 alone
 writes and prints; each rank keeps optimizer states for about 1/N of the parameters; a rank killed mid-run ends the whole job with a non-zero exit, leaving only whole checkpoints; a rank that stops
-answering ends it after dist_timeout_s with a message naming the wait.
+answering ends it after dist_timeout_s with a message naming the wait; SIGTERM to mpirun stops every rank at one
+step with one checkpoint, which resumes.
 
 Usage: check_train_ranks.py --lazytrain BIN --mpirun MPIEXEC"""
 import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -137,6 +139,33 @@ def main():
                     if not os.path.isfile(os.path.join(out, d, name)):
                         fail(f"{d} is not whole: {name} is missing")
         print(f"pass: rank 1 killed: the job ended in {took:.1f} s with exit {p.returncode}, checkpoints whole")
+
+        # SIGTERM to mpirun reaches every rank at its own moment: they agree on one step, save there together
+        # (rank 0 writes), and the run resumes from that checkpoint.
+        out = os.path.join(work, "sigterm")
+        cmd = [a.mpirun, "--oversubscribe", "-np", "2", a.lazytrain, "train", CONFIG, f"output_dir={out}"] + common + [
+            "gradient_accumulation_steps=1", "max_steps=60", "eval_steps=0", "save_steps=0"]
+        job = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            m = os.path.join(out, "metrics.jsonl")
+            if os.path.exists(m) and sum(1 for _ in open(m)) >= 3:
+                break
+            time.sleep(0.2)
+        job.send_signal(signal.SIGTERM)
+        _, err = job.communicate(timeout=120)
+        if not os.path.exists(os.path.join(out, "summary.json")):
+            fail(f"SIGTERM to mpirun: no summary.json (exit {job.returncode}): {err[-2000:]}\n{os.listdir(out)}")
+        summary = json.load(open(os.path.join(out, "summary.json")))
+        if summary.get("stopped_by") != "SIGTERM" or not os.path.isfile(
+                os.path.join(summary.get("stop_checkpoint", "/nonexistent"), "resume", "optimizer.safetensors")):
+            fail(f"SIGTERM to mpirun: summary {summary}, stderr {err[-1500:]}")
+        stopped = summary["steps"]
+        p = train(2, out, common + ["gradient_accumulation_steps=1", "max_steps=60", "eval_steps=0",
+                                    "save_steps=0", "resume_from_checkpoint=true"])
+        if f"at step {stopped}" not in p.stderr or json.load(open(os.path.join(out, "summary.json")))["steps"] != 60:
+            fail(f"resume after SIGTERM did not start at step {stopped}: {p.stderr[-1500:]}")
+        print(f"pass: SIGTERM to mpirun: both ranks stopped at step {stopped}, saved once, resumed from there")
 
         # A rank that stops answering (SIGSTOP: alive, silent) ends the job after dist_timeout_s, with a message.
         out = os.path.join(work, "stopped")
