@@ -31,6 +31,13 @@ def fail(msg):
     sys.exit(f"FAIL: {msg}")
 
 
+def signal_rank1_after_checkpoint(out, sig):
+    """An mpirun wrapper: rank 1 gets `kill SIG` a second after out/checkpoint-2 is whole; the others run as is."""
+    return ["sh", "-c", f'if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then '
+            f'(while [ ! -e {out}/checkpoint-2/model.safetensors ]; do sleep 0.1; done; sleep 1; '
+            f'kill {sig} $$) & fi; exec "$@"', "sh"]
+
+
 def metrics(out):
     rows = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl")) if '"loss"' in l]
     return [(r["step"], r["loss"], r["grad_norm"], r["lr"]) for r in rows]
@@ -122,9 +129,7 @@ def main():
 
         # A rank killed mid-run (SIGKILL once the first checkpoint is whole) ends the job; checkpoints stay whole.
         out = os.path.join(work, "killed")
-        kill_rank1 = ["sh", "-c", f'if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then '
-                      f'(while [ ! -e {out}/checkpoint-2/model.safetensors ]; do sleep 0.1; done; sleep 1; '
-                      f'kill -9 $$) & fi; exec "$@"', "sh"]
+        kill_rank1 = signal_rank1_after_checkpoint(out, "-9")
         t0 = time.time()
         p = train(2, out, common + ["gradient_accumulation_steps=3", "max_steps=100000", "eval_steps=0"],
                   check=False, wrapper=kill_rank1, timeout=300)
@@ -169,9 +174,7 @@ def main():
 
         # A rank that stops answering (SIGSTOP: alive, silent) ends the job after dist_timeout_s, with a message.
         out = os.path.join(work, "stopped")
-        stop_rank1 = ["sh", "-c", f'if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then '
-                      f'(while [ ! -e {out}/checkpoint-2/model.safetensors ]; do sleep 0.1; done; sleep 1; '
-                      f'kill -STOP $$) & fi; exec "$@"', "sh"]
+        stop_rank1 = signal_rank1_after_checkpoint(out, "-STOP")
         t0 = time.time()
         p = train(2, out, common + ["gradient_accumulation_steps=3", "max_steps=100000", "eval_steps=0",
                                     "dist_timeout_s=5"], check=False, wrapper=stop_rank1, timeout=300)
