@@ -6,7 +6,9 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstddef>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -68,6 +70,20 @@ class AlignedBuffer {
   std::unique_ptr<T, FreeDeleter> data_;
   size_t count_ = 0;
 };
+
+// Gives the whole pages inside [p, p + bytes) back to the kernel and returns their bytes: they read as zeros when
+// touched again, and are kept off transparent huge pages (khugepaged would otherwise refill a mostly released
+// 2 MiB range). For memory this process no longer reads — a data-parallel rank's masters of other ranks' shards.
+inline size_t release_pages(void* p, size_t bytes) {
+  const uintptr_t b = align_up(reinterpret_cast<uintptr_t>(p), kPageAlign);
+  const uintptr_t e = (reinterpret_cast<uintptr_t>(p) + bytes) / kPageAlign * kPageAlign;
+  if (e <= b) return 0;
+  void* at = reinterpret_cast<void*>(b);
+  madvise(at, e - b, MADV_NOHUGEPAGE);  // advice: without THP it changes nothing
+  LT_CHECK(madvise(at, e - b, MADV_DONTNEED) == 0, "release_pages: madvise(MADV_DONTNEED) of {} bytes failed: {}",
+           e - b, std::strerror(errno));
+  return e - b;
+}
 
 // Named buffers kept across calls (grow-only), so a loop of steps allocates and faults its pages once.
 // Not thread-safe: one owner at a time.

@@ -44,6 +44,13 @@ NamedTensors gather_state(const Comm& comm, const std::vector<StatePiece>& mine,
   return out;
 }
 
+// The sharded masters' slabs: every layer and the head (the embedding's stay whole).
+template <typename Fn>
+void for_each_sharded_slab(int64_t layers, Fn&& fn) {
+  for (int64_t l = 0; l < layers; ++l) fn(SlabKind::layer, l);
+  fn(SlabKind::head, int64_t(0));
+}
+
 }  // namespace
 
 DataParallelGrads::DataParallelGrads(const Comm& comm, const ModelSlabs& grads)
@@ -187,17 +194,82 @@ void DataParallelGrads::attach(HybridAdamW& optimizer, ModelSlabs& params, Model
   LT_CHECK(kAccumulateChunk % optimizer.config().block_size == 0,
            "data parallel: the optimizer's 8-bit block size {} must divide {} (a block must not straddle two ranks)",
            optimizer.config().block_size, kAccumulateChunk);
+  // The shards were cut in the f32 gradients' layout, which f32 masters share.
+  LT_CHECK(params.matrix_dtype() == DType::f32, "data parallel: the masters must be f32 slabs");
+  masters_sharded_ = copy != nullptr;
   optimizer.set_after_update([this, &params, copy](SlabKind kind, int64_t layer, uint8_t* copy_slab) {
     const SlabShards& sh = shards_[slot(kind, layer)];
-    allgather_shards(comm_, params.slab(kind, layer), params.layout(kind, layer), sh);
+    auto gather = [&](uint8_t* slab, const SlabLayout& layout) {
+      allgather_shards(comm_, slab, layout, sh);
+      const auto [lo, hi] = owned_bytes(layout, sh, comm_.rank());
+      bytes_sent_ += uint64_t(comm_.size() - 1) * (hi - lo);
+    };
+    if (!masters_sharded_ || kind == SlabKind::embedding) gather(params.slab(kind, layer), params.layout(kind, layer));
     if (copy_slab) {
       LT_CHECK(copy != nullptr && copy_slab == copy->slab(kind, layer), "data parallel: an unknown compute copy");
-      allgather_shards(comm_, copy_slab, copy->layout(kind, layer), sh);
+      gather(copy_slab, copy->layout(kind, layer));
     }
   });
   optimizer.set_state_gather([this](const std::vector<StatePiece>& mine, std::vector<AlignedBuffer<uint8_t>>& storage) {
     return gather_state(comm_, mine, &storage);
   });
+}
+
+void DataParallelGrads::release_unowned_masters(ModelSlabs& params) const {
+  if (!masters_sharded_) return;
+  for_each_sharded_slab(layers_, [&](SlabKind kind, int64_t layer) {
+    const SlabLayout& layout = params.layout(kind, layer);
+    const auto [lo, hi] = owned_bytes(layout, shards_[slot(kind, layer)], comm_.rank());
+    uint8_t* slab = params.slab(kind, layer);
+    if (lo == hi) {
+      release_pages(slab, layout.bytes());
+      return;
+    }
+    release_pages(slab, lo);
+    release_pages(slab + hi, layout.bytes() - hi);
+  });
+}
+
+void DataParallelGrads::gather_masters(ModelSlabs& params) const {
+  if (!masters_sharded_) return;
+  for_each_sharded_slab(layers_, [&](SlabKind kind, int64_t layer) {
+    gather_shards_to_lead(comm_, params.slab(kind, layer), params.layout(kind, layer), shards_[slot(kind, layer)]);
+  });
+}
+
+void DataParallelGrads::allgather_compute_copy(ModelSlabs& copy) const {
+  if (!masters_sharded_) return;
+  for_each_sharded_slab(layers_, [&](SlabKind kind, int64_t layer) {
+    allgather_shards(comm_, copy.slab(kind, layer), copy.layout(kind, layer), shards_[slot(kind, layer)]);
+  });
+}
+
+TensorRanges sharded_master_ranges(const Comm& comm, const ModelConfig& cfg) {
+  // The shards as the run's gradients will have them: a slab set of the same layouts, its pages never touched.
+  const ModelSlabs shape(cfg, DType::f32, Fill::none);
+  const DataParallelGrads dp(comm, shape);
+  const HybridAdamW::OwnedRanges& owned = dp.owned_ranges();  // [embedding, layers..., head][tensor]
+  const std::vector<ModelSlabs::Named> named = shape.named_tensors();  // the same slabs and tensors, in order
+  TensorRanges out;
+  size_t at = 0;
+  for (size_t s = 0; s < owned.size(); ++s)
+    for (const auto& [begin, end] : owned[s]) {
+      LT_CHECK(at < named.size(), "data parallel: the masters' tensors and the shards disagree");
+      if (s > 0) out[named[at].hf_name] = ElementRange{begin, end};
+      ++at;
+    }
+  LT_CHECK_EQ(at, named.size(), "data parallel: the masters' tensors and the shards disagree");
+  return out;
+}
+
+size_t DataParallelGrads::master_bytes_kept(const ModelSlabs& params) const {
+  if (!masters_sharded_) return params.total_bytes();
+  size_t kept = params.layout(SlabKind::embedding).bytes();
+  for_each_sharded_slab(layers_, [&](SlabKind kind, int64_t layer) {
+    const auto [lo, hi] = owned_bytes(params.layout(kind, layer), shards_[slot(kind, layer)], comm_.rank());
+    kept += hi - lo;
+  });
+  return kept;
 }
 
 void DataParallelGrads::send_optimizer_state(const HybridAdamW& optimizer) const {

@@ -18,15 +18,25 @@
 // The optimizer is sharded the same way (ZeRO-1 over host memory): rank r keeps AdamW states for the chunks it
 // owns and updates only them (their gradients are complete there and nowhere else); after each slab's update
 // (pipelined into the next forward as in one process, on the executor's optimizer lane) the owners' updated
-// f32 masters and compute-copy weights are allgathered, so every rank streams the same weights. A chunk is 32768
-// elements of one tensor, so an 8-bit block size dividing 32768 keeps every block with one owner. Checkpoints
-// gather every rank's state pieces to rank 0 (the whole state, one file whatever N); resume reads each rank's part.
+// weights are allgathered, so every rank streams the same weights. A chunk is 32768 elements of one tensor, so an
+// 8-bit block size dividing 32768 keeps every block with one owner. Checkpoints gather every rank's state pieces to
+// rank 0 (the whole state, one file whatever N); resume reads each rank's part.
+//
+// The f32 masters: with a bf16 compute copy the device streams the copy, so a rank needs the masters of its own
+// chunks only (its update reads and writes them): the copy is allgathered after an update and the layers' and
+// head's masters of other ranks' chunks are given back to the kernel (release_unowned_masters), 4 of the 6 bytes
+// per parameter a replicated rank keeps. The embedding's stay whole (the lookup reads any row, one process's f32
+// rows) and are allgathered with the copy. A checkpoint or an evaluation gathers them on rank 0 for its duration
+// (gather_masters). In f32 compute the masters are the streamed weights: whole on every rank, allgathered.
 //
 //   DataParallelGrads dp(comm, grads);
 //   HybridAdamW opt(params, grads, cfg, &dp.owned_ranges());
 //   dp.attach(opt, params, copy);          // the allgathers after updates, the checkpoint's state gather
+//   (params loaded with only = sharded_master_ranges(comm, cfg): the others' chunks never read)
+//   dp.release_unowned_masters(params); make_compute_copy(*copy, params); dp.allgather_compute_copy(*copy);
 //   GradTarget t{nullptr, mode, tokens_in_step, &dp};  ... executor.step(...) per micro-batch ...
 //   dp.finish_step(partials);              // then opt.plan_step(partials.sum_of_squares())
+//   dp.gather_masters(params); if (rank 0) save(params); dp.release_unowned_masters(params);
 #pragma once
 
 #include <cstdint>
@@ -61,8 +71,23 @@ class DataParallelGrads final : public GradReducer {
   // The ranks other than 0 call this where rank 0 saves the optimizer state (its save_state gathers). Collective.
   void send_optimizer_state(const HybridAdamW& optimizer) const;
 
+  // Whether attach() sharded the masters (a compute copy is streamed); the calls below do nothing otherwise.
+  bool masters_sharded() const { return masters_sharded_; }
+  // Gives back the pages of the layers' and head's masters outside this rank's chunks (after the compute copy is
+  // made from them, and after gather_masters). They are not read again until gather_masters refills rank 0's.
+  void release_unowned_masters(ModelSlabs& params) const;
+  // Rank 0 receives every owner's masters of the layers and head: whole f32 masters there, to save or evaluate.
+  // Collective.
+  void gather_masters(ModelSlabs& params) const;
+  // Bytes of f32 masters this rank keeps between gathers (the whole slabs when they are not sharded).
+  size_t master_bytes_kept(const ModelSlabs& params) const;
+  // The compute copy of the layers and head from their owners: each rank made its own chunks' (from the masters it
+  // loaded), the embedding's whole. Collective.
+  void allgather_compute_copy(ModelSlabs& copy) const;
+
   const SlabShards& shards(SlabKind kind, int64_t layer) const { return shards_[slot(kind, layer)]; }
-  // Bytes this rank sent in the exchange since construction (its gradient slices and embedding rows).
+  // Bytes this rank sent in the exchange since construction: its gradient slices, embedding rows and updated
+  // weights (its shard to each other rank).
   uint64_t bytes_sent() const { return bytes_sent_; }
 
  private:
@@ -73,6 +98,11 @@ class DataParallelGrads final : public GradReducer {
   std::vector<std::vector<double>> partial_;  // [L + 2]: this rank's chunks' Σ g² after the latest micro-batch
   HybridAdamW::OwnedRanges owned_;            // [L + 2][tensors]: this rank's elements of each tensor
   uint64_t bytes_sent_ = 0;
+  bool masters_sharded_ = false;
 };
+
+// The f32 masters' elements a rank keeps when they are sharded: its chunks of every layer and head tensor, by HF
+// name (the embedding's are absent: kept whole) — what it loads (load_hf_model, load_checkpoint's `only`).
+TensorRanges sharded_master_ranges(const Comm& comm, const ModelConfig& cfg);
 
 }  // namespace lt

@@ -77,37 +77,76 @@ void reduce_scatter_ordered(const Comm& comm, uint8_t* dst, const SlabLayout& ds
                            r == 0 ? mode : GradMode::add, partial.data());
 }
 
-void allgather_shards(const Comm& comm, uint8_t* slab, const SlabLayout& layout, const SlabShards& sh) {
-  const int n = comm.size();
-  LT_CHECK_EQ(sh.first.size(), size_t(n) + 1, "allgather_shards: shards made for another world size");
-  const auto& le = layout.entries();
-  auto chunk_at = [&](size_t k) {
-    const GradChunk& c = sh.chunks[k];
-    return std::pair{le[c.entry].offset + size_t(c.begin) * dtype_size(le[c.entry].dtype),
-                     size_t(c.len) * dtype_size(le[c.entry].dtype)};
-  };
-  // Fixed-size rows (the largest shard's bytes) so one MPI_Allgather moves them all.
-  std::vector<size_t> shard_bytes(size_t(n), 0);
-  for (int r = 0; r < n; ++r)
-    for (size_t k = sh.first[size_t(r)]; k < sh.first[size_t(r) + 1]; ++k) shard_bytes[size_t(r)] += chunk_at(k).second;
-  const size_t row = *std::max_element(shard_bytes.begin(), shard_bytes.end());
-  std::vector<uint8_t> mine(row, 0), all(size_t(n) * row);
-  uint8_t* out = mine.data();
-  for (size_t k = sh.first[size_t(comm.rank())]; k < sh.first[size_t(comm.rank()) + 1]; ++k) {
-    const auto [at, bytes] = chunk_at(k);
-    std::memcpy(out, slab + at, bytes);
-    out += bytes;
-  }
-  comm.allgather(mine.data(), row, all.data());
-  for (int r = 0; r < n; ++r) {
-    if (r == comm.rank()) continue;
-    const uint8_t* in = all.data() + size_t(r) * row;
-    for (size_t k = sh.first[size_t(r)]; k < sh.first[size_t(r) + 1]; ++k) {
-      const auto [at, bytes] = chunk_at(k);
-      std::memcpy(slab + at, in, bytes);
-      in += bytes;
+namespace {
+
+// Where chunk k of the slab lies in `layout`: byte offset and bytes.
+std::pair<size_t, size_t> chunk_bytes(const SlabLayout& layout, const SlabShards& sh, size_t k) {
+  const GradChunk& c = sh.chunks[k];
+  const auto& e = layout.entries()[c.entry];
+  return {e.offset + size_t(c.begin) * dtype_size(e.dtype), size_t(c.len) * dtype_size(e.dtype)};
+}
+
+// Each rank's shard of a slab packed in chunk order, as one fixed-size row (the largest shard's bytes) per rank:
+// one MPI_Allgather / MPI_Gather moves them all.
+struct ShardRows {
+  size_t row = 0;
+  std::vector<uint8_t> mine;
+
+  ShardRows(const Comm& comm, const uint8_t* slab, const SlabLayout& layout, const SlabShards& sh) {
+    LT_CHECK_EQ(sh.first.size(), size_t(comm.size()) + 1, "shard exchange: shards made for another world size");
+    for (int r = 0; r < comm.size(); ++r) {
+      size_t bytes = 0;
+      for (size_t k = sh.first[size_t(r)]; k < sh.first[size_t(r) + 1]; ++k) bytes += chunk_bytes(layout, sh, k).second;
+      row = std::max(row, bytes);
+    }
+    mine.assign(row, 0);
+    uint8_t* out = mine.data();
+    for (size_t k = sh.first[size_t(comm.rank())]; k < sh.first[size_t(comm.rank()) + 1]; ++k) {
+      const auto [at, bytes] = chunk_bytes(layout, sh, k);
+      std::memcpy(out, slab + at, bytes);
+      out += bytes;
     }
   }
+  // The other ranks' rows (all: [N][row]) back into their chunks of `slab`.
+  static void unpack(const Comm& comm, const uint8_t* all, size_t row, uint8_t* slab, const SlabLayout& layout,
+                     const SlabShards& sh) {
+    for (int r = 0; r < comm.size(); ++r) {
+      if (r == comm.rank()) continue;
+      const uint8_t* in = all + size_t(r) * row;
+      for (size_t k = sh.first[size_t(r)]; k < sh.first[size_t(r) + 1]; ++k) {
+        const auto [at, bytes] = chunk_bytes(layout, sh, k);
+        std::memcpy(slab + at, in, bytes);
+        in += bytes;
+      }
+    }
+  }
+};
+
+}  // namespace
+
+void allgather_shards(const Comm& comm, uint8_t* slab, const SlabLayout& layout, const SlabShards& sh) {
+  const ShardRows rows(comm, slab, layout, sh);
+  std::vector<uint8_t> all(size_t(comm.size()) * rows.row);
+  comm.allgather(rows.mine.data(), rows.row, all.data());
+  ShardRows::unpack(comm, all.data(), rows.row, slab, layout, sh);
+}
+
+void gather_shards_to_lead(const Comm& comm, uint8_t* slab, const SlabLayout& layout, const SlabShards& sh) {
+  const ShardRows rows(comm, slab, layout, sh);
+  const size_t n = size_t(comm.size());
+  std::vector<uint8_t> all(comm.rank() == 0 ? n * rows.row : 0);
+  std::vector<size_t> bytes(n, rows.row), offsets(n);
+  for (size_t r = 0; r < n; ++r) offsets[r] = r * rows.row;
+  comm.gatherv(rows.mine.data(), rows.row, all.data(), bytes, offsets);
+  if (comm.rank() == 0) ShardRows::unpack(comm, all.data(), rows.row, slab, layout, sh);
+}
+
+std::pair<size_t, size_t> owned_bytes(const SlabLayout& layout, const SlabShards& sh, int rank) {
+  const size_t first = sh.first[size_t(rank)], last = sh.first[size_t(rank) + 1];
+  if (first == last) return {0, 0};
+  const auto [lo, lo_bytes] = chunk_bytes(layout, sh, first);
+  const auto [hi, hi_bytes] = chunk_bytes(layout, sh, last - 1);
+  return {lo, hi + hi_bytes};
 }
 
 double slab_sum_of_squares(const Comm& comm, const SlabShards& sh, const std::vector<double>& partial) {

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "dist/comm.h"
@@ -58,6 +59,12 @@ void reduce_scatter_ordered(const Comm& comm, uint8_t* dst, const SlabLayout& ds
 // it each rank holds the whole slab as its owners left it (one allgather of the largest shard's bytes). The step of
 // a replicated optimizer, and of the updated weights of a sharded one. Collective.
 void allgather_shards(const Comm& comm, uint8_t* slab, const SlabLayout& layout, const SlabShards& shards);
+// The same to rank 0 only (one gather): rank 0 then holds the whole slab, the others' slabs are unchanged.
+// Sharded masters written to a checkpoint or evaluated. Collective.
+void gather_shards_to_lead(const Comm& comm, uint8_t* slab, const SlabLayout& layout, const SlabShards& shards);
+// The bytes [begin, end) of `layout` that `rank`'s run of chunks spans ({0, 0} when it owns none): its chunks and
+// any padding between their tensors.
+std::pair<size_t, size_t> owned_bytes(const SlabLayout& layout, const SlabShards& shards, int rank);
 
 // The slab's Σ g² from every owner's partials, combined in chunk order (one allgather). Collective.
 double slab_sum_of_squares(const Comm& comm, const SlabShards& shards, const std::vector<double>& partial);

@@ -226,30 +226,34 @@ TensorView SafetensorsFile::view(const std::string& name) const {
   return TensorView::contiguous(const_cast<uint8_t*>(map_ + data_start_ + i.begin), i.dtype, i.shape);
 }
 
-void SafetensorsFile::read_f32(const std::string& name, float* dst, const Shape& expected) const {
-  copy_tensor_to_f32(dst, view(name), expected, name, path_);
+void SafetensorsFile::read_f32(const std::string& name, float* dst, const Shape& expected, ElementRange range) const {
+  copy_tensor_to_f32(dst, view(name), expected, name, path_, range);
 }
 
 void copy_tensor_to_f32(float* dst, const TensorView& src, const Shape& expected, const std::string& name,
-                        const std::string& file) {
+                        const std::string& file, ElementRange range) {
   LT_CHECK(src.shape == expected, "{}: tensor '{}' has shape {}, expected {}", file, name, shape_str(src.shape),
            shape_str(expected));
   LT_CHECK(src.dtype == DType::f32 || src.dtype == DType::bf16 || src.dtype == DType::f16,
            "{}: tensor '{}' is {}, expected a floating type (F32, BF16 or F16)", file, name,
            dtype_safetensors_name(src.dtype));
   LT_CHECK(src.is_contiguous(), "{}: tensor '{}' is not contiguous", file, name);
-  size_t n = size_t(src.numel());
-  size_t esize = dtype_size(src.dtype);
+  const size_t esize = dtype_size(src.dtype);
+  const int64_t end = range.end < 0 ? src.numel() : range.end;
+  LT_CHECK(0 <= range.begin && range.begin <= end && end <= src.numel(),
+           "{}: tensor '{}': elements [{}, {}) asked of its {}", file, name, range.begin, end, src.numel());
+  const size_t n = size_t(end - range.begin);
   if (n == 0) return;  // dst may be null then, and memcpy(nullptr, ..., 0) is still undefined
-  if (reinterpret_cast<uintptr_t>(src.data) % esize == 0) {
-    convert_to_f32(dst, src.data, src.dtype, n);
+  dst += range.begin;
+  const uint8_t* s = static_cast<const uint8_t*>(src.data) + size_t(range.begin) * esize;
+  if (reinterpret_cast<uintptr_t>(s) % esize == 0) {
+    convert_to_f32(dst, s, src.dtype, n);
     return;
   }
   // Unaligned source (a writer that did not pad its header): the vector conversions want aligned
   // elements, so go through an aligned bounce buffer a chunk at a time.
   constexpr size_t kChunk = size_t(1) << 16;
   AlignedBuffer<uint8_t> bounce(kChunk * esize, 64);
-  const uint8_t* s = static_cast<const uint8_t*>(src.data);
   for (size_t i = 0; i < n; i += kChunk) {
     size_t m = std::min(kChunk, n - i);
     std::memcpy(bounce.data(), s + i * esize, m * esize);

@@ -26,6 +26,12 @@
 
 namespace lt {
 
+// Elements [begin, end) of a tensor in row-major order; end < 0: to its last. What a data-parallel rank loads of
+// the f32 masters it keeps (dist/data_parallel.h).
+struct ElementRange {
+  int64_t begin = 0, end = -1;
+};
+
 using SafetensorsMetadata = std::map<std::string, std::string>;
 // Tensors to write, by name. A std::map, so iteration (and the header) is in sorted-name order.
 using NamedTensors = std::map<std::string, TensorView>;
@@ -64,8 +70,9 @@ class SafetensorsFile {
   // A contiguous view into the mapping. Aligned to the dtype size for files written by this writer or
   // HF's; other files may give unaligned views (read_f32 copes with those).
   TensorView view(const std::string& name) const;
-  // Copies tensor `name` into dst as f32 (from f32, bf16 or f16), checking its shape is `expected`.
-  void read_f32(const std::string& name, float* dst, const Shape& expected) const;
+  // Copies tensor `name` into dst as f32 (from f32, bf16 or f16), checking its shape is `expected`; with a
+  // range, only its elements [range.begin, range.end) into dst[range.begin, range.end).
+  void read_f32(const std::string& name, float* dst, const Shape& expected, ElementRange range = {}) const;
   const SafetensorsMetadata& metadata() const { return metadata_; }
   size_t data_start() const { return data_start_; }  // 8 + header length: file offset of the data area
 
@@ -84,7 +91,7 @@ class SafetensorsFile {
 // Copies `src` (contiguous, f32/bf16/f16, any alignment) into dst as f32 after checking its shape is
 // `expected`; errors name the tensor, the file and both shapes.
 void copy_tensor_to_f32(float* dst, const TensorView& src, const Shape& expected, const std::string& name,
-                        const std::string& file);
+                        const std::string& file, ElementRange range = {});
 
 // Writes `tensors` (each contiguous) to `path` atomically (io/json_file.h). The header lists names
 // sorted and carries "__metadata__": {"format": "pt"} plus `extra`; it is padded with spaces so the data
@@ -106,8 +113,8 @@ class SafetensorsModel {
   const SafetensorsFile& file_of(const std::string& name) const;  // throws naming the tensor and dir
   const SafetensorsTensorInfo& info(const std::string& name) const { return file_of(name).info(name); }
   TensorView view(const std::string& name) const { return file_of(name).view(name); }
-  void read_f32(const std::string& name, float* dst, const Shape& expected) const {
-    file_of(name).read_f32(name, dst, expected);
+  void read_f32(const std::string& name, float* dst, const Shape& expected, ElementRange range = {}) const {
+    file_of(name).read_f32(name, dst, expected, range);
   }
   size_t num_files() const { return files_.size(); }
 

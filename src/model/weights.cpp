@@ -92,12 +92,18 @@ bool is_untrained_tensor(const ModelConfig& cfg, const std::string& hf_name) {
   return cfg.type == ModelType::qwen3_5 && (hf_name.starts_with("model.visual.") || hf_name.starts_with("mtp."));
 }
 
-LoadedModel load_hf_model(const std::string& dir) {
+ElementRange range_of(const TensorRanges* only, const std::string& name) {
+  if (!only) return {};
+  const auto it = only->find(name);
+  return it == only->end() ? ElementRange{} : it->second;
+}
+
+LoadedModel load_hf_model(const std::string& dir, const TensorRanges* only) {
   LoadedModel m{load_model_config(dir), {}, {}};
   // The files first: a directory without weights (or with a bad header) fails before the slabs, which for a
   // 27B config would be 108 GB, are allocated.
   SafetensorsModel files = SafetensorsModel::open_dir(dir);
-  m.params = ModelSlabs(m.config, DType::f32);
+  m.params = ModelSlabs(m.config, DType::f32, only ? Fill::none : Fill::zero);
   const bool half_checkpoint = m.config.torch_dtype == DType::bf16 || m.config.torch_dtype == DType::f16;
 
   std::set<std::string> expected;
@@ -108,7 +114,7 @@ LoadedModel load_hf_model(const std::string& dir) {
       missing.push_back(t.hf_name);
       continue;
     }
-    files.read_f32(t.hf_name, t.view.ptr<float>(), t.view.shape);
+    files.read_f32(t.hf_name, t.view.ptr<float>(), t.view.shape, range_of(only, t.hf_name));
     if (half_checkpoint && files.info(t.hf_name).dtype == DType::f32) m.extras.keep_f32.insert(t.hf_name);
   }
   LT_CHECK(missing.empty(), "{}: missing tensor{} {} (model_type {}, {} layers)", dir, missing.size() > 1 ? "s" : "",

@@ -6,11 +6,13 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "core/aligned.h"
+#include "io/safetensors.h"
 #include "model/config.h"
 #include "model/layout.h"
 
@@ -86,7 +88,12 @@ struct LoadedModel {
   ModelSlabs params;
   SavedExtras extras;
 };
-LoadedModel load_hf_model(const std::string& dir);
+// `only` (optional): the elements to read of the tensors it names (by HF name); the rest of those tensors is left
+// unwritten and its pages untouched — a data-parallel rank's sharded f32 masters (dist/data_parallel.h).
+using TensorRanges = std::map<std::string, ElementRange>;
+LoadedModel load_hf_model(const std::string& dir, const TensorRanges* only = nullptr);
+// The range of `name` in `only` (every element when either is absent).
+ElementRange range_of(const TensorRanges* only, const std::string& name);
 
 // Random initialisation for training from scratch: matrices N(0, std), norm weights 1, biases 0. qwen3_5 as
 // transformers' Qwen3_5PreTrainedModel._init_weights: zero-centred norms (decoder, final, q/k) 0, the gated

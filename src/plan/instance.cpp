@@ -103,16 +103,19 @@ void add_data_parallel(Instance& in, const ModelConfig& cfg, int64_t N, const In
   micro += rows;
   in.exchange_micro_bytes = micro;
   if (!in.has_optimizer()) return;  // left out of the prediction: so is its exchange
-  // The optimizer: 1/N of each slab, then its masters (f32) and compute copy allgathered.
-  const double copy = o.exec.compute == ComputeType::bf16 ? 2 : 0;
+  // The optimizer: 1/N of each slab, then its updated weights allgathered (dist/data_parallel.h): the streamed
+  // weights — the bf16 copy, or the f32 masters in f32 compute — and the embedding's f32 masters (the lookup's).
+  const bool bf16 = o.exec.compute == ComputeType::bf16;
   double step = 0;
-  auto sharded = [&](double& t, double params) {
-    t = t / n + share * params * (4 + copy) / net;
-    step += share * params * (4 + copy);
+  auto sharded = [&](double& t, double params, double bytes_per_param) {
+    t = t / n + share * params * bytes_per_param / net;
+    step += share * params * bytes_per_param;
   };
-  for (int64_t l = 0; l < in.L; ++l) sharded(in.opt_layer[size_t(l)], double(layer_parameters(cfg, cfg.layer_kind(l))));
-  sharded(in.opt_embed, double(cfg.vocab_size) * C);
-  sharded(in.opt_head, C + (cfg.tie_word_embeddings ? 0 : double(cfg.vocab_size) * C));
+  const double streamed = bf16 ? 2 : 4;
+  for (int64_t l = 0; l < in.L; ++l)
+    sharded(in.opt_layer[size_t(l)], double(layer_parameters(cfg, cfg.layer_kind(l))), streamed);
+  sharded(in.opt_embed, double(cfg.vocab_size) * C, bf16 ? 4 + 2 : 4);
+  sharded(in.opt_head, C + (cfg.tie_word_embeddings ? 0 : double(cfg.vocab_size) * C), streamed);
   in.exchange_step_bytes = step;
 }
 

@@ -260,13 +260,17 @@ PlanReport make_plan(const PlanRequest& rq) {
 
 namespace {
 
-// Host memory of one rank for the parameters: f32 masters and gradients, the bf16 compute copy, its share of the
-// optimizer states (optim/adamw.h model_state_report).
+// Host memory of one rank for the parameters while training: its 1/N of the f32 gradients and optimizer states
+// (optim/adamw.h model_state_report); f32 compute: the masters whole (they are the streamed weights); bf16 compute:
+// the compute copy whole, 1/N of the masters but the embedding's whole (dist/data_parallel.h).
 double host_bytes_per_rank(const Instance& in) {
   AdamWConfig ac;
   ac.matrix_states = in.opt.optimizer_state_bits == 8 ? StatePrecision::q8 : StatePrecision::f32;
-  const double params = double(in.parameters), copy = in.opt.exec.compute == ComputeType::bf16 ? 2 : 0;
-  return params * (8 + copy) + double(model_state_report(in.cfg, ac).state_bytes) / in.opt.ranks;
+  const double n = in.opt.ranks, params = double(in.parameters);
+  const double states = double(model_state_report(in.cfg, ac).state_bytes) / n;
+  if (in.opt.exec.compute != ComputeType::bf16) return params * (4 + 4 / n) + states;
+  const double embed = double(in.cfg.vocab_size) * double(in.cfg.hidden_size);
+  return params * (2 + 8 / n) + embed * 4 * (1 - 1 / n) + states;
 }
 
 }  // namespace
@@ -351,10 +355,14 @@ std::string PlanReport::table() const {
   if (in.opt.ranks > 1 && found)
     s += fmt::format("\ndata parallel: {} ranks over {:.3g} GB/s each way: per rank {} exchanged per micro-batch and {} "
                      "per step (updated weights), counted above; the job {:.0f} tokens/s (tok/s x ranks); host "
-                     "memory per rank {} (f32 masters and gradients{}, 1/{} of the optimizer states)\n",
+                     "memory per rank {} (1/{} of the f32 gradients and optimizer states; {})\n",
                      in.opt.ranks, in.opt.net_gbps, gb(in.exchange_micro_bytes), gb(in.exchange_step_bytes),
                      best.prediction.tokens_per_s(in) * in.opt.ranks, gb(host_bytes_per_rank(in)),
-                     in.opt.exec.compute == ComputeType::bf16 ? ", bf16 compute copy" : "", in.opt.ranks);
+                     in.opt.ranks,
+                     in.opt.exec.compute == ComputeType::bf16
+                         ? fmt::format("the bf16 compute copy, 1/{} of the f32 masters but the embedding's whole",
+                                       in.opt.ranks)
+                         : std::string("the f32 masters whole, the streamed weights"));
   if (found && executor_device_bytes)
     s += fmt::format("\nexecutor's memory function for the plan: {} (budget {})\n", gb(double(executor_device_bytes)),
                      gb(double(in.budget.device_bytes)));

@@ -105,14 +105,15 @@ std::string latest_checkpoint(const std::string& output_dir) {
   return dir.string();
 }
 
-nlohmann::json load_checkpoint(const std::string& dir, ModelSlabs& params, HybridAdamW& optimizer) {
+nlohmann::json load_checkpoint(const std::string& dir, ModelSlabs& params, HybridAdamW& optimizer,
+                               const TensorRanges* only) {
   const fs::path resume = fs::path(dir) / "resume";
   for (const char* f : {"params.safetensors", "optimizer.safetensors", "state.json"})
     LT_CHECK(fs::exists(resume / f), "{}: not a resumable checkpoint (missing resume/{})", dir, f);
   SafetensorsFile file = SafetensorsFile::open((resume / "params.safetensors").string());
   for (const auto& t : params.named_tensors()) {
     LT_CHECK(file.contains(t.hf_name), "{}: resume/params.safetensors has no {}", dir, t.hf_name);
-    file.read_f32(t.hf_name, t.view.ptr<float>(), t.view.shape);
+    file.read_f32(t.hf_name, t.view.ptr<float>(), t.view.shape, range_of(only, t.hf_name));
   }
   optimizer.load_state((resume / "optimizer.safetensors").string());
   return read_json_file((resume / "state.json").string());

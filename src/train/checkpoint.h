@@ -55,7 +55,9 @@ struct ResumeState {
 ResumeState parse_resume_state(const nlohmann::json& state, const std::string& source);
 
 // Restores params (f32 masters) and the optimizer from a checkpoint directory; returns its state.json.
-// Errors name the checkpoint and what is missing or inconsistent.
-nlohmann::json load_checkpoint(const std::string& dir, ModelSlabs& params, HybridAdamW& optimizer);
+// Errors name the checkpoint and what is missing or inconsistent. `only`: the masters' elements to read
+// (load_hf_model's), the rest left unwritten.
+nlohmann::json load_checkpoint(const std::string& dir, ModelSlabs& params, HybridAdamW& optimizer,
+                               const TensorRanges* only = nullptr);
 
 }  // namespace lt

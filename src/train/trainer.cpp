@@ -3,6 +3,7 @@
 
 #include <sys/resource.h>
 #include <sys/statvfs.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -49,6 +50,13 @@ size_t peak_rss_bytes() {
   return getrusage(RUSAGE_SELF, &u) == 0 ? size_t(u.ru_maxrss) * 1024 : 0;
 }
 
+// This process's resident memory now (/proc/self/statm's second field, in pages).
+size_t rss_bytes() {
+  std::ifstream f("/proc/self/statm");
+  size_t pages = 0, resident = 0;
+  return f >> pages >> resident ? resident * size_t(sysconf(_SC_PAGESIZE)) : 0;
+}
+
 size_t mem_available_bytes() {
   std::ifstream f("/proc/meminfo");
   std::string key;
@@ -67,11 +75,18 @@ size_t host_memory_budget(const TrainConfig& c) {
 // What the budget is called in messages.
 const char* host_memory_name(const TrainConfig& c) { return c.host_memory == "auto" ? "MemAvailable" : "host_memory"; }
 
-// Host bytes per parameter a rank keeps: f32 masters and gradients, the bf16 compute copy, its 1/ranks of the
-// optimizer states.
-double host_bytes_per_parameter(const TrainConfig& c, int ranks) {
-  const double states = (c.optimizer_state_bits == 8 ? 2.05 : 8.0) / ranks;
-  return 4 + 4 + (c.compute_dtype == "bf16" ? 2 : 0) + states;
+// Host bytes a rank keeps for the parameters at its peak: f32 masters and gradients, the bf16 compute copy, its
+// 1/ranks of the optimizer states. Data parallel: a rank touches 1/ranks of the gradients; with a compute copy it
+// loads and keeps 1/ranks of the masters but the embedding's whole (dist/data_parallel.h) — from scratch it draws
+// them all first, as one process does, which is its peak.
+double host_parameter_bytes(const TrainConfig& c, const ModelConfig& mc, int ranks, bool from_scratch) {
+  const double n = ranks, params = double(mc.num_parameters());
+  const double states = (c.optimizer_state_bits == 8 ? 2.05 : 8.0) / n;
+  const double copy = c.compute_dtype == "bf16" ? 2 : 0;
+  if (copy == 0 || ranks == 1) return params * (4 + 4 / n + states + copy);
+  const double embed = double(mc.vocab_size) * double(mc.hidden_size) * 4 * (1 - 1 / n);
+  const double training = params * (8 / n + 2 + states) + embed;
+  return from_scratch ? std::max(training, params * (4 + 2 + states)) : training;
 }
 
 // Before any weight is read: a model whose parameters alone (masters, gradients, compute copy, optimizer states)
@@ -83,7 +98,8 @@ void check_host_memory_for_parameters(const TrainConfig& c, int ranks) {
   if (fs::is_directory(p)) p /= "config.json";
   if (!fs::is_regular_file(p)) return;  // load_model_source names what is missing
   const ModelConfig mc = load_model_config(p.string());
-  const double need = double(mc.num_parameters()) * host_bytes_per_parameter(c, ranks);
+  const bool from_scratch = fs::is_regular_file(c.model_name_or_path);  // a config.json alone
+  const double need = host_parameter_bytes(c, mc, ranks, from_scratch);
   LT_CHECK(need < double(budget),
            "host memory: {} parameters need {} on the host (f32 weights and gradients{}, {}-bit optimizer states) "
            "before any activation, but {} is {}; lower the model size, or use a host with more memory",
@@ -98,10 +114,19 @@ struct ModelSource {
   SavedExtras extras;  // written into every checkpoint: the untrained tensors, the F32-kept ones
   std::string dir;  // where config.json (and the tokenizer) live
   bool from_scratch = false;
+  // Data parallel in bf16 compute: the masters' elements this rank keeps (dist/data_parallel.h), the only ones
+  // loaded (from scratch: all are drawn, as one process draws them, and the rest released).
+  std::optional<TensorRanges> owned_masters;
+  const TensorRanges* only() const { return owned_masters ? &*owned_masters : nullptr; }
 };
 
-ModelSource load_model_source(const TrainConfig& c) {
+ModelSource load_model_source(const TrainConfig& c, const Comm& comm) {
   ModelSource m;
+  if (comm.size() > 1 && c.compute_dtype == "bf16") {
+    fs::path cfg(c.model_name_or_path);
+    if (fs::is_directory(cfg)) cfg /= "config.json";
+    m.owned_masters = sharded_master_ranges(comm, load_model_config(cfg.string()));
+  }
   fs::path p(c.model_name_or_path);
   if (fs::is_regular_file(p)) {  // a config.json alone: train from scratch
     m.config = load_model_config(p.string());
@@ -110,7 +135,7 @@ ModelSource load_model_source(const TrainConfig& c) {
     m.dir = p.parent_path().string();
     m.from_scratch = true;
   } else {
-    LoadedModel lm = load_hf_model(p.string());
+    LoadedModel lm = load_hf_model(p.string(), m.only());
     m.config = lm.config;
     m.params = std::move(lm.params);
     m.extras = std::move(lm.extras);
@@ -211,7 +236,7 @@ TrainResult run_training(const TrainConfig& asked) {
   }
 
   // --- model, tokenizer, template, data ---
-  ModelSource model = load_model_source(c);
+  ModelSource model = load_model_source(c, comm);
   const ModelConfig& mc = model.config;
   Tokenizer tok = Tokenizer::load(model.dir);
   ChatTemplate tpl(train_template_kind(c, mc.type), tok);
@@ -300,7 +325,7 @@ TrainResult run_training(const TrainConfig& asked) {
   {
     // Host memory: masters + grads + bf16 copy + optimizer states + host activations.
     const double host_need =
-        double(mc.num_parameters()) * host_bytes_per_parameter(c, ranks) + double(ws.host_activation_bytes);
+        host_parameter_bytes(c, mc, ranks, model.from_scratch) + double(ws.host_activation_bytes);
     const size_t avail = host_memory_budget(c);
     LT_CHECK(avail == 0 || host_need < double(avail),
              "host memory: the run needs about {} (weights, gradients, optimizer states, host activations {}) but "
@@ -362,15 +387,20 @@ TrainResult run_training(const TrainConfig& asked) {
   const StateReport states = opt.state_report();
   log.message(fmt::format("optimizer: AdamW, {}-bit states, {:.2f} bytes/parameter{}", c.optimizer_state_bits,
                           states.bytes_per_parameter(),
-                          dp ? fmt::format("; rank 0 keeps them for {:.1f}M of the {:.1f}M parameters ({})",
+                          dp ? fmt::format("; rank 0 keeps them for {:.1f}M of the {:.1f}M parameters ({}){}",
                                            double(states.parameters) / 1e6, double(mc.num_parameters()) / 1e6,
-                                           format_bytes(double(states.state_bytes)))
+                                           format_bytes(double(states.state_bytes)),
+                                           dp->masters_sharded()
+                                               ? fmt::format(" and {} of the f32 masters",
+                                                             format_bytes(double(dp->master_bytes_kept(model.params))))
+                                               : "")
                              : ""));
 
   // --- resume ---
   int64_t step = 0;
   if (!resume_dir.empty()) {
-    const ResumeState st = parse_resume_state(load_checkpoint(resume_dir, model.params, opt), resume_dir + "/resume/state.json");
+    const ResumeState st = parse_resume_state(load_checkpoint(resume_dir, model.params, opt, model.only()),
+                                              resume_dir + "/resume/state.json");
     nlohmann::json saved = st.config;
     const nlohmann::json now = result_config(c, ranks);
     if (!saved.contains("global_micro_batches") && saved.contains("gradient_accumulation_steps"))
@@ -385,7 +415,12 @@ TrainResult run_training(const TrainConfig& asked) {
     loader.seek(st.cursor);
     log.message(fmt::format("resumed from {} at step {}", resume_dir, step));
   }
+  // Data parallel in bf16 compute: a rank keeps (and loaded) the masters of its chunks; it makes their compute
+  // copy, the owners the rest. The others' chunks are released first (from scratch they were drawn), so the
+  // conversion's reads of them map no memory.
+  if (dp) dp->release_unowned_masters(model.params);
   if (copy) make_compute_copy(*copy, model.params);
+  if (dp && copy) dp->allgather_compute_copy(*copy);
   const ModelSlabs& weights = copy ? *copy : model.params;
 
   CheckpointWriter writer{c.output_dir, c.save_total_limit, c.save_dtype, size_t(5) << 30, model.dir};
@@ -401,6 +436,7 @@ TrainResult run_training(const TrainConfig& asked) {
     flush_update();  // on every rank: the weights stay the same everywhere
     // Data parallel: rank 0 writes for minutes at times; the others wait for it with kWaitForLead's patience.
     std::string path;
+    if (dp) dp->gather_masters(model.params);  // rank 0 writes them whole
     if (lead) {
       nlohmann::json st = {{"cursor", loader.cursor().to_json()}, {"config", result_config(c, ranks)},
                            {"world_size", ranks}};
@@ -409,6 +445,7 @@ TrainResult run_training(const TrainConfig& asked) {
     } else {
       dp->send_optimizer_state(opt);  // rank 0's save_state gathers it
     }
+    if (dp) dp->release_unowned_masters(model.params);
     comm.barrier(Comm::kWaitForLead);
     return path;
   };
@@ -419,6 +456,7 @@ TrainResult run_training(const TrainConfig& asked) {
   auto evaluate = [&](int64_t at_step) {
     if (eval_specs.empty()) return;
     flush_update();
+    if (dp) dp->gather_masters(model.params);  // rank 0 evaluates the f32 masters, as one process does
     if (!lead) {
       comm.barrier(Comm::kWaitForLead);  // rank 0 evaluates
       return;
@@ -429,6 +467,7 @@ TrainResult run_training(const TrainConfig& asked) {
                  {"seconds", t.seconds()}};
     log.log_eval(at_step, last_eval);
     write_json_file(fmt::format("{}/eval-{}.json", c.output_dir, at_step), er.to_json(/*with_predictions=*/true));
+    if (dp) dp->release_unowned_masters(model.params);
     comm.barrier(Comm::kWaitForLead);
   };
 
@@ -559,8 +598,15 @@ TrainResult run_training(const TrainConfig& asked) {
     r.summary["eval_exact_match"] = last_eval["exact_match"];
     r.summary["eval"] = last_eval;
   }
-  r.summary["host_optimizer_state_bytes_per_rank"] = states.state_bytes;
+  // As ZeRO counts optimizer state: the AdamW states and the f32 masters, both 1/N per rank when sharded.
+  const size_t masters_kept = dp ? dp->master_bytes_kept(model.params) : model.params.total_bytes();
+  r.summary["host_optimizer_state_bytes_per_rank"] = states.state_bytes + masters_kept;
+  r.summary["host_adam_state_bytes_per_rank"] = states.state_bytes;
+  r.summary["host_master_bytes_per_rank"] = masters_kept;
   r.summary["peak_host_rss_bytes"] = peak_rss_bytes();  // rank 0's
+  // Every rank's resident memory now (data parallel: between gathers, the sharded steady state) and at its peak.
+  r.summary["host_rss_bytes_per_rank"] = comm.allgather_int(int64_t(rss_bytes()));
+  r.summary["peak_host_rss_bytes_per_rank"] = comm.allgather_int(int64_t(peak_rss_bytes()));
   if (dp) {
     r.summary["world_size"] = ranks;
     r.summary["exchange_bytes_per_rank"] = dp->bytes_sent();  // rank 0's

@@ -2,13 +2,15 @@
 """Data parallel training under mpirun is bitwise the one-process run with the same global batch.
 
 N ranks x A accumulation steps deal the micro-batches one process with N*A accumulation steps runs, and the
-gradients are summed in that order (dist/data_parallel.h), so for 1 x 6, 2 x 3 and 3 x 2 the checkpoints
-(model, f32 masters, optimizer states) are byte-identical and metrics.jsonl has the same loss and gradient norm
-at every step — with tied and untied embeddings (the tied lm_head's part of the table is replayed rank by rank).
-Also: a run saved on 2 ranks resumes on 3 and on 1 and ends byte-identical to the uninterrupted run; rank 0 alone
-writes and prints; each rank keeps optimizer states for about 1/N of the parameters; a rank killed mid-run ends the whole job with a non-zero exit, leaving only whole checkpoints; a rank that stops
-answering ends it after dist_timeout_s with a message naming the wait; SIGTERM to mpirun stops every rank at one
-step with one checkpoint, which resumes.
+gradients are summed in that order (dist/data_parallel.h), so for 1 x 6, 2 x 3 and 3 x 2 the checkpoints (model,
+f32 masters, optimizer states) are byte-identical and metrics.jsonl has the same loss and gradient norm at every
+step — with tied and untied embeddings (the tied lm_head's part of the table is replayed rank by rank). Also: a run
+saved on 2 ranks resumes on 3 and on 1 and ends byte-identical to the uninterrupted run; fine-tuning a model
+directory, each rank loading only its own masters, is byte-identical on 2 ranks and on 1; rank 0 alone writes and
+prints; each rank keeps optimizer states for about 1/N of the parameters and (bf16 compute) f32 masters of 1/N of
+the layers and head, rank 0 gathering them whole for each save and evaluation; a rank killed mid-run ends the whole
+job with a non-zero exit, leaving only whole checkpoints; a rank that stops answering ends it after dist_timeout_s
+with a message naming the wait; SIGTERM to mpirun stops every rank at one step with one checkpoint, which resumes.
 
 Usage: check_train_ranks.py --lazytrain BIN --mpirun MPIEXEC"""
 import argparse
@@ -89,11 +91,21 @@ def main():
                     summaries = [l for l in p.stdout.splitlines() if l.startswith("{")]
                     if len(summaries) != 1 or json.loads(summaries[0]).get("world_size") != ranks:
                         fail(f"{ranks} ranks printed {len(summaries)} summaries: {p.stdout[-2000:]}")
-                    # The optimizer is sharded: rank 0 keeps states for about 1/N of the parameters.
-                    one = json.load(open(os.path.join(outs[1], "summary.json")))["host_optimizer_state_bytes_per_rank"]
-                    mine = json.loads(summaries[0])["host_optimizer_state_bytes_per_rank"]
+                    # The optimizer is sharded: rank 0 keeps states for about 1/N of the parameters, and (bf16
+                    # compute) the f32 masters of its 1/N of the layers and head beside the whole embedding's.
+                    first, mine_all = json.load(open(os.path.join(outs[1], "summary.json"))), json.loads(summaries[0])
+                    one, mine = (s["host_optimizer_state_bytes_per_rank"] for s in (first, mine_all))
                     if not 0.8 < mine * ranks / one < 1.2:
                         fail(f"{ranks} ranks: rank 0 keeps {mine} bytes of optimizer state, one process {one}")
+                    one_adam, adam = (s["host_adam_state_bytes_per_rank"] for s in (first, mine_all))
+                    if not 0.8 < adam * ranks / one_adam < 1.2:
+                        fail(f"{ranks} ranks: rank 0 keeps {adam} bytes of AdamW states, one process {one_adam}")
+                    embed = model["vocab_size"] * model["hidden_size"] * 4
+                    one_m, m = (s["host_master_bytes_per_rank"] - embed for s in (first, mine_all))
+                    if not 0.8 < m * ranks / one_m < 1.2:
+                        fail(f"{ranks} ranks: rank 0 keeps {m} bytes of layer and head masters, one process {one_m}")
+                    if len(mine_all.get("host_rss_bytes_per_rank", [])) != ranks:
+                        fail(f"{ranks} ranks: host_rss_bytes_per_rank is not one figure per rank: {mine_all}")
                     lines = [l for l in p.stderr.splitlines() if l.startswith("saved ")]
                     if len(lines) != len(set(lines)):
                         fail(f"{ranks} ranks: more than one rank logs:\n{p.stderr[-2000:]}")
@@ -103,7 +115,7 @@ def main():
                 same(outs[1], out, 4, "2 ranks x 3 with 4 KiB messages")
             print(f"pass: tied={tied}: 2 x 3 and 3 x 2 ranks byte-identical to 1 x 6 (checkpoints, metrics"
                   f"{'; also with 4 KiB messages' if tied else ''}); "
-                  f"optimizer state on rank 0 {mine} bytes at 3 ranks, {one} in one process")
+                  f"optimizer state (AdamW + f32 masters) on rank 0 {mine} bytes at 3 ranks, {one} in one process")
 
         # Resume across world sizes: checkpoint-2 of the 2-rank run, continued on 3 ranks and on 1.
         ref = os.path.join(work, "untied-1x6")
@@ -117,6 +129,17 @@ def main():
                 fail(f"resumed on {ranks}: the run did not say it resumed:\n{p.stderr[-1500:]}")
             same(ref, out, 4, f"saved on 2 ranks, resumed on {ranks}")
         print("pass: saved on 2 ranks, resumed on 3 and on 1: byte-identical to the uninterrupted run")
+
+        # Fine-tuning a Hugging Face directory (the 1 x 6 run's last checkpoint): each rank loads only its own
+        # chunks of the layers' and head's masters and the owners make the compute copy: the one-process bits.
+        tuned = {}
+        for ranks, accum in ((1, 4), (2, 2)):
+            out = os.path.join(work, f"finetune-{ranks}x{accum}")
+            train(ranks, out, common + [f"model_name_or_path={ref}/checkpoint-4", "max_steps=2", "eval_steps=0",
+                                        f"gradient_accumulation_steps={accum}"])
+            tuned[ranks] = out
+        same(tuned[1], tuned[2], 2, "fine-tuned from a model directory on 2 ranks")
+        print("pass: fine-tuning a model directory on 2 ranks (each loading its own masters) byte-identical to 1")
 
         # A global batch that changes is refused on resume, naming the key.
         out = os.path.join(work, "resumed-other-batch")

@@ -4,6 +4,7 @@
 // dist_exchange.ranks2 / .ranks3). Odd sizes throughout: tensors of 1..2 chunks plus a few elements, bf16
 // matrices beside f32 norms in the source layout, ranks that own no chunk.
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -16,6 +17,7 @@
 #include "dist/grad_exchange.h"
 #include "model/weights.h"
 #include "ops/embedding.h"
+#include "optim/adamw.h"
 #include "optim/kernels.h"
 #include "testing/model_testing.h"
 
@@ -166,6 +168,66 @@ TEST(DataParallelGrads, EmbeddingReplayAndNormsEqualTheOneProcessStepBitwise) {
     EXPECT_EQ(0, std::memcmp(actual.slab(SlabKind::embedding), expected.slab(SlabKind::embedding), el.bytes()))
         << "rank " << me << " of " << n << (tied ? ", tied" : ", untied") << ": the table differs";
   }
+}
+
+
+// Whether any page wholly inside [p, p + bytes) is resident (mincore).
+bool any_page_resident(const uint8_t* p, size_t bytes) {
+  const uintptr_t b = align_up(reinterpret_cast<uintptr_t>(p), kPageAlign);
+  const uintptr_t e = (reinterpret_cast<uintptr_t>(p) + bytes) / kPageAlign * kPageAlign;
+  if (e <= b) return false;
+  std::vector<unsigned char> in((e - b) / kPageAlign);
+  EXPECT_EQ(0, mincore(reinterpret_cast<void*>(b), e - b, in.data()));
+  for (unsigned char c : in)
+    if (c & 1) return true;
+  return false;
+}
+
+TEST(DataParallelGrads, ShardedMastersLeaveOtherRanksPagesAndGatherWholeOnRankZero) {
+  // bf16 compute: after the compute copy is made, a rank keeps the layers' and head's masters of its own chunks
+  // (the others' pages given back) and the embedding's whole; gather_masters makes rank 0's whole again, bitwise.
+  const Comm& comm = Comm::world();
+  const int me = comm.rank();
+  testing::SmallShape shape;
+  shape.vocab = 1031, shape.hidden = 136, shape.intermediate = 401, shape.layers = 3;
+  const ModelConfig cfg = testing::small_model_config(ModelType::qwen3, shape);
+  ModelSlabs params(cfg), original(cfg), copy(cfg, DType::bf16), grads(cfg, DType::f32, Fill::none);
+  init_random(params, 7);
+  init_random(original, 7);
+  DataParallelGrads dp(comm, grads);
+  HybridAdamW opt(params, grads, AdamWConfig{}, &dp.owned_ranges());
+  dp.attach(opt, params, &copy);
+  ASSERT_TRUE(dp.masters_sharded());
+  make_compute_copy(copy, params);
+  dp.release_unowned_masters(params);
+
+  size_t kept = params.layout(SlabKind::embedding).bytes();
+  auto each_sharded = [&](auto&& fn) {
+    for (int64_t l = 0; l < cfg.num_layers; ++l) fn(SlabKind::layer, l);
+    fn(SlabKind::head, int64_t(0));
+  };
+  each_sharded([&](SlabKind kind, int64_t layer) {
+    const SlabLayout& layout = params.layout(kind, layer);
+    const auto [lo, hi] = owned_bytes(layout, dp.shards(kind, layer), me);
+    kept += hi - lo;
+    const uint8_t* slab = params.slab(kind, layer);
+    EXPECT_EQ(0, std::memcmp(slab + lo, original.slab(kind, layer) + lo, hi - lo)) << "rank " << me << ": own masters";
+    EXPECT_FALSE(any_page_resident(slab, lo)) << "rank " << me << " layer " << layer << ": pages before its shard";
+    EXPECT_FALSE(any_page_resident(slab + hi, layout.bytes() - hi)) << "rank " << me << ": pages after its shard";
+    if (comm.size() > 1 && layout.bytes() > 4 * kPageAlign * size_t(comm.size()))  // some whole page was released
+      EXPECT_LT(hi - lo, layout.bytes()) << "rank " << me << " owns all of layer " << layer;
+  });
+  EXPECT_EQ(kept, dp.master_bytes_kept(params));
+  EXPECT_EQ(0, std::memcmp(params.slab(SlabKind::embedding), original.slab(SlabKind::embedding),
+                           params.layout(SlabKind::embedding).bytes()));
+
+  dp.gather_masters(params);
+  if (me == 0)
+    each_sharded([&](SlabKind kind, int64_t layer) {
+      const size_t bytes = params.layout(kind, layer).bytes();
+      EXPECT_EQ(0, std::memcmp(params.slab(kind, layer), original.slab(kind, layer), bytes))
+          << "rank 0 of " << comm.size() << ": gathered masters of slab " << layer << " differ";
+    });
 }
 
 }  // namespace

@@ -202,6 +202,35 @@ TEST_F(SafetensorsTest, UnalignedDataFromForeignWriterStillReads) {
   EXPECT_EQ(out, vals);
 }
 
+TEST_F(SafetensorsTest, ReadF32RangeWritesOnlyItsElements) {
+  // A data-parallel rank loads its shard of a tensor: elements [b, e) land at dst[b, e), the rest stay as they
+  // were; bf16 and an unaligned f32 source (the bounce-buffer path); a range outside the tensor names both.
+  std::vector<float> src(1000);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = 0.25f * float(i) - 99.0f;
+  std::vector<uint16_t> bf(src.size());
+  convert_f32_to_bf16(bf.data(), src.data(), src.size());
+  write_safetensors(path("r.safetensors"), {{"bf16", TensorView::contiguous(bf.data(), DType::bf16, {10, 100})}});
+  SafetensorsFile f = SafetensorsFile::open(path("r.safetensors"));
+  for (const ElementRange r : {ElementRange{0, 1000}, ElementRange{137, 601}, ElementRange{999, 1000},
+                               ElementRange{500, 500}, ElementRange{333, -1}}) {
+    std::vector<float> out(1000, -1.0f);
+    f.read_f32("bf16", out.data(), {10, 100}, r);
+    const int64_t end = r.end < 0 ? 1000 : r.end;
+    for (int64_t i = 0; i < 1000; ++i)
+      EXPECT_EQ(out[size_t(i)], i >= r.begin && i < end ? bf16_to_f32(bf[size_t(i)]) : -1.0f) << i;
+  }
+  std::string header = R"({"x":{"dtype":"F32","shape":[5],"data_offsets":[0,20]}})";
+  if ((8 + header.size()) % 4 == 0) header += " ";
+  SafetensorsFile odd = SafetensorsFile::open(
+      put(raw_file(header, std::string(reinterpret_cast<const char*>(src.data()), 20)), "odd.safetensors"));
+  std::vector<float> out(5, -1.0f);
+  odd.read_f32("x", out.data(), {5}, ElementRange{1, 4});
+  EXPECT_EQ(out, (std::vector<float>{-1.0f, src[1], src[2], src[3], -1.0f}));
+  const std::string p = path("r.safetensors");
+  expect_error([&] { f.read_f32("bf16", out.data(), {10, 100}, ElementRange{900, 1001}); },
+               {p, "'bf16'", "[900, 1001)", "1000"});
+}
+
 TEST_F(SafetensorsTest, ViewsSurviveMoveAndMissingNameIsReported) {
   auto tensors = sample_tensors();
   write_safetensors(path("m.safetensors"), views_of(tensors));

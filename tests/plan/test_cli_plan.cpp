@@ -78,6 +78,11 @@ TEST_F(CmdPlan, RanksCountTheExchangeAndNeedTheNetwork) {
   EXPECT_GT(b["data_parallel"]["exchange_micro_bytes"].get<double>(), 0);
   EXPECT_GT(b["data_parallel"]["exchange_step_bytes"].get<double>(), 0);
   EXPECT_GT(b["data_parallel"]["host_parameter_bytes_per_rank"].get<double>(), 0);
+  // Each rank keeps 1/N of the gradients, states and (bf16) masters: fewer bytes per rank with more ranks.
+  const CmdResult two = run(common + " --ranks 2 --net-gbps 5");
+  ASSERT_EQ(two.status, 0) << two.out;
+  EXPECT_LT(b["data_parallel"]["host_parameter_bytes_per_rank"].get<double>(),
+            nlohmann::json::parse(two.out)["data_parallel"]["host_parameter_bytes_per_rank"].get<double>());
   const CmdResult missing = run("simulate --profile rtx3090 --model " + kModel +
                                 " --batch 8 --seq 512 --policy every:2 --ranks 2");
   EXPECT_NE(missing.status, 0);

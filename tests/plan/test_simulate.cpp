@@ -160,6 +160,16 @@ TEST(Simulate, DataParallelCountsTheExchange) {
   EXPECT_NEAR(four.exchange_micro_bytes, micro, 1e-6 * micro);
   step += share * (double(cfg.vocab_size) * C + C) * 4;  // the table (tied: in the embedding) and the final norm
   EXPECT_NEAR(four.exchange_step_bytes, step, 1e-6 * step);
+  {
+    // bf16 compute: the layers' and head's bf16 copy alone is allgathered (their masters are sharded), the
+    // embedding's f32 masters beside its copy (the lookup reads them on every rank).
+    InstanceOptions b = o;
+    b.exec.compute = ComputeType::bf16;
+    const Instance bf = make_instance(cfg, 2, 16, prof, budget, b);
+    double expect = share * (double(cfg.vocab_size) * C * (4 + 2) + C * 2);
+    for (int64_t l = 0; l < bf.L; ++l) expect += share * double(layer_parameters(cfg, cfg.layer_kind(l))) * 2;
+    EXPECT_NEAR(bf.exchange_step_bytes, expect, 1e-6 * expect);
+  }
   // Fast network: the optimizer's quarter shows; slow: the exchange is exposed.
   const Plan p = Plan::every(4, 1);
   EXPECT_LT(simulate(four, p).iteration_s, simulate(one, p).iteration_s);
