@@ -3,7 +3,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build test demo bench asan fuzz soak fresh-check gpu-check clean
+.PHONY: all deps configure build test demo bench asan fuzz soak fresh-check srun-check gpu-check clean
 
 all: build
 
@@ -62,6 +62,11 @@ soak: deps
 # touches dependencies.
 fresh-check:
 	bash scripts/fresh-check.sh
+
+# Data-parallel training launched by srun on a private one-node Slurm (root; installs Slurm and munge when
+# missing): 2 x 3 and 3 x 2 ranks byte-identical to one process (scripts/srun-check.sh, docs/distributed.md).
+srun-check:
+	bash scripts/srun-check.sh
 
 clean:
 	rm -rf $(BUILD)

@@ -12,7 +12,7 @@ the layers and head, rank 0 gathering them whole for each save and evaluation; a
 job with a non-zero exit, leaving only whole checkpoints; a rank that stops answering ends it after dist_timeout_s
 with a message naming the wait; SIGTERM to mpirun stops every rank at one step with one checkpoint, which resumes.
 
-Usage: check_train_ranks.py --lazytrain BIN --mpirun MPIEXEC"""
+Usage: check_train_ranks.py --lazytrain BIN (--mpirun MPIEXEC | --srun SRUN)"""
 import argparse
 import json
 import os
@@ -34,8 +34,8 @@ def fail(msg):
 
 
 def signal_rank1_after_checkpoint(out, sig):
-    """An mpirun wrapper: rank 1 gets `kill SIG` a second after out/checkpoint-2 is whole; the others run as is."""
-    return ["sh", "-c", f'if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then '
+    """A launcher's wrapper: rank 1 gets `kill SIG` a second after out/checkpoint-2 is whole; the others run as is."""
+    return ["sh", "-c", f'if [ "${{OMPI_COMM_WORLD_RANK:-$SLURM_PROCID}}" = 1 ]; then '
             f'(while [ ! -e {out}/checkpoint-2/model.safetensors ]; do sleep 0.1; done; sleep 1; '
             f'kill {sig} $$) & fi; exec "$@"', "sh"]
 
@@ -48,14 +48,19 @@ def metrics(out):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lazytrain", required=True)
-    ap.add_argument("--mpirun", required=True)
+    ap.add_argument("--mpirun", help="Open MPI's mpirun (every check)")
+    ap.add_argument("--srun", help="Slurm's srun instead: the byte-identity checks only (scripts/srun-check.sh)")
     a = ap.parse_args()
+    if bool(a.mpirun) == bool(a.srun):
+        fail("give --mpirun or --srun")
 
     def train(ranks, out, extra, check=True, wrapper=None, timeout=600, env=None):
         cmd = [a.lazytrain, "train", CONFIG, f"output_dir={out}"] + extra
         if wrapper:
             cmd = wrapper + cmd
-        if ranks > 1 or wrapper:
+        if (ranks > 1 or wrapper) and a.srun:  # one task per rank, wired up by Slurm's PMIx plugin
+            cmd = [a.srun, "-N", "1", "-n", str(ranks), "--overcommit", "--mpi=pmix"] + cmd
+        elif ranks > 1 or wrapper:
             cmd = [a.mpirun, "--oversubscribe", "-np", str(ranks)] + cmd
         p = subprocess.run(cmd, capture_output=True, text=True, env=dict(ENV, **(env or {})), timeout=timeout)
         if check and p.returncode != 0:
@@ -68,6 +73,25 @@ def main():
             y = open(os.path.join(out, f"checkpoint-{step}", name), "rb").read()
             if x != y:
                 fail(f"{what}: checkpoint-{step}/{name} differs from the one-process run")
+
+    def killed_rank(work, common):
+        # A rank killed mid-run (SIGKILL once the first checkpoint is whole) ends the job; checkpoints stay whole.
+        out = os.path.join(work, "killed")
+        kill_rank1 = signal_rank1_after_checkpoint(out, "-9")
+        t0 = time.time()
+        p = train(2, out, common + ["gradient_accumulation_steps=3", "max_steps=100000", "eval_steps=0"],
+                  check=False, wrapper=kill_rank1, timeout=300)
+        took = time.time() - t0
+        if p.returncode == 0:
+            fail("a job whose rank 1 was killed exited 0")
+        for d in sorted(os.listdir(out)):
+            if ".tmp" in d:
+                fail(f"a temporary was left behind: {d}")
+            if d.startswith("checkpoint-"):
+                for name in FILES:
+                    if not os.path.isfile(os.path.join(out, d, name)):
+                        fail(f"{d} is not whole: {name} is missing")
+        print(f"pass: rank 1 killed: the job ended in {took:.1f} s with exit {p.returncode}, checkpoints whole")
 
     with arith_work("lt_dist_train_", 240, 6) as (work, paths):
         common = paths + ["per_device_train_batch_size=2", "max_steps=4", "save_steps=2", "eval_steps=3",
@@ -117,6 +141,11 @@ def main():
                   f"{'; also with 4 KiB messages' if tied else ''}); "
                   f"optimizer state (AdamW + f32 masters) on rank 0 {mine} bytes at 3 ranks, {one} in one process")
 
+        if a.srun:
+            killed_rank(work, common)
+            print("pass: under srun (Slurm, PMIx)")
+            return
+
         # Resume across world sizes: checkpoint-2 of the 2-rank run, continued on 3 ranks and on 1.
         ref = os.path.join(work, "untied-1x6")
         for ranks, accum in ((3, 2), (1, 6)):
@@ -150,23 +179,7 @@ def main():
         if p.returncode == 0 or "global_micro_batches" not in p.stderr:
             fail(f"resume with 2 x 2 instead of 6 micro-batches: exit {p.returncode}: {p.stderr[-1500:]}")
 
-        # A rank killed mid-run (SIGKILL once the first checkpoint is whole) ends the job; checkpoints stay whole.
-        out = os.path.join(work, "killed")
-        kill_rank1 = signal_rank1_after_checkpoint(out, "-9")
-        t0 = time.time()
-        p = train(2, out, common + ["gradient_accumulation_steps=3", "max_steps=100000", "eval_steps=0"],
-                  check=False, wrapper=kill_rank1, timeout=300)
-        took = time.time() - t0
-        if p.returncode == 0:
-            fail("a job whose rank 1 was killed exited 0")
-        for d in sorted(os.listdir(out)):
-            if ".tmp" in d:
-                fail(f"a temporary was left behind: {d}")
-            if d.startswith("checkpoint-"):
-                for name in FILES:
-                    if not os.path.isfile(os.path.join(out, d, name)):
-                        fail(f"{d} is not whole: {name} is missing")
-        print(f"pass: rank 1 killed: the job ended in {took:.1f} s with exit {p.returncode}, checkpoints whole")
+        killed_rank(work, common)
 
         # SIGTERM to mpirun reaches every rank at its own moment: they agree on one step, save there together
         # (rank 0 writes), and the run resumes from that checkpoint.
