@@ -137,8 +137,13 @@ def main():
                 out = os.path.join(work, "tied-2x3-pieces")
                 train(2, out, common + ["gradient_accumulation_steps=3"], env={"LT_MPI_MAX_MESSAGE": "4096"})
                 same(outs[1], out, 4, "2 ranks x 3 with 4 KiB messages")
+                if not a.srun:  # over TCP sockets (loopback) instead of shared memory: the path between hosts
+                    out = os.path.join(work, "tied-2x3-tcp")
+                    train(2, out, common + ["gradient_accumulation_steps=3"],
+                          env={"OMPI_MCA_pml": "ob1", "OMPI_MCA_btl": "tcp,self", "OMPI_MCA_btl_tcp_if_include": "lo"})
+                    same(outs[1], out, 4, "2 ranks x 3 over TCP")
             print(f"pass: tied={tied}: 2 x 3 and 3 x 2 ranks byte-identical to 1 x 6 (checkpoints, metrics"
-                  f"{'; also with 4 KiB messages' if tied else ''}); "
+                  f"{'; also with 4 KiB messages' + ('' if a.srun else ', and over TCP') if tied else ''}); "
                   f"optimizer state (AdamW + f32 masters) on rank 0 {mine} bytes at 3 ranks, {one} in one process")
 
         if a.srun:
