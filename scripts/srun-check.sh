@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# make srun-check: data-parallel training launched by Slurm's srun, as on a cluster: a private one-node Slurm
-# (munge, slurmctld, slurmd; a configuration in a temporary folder, no cgroups) runs
+# make srun-check: data-parallel training launched by Slurm's srun, as on a cluster. A private one-node Slurm
+# (munge, slurmctld, slurmd; a configuration in a temporary folder, no cgroups) runs the exchange's unit tests
+# (tests/dist/test_grad_exchange.cpp: the launcher's local rank among them) on 3 tasks, then
 # tests/dist/check_train_ranks.py --srun: `srun -n N --mpi=pmix lazytrain train` with 2 x 3 and 3 x 2 ranks
-# byte-identical to one process with 6 accumulation steps, tied and untied. Needs root (the daemons) and installs
-# Debian's slurmctld, slurmd, slurm-client and munge when missing. Not part of `make test` (CI does not run
-# daemons); run it when the launch path changes and record the result in docs/distributed.md.
+# byte-identical to one process with 6 accumulation steps, tied and untied, and a killed rank ending the step.
+# Needs root (the daemons) and installs Debian's slurmctld, slurmd, slurm-client and munge when missing. Not part
+# of `make test` (CI does not run daemons); run it when the launch path changes and record the result in
+# docs/distributed.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
@@ -71,5 +73,7 @@ done
   echo "srun-check: the node did not become idle:" >&2; sinfo >&2 || true; tail -20 "$dir"/*.log >&2; exit 1; }
 srun --version
 start=$(date +%s)
+# The exchange's unit tests with srun's wiring (a rank's local rank, hence its GPU, among them).
+OMP_NUM_THREADS=1 srun -N 1 -n 3 --overcommit --mpi=pmix "$BUILD/test_grad_exchange" --gtest_brief=1
 /usr/bin/python3 tests/dist/check_train_ranks.py --lazytrain "$BUILD/lazytrain" --srun "$(command -v srun)"
 echo "srun-check: passed in $(($(date +%s) - start)) s"

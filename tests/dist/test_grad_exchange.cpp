@@ -230,5 +230,19 @@ TEST(DataParallelGrads, ShardedMastersLeaveOtherRanksPagesAndGatherWholeOnRankZe
     });
 }
 
+TEST(Launcher, LocalRankIsTheRankOnThisHost) {
+  // Rank r of a host opens its GPU r (train/trainer.cpp): on one host, under mpirun (dist_exchange.ranksN) or srun
+  // (make srun-check), the launcher's local rank is the world rank; without a launcher 0.
+  const Comm& comm = Comm::world();
+  EXPECT_EQ(launcher_local_rank(), comm.rank());
+  EXPECT_EQ(launcher_world_size(), comm.size());
+  if (comm.size() == 1 && !std::getenv("OMPI_COMM_WORLD_LOCAL_RANK") && !std::getenv("MPI_LOCALRANKID") &&
+      !std::getenv("SLURM_LOCALID")) {
+    setenv("SLURM_LOCALID", "3", 1);  // srun's variable: the fourth task on its node
+    EXPECT_EQ(launcher_local_rank(), 3);
+    unsetenv("SLURM_LOCALID");
+  }
+}
+
 }  // namespace
 }  // namespace lt
