@@ -221,11 +221,7 @@ void DataParallelGrads::release_unowned_masters(ModelSlabs& params) const {
     const SlabLayout& layout = params.layout(kind, layer);
     const auto [lo, hi] = owned_bytes(layout, shards_[slot(kind, layer)], comm_.rank());
     uint8_t* slab = params.slab(kind, layer);
-    if (lo == hi) {
-      release_pages(slab, layout.bytes());
-      return;
-    }
-    release_pages(slab, lo);
+    release_pages(slab, lo);  // a rank owning none of the slab: {0, 0}, the second call releases it all
     release_pages(slab + hi, layout.bytes() - hi);
   });
 }

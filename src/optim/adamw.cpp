@@ -276,6 +276,14 @@ StateReport model_state_report(const ModelConfig& model, const AdamWConfig& cfg)
   return r;
 }
 
+double host_parameter_bytes_per_rank(const ModelConfig& model, const AdamWConfig& cfg, bool compute_copy, int ranks) {
+  const double n = ranks, params = double(model.num_parameters());
+  const double states = double(model_state_report(model, cfg).state_bytes) / n;
+  if (!compute_copy) return params * (4 + 4 / n) + states;
+  const double embed = double(model.vocab_size) * double(model.hidden_size);
+  return params * (2 + 8 / n) + embed * 4 * (1 - 1 / n) + states;
+}
+
 HybridAdamW::HybridAdamW(ModelSlabs& params, const ModelSlabs& grads, AdamWConfig cfg, const OwnedRanges* owned)
     : params_(params), grads_(grads), cfg_(std::move(cfg)) {
   LT_CHECK(params.config() == grads.config(), "optimizer: parameters and gradients are of different models");

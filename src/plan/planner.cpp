@@ -260,17 +260,11 @@ PlanReport make_plan(const PlanRequest& rq) {
 
 namespace {
 
-// Host memory of one rank for the parameters while training: its 1/N of the f32 gradients and optimizer states
-// (optim/adamw.h model_state_report); f32 compute: the masters whole (they are the streamed weights); bf16 compute:
-// the compute copy whole, 1/N of the masters but the embedding's whole (dist/data_parallel.h).
+// Host memory of one rank for the parameters while training (optim/adamw.h).
 double host_bytes_per_rank(const Instance& in) {
   AdamWConfig ac;
   ac.matrix_states = in.opt.optimizer_state_bits == 8 ? StatePrecision::q8 : StatePrecision::f32;
-  const double n = in.opt.ranks, params = double(in.parameters);
-  const double states = double(model_state_report(in.cfg, ac).state_bytes) / n;
-  if (in.opt.exec.compute != ComputeType::bf16) return params * (4 + 4 / n) + states;
-  const double embed = double(in.cfg.vocab_size) * double(in.cfg.hidden_size);
-  return params * (2 + 8 / n) + embed * 4 * (1 - 1 / n) + states;
+  return host_parameter_bytes_per_rank(in.cfg, ac, in.opt.exec.compute == ComputeType::bf16, int(in.opt.ranks));
 }
 
 }  // namespace

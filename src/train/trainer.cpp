@@ -75,18 +75,28 @@ size_t host_memory_budget(const TrainConfig& c) {
 // What the budget is called in messages.
 const char* host_memory_name(const TrainConfig& c) { return c.host_memory == "auto" ? "MemAvailable" : "host_memory"; }
 
-// Host bytes a rank keeps for the parameters at its peak: f32 masters and gradients, the bf16 compute copy, its
-// 1/ranks of the optimizer states. Data parallel: a rank touches 1/ranks of the gradients; with a compute copy it
-// loads and keeps 1/ranks of the masters but the embedding's whole (dist/data_parallel.h) — from scratch it draws
-// them all first, as one process does, which is its peak.
+// The optimizer's settings from the config.
+AdamWConfig adamw_config(const TrainConfig& c) {
+  AdamWConfig ac;
+  ac.beta1 = c.adam_beta1;
+  ac.beta2 = c.adam_beta2;
+  ac.eps = c.adam_epsilon;
+  ac.weight_decay = c.weight_decay;
+  ac.max_grad_norm = c.max_grad_norm;
+  ac.matrix_states = c.optimizer_state_bits == 8 ? StatePrecision::q8 : StatePrecision::f32;
+  return ac;
+}
+
+// Host bytes a rank keeps for the parameters at its peak: while training (optim/adamw.h
+// host_parameter_bytes_per_rank), or — data parallel with a compute copy, from scratch — before that, when every
+// rank has drawn the whole model (one process's random stream): whole masters, the copy and its states.
 double host_parameter_bytes(const TrainConfig& c, const ModelConfig& mc, int ranks, bool from_scratch) {
-  const double n = ranks, params = double(mc.num_parameters());
-  const double states = (c.optimizer_state_bits == 8 ? 2.05 : 8.0) / n;
-  const double copy = c.compute_dtype == "bf16" ? 2 : 0;
-  if (copy == 0 || ranks == 1) return params * (4 + 4 / n + states + copy);
-  const double embed = double(mc.vocab_size) * double(mc.hidden_size) * 4 * (1 - 1 / n);
-  const double training = params * (8 / n + 2 + states) + embed;
-  return from_scratch ? std::max(training, params * (4 + 2 + states)) : training;
+  const AdamWConfig ac = adamw_config(c);
+  const bool copy = c.compute_dtype == "bf16";
+  const double training = host_parameter_bytes_per_rank(mc, ac, copy, ranks);
+  if (!from_scratch || !copy || ranks == 1) return training;
+  const double drawn = double(mc.num_parameters()) * (4 + 2) + double(model_state_report(mc, ac).state_bytes) / ranks;
+  return std::max(training, drawn);
 }
 
 // Before any weight is read: a model whose parameters alone (masters, gradients, compute copy, optimizer states)
@@ -372,13 +382,7 @@ TrainResult run_training(const TrainConfig& asked) {
     if (ranks == 1) pins.pin(grads, "gradients");  // data parallel: the executor's own staging is pinned
     log.message(fmt::format("pinned {} of host slabs in {:.2f} s", format_bytes(double(pins.bytes())), pins.seconds()));
   }
-  AdamWConfig ac;
-  ac.beta1 = c.adam_beta1;
-  ac.beta2 = c.adam_beta2;
-  ac.eps = c.adam_epsilon;
-  ac.weight_decay = c.weight_decay;
-  ac.max_grad_norm = c.max_grad_norm;
-  ac.matrix_states = c.optimizer_state_bits == 8 ? StatePrecision::q8 : StatePrecision::f32;
+  const AdamWConfig ac = adamw_config(c);
   // Data parallel: gradients reduce-scattered to their owners, the optimizer's states sharded the same way.
   std::unique_ptr<DataParallelGrads> dp;
   if (ranks > 1) dp = std::make_unique<DataParallelGrads>(comm, grads);
