@@ -13,7 +13,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   lt::fuzz::expect_clean([&] {
     lt::Tokenizer tok = lt::Tokenizer::load(dir);
     const std::vector<lt::ChatMessage> chat = {{"system", "be brief"}, {"user", "1 + 2"}, {"assistant", "3"}};
-    for (const char* kind : {"qwen2_5", "qwen3", "plain"}) {
+    for (const char* kind : {"qwen2_5", "qwen3", "qwen3_5", "plain"}) {
       lt::fuzz::expect_clean([&] {
         lt::ChatTemplate tpl(lt::parse_chat_template_kind(kind), tok);
         (void)lt::tokenize_chat(tok, tpl.render_segments(chat));

@@ -67,7 +67,7 @@ void register_generate(CLI::App& app) {
   auto* cmd = app.add_subcommand("generate", "greedy generation with a KV cache for one prompt");
   cmd->add_option("--model", o->model, "model directory (config.json, weights, tokenizer)")->required();
   cmd->add_option("--prompt", o->prompt, "the user's message")->required();
-  cmd->add_option("--template", o->template_name, "chat template: auto, qwen2_5, qwen3, plain");
+  cmd->add_option("--template", o->template_name, "chat template: auto, qwen2_5, qwen3, qwen3_5, plain");
   cmd->add_option("--max-new-tokens", o->max_new_tokens, "generation length limit");
   cmd->add_flag("--raw", o->raw, "feed the prompt as is, without the chat template");
   cmd->callback([o]() {

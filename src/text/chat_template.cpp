@@ -1,6 +1,9 @@
 #include "text/chat_template.h"
 
+#include <optional>
+
 #include "core/error.h"
+#include "text/utf8.h"
 
 namespace lt {
 
@@ -35,6 +38,36 @@ std::string_view rstrip_newlines(std::string_view s) {
 
 bool starts_with(std::string_view s, std::string_view p) { return s.substr(0, p.size()) == p; }
 bool ends_with(std::string_view s, std::string_view p) { return s.size() >= p.size() && s.substr(s.size() - p.size()) == p; }
+
+// Python's str.isspace, which Jinja's `trim` (str.strip) removes: Unicode White_Space plus the
+// information separators U+001C..U+001F.
+bool is_python_whitespace(char32_t cp) { return is_unicode_whitespace(cp) || (cp >= 0x1C && cp <= 0x1F); }
+
+// Jinja's `|trim` on valid UTF-8 (messages are repaired on load): leading and trailing Python whitespace.
+std::string_view jinja_trim(std::string_view s) {
+  auto at = [&](size_t i, int* len) {
+    int bad = 0;
+    *len = utf8_sequence_length(reinterpret_cast<const unsigned char*>(s.data()) + i, s.size() - i, &bad);
+    return *len > 0 ? utf8_decode(reinterpret_cast<const unsigned char*>(s.data()) + i, *len) : char32_t(0);
+  };
+  size_t begin = 0;
+  while (begin < s.size()) {
+    int len = 0;
+    char32_t cp = at(begin, &len);
+    if (len == 0 || !is_python_whitespace(cp)) break;
+    begin += size_t(len);
+  }
+  size_t end = s.size();  // step back over whole code points: continuation bytes are 10xxxxxx
+  while (end > begin) {
+    size_t start = end - 1;
+    while (start > begin && (static_cast<unsigned char>(s[start]) & 0xC0) == 0x80) --start;
+    int len = 0;
+    char32_t cp = at(start, &len);
+    if (len == 0 || start + size_t(len) != end || !is_python_whitespace(cp)) break;
+    end = start;
+  }
+  return s.substr(begin, end - begin);
+}
 
 void check_roles(std::span<const ChatMessage> messages, ChatTemplateKind kind) {
   for (size_t i = 0; i < messages.size(); ++i) {
@@ -112,6 +145,43 @@ void render_qwen3(std::span<const ChatMessage> m, GenerationPrompt prompt, Segme
   if (prompt == GenerationPrompt::yes) w.add("<|im_start|>assistant\n<think>\n\n</think>\n\n", false);
 }
 
+// Qwen3.5's template (text content, no tools, preserve_thinking unset). Unlike Qwen3's: every content is
+// trimmed (Jinja `|trim`); EVERY assistant message after the last user query gets a think block, with or
+// without reasoning; a system message anywhere but first, or no user query at all, is an error (the
+// template raises).
+void render_qwen3_5(std::span<const ChatMessage> m, GenerationPrompt prompt, SegmentWriter& w) {
+  constexpr std::string_view kName = "chat template qwen3_5";
+  std::optional<size_t> last_query;  // the template's ns.last_query_index
+  for (size_t i = m.size(); i-- > 0;) {
+    std::string_view c = jinja_trim(m[i].content);
+    if (m[i].role == "user" && !(starts_with(c, "<tool_response>") && ends_with(c, "</tool_response>"))) {
+      last_query = i;
+      break;
+    }
+  }
+  LT_CHECK(last_query || m.empty(), "{}: no user message (Qwen3.5's template needs one that is not a tool response)",
+           kName);
+  for (size_t i = 0; i < m.size(); ++i) {
+    std::string_view content = jinja_trim(m[i].content);
+    if (m[i].role == "system") {
+      LT_CHECK(i == 0, "{}: message {} is a system message; Qwen3.5's template allows one only at the beginning",
+               kName, i);
+      w.add("<|im_start|>system\n" + std::string(content) + "<|im_end|>\n", false);
+    } else if (m[i].role == "user") {
+      w.add("<|im_start|>user\n" + std::string(content) + "<|im_end|>\n", false);
+    } else {
+      ThinkSplit t = split_think(content);
+      std::string reasoning(jinja_trim(t.reasoning));
+      w.add("<|im_start|>assistant\n", false);
+      if (i > *last_query) w.add("<think>\n" + reasoning + "\n</think>\n\n", !reasoning.empty());
+      w.add(std::string(t.answer) + "<|im_end|>", true);
+      w.add("\n", false);
+    }
+  }
+  // Non-thinking form (enable_thinking=false), the form the trained answers take.
+  if (prompt == GenerationPrompt::yes) w.add("<|im_start|>assistant\n<think>\n\n</think>\n\n", false);
+}
+
 void render_plain(std::span<const ChatMessage> m, const std::string& eos, SegmentWriter& w) {
   for (size_t i = 0; i < m.size(); ++i) {
     if (m[i].role == "system") {
@@ -132,14 +202,16 @@ void render_plain(std::span<const ChatMessage> m, const std::string& eos, Segmen
 ChatTemplateKind parse_chat_template_kind(std::string_view name) {
   if (name == "qwen2_5") return ChatTemplateKind::qwen2_5;
   if (name == "qwen3") return ChatTemplateKind::qwen3;
+  if (name == "qwen3_5") return ChatTemplateKind::qwen3_5;
   if (name == "plain") return ChatTemplateKind::plain;
-  LT_FAIL("unknown chat template '{}' (supported: qwen2_5, qwen3, plain)", name);
+  LT_FAIL("unknown chat template '{}' (supported: qwen2_5, qwen3, qwen3_5, plain)", name);
 }
 
 std::string_view chat_template_name(ChatTemplateKind kind) {
   switch (kind) {
     case ChatTemplateKind::qwen2_5: return "qwen2_5";
     case ChatTemplateKind::qwen3: return "qwen3";
+    case ChatTemplateKind::qwen3_5: return "qwen3_5";
     case ChatTemplateKind::plain: return "plain";
   }
   return "?";
@@ -148,6 +220,7 @@ std::string_view chat_template_name(ChatTemplateKind kind) {
 ChatTemplateKind default_chat_template(std::string_view model_type) {
   if (model_type == "qwen2") return ChatTemplateKind::qwen2_5;
   if (model_type == "qwen3") return ChatTemplateKind::qwen3;
+  if (model_type == "qwen3_5") return ChatTemplateKind::qwen3_5;
   return ChatTemplateKind::plain;
 }
 
@@ -164,6 +237,7 @@ std::vector<ChatSegment> ChatTemplate::render_segments(std::span<const ChatMessa
   switch (kind_) {
     case ChatTemplateKind::qwen2_5: render_qwen2_5(messages, prompt, w); break;
     case ChatTemplateKind::qwen3: render_qwen3(messages, prompt, w); break;
+    case ChatTemplateKind::qwen3_5: render_qwen3_5(messages, prompt, w); break;
     case ChatTemplateKind::plain: render_plain(messages, eos_token_, w); break;
   }
   return w.take();

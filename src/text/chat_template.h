@@ -15,13 +15,20 @@
 //            reasoning dropped: <|im_start|>assistant\n{content}<|im_end|>\n. Reasoning is what a message's
 //            content holds before "</think>" (after "<think>"), as the template splits it.
 //            generation prompt (enable_thinking=false): <|im_start|>assistant\n<think>\n\n</think>\n\n
+//   qwen3_5  ChatML as Qwen3.5's (and Qwen3.6's) template renders text content without tools, non-thinking
+//            form. Differs from qwen3 in three ways: every content is trimmed of surrounding whitespace
+//            (Jinja `|trim`: Python's str.strip); EVERY assistant message after the last user query is
+//            rendered with a think block (empty when it has no reasoning), not only the last one; and a
+//            system message that is not first, or a conversation without a user query, is an error (the
+//            template raises). Earlier assistant messages lose their reasoning, as in qwen3.
+//            generation prompt (enable_thinking=false): <|im_start|>assistant\n<think>\n\n</think>\n\n
 //   plain    for models without a template: {system}\n\n, then per turn {user}\n and {assistant}{eos}.
 //
 // Trainable segments (labels for the loss): an assistant message's content and the token that closes
 // it (<|im_end|>, or EOS for plain) — and a non-empty think block, which the model must learn to write.
-// Everything else is not: role headers, the "\n" after <|im_end|>, system and user turns, and Qwen3's
-// EMPTY think block, which at inference is part of the non-thinking generation prompt the model is
-// given (as LLaMA-Factory does for enable_thinking=false). Adjacent segments with the same flag are
+// Everything else is not: role headers, the "\n" after <|im_end|>, system and user turns, and the EMPTY
+// think block of qwen3 and qwen3_5, which at inference is part of the non-thinking generation prompt the
+// model is given (as LLaMA-Factory does for enable_thinking=false). Adjacent segments with the same flag are
 // merged. Roles other than system, user and assistant (tools) are refused.
 //
 // Tokenising segment by segment (tokenize_chat) equals tokenising render() whole when no pre-tokenizer
@@ -43,12 +50,13 @@
 
 namespace lt {
 
-enum class ChatTemplateKind { qwen2_5, qwen3, plain };
+enum class ChatTemplateKind { qwen2_5, qwen3, qwen3_5, plain };
 
-// "qwen2_5" | "qwen3" | "plain"; throws lt::Error listing them otherwise.
+// "qwen2_5" | "qwen3" | "qwen3_5" | "plain"; throws lt::Error listing them otherwise.
 ChatTemplateKind parse_chat_template_kind(std::string_view name);
 std::string_view chat_template_name(ChatTemplateKind kind);
-// The template a config.json model_type implies: qwen2 -> qwen2_5, qwen3 -> qwen3, anything else -> plain.
+// The template a config.json model_type implies: qwen2 -> qwen2_5, qwen3 -> qwen3, qwen3_5 (either form) ->
+// qwen3_5, anything else -> plain.
 ChatTemplateKind default_chat_template(std::string_view model_type);
 
 inline constexpr std::string_view kQwen25DefaultSystem =

@@ -105,7 +105,7 @@ const std::map<std::string, Key>& keys() {
       {"dataset", names(&TrainConfig::dataset)},
       {"dataset_dir", text(&TrainConfig::dataset_dir)},
       {"eval_dataset", names(&TrainConfig::eval_dataset)},
-      {"template", text(&TrainConfig::template_name, {"auto", "qwen2_5", "qwen3", "plain"})},
+      {"template", text(&TrainConfig::template_name, {"auto", "qwen2_5", "qwen3", "qwen3_5", "plain"})},
       {"cutoff_len", number(&TrainConfig::cutoff_len, int64_t(2))},
       {"packing", boolean(&TrainConfig::packing)},
       {"on_bad_example", text(&TrainConfig::on_bad_example, {"stop", "skip"})},

@@ -20,7 +20,7 @@ struct TrainConfig {
   std::vector<std::string> dataset;     // names in dataset_dir/dataset_info.json, or file paths
   std::string dataset_dir = "data";
   std::vector<std::string> eval_dataset;
-  std::string template_name = "auto";   // `template`: qwen2_5 | qwen3 | plain | auto (from the model)
+  std::string template_name = "auto";   // `template`: qwen2_5 | qwen3 | qwen3_5 | plain | auto (from the model)
   int64_t cutoff_len = 1024;
   bool packing = false;
   std::string on_bad_example = "stop";  // stop | skip

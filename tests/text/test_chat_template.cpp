@@ -1,5 +1,5 @@
 // Tests for text/chat_template.h: golden strings written out by hand from the Qwen2.5 and Qwen3
-// tokenizer_config.json templates (no tools), the plain template, the trainable flags, and, with the
+// tokenizer_config.json templates and Qwen3.5's chat_template.jinja (no tools), the plain template, the trainable flags, and, with the
 // real Qwen3 tokenizer, that tokenising segment by segment equals tokenising the whole rendering.
 #include <gtest/gtest.h>
 
@@ -27,17 +27,19 @@ std::vector<ChatSegment> segments(ChatTemplateKind k, const Msgs& m, GenerationP
 TEST(ChatTemplate, Names) {
   EXPECT_EQ(parse_chat_template_kind("qwen2_5"), ChatTemplateKind::qwen2_5);
   EXPECT_EQ(parse_chat_template_kind("qwen3"), ChatTemplateKind::qwen3);
+  EXPECT_EQ(parse_chat_template_kind("qwen3_5"), ChatTemplateKind::qwen3_5);
   EXPECT_EQ(parse_chat_template_kind("plain"), ChatTemplateKind::plain);
-  for (auto k : {ChatTemplateKind::qwen2_5, ChatTemplateKind::qwen3, ChatTemplateKind::plain})
+  for (auto k : {ChatTemplateKind::qwen2_5, ChatTemplateKind::qwen3, ChatTemplateKind::qwen3_5, ChatTemplateKind::plain})
     EXPECT_EQ(parse_chat_template_kind(chat_template_name(k)), k);
   try {
     parse_chat_template_kind("chatml");
     ADD_FAILURE() << "no error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("qwen2_5, qwen3, plain"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("qwen2_5, qwen3, qwen3_5, plain"), std::string::npos) << e.what();
   }
   EXPECT_EQ(default_chat_template("qwen2"), ChatTemplateKind::qwen2_5);
   EXPECT_EQ(default_chat_template("qwen3"), ChatTemplateKind::qwen3);
+  EXPECT_EQ(default_chat_template("qwen3_5"), ChatTemplateKind::qwen3_5);
   EXPECT_EQ(default_chat_template("llama"), ChatTemplateKind::plain);
 }
 
@@ -135,6 +137,83 @@ TEST(ChatTemplate, Qwen3SplitsReasoningAsTheTemplateDoes) {
             "<|im_start|>assistant\n<think>\n\n</think>\n\nB<|im_end|>\n");
 }
 
+TEST(ChatTemplate, Qwen35LastAnswerGetsTheEmptyThinkBlockAndIsTrainedWithoutIt) {
+  Msgs m = {{"system", "S"}, {"user", "U"}, {"assistant", "A"}};
+  EXPECT_EQ(render(ChatTemplateKind::qwen3_5, m),
+            "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n"
+            "<|im_start|>assistant\n<think>\n\n</think>\n\nA<|im_end|>\n");
+  std::vector<ChatSegment> expected = {
+      {"<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n",
+       false},
+      {"A<|im_end|>", true},
+      {"\n", false},
+  };
+  EXPECT_EQ(segments(ChatTemplateKind::qwen3_5, m), expected);
+  EXPECT_EQ(render(ChatTemplateKind::qwen3_5, {{"user", "Hi"}}, GenerationPrompt::yes),
+            "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
+}
+
+TEST(ChatTemplate, Qwen35GivesEveryAnswerAfterTheLastQueryAThinkBlock) {
+  // Where Qwen3's template renders A without a block (it is neither last nor has reasoning).
+  EXPECT_EQ(render(ChatTemplateKind::qwen3_5, {{"user", "U"}, {"assistant", "A"}, {"assistant", "B"}}),
+            "<|im_start|>user\nU<|im_end|>\n"
+            "<|im_start|>assistant\n<think>\n\n</think>\n\nA<|im_end|>\n"
+            "<|im_start|>assistant\n<think>\n\n</think>\n\nB<|im_end|>\n");
+  // Earlier answers lose their reasoning; written reasoning after the last query is trained.
+  Msgs m = {{"user", "U1"},
+            {"assistant", "<think>\nplan one\n</think>\n\nA1"},
+            {"user", "U2"},
+            {"assistant", "<think>\nplan two\n</think>\n\nA2"}};
+  std::vector<ChatSegment> expected = {
+      {"<|im_start|>user\nU1<|im_end|>\n<|im_start|>assistant\n", false},
+      {"A1<|im_end|>", true},
+      {"\n<|im_start|>user\nU2<|im_end|>\n<|im_start|>assistant\n", false},
+      {"<think>\nplan two\n</think>\n\nA2<|im_end|>", true},
+      {"\n", false},
+  };
+  EXPECT_EQ(segments(ChatTemplateKind::qwen3_5, m), expected);
+  // A wrapped tool response (after trimming) is not a query.
+  EXPECT_EQ(render(ChatTemplateKind::qwen3_5,
+                   {{"user", "Q"}, {"assistant", "A"}, {"user", " <tool_response>\nr\n</tool_response>\n"}, {"assistant", "B"}}),
+            "<|im_start|>user\nQ<|im_end|>\n"
+            "<|im_start|>assistant\n<think>\n\n</think>\n\nA<|im_end|>\n"
+            "<|im_start|>user\n<tool_response>\nr\n</tool_response><|im_end|>\n"
+            "<|im_start|>assistant\n<think>\n\n</think>\n\nB<|im_end|>\n");
+}
+
+TEST(ChatTemplate, Qwen35TrimsEveryContentAsJinjaTrimDoes) {
+  // |trim is Python's str.strip: ASCII whitespace, U+001C..U+001F, NBSP, ideographic space, ...
+  // The reasoning is split out of the trimmed content (newlines stripped as in Qwen3) and trimmed again;
+  // the answer keeps its leading space, as only newlines are stripped after "</think>".
+  Msgs m = {{"system", " S \n"},
+            {"user", "\n\t U\u3000\u00a0\x1c"},
+            {"assistant", "  <think>\n r \n</think>\n\n A \n"}};
+  EXPECT_EQ(render(ChatTemplateKind::qwen3_5, m),
+            "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n"
+            "<|im_start|>assistant\n<think>\nr\n</think>\n\n A<|im_end|>\n");
+  // Inner whitespace and non-whitespace look-alikes (U+200B is not Python whitespace) stay.
+  EXPECT_EQ(render(ChatTemplateKind::qwen3_5, {{"user", "\u200ba b\u2003"}}),
+            "<|im_start|>user\n\u200ba b<|im_end|>\n");
+  EXPECT_EQ(render(ChatTemplateKind::qwen3_5, {{"user", " \n "}, {"assistant", "\n"}}),
+            "<|im_start|>user\n<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n<|im_end|>\n");
+}
+
+TEST(ChatTemplate, Qwen35RaisesWhereTheTemplateDoes) {
+  auto message_of = [](const Msgs& m) {
+    try {
+      render(ChatTemplateKind::qwen3_5, m);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message_of({{"user", "U"}, {"system", "S"}, {"assistant", "A"}}).find("message 1 is a system message"),
+            std::string::npos);
+  EXPECT_NE(message_of({{"system", "S"}, {"assistant", "A"}}).find("no user message"), std::string::npos);
+  EXPECT_NE(message_of({{"user", "<tool_response>r</tool_response>"}}).find("no user message"), std::string::npos);
+  EXPECT_EQ(render(ChatTemplateKind::qwen3_5, {}), "");
+}
+
 TEST(ChatTemplate, Plain) {
   Msgs m = {{"system", "S"}, {"user", "What is 2+2?"}, {"assistant", "4"}, {"user", "3+3?"}, {"assistant", "6"}};
   EXPECT_EQ(render(ChatTemplateKind::plain, m), "S\n\nWhat is 2+2?\n4<|endoftext|>3+3?\n6<|endoftext|>");
@@ -146,7 +225,7 @@ TEST(ChatTemplate, Plain) {
 }
 
 TEST(ChatTemplate, RefusesUnknownRoles) {
-  for (auto k : {ChatTemplateKind::qwen2_5, ChatTemplateKind::qwen3, ChatTemplateKind::plain}) {
+  for (auto k : {ChatTemplateKind::qwen2_5, ChatTemplateKind::qwen3, ChatTemplateKind::qwen3_5, ChatTemplateKind::plain}) {
     try {
       render(k, {{"user", "u"}, {"tool", "t"}});
       ADD_FAILURE() << "no error";
@@ -171,7 +250,7 @@ std::vector<Msgs> safe_conversations() {
 TEST(ChatTemplate, SegmentwiseTokenisationEqualsWholeWithQwen3Tokenizer) {
   LT_REQUIRE_QWEN3();
   const Tokenizer& tok = testing::qwen3_tokenizer();
-  for (auto k : {ChatTemplateKind::qwen2_5, ChatTemplateKind::qwen3, ChatTemplateKind::plain}) {
+  for (auto k : {ChatTemplateKind::qwen2_5, ChatTemplateKind::qwen3, ChatTemplateKind::qwen3_5, ChatTemplateKind::plain}) {
     ChatTemplate tpl(k, tok);  // plain takes the tokenizer's EOS: <|im_end|> for this config
     for (const Msgs& m : safe_conversations()) {
       for (auto p : {GenerationPrompt::no, GenerationPrompt::yes}) {
