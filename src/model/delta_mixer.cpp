@@ -102,13 +102,12 @@ size_t DeltaMixerScratch::floats(const DeltaMixerShape& s) {
 void delta_mixer_forward(float* out, DeltaMixerActs& a, const float* n1, const DeltaMixerView& w,
                          const TokenInfo& tok, const DeltaMixerShape& s, const DeltaMixerStorage* storage) {
   const int64_t N = s.N(), C = s.C, Dc = s.conv_dim(), KD = s.key_dim(), VD = s.value_dim();
-  LT_CHECK(tok.pos != nullptr, "the Gated DeltaNet mixer needs token positions (its convolution's documents)");
   auto keep = [&](float* DeltaMixerActs::*field) {
     if (storage) storage->keep(field, a.*field);
   };
   linear_forward(a.qkv_pre, n1, w.in_qkv, nullptr, N, C, Dc);
   keep(&DeltaMixerActs::qkv_pre);
-  short_conv_forward(a.qkv, a.qkv_pre, w.conv, tok.pos, N, s.T, Dc, s.K);
+  short_conv_forward(a.qkv, a.qkv_pre, w.conv, tok.doc_ids, N, s.T, Dc, s.K);
   keep(&DeltaMixerActs::qkv);
   l2norm_forward(a.qk_hat, a.q_rnorm, a.qkv, N, s.Hk, s.dk, 2 * KD, Dc, kQkNormEps);
   l2norm_forward(a.qk_hat + KD, a.k_rnorm, a.qkv + KD, N, s.Hk, s.dk, 2 * KD, Dc, kQkNormEps);
@@ -143,7 +142,7 @@ void delta_mixer_backward(float* dn1, DeltaMixerGrads& g, DeltaMixerScratch& d, 
                        a.qkv + 2 * KD, a.beta, a.g, tok.doc_ids, delta_shape(s));
   l2norm_backward(d.dqkv, d.dqk, a.qkv, a.q_rnorm, N, s.Hk, s.dk, Dc, 2 * KD, Dc);
   l2norm_backward(d.dqkv + KD, d.dqk + KD, a.qkv + KD, a.k_rnorm, N, s.Hk, s.dk, Dc, 2 * KD, Dc);
-  short_conv_backward(d.dpre, g.conv, d.dqkv, a.qkv_pre, w.conv, tok.pos, N, s.T, Dc, s.K);
+  short_conv_backward(d.dpre, g.conv, d.dqkv, a.qkv_pre, w.conv, tok.doc_ids, N, s.T, Dc, s.K);
   delta_gates_backward(d.db, d.da, g.A_log, g.dt_bias, d.dbeta, d.dg, a.b, a.a, w.A_log, w.dt_bias, N, s.Hv);
   // n1 feeds four projections: their input gradients summed in a fixed order (qkv, z, b, a).
   linear_backward(dn1, g.in_qkv, nullptr, d.dpre, n1, w.in_qkv, N, C, Dc);

@@ -100,7 +100,8 @@ struct DeltaMixerScratch {
   static DeltaMixerScratch bind(float* buffer, const DeltaMixerShape& s);
 };
 
-// out[N, C] written from n1[N, C]; fills acts. tok.pos (conv) and tok.doc_ids (delta rule) mark the documents.
+// out[N, C] written from n1[N, C]; fills acts. tok.doc_ids (null: each row one document) marks the documents the
+// convolution and the delta rule never cross.
 // `storage` (null: none) sees every field of acts as it is produced.
 void delta_mixer_forward(float* out, DeltaMixerActs& acts, const float* n1, const DeltaMixerView& w,
                          const TokenInfo& tok, const DeltaMixerShape& s, const DeltaMixerStorage* storage = nullptr);

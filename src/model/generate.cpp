@@ -76,14 +76,12 @@ void fill_delta_cache(LayerCache& c, const DeltaMixerActs& a, const DeltaMixerSh
 // One token through a Gated DeltaNet mixer on its cache: out[C] from n1[C] (model/delta_mixer.h's steps).
 void delta_mixer_step(float* out, LayerCache& c, const float* n1, const DeltaMixerView& w, const DeltaMixerShape& m) {
   const int64_t C = m.C, Dc = m.conv_dim(), KD = m.key_dim(), VD = m.value_dim(), K = m.K;
-  // The conv over the cached K-1 inputs and this one: rows [K, Dc], positions 0..K-1, the last row's output.
+  // The conv over the cached K-1 inputs and this one: rows [K, Dc] as one document, the last row's output.
   auto vec = [](int64_t n) { return std::vector<float>(static_cast<size_t>(n)); };
   auto rows = vec(K * Dc), conv_out = vec(K * Dc), qk = vec(2 * KD), rnorm = vec(2 * m.Hk);
-  std::vector<int32_t> pos(static_cast<size_t>(K));
-  for (int64_t r = 0; r < K; ++r) pos[size_t(r)] = int32_t(r);
   std::copy(c.conv.begin(), c.conv.end(), rows.begin());
   linear_forward(&rows[size_t((K - 1) * Dc)], n1, w.in_qkv, nullptr, 1, C, Dc);
-  short_conv_forward(conv_out.data(), rows.data(), w.conv, pos.data(), K, K, Dc, K);
+  short_conv_forward(conv_out.data(), rows.data(), w.conv, /*doc_ids=*/nullptr, K, K, Dc, K);
   std::copy(rows.begin() + Dc, rows.end(), c.conv.begin());
   const float* qkv = &conv_out[size_t((K - 1) * Dc)];
   l2norm_forward(qk.data(), rnorm.data(), qkv, 1, m.Hk, m.dk, 2 * KD, Dc, 1e-6f);

@@ -7,11 +7,11 @@
 //
 // w[Cc, K] is HF's conv1d.weight [Cc, 1, K] flattened: w[c, K-1] multiplies the token itself, w[c, 0] the token
 // K-1 back (F.conv1d with padding K-1, the first T outputs kept). span(n) = min(K-1, taps back to the start of
-// n's document): a document starts at a token with pos == 0 and at each row's first token (the boundaries
-// model/batch.cpp gives attention's doc_ids). For positions that count 0, 1, 2, ... in each document this is
-// exactly "tap j is taken iff j <= pos[n]"; the taps that would reach into the previous document see zeros,
-// as HF's left zero padding does for an unpacked row and FLA's cu_seqlens kernel does for packed rows (HF's
-// torch fallback ignores packing and leaks K-1 tokens across documents; we never do).
+// n's document). Documents are what attention's mask and the delta rule's state reset use (model/batch.cpp's
+// doc_ids [B, T]): a run of equal doc_ids inside a row; without doc_ids each row is one document. The taps
+// that would reach into the previous document see zeros, as HF's left zero padding does for an unpacked row
+// and FLA's cu_seqlens kernel does for packed rows (HF's torch fallback ignores packing and leaks K-1 tokens
+// across documents; we never do).
 // pre is summed oldest tap first (j = span .. 0, i.e. kernel index ascending) in f32.
 //
 // Nothing is saved: the backward recomputes pre from x and w (K multiply-adds per element, the same bits as
@@ -30,13 +30,13 @@
 
 namespace lt {
 
-// out[N, Cc] from x[N, Cc], weight[Cc, K], pos[N] (position within its document). N a multiple of T.
-void short_conv_forward(float* out, const float* x, const float* weight, const int32_t* pos, int64_t N, int64_t T,
-                        int64_t Cc, int64_t K);
+// out[N, Cc] from x[N, Cc], weight[Cc, K], doc_ids[N] or null (each row one document). N a multiple of T.
+void short_conv_forward(float* out, const float* x, const float* weight, const int32_t* doc_ids, int64_t N,
+                        int64_t T, int64_t Cc, int64_t K);
 
-// dx[N, Cc] written; dweight[Cc, K] accumulated; from dout[N, Cc] and the forward's x, weight, pos. dx must not
-// alias dout or x.
+// dx[N, Cc] written; dweight[Cc, K] accumulated; from dout[N, Cc] and the forward's x, weight, doc_ids. dx must
+// not alias dout or x.
 void short_conv_backward(float* dx, float* dweight, const float* dout, const float* x, const float* weight,
-                         const int32_t* pos, int64_t N, int64_t T, int64_t Cc, int64_t K);
+                         const int32_t* doc_ids, int64_t N, int64_t T, int64_t Cc, int64_t K);
 
 }  // namespace lt

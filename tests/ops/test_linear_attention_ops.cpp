@@ -67,50 +67,44 @@ double dsilu_ref(double x) {
 // Short conv (causal depthwise conv1d + SiLU, documents never mixed)
 // ---------------------------------------------------------------------------------------------------------
 
-// Positions of B rows of T tokens: row r holds documents of the given lengths; its first document starts at
-// position first[r] (> 0: a document continued from an earlier row, whose earlier tokens this batch lacks).
-std::vector<int32_t> packed_positions(int64_t T, const std::vector<std::vector<int64_t>>& docs,
-                                      const std::vector<int32_t>& first) {
-  std::vector<int32_t> pos;
+// Document ids (model/batch.cpp's doc_ids) of B rows of T tokens: row r holds documents of the given lengths,
+// numbered on from the row before; when continues[r], its first document keeps the previous row's last id (a
+// document split across rows: the row start must cut it all the same).
+std::vector<int32_t> packed_doc_ids(int64_t T, const std::vector<std::vector<int64_t>>& docs,
+                                    const std::vector<bool>& continues) {
+  std::vector<int32_t> ids;
+  int32_t next = 0;
   for (size_t r = 0; r < docs.size(); ++r) {
     int64_t used = 0;
     for (size_t d = 0; d < docs[r].size(); ++d) {
-      for (int64_t i = 0; i < docs[r][d]; ++i) pos.push_back(int32_t((d == 0 ? first[r] : 0) + i));
+      const int32_t id = (d == 0 && continues[r] && next > 0) ? next - 1 : next++;
+      ids.insert(ids.end(), size_t(docs[r][d]), id);
       used += docs[r][d];
     }
     EXPECT_EQ(used, T) << "row " << r << " lengths must add up to T";
   }
-  return pos;
+  return ids;
 }
 
-// Rows of 37: documents of 1, 2, 5 and 29 tokens (shorter than K, and long); a row continuing a document
-// (positions from 300) then one of 27 tokens; one unpacked row (positions 0..36).
+// Rows of 37: documents of 1, 2, 5 and 29 tokens (shorter than K, and long); a row continuing row 0's last
+// document then one of 27 tokens; one unpacked row.
 constexpr int64_t kConvB = 3, kConvT = 37, kConvN = kConvB * kConvT, kConvC = 53;
-std::vector<int32_t> conv_positions() {
-  return packed_positions(kConvT, {{1, 2, 5, 29}, {10, 27}, {37}}, {0, 300, 0});
-}
+std::vector<int32_t> conv_doc_ids() { return packed_doc_ids(kConvT, {{1, 2, 5, 29}, {10, 27}, {37}}, {false, true, false}); }
 
-// Document id of each token from the spec's boundaries alone: a new document at each row start and at pos 0.
-std::vector<int64_t> doc_ids_of(const std::vector<int32_t>& pos, int64_t T) {
-  std::vector<int64_t> id(pos.size());
-  int64_t doc = -1;
-  for (size_t n = 0; n < pos.size(); ++n) {
-    if (int64_t(n) % T == 0 || pos[n] == 0) ++doc;
-    id[n] = doc;
-  }
-  return id;
+// Tokens a and b in one document: the same row and the same id.
+bool same_doc(const std::vector<int32_t>& docs, int64_t T, int64_t a, int64_t b) {
+  return a / T == b / T && docs[size_t(a)] == docs[size_t(b)];
 }
 
 // pre[N, Cc] in double: taps j = 0..K-1 of the same document only.
-std::vector<double> conv_pre_ref(const Vec& x, const Vec& w, const std::vector<int32_t>& pos, int64_t T, int64_t Cc,
+std::vector<double> conv_pre_ref(const Vec& x, const Vec& w, const std::vector<int32_t>& docs, int64_t T, int64_t Cc,
                                  int64_t K, std::vector<double>* abs_sum = nullptr) {
-  const int64_t N = int64_t(pos.size());
-  const auto doc = doc_ids_of(pos, T);
+  const int64_t N = int64_t(docs.size());
   std::vector<double> pre(size_t(N * Cc), 0.0);
   if (abs_sum) abs_sum->assign(pre.size(), 0.0);
   for (int64_t n = 0; n < N; ++n)
     for (int64_t j = 0; j < K && j <= n; ++j) {
-      if (doc[size_t(n - j)] != doc[size_t(n)]) break;
+      if (!same_doc(docs, T, n - j, n)) break;
       for (int64_t c = 0; c < Cc; ++c) {
         const double t = double(w[size_t(c * K + K - 1 - j)]) * x[size_t((n - j) * Cc + c)];
         pre[size_t(n * Cc + c)] += t;
@@ -121,14 +115,14 @@ std::vector<double> conv_pre_ref(const Vec& x, const Vec& w, const std::vector<i
 }
 
 TEST(ShortConv, ForwardMatchesReference) {
-  const auto pos = conv_positions();
+  const auto docs = conv_doc_ids();
   for (int64_t K : {4, 1, 2, 6}) {
     SCOPED_TRACE("K = " + std::to_string(K));
     Vec x = random_vector(size_t(kConvN * kConvC), 101, -2.f, 2.f), w = random_vector(size_t(kConvC * K), 102);
     Vec out(x.size(), NAN);
-    short_conv_forward(out.data(), x.data(), w.data(), pos.data(), kConvN, kConvT, kConvC, K);
+    short_conv_forward(out.data(), x.data(), w.data(), docs.data(), kConvN, kConvT, kConvC, K);
     std::vector<double> abs_sum;
-    const auto pre = conv_pre_ref(x, w, pos, kConvT, kConvC, K, &abs_sum);
+    const auto pre = conv_pre_ref(x, w, docs, kConvT, kConvC, K, &abs_sum);
     // pre: at most K products and K adds in f32, error <= 2K·u·Σ|w·x| (7.2e-7·Σ|w·x| at K = 6); silu'
     // <= 1.1 carries it to out, and silu itself adds <= 3.7u + 1u (ops/swiglu_math.h). Bound: 1e-6 of
     // Σ|w·x| plus 1e-6 relative; measured worst 0.1 of the bound.
@@ -140,21 +134,20 @@ TEST(ShortConv, ForwardMatchesReference) {
 }
 
 TEST(ShortConv, GradientsMatchReferenceAndFiniteDifferences) {
-  const auto pos = conv_positions();
+  const auto docs = conv_doc_ids();
   const int64_t K = 4;
   Vec x = random_vector(size_t(kConvN * kConvC), 103, -2.f, 2.f), w = random_vector(size_t(kConvC * K), 104);
   Vec proj = random_vector(x.size(), 105), out(x.size());
   Vec dx(x.size(), NAN), dw(w.size(), 0.f);
-  short_conv_backward(dx.data(), dw.data(), proj.data(), x.data(), w.data(), pos.data(), kConvN, kConvT, kConvC, K);
+  short_conv_backward(dx.data(), dw.data(), proj.data(), x.data(), w.data(), docs.data(), kConvN, kConvT, kConvC, K);
   // Closed form in double (ops/short_conv.h). f32 evaluation: dpre carries pre's f32 error through silu''
   // and a few roundings; dx sums <= K terms, dw sums N terms in double. Relative L2 over the tensor, 1e-5
   // (measured 8.6e-8 and 8.5e-8).
-  const auto pre = conv_pre_ref(x, w, pos, kConvT, kConvC, K);
-  const auto doc = doc_ids_of(pos, kConvT);
+  const auto pre = conv_pre_ref(x, w, docs, kConvT, kConvC, K);
   Vec dx_ref(dx.size(), 0.f), dw_ref(dw.size());
   std::vector<double> dx_acc(dx.size(), 0.0), dw_acc(dw.size(), 0.0);
   for (int64_t n = 0; n < kConvN; ++n)
-    for (int64_t j = 0; j < K && j <= n && doc[size_t(n - j)] == doc[size_t(n)]; ++j)
+    for (int64_t j = 0; j < K && j <= n && same_doc(docs, kConvT, n - j, n); ++j)
       for (int64_t c = 0; c < kConvC; ++c) {
         const size_t i = size_t(n * kConvC + c), m = size_t((n - j) * kConvC + c), k = size_t(c * K + K - 1 - j);
         const double dpre = double(proj[i]) * dsilu_ref(pre[i]);
@@ -167,7 +160,7 @@ TEST(ShortConv, GradientsMatchReferenceAndFiniteDifferences) {
   EXPECT_LT(testing::rel_l2(dw.data(), dw_ref.data(), dw.size()), 1e-5);
 
   auto loss = [&] {
-    short_conv_forward(out.data(), x.data(), w.data(), pos.data(), kConvN, kConvT, kConvC, K);
+    short_conv_forward(out.data(), x.data(), w.data(), docs.data(), kConvN, kConvT, kConvC, K);
     return dot(out, proj);
   };
   // h = 1e-2. An x element feeds <= K outputs through silu: truncation h²/6·|Σ proj·w³·silu'''| ~ 1e-5 and
@@ -180,27 +173,27 @@ TEST(ShortConv, GradientsMatchReferenceAndFiniteDifferences) {
 }
 
 TEST(ShortConv, WeightGradAccumulatesInputGradOverwrites) {
-  const auto pos = conv_positions();
+  const auto docs = conv_doc_ids();
   const int64_t K = 4;
   Vec x = random_vector(size_t(kConvN * kConvC), 108), w = random_vector(size_t(kConvC * K), 109);
   Vec g = random_vector(x.size(), 110), dx(x.size(), NAN), dw(w.size(), 0.f);
-  short_conv_backward(dx.data(), dw.data(), g.data(), x.data(), w.data(), pos.data(), kConvN, kConvT, kConvC, K);
+  short_conv_backward(dx.data(), dw.data(), g.data(), x.data(), w.data(), docs.data(), kConvN, kConvT, kConvC, K);
   ASSERT_TRUE(all_written(dx)) << "dx not fully written";
   Vec dx1 = dx, dw2 = dw;
   std::fill(dx.begin(), dx.end(), NAN);
-  short_conv_backward(dx.data(), dw.data(), g.data(), x.data(), w.data(), pos.data(), kConvN, kConvT, kConvC, K);
+  short_conv_backward(dx.data(), dw.data(), g.data(), x.data(), w.data(), docs.data(), kConvN, kConvT, kConvC, K);
   for (auto& v : dw2) v += v;  // one f32 add per call: exactly 2x
   EXPECT_TRUE(bits_equal(dw, dw2));
   EXPECT_TRUE(bits_equal(dx, dx1));
 }
 
 TEST(ShortConv, NothingCrossesADocumentOrRowBoundary) {
-  const auto pos = conv_positions();  // row 0: docs [0,1) [1,3) [3,8) [8,37); row 1: [37,47) [47,74); row 2
+  const auto docs = conv_doc_ids();  // row 0: docs [0,1) [1,3) [3,8) [8,37); row 1: [37,47) [47,74); row 2
   const int64_t K = 4;
   Vec x = random_vector(size_t(kConvN * kConvC), 111), w = random_vector(size_t(kConvC * K), 112);
   auto forward = [&](const Vec& in) {
     Vec out(in.size());
-    short_conv_forward(out.data(), in.data(), w.data(), pos.data(), kConvN, kConvT, kConvC, K);
+    short_conv_forward(out.data(), in.data(), w.data(), docs.data(), kConvN, kConvT, kConvC, K);
     return out;
   };
   const Vec base = forward(x);
@@ -209,7 +202,7 @@ TEST(ShortConv, NothingCrossesADocumentOrRowBoundary) {
   };
   // Change the last token of a document (every channel): the next document's outputs keep their bits, the
   // changed token's own output moves. Documents [3, 8) -> [8, 37), [1, 3) -> [3, 8) (shorter than K), and
-  // the last token of row 0 -> row 1, whose first document continues positions (300...) from elsewhere.
+  // the last token of row 0 -> row 1, whose first document has the same id (a document split across rows).
   const std::tuple<int64_t, int64_t, int64_t> cases[] = {
       {7, 8, 37}, {2, 3, 8}, {36, 37, 47}, {46, 47, 74}, {73, 74, 111}};  // changed token, next document
   for (auto [last, next_begin, next_end] : cases) {
@@ -224,7 +217,7 @@ TEST(ShortConv, NothingCrossesADocumentOrRowBoundary) {
   Vec g(x.size(), 0.f), dx(x.size(), NAN), dw(w.size(), 0.f);
   const Vec r = random_vector(x.size(), 113);
   for (size_t i = size_t(8 * kConvC); i < size_t(37 * kConvC); ++i) g[i] = r[i];
-  short_conv_backward(dx.data(), dw.data(), g.data(), x.data(), w.data(), pos.data(), kConvN, kConvT, kConvC, K);
+  short_conv_backward(dx.data(), dw.data(), g.data(), x.data(), w.data(), docs.data(), kConvN, kConvT, kConvC, K);
   for (int64_t n = 0; n < kConvN; ++n)
     for (int64_t c = 0; c < kConvC; ++c) {
       const float v = dx[size_t(n * kConvC + c)];
@@ -245,23 +238,42 @@ TEST(ShortConv, BitsIndependentOfThreadCount) {
       left -= len;
     }
   }
-  const auto pos = packed_positions(T, docs, {0, 7, 0, 0});
+  const auto ids = packed_doc_ids(T, docs, {false, true, false, false});
   Vec x = random_vector(size_t(N * C), 115), w = random_vector(size_t(C * K), 116), g = random_vector(x.size(), 117);
   auto [a, b] = with_1_and_2_threads([&] {
     Vec out(x.size()), dx(x.size()), dw(w.size(), 0.25f);
-    short_conv_forward(out.data(), x.data(), w.data(), pos.data(), N, T, C, K);
-    short_conv_backward(dx.data(), dw.data(), g.data(), x.data(), w.data(), pos.data(), N, T, C, K);
+    short_conv_forward(out.data(), x.data(), w.data(), ids.data(), N, T, C, K);
+    short_conv_backward(dx.data(), dw.data(), g.data(), x.data(), w.data(), ids.data(), N, T, C, K);
     return concat({&out, &dx, &dw});
   });
   EXPECT_TRUE(bits_equal(a, b));
 }
 
+TEST(ShortConv, WithoutDocIdsEachRowIsOneDocument) {
+  // Null doc_ids == one id per row (even an id shared by every row: rows never mix) — bit for bit, both
+  // directions; and a packed row differs from it.
+  const int64_t K = 4;
+  Vec x = random_vector(size_t(kConvN * kConvC), 118), w = random_vector(size_t(kConvC * K), 119);
+  Vec g = random_vector(x.size(), 120);
+  auto run = [&](const int32_t* ids) {
+    Vec out(x.size()), dx(x.size()), dw(w.size(), 0.f);
+    short_conv_forward(out.data(), x.data(), w.data(), ids, kConvN, kConvT, kConvC, K);
+    short_conv_backward(dx.data(), dw.data(), g.data(), x.data(), w.data(), ids, kConvN, kConvT, kConvC, K);
+    return concat({&out, &dx, &dw});
+  };
+  const std::vector<int32_t> shared(size_t(kConvN), 5);
+  const std::vector<int32_t> per_row = packed_doc_ids(kConvT, {{37}, {37}, {37}}, {false, false, false});
+  const Vec unpacked = run(nullptr);
+  EXPECT_TRUE(bits_equal(unpacked, run(shared.data())));
+  EXPECT_TRUE(bits_equal(unpacked, run(per_row.data())));
+  EXPECT_FALSE(bits_equal(unpacked, run(conv_doc_ids().data())));
+}
+
 TEST(ShortConv, BadSizesAreErrors) {
   Vec x(40, 1.f), w(8, 1.f), out(40);
-  std::vector<int32_t> pos(10, 0);
-  EXPECT_THROW(short_conv_forward(out.data(), x.data(), w.data(), pos.data(), 10, 3, 4, 2), Error);  // N % T
-  EXPECT_THROW(short_conv_forward(out.data(), x.data(), w.data(), pos.data(), 10, 5, 4, 0), Error);  // K = 0
-  EXPECT_THROW(short_conv_backward(out.data(), w.data(), x.data(), x.data(), w.data(), pos.data(), 10, 0, 4, 2), Error);
+  EXPECT_THROW(short_conv_forward(out.data(), x.data(), w.data(), nullptr, 10, 3, 4, 2), Error);  // N % T
+  EXPECT_THROW(short_conv_forward(out.data(), x.data(), w.data(), nullptr, 10, 5, 4, 0), Error);  // K = 0
+  EXPECT_THROW(short_conv_backward(out.data(), w.data(), x.data(), x.data(), w.data(), nullptr, 10, 0, 4, 2), Error);
 }
 
 // ---------------------------------------------------------------------------------------------------------

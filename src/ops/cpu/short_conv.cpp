@@ -27,11 +27,12 @@ void check_sizes(const char* op, int64_t N, int64_t T, int64_t Cc, int64_t K) {
   LT_CHECK(Cc > 0 && K > 0, "{}: bad sizes channels={}, K={}", op, Cc, K);
 }
 
-// Taps back from token n that stay in its document: at most K-1, stopping at a token with pos == 0 or a row start.
-int64_t span(const int32_t* pos, int64_t n, int64_t T, int64_t K) {
+// Taps back from token n that stay in its document: at most K-1, stopping at a row start or where doc_ids
+// changes.
+int64_t span(const int32_t* doc_ids, int64_t n, int64_t T, int64_t K) {
   const int64_t t = n % T;
   int64_t j = 0;
-  while (j < K - 1 && j < t && pos[n - j] != 0) ++j;
+  while (j < K - 1 && j < t && (doc_ids == nullptr || doc_ids[n - j - 1] == doc_ids[n])) ++j;
   return j;
 }
 
@@ -55,21 +56,21 @@ void conv_row(float* pre, const float* x, const float* wT, int64_t n, int64_t s,
 
 }  // namespace
 
-void short_conv_forward(float* out, const float* x, const float* weight, const int32_t* pos, int64_t N, int64_t T,
-                        int64_t Cc, int64_t K) {
+void short_conv_forward(float* out, const float* x, const float* weight, const int32_t* doc_ids, int64_t N,
+                        int64_t T, int64_t Cc, int64_t K) {
   check_sizes("short_conv_forward", N, T, Cc, K);
   const std::vector<float> wT = transpose_weight(weight, Cc, K);  // [K, Cc]
   parallel_chunks(N, kFwdTokenChunk, [&](int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; ++n) {
       float* y = out + n * Cc;  // [Cc]
-      conv_row(y, x, wT.data(), n, span(pos, n, T, K), Cc, K);
+      conv_row(y, x, wT.data(), n, span(doc_ids, n, T, K), Cc, K);
       for (int64_t c = 0; c < Cc; ++c) y[c] = y[c] * swiglu_math::sigmoid(y[c]);
     }
   });
 }
 
 void short_conv_backward(float* dx, float* dweight, const float* dout, const float* x, const float* weight,
-                         const int32_t* pos, int64_t N, int64_t T, int64_t Cc, int64_t K) {
+                         const int32_t* doc_ids, int64_t N, int64_t T, int64_t Cc, int64_t K) {
   check_sizes("short_conv_backward", N, T, Cc, K);
   const std::vector<float> wT = transpose_weight(weight, Cc, K);  // [K, Cc]
   // At most 64 partial rows of dw; a task holds (chunk + K - 1) rows of dpre.
@@ -81,7 +82,7 @@ void short_conv_backward(float* dx, float* dweight, const float* dout, const flo
     std::vector<float> dpre(size_t((n2 - n0) * Cc));  // [n2 - n0, Cc] tokens n0 .. n2-1
     std::vector<int64_t> spans(size_t(n2 - n0));
     for (int64_t n = n0; n < n2; ++n) {
-      const int64_t s = spans[size_t(n - n0)] = span(pos, n, T, K);
+      const int64_t s = spans[size_t(n - n0)] = span(doc_ids, n, T, K);
       float* d = dpre.data() + (n - n0) * Cc;
       conv_row(d, x, wT.data(), n, s, Cc, K);  // pre, as the forward rounds it
       const float* g = dout + n * Cc;
