@@ -372,16 +372,89 @@ def gemm_for(emulate_bf16):
     return bf16_linear if emulate_bf16 else F.linear
 
 
+# LazyTrain's bf16 activation storage, emulated (grad --emulate-bf16-storage). At --activation-dtype bf16 the
+# CPU block (src/model/block.cpp stored_fields) rounds each activation its backward reads to bf16 IN PLACE as soon
+# as it is computed, so the rest of the forward, a recompute and the backward all read the rounded value; the
+# layer boundaries (the embedding's output and every layer's output) are bf16 buffers. Statistics and gates stay
+# f32 (rstd, the L2 norms' inverse norms, lse, Gated DeltaNet's b, a, β, g). keep() is that rounding with the
+# gradient passed straight through (the backward differentiates the math at the rounded values). The one place
+# autograd would read an exact value where LazyTrain reads the rounded one is attention's backward: its
+# D = rowsum(dO ∘ O) reads the stored (rounded) output — attention_core below. Rounded, per layer:
+#   boundary x, n1, x_mid, n2, gate, up, h (every layer);
+#   attention: q_raw (Qwen3.5: with the gate rows) and k_raw where q/k are normed, q and k after RoPE, v, att;
+#   Gated DeltaNet: in_proj_qkv's output, the conv's output, the L2-normalised q and k, z, the delta rule's
+#   output and the gated norm's output.
+
+
+class _KeepBf16(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return bf16_round(x)
+
+    @staticmethod
+    def backward(ctx, dy):
+        return dy
+
+
+def keep_bf16(x):
+    return _KeepBf16.apply(x)
+
+
+def keep_f32(x):
+    return x
+
+
+def keep_for(emulate_storage):
+    """The activation-storage function the forwards use: identity (f32 storage) or keep_bf16."""
+    return keep_bf16 if emulate_storage else keep_f32
+
+
+class _AttentionKeptOut(torch.autograd.Function):
+    """Masked softmax attention whose output is kept in bf16 and whose backward reads that kept output, as
+    ops/attention.h's backward does (D = rowsum(dO ∘ O) with the stored O; dS = P ∘ (dP − D)). q [B, H, T, D],
+    k and v [B, H, T, D] (already repeated over the query heads), mask [B, 1, T, T]."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, mask, scale, sm_dt):
+        s = torch.matmul(q, k.transpose(2, 3)) * scale
+        p = F.softmax(s.masked_fill(~mask, float("-inf")), dim=-1, dtype=sm_dt).to(q.dtype)
+        o = bf16_round(torch.matmul(p, v))
+        ctx.save_for_backward(q, k, v, p, o)
+        ctx.scale = scale
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, p, o = ctx.saved_tensors
+        dv = torch.matmul(p.transpose(2, 3), do)
+        dp = torch.matmul(do, v.transpose(2, 3))
+        ds = p * (dp - (do * o).sum(-1, keepdim=True))
+        dq = torch.matmul(ds, k) * ctx.scale
+        dk = torch.matmul(ds.transpose(2, 3), q) * ctx.scale
+        return dq, dk, dv, None, None, None
+
+
+def attention_core(q, k, v, mask, scale, sm_dt, keep):
+    """softmax(q kᵀ · scale, masked) v; q [B, H, T, D], k, v [B, H, T, D]. With bf16 storage (keep_bf16) the
+    output is kept in bf16 and the backward reads it (_AttentionKeptOut)."""
+    if keep is keep_bf16:
+        return _AttentionKeptOut.apply(q, k, v, mask, scale, sm_dt)
+    s = torch.matmul(q, k.transpose(2, 3)) * scale
+    p = F.softmax(s.masked_fill(~mask, float("-inf")), dim=-1, dtype=sm_dt).to(q.dtype)
+    return torch.matmul(p, v)
+
+
 def linear(x, P, name, has_bias, lin=F.linear):
     return lin(x, P[name + ".weight"], P[name + ".bias"] if has_bias else None)
 
 
-def forward(cfg, P, input_ids, position_ids, packed, rope_precision="hf", lin=F.linear):
-    """Logits [B, T, V] in the compute dtype of P. lin: the linear layers' (and lm_head's) function."""
+def forward(cfg, P, input_ids, position_ids, packed, rope_precision="hf", lin=F.linear, keep=keep_f32):
+    """Logits [B, T, V] in the compute dtype of P. lin: the linear layers' (and lm_head's) function; keep: the
+    activation storage's (keep_for)."""
     dt = P["model.embed_tokens.weight"].dtype
     B, T = input_ids.shape
     H, K, D = cfg.heads, cfg.kv_heads, cfg.head_dim
-    x = F.embedding(input_ids, P["model.embed_tokens.weight"])
+    x = keep(F.embedding(input_ids, P["model.embed_tokens.weight"]))
     cos, sin = rope_cos_sin(cfg, position_ids, dt, rope_precision)
     cos, sin = cos[:, None], sin[:, None]  # unsqueeze_dim=1 over [B, heads, T, D]
     mask = attention_mask(position_ids, packed)
@@ -390,28 +463,25 @@ def forward(cfg, P, input_ids, position_ids, packed, rope_precision="hf", lin=F.
     for i in range(cfg.layers):
         p = f"model.layers.{i}."
         residual = x
-        h = rms_norm(x, P[p + "input_layernorm.weight"], cfg.eps)
+        h = keep(rms_norm(x, P[p + "input_layernorm.weight"], cfg.eps))
         q = linear(h, P, p + "self_attn.q_proj", cfg.qkv_bias, lin).view(B, T, H, D)
         k = linear(h, P, p + "self_attn.k_proj", cfg.qkv_bias, lin).view(B, T, K, D)
-        v = linear(h, P, p + "self_attn.v_proj", cfg.qkv_bias, lin).view(B, T, K, D)
+        v = keep(linear(h, P, p + "self_attn.v_proj", cfg.qkv_bias, lin).view(B, T, K, D))
         if cfg.qk_norm:  # Qwen3: RMSNorm over head_dim, per head, before RoPE
-            q = rms_norm(q, P[p + "self_attn.q_norm.weight"], cfg.eps)
-            k = rms_norm(k, P[p + "self_attn.k_norm.weight"], cfg.eps)
+            q = rms_norm(keep(q), P[p + "self_attn.q_norm.weight"], cfg.eps)
+            k = rms_norm(keep(k), P[p + "self_attn.k_norm.weight"], cfg.eps)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
+        q = keep(q * cos + rotate_half(q) * sin)
+        k = keep(k * cos + rotate_half(k) * sin)
         k = repeat_kv(k, H // K)
         v = repeat_kv(v, H // K)
-        s = torch.matmul(q, k.transpose(2, 3)) * scaling
-        s = s.masked_fill(~mask, float("-inf"))
-        a = F.softmax(s, dim=-1, dtype=sm_dt).to(dt)
-        o = torch.matmul(a, v).transpose(1, 2).reshape(B, T, H * D)
-        x = residual + linear(o, P, p + "self_attn.o_proj", cfg.o_bias, lin)
+        o = attention_core(q, k, v, mask, scaling, sm_dt, keep).transpose(1, 2).reshape(B, T, H * D)
+        x = keep(residual + linear(o, P, p + "self_attn.o_proj", cfg.o_bias, lin))
         residual = x
-        h = rms_norm(x, P[p + "post_attention_layernorm.weight"], cfg.eps)
-        g = linear(h, P, p + "mlp.gate_proj", cfg.mlp_bias, lin)
-        u = linear(h, P, p + "mlp.up_proj", cfg.mlp_bias, lin)
-        x = residual + linear(F.silu(g) * u, P, p + "mlp.down_proj", cfg.mlp_bias, lin)
+        h = keep(rms_norm(x, P[p + "post_attention_layernorm.weight"], cfg.eps))
+        g = keep(linear(h, P, p + "mlp.gate_proj", cfg.mlp_bias, lin))
+        u = keep(linear(h, P, p + "mlp.up_proj", cfg.mlp_bias, lin))
+        x = keep(residual + linear(keep(F.silu(g) * u), P, p + "mlp.down_proj", cfg.mlp_bias, lin))
     x = rms_norm(x, P["model.norm.weight"], cfg.eps)
     lm = P["model.embed_tokens.weight"] if cfg.tie else P["lm_head.weight"]
     return lin(x, lm)
@@ -558,7 +628,8 @@ def cmd_grad(a):
     cfg, W, _ = load_model_dir(a.model)
     ids, labels, pos, packed = load_batch(a.batch, cfg.vocab)
     P = {n: t.to(cdt).clone().requires_grad_(True) for n, t in W.items()}
-    logits = model_forward(cfg, P, ids, pos, packed, a.rope_precision, a.delta, a.emulate_bf16)
+    logits = model_forward(cfg, P, ids, pos, packed, a.rope_precision, a.delta, a.emulate_bf16,
+                           a.emulate_bf16_storage)
     loss, n = causal_lm_loss(logits, labels)
     loss.backward()
     grads = {}
@@ -953,30 +1024,30 @@ def delta_rule_chunked(q, k, v, g, beta, starts=None, chunk=64):
     return torch.cat(rows, dim=0)
 
 
-def gated_deltanet(cfg, P, a, h, starts, delta_impl, lin=F.linear):
+def gated_deltanet(cfg, P, a, h, starts, delta_impl, lin=F.linear, keep=keep_f32):
     """Qwen3_5GatedDeltaNet (training path). h [B, T, C] (normed input); a = 'model.layers.i.linear_attn.'."""
     B, T, _ = h.shape
     Hk, Hv, dk, dv = cfg.lin_k_heads, cfg.lin_v_heads, cfg.lin_k_dim, cfg.lin_v_dim
-    qkv = lin(h, P[a + "in_proj_qkv.weight"])
-    qkv = F.silu(causal_depthwise_conv(qkv, P[a + "conv1d.weight"], starts))
+    qkv = keep(lin(h, P[a + "in_proj_qkv.weight"]))
+    qkv = keep(F.silu(causal_depthwise_conv(qkv, P[a + "conv1d.weight"], starts)))
     q, k, v = torch.split(qkv, [Hk * dk, Hk * dk, Hv * dv], dim=-1)
     q = q.reshape(B, T, Hk, dk)
     k = k.reshape(B, T, Hk, dk)
     v = v.reshape(B, T, Hv, dv)
-    z = lin(h, P[a + "in_proj_z.weight"]).reshape(B, T, Hv, dv)
+    z = keep(lin(h, P[a + "in_proj_z.weight"])).reshape(B, T, Hv, dv)
     b = lin(h, P[a + "in_proj_b.weight"])
     araw = lin(h, P[a + "in_proj_a.weight"])
     up = torch.promote_types(h.dtype, torch.float32)
     beta = torch.sigmoid(b).to(up)
     g = -torch.exp(P[a + "A_log"].to(up)) * F.softplus(araw.to(up) + P[a + "dt_bias"].to(up))
-    q = l2_normalize(q.to(up)) * (dk ** -0.5)
-    k = l2_normalize(k.to(up))
+    q = keep(l2_normalize(q.to(up))) * (dk ** -0.5)
+    k = keep(l2_normalize(k.to(up)))
     # Value head j reads key/query head j // (Hv / Hk) (repeat_interleave over heads).
     idx = torch.arange(Hv) // (Hv // Hk)
     q, k = q[:, :, idx], k[:, :, idx]
     rule = delta_rule_recurrent if delta_impl == "recurrent" else delta_rule_chunked
-    o = rule(q, k, v.to(up), g, beta, starts).to(h.dtype)
-    o = gated_rms_norm(o, z, P[a + "norm.weight"], cfg.eps)
+    o = keep(rule(q, k, v.to(up), g, beta, starts).to(h.dtype))
+    o = keep(gated_rms_norm(o, z, P[a + "norm.weight"], cfg.eps))
     return lin(o.reshape(B, T, Hv * dv), P[a + "out_proj.weight"])
 
 
@@ -990,53 +1061,51 @@ def qwen35_rope_cos_sin(cfg, position_ids, dtype, rope_precision):
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
-def gated_attention(cfg, P, a, h, cos, sin, mask, lin=F.linear):
+def gated_attention(cfg, P, a, h, cos, sin, mask, lin=F.linear, keep=keep_f32):
     """Qwen3_5Attention: q_proj gives per head [query | gate]; zero-centred q/k norms; partial RoPE; causal GQA
     softmax; output × sigmoid(gate) before o_proj."""
     B, T, _ = h.shape
     H, K, D, R = cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.rotary_dim
     dt = h.dtype
     ab = cfg.attention_bias
-    qg = linear(h, P, a + "q_proj", ab, lin).view(B, T, H, 2 * D)
+    qg = keep(linear(h, P, a + "q_proj", ab, lin)).view(B, T, H, 2 * D)
     q, gate = qg[..., :D], qg[..., D:].reshape(B, T, H * D)
     q = zc_rms_norm(q, P[a + "q_norm.weight"], cfg.eps).transpose(1, 2)
-    k = zc_rms_norm(linear(h, P, a + "k_proj", ab, lin).view(B, T, K, D), P[a + "k_norm.weight"],
+    k = zc_rms_norm(keep(linear(h, P, a + "k_proj", ab, lin)).view(B, T, K, D), P[a + "k_norm.weight"],
                     cfg.eps).transpose(1, 2)
-    v = linear(h, P, a + "v_proj", ab, lin).view(B, T, K, D).transpose(1, 2)
-    q = torch.cat((q[..., :R] * cos + rotate_half(q[..., :R]) * sin, q[..., R:]), dim=-1)
-    k = torch.cat((k[..., :R] * cos + rotate_half(k[..., :R]) * sin, k[..., R:]), dim=-1)
+    v = keep(linear(h, P, a + "v_proj", ab, lin)).view(B, T, K, D).transpose(1, 2)
+    q = keep(torch.cat((q[..., :R] * cos + rotate_half(q[..., :R]) * sin, q[..., R:]), dim=-1))
+    k = keep(torch.cat((k[..., :R] * cos + rotate_half(k[..., :R]) * sin, k[..., R:]), dim=-1))
     k = repeat_kv(k, H // K)
     v = repeat_kv(v, H // K)
-    s = torch.matmul(q, k.transpose(2, 3)) * (D ** -0.5)
-    s = s.masked_fill(~mask, float("-inf"))
-    p = F.softmax(s, dim=-1, dtype=torch.promote_types(dt, torch.float32)).to(dt)
-    o = torch.matmul(p, v).transpose(1, 2).reshape(B, T, H * D)
+    sm_dt = torch.promote_types(dt, torch.float32)
+    o = attention_core(q, k, v, mask, D ** -0.5, sm_dt, keep).transpose(1, 2).reshape(B, T, H * D)
     o = o * torch.sigmoid(gate)
     return linear(o, P, a + "o_proj", ab, lin)
 
 
 def qwen35_forward(cfg, P, input_ids, position_ids, packed, rope_precision="hf", delta_impl="recurrent",
-                   lin=F.linear):
+                   lin=F.linear, keep=keep_f32):
     """Logits [B, T, V] of the Qwen3.5 text model in the compute dtype of P. lin: the linear layers' (and
-    lm_head's) function."""
+    lm_head's) function; keep: the activation storage's (keep_for)."""
     m = cfg.prefix
     dt = P[m + "embed_tokens.weight"].dtype
-    x = F.embedding(input_ids, P[m + "embed_tokens.weight"])
+    x = keep(F.embedding(input_ids, P[m + "embed_tokens.weight"]))
     cos, sin = qwen35_rope_cos_sin(cfg, position_ids, dt, rope_precision)
     cos, sin = cos[:, None], sin[:, None]
     mask = attention_mask(position_ids, packed)
     starts = doc_starts(position_ids, packed)
     for i, lt in enumerate(cfg.layer_types):
         p = f"{m}layers.{i}."
-        h = zc_rms_norm(x, P[p + "input_layernorm.weight"], cfg.eps)
+        h = keep(zc_rms_norm(x, P[p + "input_layernorm.weight"], cfg.eps))
         if lt == LINEAR_ATTN:
-            x = x + gated_deltanet(cfg, P, p + "linear_attn.", h, starts, delta_impl, lin)
+            x = keep(x + gated_deltanet(cfg, P, p + "linear_attn.", h, starts, delta_impl, lin, keep))
         else:
-            x = x + gated_attention(cfg, P, p + "self_attn.", h, cos, sin, mask, lin)
-        h = zc_rms_norm(x, P[p + "post_attention_layernorm.weight"], cfg.eps)
-        gt = lin(h, P[p + "mlp.gate_proj.weight"])
-        u = lin(h, P[p + "mlp.up_proj.weight"])
-        x = x + lin(F.silu(gt) * u, P[p + "mlp.down_proj.weight"])
+            x = keep(x + gated_attention(cfg, P, p + "self_attn.", h, cos, sin, mask, lin, keep))
+        h = keep(zc_rms_norm(x, P[p + "post_attention_layernorm.weight"], cfg.eps))
+        gt = keep(lin(h, P[p + "mlp.gate_proj.weight"]))
+        u = keep(lin(h, P[p + "mlp.up_proj.weight"]))
+        x = keep(x + lin(keep(F.silu(gt) * u), P[p + "mlp.down_proj.weight"]))
     x = zc_rms_norm(x, P[m + "norm.weight"], cfg.eps)
     lm = P[m + "embed_tokens.weight"] if cfg.tie else P["lm_head.weight"]
     return lin(x, lm)
@@ -1148,13 +1217,15 @@ def parse_config(c):
     return Cfg(c)
 
 
-def model_forward(cfg, P, ids, pos, packed, rope_precision="hf", delta_impl="recurrent", emulate_bf16=False):
+def model_forward(cfg, P, ids, pos, packed, rope_precision="hf", delta_impl="recurrent", emulate_bf16=False,
+                  emulate_storage=False):
     """Logits [B, T, V]. emulate_bf16: every linear layer and the lm_head with LazyTrain's bf16 GEMM rounding
-    (bf16_linear); everything else in the compute dtype of P."""
-    lin = gemm_for(emulate_bf16)
+    (bf16_linear); emulate_storage: its bf16 activation storage (keep_bf16); everything else in the compute
+    dtype of P."""
+    lin, keep = gemm_for(emulate_bf16), keep_for(emulate_storage)
     if isinstance(cfg, Qwen35Cfg):
-        return qwen35_forward(cfg, P, ids, pos, packed, rope_precision, delta_impl, lin)
-    return forward(cfg, P, ids, pos, packed, rope_precision, lin)
+        return qwen35_forward(cfg, P, ids, pos, packed, rope_precision, delta_impl, lin, keep)
+    return forward(cfg, P, ids, pos, packed, rope_precision, lin, keep)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -1437,6 +1508,9 @@ def main(argv=None):
     g.add_argument("--emulate-bf16", action="store_true",
                    help="LazyTrain's --dtype bf16 GEMM rounding: every linear layer and lm_head rounds its GEMM "
                         "operands to bf16 (forward x, W; backward dy, W and dy, x); the rest in --dtype")
+    g.add_argument("--emulate-bf16-storage", action="store_true",
+                   help="LazyTrain's --activation-dtype bf16: each activation its backward reads, and each layer "
+                        "boundary, rounded to bf16 where it is computed (see keep_bf16)")
 
     c = sub.add_parser("compare", help="relative-L2 comparison of two gradient files")
     c.add_argument("--ours", required=True)
