@@ -16,7 +16,9 @@
 #include <cstdint>
 
 #include "core/dtype.h"
+#include "core/host_device.h"
 #include "ops/attention.h"
+#include "ops/gated_delta.h"
 
 namespace lt::cuda {
 
@@ -27,12 +29,44 @@ using Stream = void*;
 // Device scratch rmsnorm_backward needs for rows × C: the f64 partial sums of dweight per fixed row chunk.
 size_t rmsnorm_backward_workspace_bytes(int64_t rows, int64_t C);
 
+// The token chunks of the Qwen3.5 layer ops' parameter gradients: the CPU ops' rules (ops/cpu/short_conv.cpp,
+// ops/cpu/delta_gates.cpp: at most 64 chunks), which the kernels must follow to give their bits.
+int64_t short_conv_dweight_chunk_tokens(int64_t N);
+int64_t delta_gates_param_chunk_tokens(int64_t N);
+// Device scratch short_conv_backward needs: f64 partials of dweight per token chunk, [chunks, K, Cc].
+size_t short_conv_backward_workspace_bytes(int64_t N, int64_t Cc, int64_t K);
+// Device scratch delta_gates_backward needs: f64 partials of dA_log and ddt_bias per token chunk, [chunks, 2, Hv].
+size_t delta_gates_backward_workspace_bytes(int64_t N, int64_t Hv);
+
 // Device scratch attention_backward needs: Di = rowsum(dO ∘ O), f32 [B, Hq, T].
 size_t attention_backward_workspace_bytes(AttentionShape s);
 // lt::Error naming the op unless the shape is one the attention kernels take (B, T ≥ 0; Hq a multiple of
 // Hkv; grid limits), and for an unsupported head dimension (the kernels take 1 to 256).
 void check_attention_shape(const char* op, AttentionShape s);
 [[noreturn]] void throw_unsupported_head_dim(const char* op, int64_t D);
+
+// The gated delta rule's kernels (cuda/kernels/gated_delta.cuh): threads per block, and one block's slice of
+// the workspace in floats — one chunk's quantities (ops/cpu/gated_delta.cpp's Chunk) and the forward's state; the
+// backward's temporaries, per-thread partials and the chunk-start states of a row, ⌈T/64⌉ × [dk, dv].
+inline constexpr int kGatedDeltaThreads = 128;
+LT_HD_INLINE int64_t gated_delta_chunk_floats(int64_t dk, int64_t dv) {
+  const int64_t c = kDeltaChunk;
+  return c * (5 * dk + 4 * dv + 4) + 5 * c * c;
+}
+LT_HD_INLINE int64_t gated_delta_forward_block_floats(const DeltaShape& s) {
+  return gated_delta_chunk_floats(s.dk, s.dv) + s.dk * s.dv;
+}
+LT_HD_INLINE int64_t gated_delta_backward_block_floats(const DeltaShape& s) {
+  const int64_t c = kDeltaChunk, chunks = (s.T + c - 1) / c;
+  return gated_delta_chunk_floats(s.dk, s.dv) + (3 + chunks) * s.dk * s.dv + c * (5 * s.dk + 4 * s.dv + 2) +
+         5 * c * c + kGatedDeltaThreads;
+}
+// Device scratch of the gated delta rule's launches: a slice per block, B·Hv blocks forward, B·Hk backward
+// (at Qwen3.6's sizes, B = 8, T = 1024: 162 MiB forward, 244 MiB backward).
+size_t gated_delta_forward_workspace_bytes(const DeltaShape& s);
+size_t gated_delta_backward_workspace_bytes(const DeltaShape& s);
+// lt::Error naming the op unless the kernels take the shape (B, T ≥ 0; Hv a multiple of Hk; dims ≥ 1; grid).
+void check_gated_delta_shape(const char* op, const DeltaShape& s);
 
 }  // namespace lt::cuda
 

@@ -1,8 +1,8 @@
 // The kernels on a real GPU (built with nvcc; skipped with the reason when there is no GPU): each native
 // kernel against the same kernel under cuda-sim — bit for bit for those whose arithmetic is the CPU op's
-// (nvcc's -fmad=false and IEEE division/sqrt promise it), within f32 rounding for attention and the head —
-// and every native result bitwise the same when run twice (no atomics, fixed orders, cuBLASLt's algorithm
-// cached per shape). The cuBLASLt wrapper against its emulation, and the property the executor's token
+// (nvcc's -fmad=false and IEEE division/sqrt promise it), within f32 rounding for attention, the head and the
+// delta-rule gates (expf / log1pf) — and every native result bitwise the same when run twice (no atomics, fixed
+// orders, cuBLASLt's algorithm cached per shape). The cuBLASLt wrapper against its emulation, and the property the executor's token
 // chunks rely on: a row of a GEMM does not depend on how many rows the call has.
 #include <gtest/gtest.h>
 
@@ -257,6 +257,205 @@ TEST(CudaNative, HeadIsDeterministicAndMatchesTheSimulation) {
     } else {
       EXPECT_EQ(got, first_loss);
       EXPECT_BITWISE_EQ(ddx.get(), first_dx);
+    }
+  }
+}
+
+// The Qwen3.5 / Qwen3.6 layer kernels at a layer's sizes, bf16 storage where the block stores bf16: the simulated
+// bits, and the same bits on a second run. delta_gates' expf / log1pf are the GPU's (within 2 ulp, not libm's):
+// its g and da within 8e-6 relative (a few ulp through exp, log1p, one product and a division), dA_log and
+// ddt_bias within 8e-6 of Σ|terms|; β and db use our own sigmoid, so bitwise.
+TEST(CudaNative, Qwen35LayerKernelsGiveTheSimulatedBits) {
+  SKIP_WITHOUT_GPU();
+  const int64_t B = 2, T = 1031, N = B * T, Hk = 3, dk = 128, Hv = 5, dv = 128, K = 4;
+  const int64_t KD = Hk * dk, Cc = 2 * KD + Hv * dv;
+  std::vector<int32_t> doc(static_cast<size_t>(N));
+  for (int64_t n = 0; n < N; ++n) doc[size_t(n)] = int32_t((n % T) / 300);  // four documents per row
+  const auto xb = to_bf16(random_floats(size_t(N * Cc), 11));
+  const auto cw = random_floats(size_t(Cc * K), 12, -1.0f, 1.0f), gc = random_floats(size_t(N * Cc), 13);
+  // Short conv forward (bf16) and backward.
+  std::vector<bf16_t> conv(xb.size());
+  std::vector<float> cdx(xb.size()), cdw(cw.size(), 0.5f);
+  std::vector<unsigned char> cws(short_conv_backward_workspace_bytes(N, Cc, K));
+  sim::short_conv_forward(nullptr, conv.data(), xb.data(), cw.data(), doc.data(), N, T, Cc, K);
+  sim::short_conv_backward(nullptr, cdx.data(), cdw.data(), gc.data(), xb.data(), cw.data(), doc.data(), N, T, Cc, K,
+                           cws.data());
+  // L2 norm of q and k (strided in the conv output), forward into [N, 2·KD] and backward.
+  std::vector<bf16_t> qk(size_t(N * 2 * KD));
+  std::vector<float> rn(size_t(N * Hk)), l2dx(size_t(N * Cc), 0.0f);
+  const auto gqk = random_floats(qk.size(), 14);
+  sim::l2norm_forward(nullptr, qk.data(), rn.data(), conv.data(), N, Hk, dk, 2 * KD, Cc, 1e-6f);
+  sim::l2norm_backward(nullptr, l2dx.data(), gqk.data(), conv.data(), rn.data(), N, Hk, dk, Cc, 2 * KD, Cc);
+  // Gated RMSNorm, bf16 o and z.
+  const int64_t rows = N * Hv;
+  const auto ob = to_bf16(random_floats(size_t(rows * dv), 15)), zb = to_bf16(random_floats(size_t(rows * dv), 16));
+  const auto nw = random_floats(static_cast<size_t>(dv), 17, 0.5f, 1.5f), gy = random_floats(size_t(rows * dv), 18);
+  std::vector<bf16_t> y(ob.size());
+  std::vector<float> rstd(static_cast<size_t>(rows)), gdx(ob.size()), gdz(ob.size()), gdw(nw.size(), 0.5f);
+  std::vector<unsigned char> gws(rmsnorm_backward_workspace_bytes(rows, dv));
+  sim::gated_rmsnorm_forward(nullptr, y.data(), rstd.data(), ob.data(), zb.data(), nw.data(), rows, dv, 1e-6f);
+  sim::gated_rmsnorm_backward(nullptr, gdx.data(), gdz.data(), gdw.data(), gy.data(), ob.data(), zb.data(), nw.data(),
+                              rstd.data(), rows, dv, gws.data());
+  // The σ output gate on q_proj's rows [N, Hq, 2D], and partial RoPE (R = D/4) on the gathered queries.
+  const int64_t Hq = 5, D = 256, R = D / 4, P = 512;
+  const auto qraw = to_bf16(random_floats(size_t(N * Hq * 2 * D), 19));
+  const auto att = to_bf16(random_floats(size_t(N * Hq * D), 20));
+  const auto gatt = random_floats(att.size(), 21);
+  std::vector<bf16_t> gated(att.size()), q(att.size());
+  std::vector<float> sdx(att.size()), sdq(qraw.size(), 0.0f);
+  std::vector<float> cos(size_t(P * R / 2)), sin(cos.size());
+  rope_table(cos.data(), sin.data(), P, R, 1e7);
+  std::vector<int32_t> pos(static_cast<size_t>(N));
+  for (int64_t n = 0; n < N; ++n) pos[size_t(n)] = int32_t((n * 37) % P);
+  sim::sigmoid_gate_forward(nullptr, gated.data(), att.data(), qraw.data() + D, N, Hq, D, Hq * 2 * D, 2 * D);
+  sim::sigmoid_gate_backward(nullptr, sdx.data(), sdq.data() + D, gatt.data(), att.data(), qraw.data() + D, N, Hq, D,
+                             Hq * 2 * D, 2 * D);
+  sim::gather_queries(nullptr, q.data(), qraw.data(), N * Hq, D);
+  sim::rope_partial_forward(nullptr, q.data(), pos.data(), cos.data(), sin.data(), N, Hq, D, R);
+  for (int run = 0; run < 2; ++run) {
+    Dev<bf16_t> dxb(xb), dconv(conv.size()), dqk(qk.size()), dob(ob), dzb(zb), dy(y.size()), dqraw(qraw), datt(att),
+        dgated(gated.size()), dq(q.size());
+    Dev<float> dcw(cw), dgc(gc), dcdx(cdx.size()), dcdw(std::vector<float>(cw.size(), 0.5f)), drn(rn.size()),
+        dgqk(gqk), dl2dx(std::vector<float>(l2dx.size(), 0.0f)), dnw(nw), dgy(gy), drstd(rstd.size()),
+        dgdx(gdx.size()), dgdz(gdz.size()), dgdw(std::vector<float>(nw.size(), 0.5f)), dgatt(gatt),
+        dsdx(sdx.size()), dsdq(std::vector<float>(sdq.size(), 0.0f)), dcos(cos), dsin(sin);
+    Dev<int32_t> ddoc(doc), dpos(pos);
+    Dev<unsigned char> dcws(cws.size()), dgws(gws.size());
+    native::short_conv_forward(nullptr, dconv.p(), dxb.p(), dcw.p(), ddoc.p(), N, T, Cc, K);
+    native::short_conv_backward(nullptr, dcdx.p(), dcdw.p(), dgc.p(), dxb.p(), dcw.p(), ddoc.p(), N, T, Cc, K,
+                                dcws.p());
+    native::l2norm_forward(nullptr, dqk.p(), drn.p(), dconv.p(), N, Hk, dk, 2 * KD, Cc, 1e-6f);
+    native::l2norm_backward(nullptr, dl2dx.p(), dgqk.p(), dconv.p(), drn.p(), N, Hk, dk, Cc, 2 * KD, Cc);
+    native::gated_rmsnorm_forward(nullptr, dy.p(), drstd.p(), dob.p(), dzb.p(), dnw.p(), rows, dv, 1e-6f);
+    native::gated_rmsnorm_backward(nullptr, dgdx.p(), dgdz.p(), dgdw.p(), dgy.p(), dob.p(), dzb.p(), dnw.p(),
+                                   drstd.p(), rows, dv, dgws.p());
+    native::sigmoid_gate_forward(nullptr, dgated.p(), datt.p(), dqraw.p() + D, N, Hq, D, Hq * 2 * D, 2 * D);
+    native::sigmoid_gate_backward(nullptr, dsdx.p(), dsdq.p() + D, dgatt.p(), datt.p(), dqraw.p() + D, N, Hq, D,
+                                  Hq * 2 * D, 2 * D);
+    native::gather_queries(nullptr, dq.p(), dqraw.p(), N * Hq, D);
+    native::rope_partial_forward(nullptr, dq.p(), dpos.p(), dcos.p(), dsin.p(), N, Hq, D, R);
+    sync("qwen3.5 layer kernels");
+    EXPECT_BITWISE_EQ(dconv.get(), conv);
+    EXPECT_BITWISE_EQ(dcdx.get(), cdx);
+    EXPECT_BITWISE_EQ(dcdw.get(), cdw);
+    EXPECT_BITWISE_EQ(dqk.get(), qk);
+    EXPECT_BITWISE_EQ(drn.get(), rn);
+    EXPECT_BITWISE_EQ(dl2dx.get(), l2dx);
+    EXPECT_BITWISE_EQ(dy.get(), y);
+    EXPECT_BITWISE_EQ(drstd.get(), rstd);
+    EXPECT_BITWISE_EQ(dgdx.get(), gdx);
+    EXPECT_BITWISE_EQ(dgdz.get(), gdz);
+    EXPECT_BITWISE_EQ(dgdw.get(), gdw);
+    EXPECT_BITWISE_EQ(dgated.get(), gated);
+    EXPECT_BITWISE_EQ(dsdx.get(), sdx);
+    EXPECT_BITWISE_EQ(dsdq.get(), sdq);
+    EXPECT_BITWISE_EQ(dq.get(), q);
+  }
+  // The gates, f32.
+  const auto b = random_floats(size_t(N * Hv), 22, -8.0f, 8.0f), a = random_floats(size_t(N * Hv), 23, -26.0f, 26.0f);
+  const auto A_log = random_floats(static_cast<size_t>(Hv), 24, -1.5f, 1.5f);
+  const auto dt_bias = random_floats(static_cast<size_t>(Hv), 25, -1.0f, 1.0f);
+  const auto dbeta = random_floats(b.size(), 26), dgg = random_floats(b.size(), 27);
+  std::vector<float> beta(b.size()), gg(b.size()), db(b.size()), da(b.size()), dA(A_log.size(), 0.0f),
+      ddt(A_log.size(), 0.0f);
+  std::vector<unsigned char> dws(delta_gates_backward_workspace_bytes(N, Hv));
+  sim::delta_gates_forward(nullptr, beta.data(), gg.data(), b.data(), a.data(), A_log.data(), dt_bias.data(), N, Hv);
+  sim::delta_gates_backward(nullptr, db.data(), da.data(), dA.data(), ddt.data(), dbeta.data(), dgg.data(), b.data(),
+                            a.data(), A_log.data(), dt_bias.data(), N, Hv, dws.data());
+  std::vector<double> abs_dA(A_log.size(), 0.0), abs_ddt(A_log.size(), 0.0);  // Σ|terms| per head
+  for (int64_t i = 0; i < N * Hv; ++i) {
+    abs_dA[size_t(i % Hv)] += std::abs(double(dgg[size_t(i)]) * double(gg[size_t(i)]));
+    abs_ddt[size_t(i % Hv)] += std::abs(double(da[size_t(i)]));
+  }
+  std::vector<float> first_g, first_da, first_dA, first_ddt;
+  for (int run = 0; run < 2; ++run) {
+    Dev<float> d_b(b), d_a(a), d_A(A_log), d_dt(dt_bias), d_beta(b.size()), d_g(b.size()), d_dbeta(dbeta),
+        d_dg(dgg), d_db(b.size()), d_da(b.size()), d_dA(std::vector<float>(A_log.size(), 0.0f)),
+        d_ddt(std::vector<float>(A_log.size(), 0.0f));
+    Dev<unsigned char> d_ws(dws.size());
+    native::delta_gates_forward(nullptr, d_beta.p(), d_g.p(), d_b.p(), d_a.p(), d_A.p(), d_dt.p(), N, Hv);
+    native::delta_gates_backward(nullptr, d_db.p(), d_da.p(), d_dA.p(), d_ddt.p(), d_dbeta.p(), d_dg.p(), d_b.p(),
+                                 d_a.p(), d_A.p(), d_dt.p(), N, Hv, d_ws.p());
+    sync("delta gates");
+    EXPECT_BITWISE_EQ(d_beta.get(), beta);
+    EXPECT_BITWISE_EQ(d_db.get(), db);
+    const auto g_got = d_g.get(), da_got = d_da.get(), dA_got = d_dA.get(), ddt_got = d_ddt.get();
+    for (size_t i = 0; i < gg.size(); ++i) {
+      ASSERT_NEAR(g_got[i], gg[i], 8e-6 * std::abs(gg[i])) << "g at " << i;
+      ASSERT_NEAR(da_got[i], da[i], 8e-6 * std::abs(da[i])) << "da at " << i;
+    }
+    for (size_t h = 0; h < A_log.size(); ++h) {
+      EXPECT_NEAR(dA_got[h], dA[h], 8e-6 * abs_dA[h]) << "dA_log at " << h;
+      EXPECT_NEAR(ddt_got[h], ddt[h], 8e-6 * abs_ddt[h]) << "ddt_bias at " << h;
+    }
+    if (run == 0) {
+      first_g = g_got, first_da = da_got, first_dA = dA_got, first_ddt = ddt_got;
+    } else {
+      EXPECT_BITWISE_EQ(g_got, first_g);
+      EXPECT_BITWISE_EQ(da_got, first_da);
+      EXPECT_BITWISE_EQ(dA_got, first_dA);
+      EXPECT_BITWISE_EQ(ddt_got, first_ddt);
+    }
+  }
+}
+
+// The gated delta rule at Qwen3.6's head dims, bf16 storage, packed rows: within f32 rounding of the simulated
+// kernels (the GPU's expf is within 2 ulp of libm's and the state carries it on: rel-L2 1e-5, where the chunked
+// form's own distance to the f64 recurrence is ~1e-6), and the same bits on a second run.
+TEST(CudaNative, GatedDeltaRuleIsDeterministicAndMatchesTheSimulation) {
+  SKIP_WITHOUT_GPU();
+  const int64_t B = 2, T = 300, N = B * T, Hk = 2, Hv = 4, dk = 128, dv = 128, ld = 2 * Hk * dk + Hv * dv;
+  const DeltaShape s{B, T, Hk, Hv, dk, dv, float(1.0 / std::sqrt(double(dk))), ld, ld, ld};
+  auto qkv32 = random_floats(size_t(N * ld), 31, -1.0f, 1.0f);
+  for (float& x : qkv32) x *= 0.15f;  // q and k rows of norm ~1, as after the layer's L2 norm
+  const auto qkv = to_bf16(qkv32);
+  const auto beta = random_floats(size_t(N * Hv), 32, 0.02f, 0.98f), dout = random_floats(size_t(N * Hv * dv), 33);
+  auto g = random_floats(beta.size(), 34, -7.0f, 1.0f);
+  for (float& x : g) x = -std::exp(x);
+  std::vector<int32_t> doc(static_cast<size_t>(N));
+  for (int64_t n = 0; n < N; ++n) doc[size_t(n)] = int32_t((n % T) / 100);  // three documents per row
+  const int64_t kq = Hk * dk, vq = 2 * Hk * dk;
+  std::vector<bf16_t> o(size_t(N * Hv * dv));
+  std::vector<float> dqkv(qkv.size(), 0.0f), dbeta(beta.size()), dg(g.size());
+  std::vector<unsigned char> fws(gated_delta_forward_workspace_bytes(s)), bws(gated_delta_backward_workspace_bytes(s));
+  sim::gated_delta_forward(nullptr, o.data(), qkv.data(), qkv.data() + kq, qkv.data() + vq, beta.data(), g.data(),
+                           doc.data(), s, fws.data());
+  sim::gated_delta_backward(nullptr, dqkv.data(), dqkv.data() + kq, dqkv.data() + vq, dbeta.data(), dg.data(),
+                            dout.data(), qkv.data(), qkv.data() + kq, qkv.data() + vq, beta.data(), g.data(),
+                            doc.data(), s, bws.data());
+  auto rel_l2 = [](const std::vector<float>& x, const std::vector<float>& ref) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      num += (double(x[i]) - ref[i]) * (double(x[i]) - ref[i]);
+      den += double(ref[i]) * ref[i];
+    }
+    return std::sqrt(num / den);
+  };
+  std::vector<bf16_t> first_o;
+  std::vector<float> first_dqkv, first_dg;
+  for (int run = 0; run < 2; ++run) {
+    Dev<bf16_t> d_qkv(qkv), d_o(o.size());
+    Dev<float> d_beta(beta), d_g(g), d_dout(dout), d_dqkv(dqkv.size()), d_dbeta(beta.size()), d_dg(g.size());
+    Dev<int32_t> d_doc(doc);
+    Dev<unsigned char> d_fws(fws.size()), d_bws(bws.size());
+    native::gated_delta_forward(nullptr, d_o.p(), d_qkv.p(), d_qkv.p() + kq, d_qkv.p() + vq, d_beta.p(), d_g.p(),
+                                d_doc.p(), s, d_fws.p());
+    native::gated_delta_backward(nullptr, d_dqkv.p(), d_dqkv.p() + kq, d_dqkv.p() + vq, d_dbeta.p(), d_dg.p(),
+                                 d_dout.p(), d_qkv.p(), d_qkv.p() + kq, d_qkv.p() + vq, d_beta.p(), d_g.p(), d_doc.p(),
+                                 s, d_bws.p());
+    sync("gated delta rule");
+    const auto o_got = d_o.get();
+    const auto dqkv_got = d_dqkv.get(), dbeta_got = d_dbeta.get(), dg_got = d_dg.get();
+    EXPECT_LT(rel_l2(testing::to_f32(o_got), testing::to_f32(o)), 1e-5);
+    EXPECT_LT(rel_l2(dqkv_got, dqkv), 1e-5);
+    EXPECT_LT(rel_l2(dbeta_got, dbeta), 1e-5);
+    EXPECT_LT(rel_l2(dg_got, dg), 1e-5);
+    if (run == 0) {
+      first_o = o_got, first_dqkv = dqkv_got, first_dg = dg_got;
+    } else {
+      EXPECT_BITWISE_EQ(o_got, first_o);
+      EXPECT_BITWISE_EQ(dqkv_got, first_dqkv);
+      EXPECT_BITWISE_EQ(dg_got, first_dg);
     }
   }
 }

@@ -7,5 +7,7 @@
 #include "cuda/kernels/cross_entropy.cuh"
 #include "cuda/kernels/elementwise.cuh"
 #include "cuda/kernels/embedding.cuh"
+#include "cuda/kernels/gated_delta.cuh"
+#include "cuda/kernels/linear_attention.cuh"
 #include "cuda/kernels/rmsnorm.cuh"
 #include "cuda/kernels/rope.cuh"
