@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -80,6 +81,35 @@ long first_difference(const std::vector<T>& a, const std::vector<T>& b) {
     const long lt_diff = ::lt::cuda::testing::first_difference((a), (b));                          \
     EXPECT_EQ(lt_diff, -1) << #a " and " #b " differ first at element " << lt_diff;                \
   } while (0)
+
+// Σ a[i]·b[i] in double (a loss as a projection of a tensor output).
+inline double dot(const std::vector<float>& a, const std::vector<float>& b) {
+  double s = 0;
+  for (size_t i = 0; i < a.size(); ++i) s += double(a[i]) * double(b[i]);
+  return s;
+}
+
+// Directional derivative of `loss` at x along v by central differences, in double.
+inline double central_difference(const std::function<double(const std::vector<float>&)>& loss, std::vector<float> x,
+                                 const std::vector<float>& v, float eps) {
+  std::vector<float> plus = x, minus = x;
+  for (size_t i = 0; i < x.size(); ++i) {
+    plus[i] += eps * v[i];
+    minus[i] -= eps * v[i];
+  }
+  return (loss(plus) - loss(minus)) / (2.0 * double(eps));
+}
+
+// Relative L2 distance ||a − b|| / ||b||, in double.
+inline double rel_l2(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double d = double(a[i]) - double(b[i]);
+    num += d * d;
+    den += double(b[i]) * double(b[i]);
+  }
+  return std::sqrt(num / (den > 0 ? den : 1e-300));
+}
 
 // "rows=7 C=5"-style trace text for a shape.
 inline std::string shape_name(std::initializer_list<int64_t> dims) {

@@ -20,21 +20,12 @@ namespace {
 using testing::for_each_order;
 using testing::Guarded;
 using testing::random_floats;
+using testing::rel_l2;
 using testing::to_bf16;
 using testing::to_f32;
 using Vec = std::vector<float>;
 
 constexpr Stream kStream = nullptr;
-
-double rel_l2(const Vec& a, const Vec& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    const double d = double(a[i]) - double(b[i]);
-    num += d * d;
-    den += double(b[i]) * double(b[i]);
-  }
-  return std::sqrt(num / den);
-}
 
 // Inputs as a Gated DeltaNet layer gives the rule: q | k | v as slices of one conv output row [N, 2·Hk·dk + Hv·dv]
 // (strided), q and k L2-normalised per head, β ∈ (0, 1), g ≤ 0 from near 0 (long memory) to −12 (e^g ≈ 0).

@@ -20,6 +20,8 @@
 namespace lt::cuda {
 namespace {
 
+using testing::central_difference;
+using testing::dot;
 using testing::for_each_order;
 using testing::Guarded;
 using testing::random_floats;
@@ -28,22 +30,6 @@ using testing::to_f32;
 
 constexpr Stream kStream = nullptr;
 
-// Directional derivative of `loss` at x along v by central differences, in double.
-double central_difference(const std::function<double(const std::vector<float>&)>& loss, std::vector<float> x,
-                          const std::vector<float>& v, float eps) {
-  std::vector<float> plus = x, minus = x;
-  for (size_t i = 0; i < x.size(); ++i) {
-    plus[i] += eps * v[i];
-    minus[i] -= eps * v[i];
-  }
-  return (loss(plus) - loss(minus)) / (2.0 * double(eps));
-}
-
-double dot(const std::vector<float>& a, const std::vector<float>& b) {
-  double s = 0;
-  for (size_t i = 0; i < a.size(); ++i) s += double(a[i]) * double(b[i]);
-  return s;
-}
 
 // ---- RMSNorm ----
 

@@ -25,6 +25,7 @@ namespace lt::cuda {
 namespace {
 
 using testing::random_floats;
+using testing::rel_l2;
 using testing::to_bf16;
 
 // Empty when a GPU is usable, else why not.
@@ -423,14 +424,6 @@ TEST(CudaNative, GatedDeltaRuleIsDeterministicAndMatchesTheSimulation) {
   sim::gated_delta_backward(nullptr, dqkv.data(), dqkv.data() + kq, dqkv.data() + vq, dbeta.data(), dg.data(),
                             dout.data(), qkv.data(), qkv.data() + kq, qkv.data() + vq, beta.data(), g.data(),
                             doc.data(), s, bws.data());
-  auto rel_l2 = [](const std::vector<float>& x, const std::vector<float>& ref) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < x.size(); ++i) {
-      num += (double(x[i]) - ref[i]) * (double(x[i]) - ref[i]);
-      den += double(ref[i]) * ref[i];
-    }
-    return std::sqrt(num / den);
-  };
   std::vector<bf16_t> first_o;
   std::vector<float> first_dqkv, first_dg;
   for (int run = 0; run < 2; ++run) {

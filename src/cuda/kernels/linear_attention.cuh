@@ -134,13 +134,7 @@ __global__ void __launch_bounds__(kNormThreads)
   const int64_t row = int64_t(blockIdx.x) * kNormRowsPerBlock + threadIdx.x / kRmsnormLanes;
   const bool live = row < N * H;
   const T* x = in + head_row_offset(live ? row : 0, H, D, ld_in);
-  float acc = 0.0f;
-  if (live)
-    for (int64_t d = lane; d < D; d += kRmsnormLanes) {
-      const float v = load(x + d);
-      acc += v * v;
-    }
-  const float ss = half_warp_tree_sum(acc);
+  const float ss = half_warp_sum_squares(x, D, live);
   if (!live) return;
   const float r = 1.0f / sqrtf(ss + eps);
   if (lane == 0) rnorm[row] = r;
@@ -255,13 +249,7 @@ __global__ void __launch_bounds__(kNormThreads)
   const int64_t row = int64_t(blockIdx.x) * kNormRowsPerBlock + threadIdx.x / kRmsnormLanes;
   const bool live = row < rows;
   const T* xr = x + (live ? row : 0) * dv;
-  float acc = 0.0f;
-  if (live)
-    for (int64_t d = lane; d < dv; d += kRmsnormLanes) {
-      const float v = load(xr + d);
-      acc += v * v;
-    }
-  const float ss = half_warp_tree_sum(acc);
+  const float ss = half_warp_sum_squares(xr, dv, live);
   if (!live) return;
   const float s = 1.0f / sqrtf(ss / float(dv) + eps);
   if (lane == 0) rstd[row] = s;

@@ -28,6 +28,20 @@ __device__ __forceinline__ float half_warp_tree_sum(float acc) {
   return __shfl_sync(0xffffffffu, acc, 0, kRmsnormLanes);
 }
 
+// Σ x[c]² over a row of n: lane k of the half-warp sums c ≡ k (mod 16) in order, the lane tree combines them
+// (the CPU op's order); every lane gets the sum (0 for a row that is not live). Every lane of the warp calls it.
+template <class T>
+__device__ __forceinline__ float half_warp_sum_squares(const T* x, int64_t n, bool live) {
+  const int lane = int(threadIdx.x) % kRmsnormLanes;
+  float acc = 0.0f;
+  if (live)
+    for (int64_t c = lane; c < n; c += kRmsnormLanes) {
+      const float v = load(x + c);
+      acc += v * v;
+    }
+  return half_warp_tree_sum(acc);
+}
+
 // out[rows, C], rstd[rows]
 template <class T>
 __global__ void __launch_bounds__(kNormThreads)
@@ -37,13 +51,7 @@ __global__ void __launch_bounds__(kNormThreads)
   const int64_t row = int64_t(blockIdx.x) * kNormRowsPerBlock + threadIdx.x / kRmsnormLanes;
   const bool live = row < rows;
   const T* x = in + (live ? row : 0) * C;
-  float acc = 0.0f;
-  if (live)
-    for (int64_t c = lane; c < C; c += kRmsnormLanes) {
-      const float v = load(x + c);
-      acc += v * v;
-    }
-  const float ss = half_warp_tree_sum(acc);
+  const float ss = half_warp_sum_squares(x, C, live);
   if (!live) return;
   const float ms = ss / float(C);  // a division, as torch's mean
   const float s = 1.0f / sqrtf(ms + eps);
