@@ -119,7 +119,12 @@ void tokenize_dataset(const std::vector<std::string>& files, const DatasetSpec& 
           res.line = conv.error_line;
           return;
         }
-        res.chat = tokenize_conversation(tok, tpl, conv.messages);
+        try {
+          res.chat = tokenize_conversation(tok, tpl, conv.messages);
+        } catch (const Error& e) {  // a conversation the template refuses (qwen3_5: no user query) is a bad record
+          res.error = e.what();
+          res.line = res.record_line;
+        }
       });
       // In record order, so the first bad record is the one reported and counts do not depend on threads.
       for (RecordResult& res : results) {

@@ -228,6 +228,24 @@ TEST(DataTokenize, BadRecordsAreSkippedAndCountedWithSkip) {
   EXPECT_NE(r.summary().find("5 bad, skipped"), std::string::npos) << r.summary();
 }
 
+TEST(DataTokenize, AConversationTheTemplateRefusesIsABadRecord) {
+  // Qwen3.5's template raises on a conversation without a user query (here the only user turn wraps a tool
+  // response): that record is named by file and line, and skipped with on_bad_example: skip.
+  LT_REQUIRE_QWEN3();
+  std::string dir = temp_dir();
+  write(dir + "/d.jsonl",
+        "{\"instruction\": \"Q1\", \"output\": \"A1\"}\n"
+        "{\"instruction\": \"<tool_response>r</tool_response>\", \"output\": \"A2\"}\n");
+  ChatTemplate tpl(ChatTemplateKind::qwen3_5, qwen3_tokenizer());
+  const std::vector<DatasetSpec> specs = resolve_datasets({dir + "/d.jsonl"}, "");
+  const std::string e = error_of([&] { load_datasets(specs, qwen3_tokenizer(), tpl, {}); });
+  EXPECT_EQ(e.rfind(dir + "/d.jsonl:2: chat template qwen3_5: no user message", 0), 0u) << e;
+  TokenizedDataset data = load_datasets(specs, qwen3_tokenizer(), tpl, {.on_bad_example = OnBadExample::skip});
+  ASSERT_EQ(data.size(), 1);
+  EXPECT_EQ(runs(data.ids(0), data.trainable(0)), (Strings{"A1<|im_end|>"}));
+  EXPECT_EQ(data.reports()[0].bad, 1);
+}
+
 TEST(DataTokenize, SkippedRecordsKeepOnlyTheFirstMessages) {
   LT_REQUIRE_QWEN3();
   std::string dir = temp_dir();
