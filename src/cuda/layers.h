@@ -55,6 +55,7 @@ struct GpuBlock {
   const float* rope_sin = nullptr;
   void* scratch = nullptr;
 };
+// For a model with Gated DeltaNet layers (s.Hk > 0), the larger of its two layer kinds' carves.
 size_t gpu_block_scratch_bytes(const BlockShape& s);
 
 // The GPU layer compute (model/layer_compute.h; cuda/layers/compute.inl) for `device`: natively on a CUDA

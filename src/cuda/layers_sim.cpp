@@ -13,7 +13,13 @@ size_t head_workspace_bytes(const HeadShape& s, DType lm_type) {
   return sim::detail::HeadScratch::carve(nullptr, s, lm_type).bytes;
 }
 
-size_t gpu_block_scratch_bytes(const BlockShape& s) { return sim::detail::BlockScratchGpu::carve(nullptr, s).bytes; }
+size_t gpu_block_scratch_bytes(const BlockShape& s) {
+  // A model with Gated DeltaNet layers (s.Hk > 0) carves per layer kind: the larger of the two.
+  size_t bytes = sim::detail::BlockScratchGpu::carve(nullptr, s.for_layer(LayerKind::full_attention)).bytes;
+  if (s.Hk > 0)
+    bytes = std::max(bytes, sim::detail::BlockScratchGpu::carve(nullptr, s.for_layer(LayerKind::linear_attention)).bytes);
+  return bytes;
+}
 
 std::unique_ptr<LayerCompute> make_gpu_layer_compute(Device& device) {
 #if LT_WITH_CUDA

@@ -145,6 +145,19 @@ double sim_head_forward(const float* x, const int32_t* targets, const float* nor
   return sim_head_forward_backward(dx.data(), dnorm.data(), dlm.data(), x, targets, norm_w, lm_w, 1.0f, s);
 }
 
+void sim_gated_delta_forward(float* o, const float* q, const float* k, const float* v, const float* beta,
+                             const float* g, const int32_t* doc_ids, const DeltaShape& s) {
+  std::vector<unsigned char> ws(gated_delta_forward_workspace_bytes(s));
+  sim::gated_delta_forward(kSim, o, q, k, v, beta, g, doc_ids, s, ws.data());
+}
+
+void sim_gated_delta_backward(float* dq, float* dk, float* dv, float* dbeta, float* dg, const float* dout,
+                              const float* q, const float* k, const float* v, const float* beta, const float* g,
+                              const int32_t* doc_ids, const DeltaShape& s) {
+  std::vector<unsigned char> ws(gated_delta_backward_workspace_bytes(s));
+  sim::gated_delta_backward(kSim, dq, dk, dv, dbeta, dg, dout, q, k, v, beta, g, doc_ids, s, ws.data());
+}
+
 const OpsOverride kCudaSimOps{"cuda-sim",
                               sim_rmsnorm_forward,
                               sim_rmsnorm_backward,
@@ -159,7 +172,9 @@ const OpsOverride kCudaSimOps{"cuda-sim",
                               sim_linear_forward,
                               sim_linear_backward,
                               sim_head_forward,
-                              sim_head_forward_backward};
+                              sim_head_forward_backward,
+                              sim_gated_delta_forward,
+                              sim_gated_delta_backward};
 
 }  // namespace
 

@@ -367,10 +367,11 @@ struct StreamingExecutor::Step {
                  "token {}: target {} is outside the vocabulary [0, {})", n, t, cfg.vocab_size);
         LT_CHECK(p >= 0 && p < batch.T, "token {}: position {} is outside the sequence [0, {})", n, p, batch.T);
       }
-      // RoPE's cos/sin for every position of the sequence (ops' rope_table: the CPU op's angles), once per step.
-      const int64_t half = s.T * (s.D / 2);
+      // RoPE's cos/sin for every position of the sequence (ops' rope_table: the CPU op's angles), once per step,
+      // for the rotated dims (Qwen3.5 / Qwen3.6: the first `rotary`): cos [T, R/2] at the table, sin at + T·D/2.
+      const int64_t half = s.T * (s.D / 2), R = s.rotary > 0 ? s.rotary : s.D;
       float* table = ex.host_ws_.get<float>("rope table", size_t(2 * half));
-      rope_table(table, table + half, s.T, s.D, s.rope_theta);
+      rope_table(table, table + half, s.T, R, s.rope_theta);
       dev.copy_h2d(rope_dev, table, size_t(2 * half) * sizeof(float), kH2D, "h2d rope table");
     }
     tokens_ready = record(kH2D);
@@ -852,7 +853,6 @@ struct StreamingExecutor::Step {
 
 StreamingExecutor::StreamingExecutor(const ModelConfig& cfg, Device& device, ExecOptions options, NvmeStore* nvme)
     : cfg_(cfg), device_(device), options_(options), nvme_(nvme) {
-  if (options_.kernels == LayerKernels::gpu) check_uniform_layers(cfg, "the GPU block (cuda/layers; run on the CPU block)");
   LT_CHECK(options_.weight_buffers >= 1 && options_.grad_buffers >= 1 && options_.boundary_ring >= 2,
            "executor needs at least 1 weight buffer, 1 gradient buffer and 2 ring slots");
   compute_ = options_.kernels == LayerKernels::gpu ? cuda::make_gpu_layer_compute(device_) : make_cpu_layer_compute();

@@ -190,37 +190,13 @@ LayerBytes LayerBytes::make(const ModelConfig& cfg, const BlockShape& s, DType m
 
 GpuComputeBytes GpuComputeBytes::make(const ModelConfig& cfg, const BlockShape& s, DType matrices) {
   GpuComputeBytes g;
-  if (cfg.type != ModelType::qwen3_5) {
-    g.block_scratch = cuda::gpu_block_scratch_bytes(s);
-    g.recompute_internals = block_stored_bytes(s);
-  } else {
-    // No GPU block runs Qwen3.5 / Qwen3.6 layers yet (the executor refuses them: executor.cpp). For what-if plans
-    // on a GPU machine (plan/hardware.h) this counts what one would need beside the attention block's scratch
-    // (cuda/layers/block.inl, carved for the layer's attention shape), the larger of the two layer kinds':
-    //   gated attention: q_proj's rows doubled (query and gate per head): three more [N, QD] f32 (its output,
-    //     its gradient, the gate's pre-activation gradient);
-    //   Gated DeltaNet: f32 gradients of its projections' outputs (q k v, z, b, a) and of the convolution's
-    //     output, the core output's gradient and the L2-normalised q and k — reusing the attention's [N, QD] x3
-    //     and [N, KVD] x3 gradient buffers, the excess beyond them — plus the chunked backward's chunk-start
-    //     states [B, Hv, ceil(T / 64), dk, dv] (ops/gated_delta.h).
-    // The GPU block's own carve replaces this when it runs these layers.
-    const BlockShape a = s.for_layer(LayerKind::full_attention);
-    const int64_t N = s.N();
-    g.block_scratch = cuda::gpu_block_scratch_bytes(a);
-    size_t extra = a.out_gate ? size_t(3 * N * a.QD()) * sizeof(float) : 0;
-    if (cfg.is_hybrid()) {
-      const DeltaMixerShape m = s.mixer();
-      const int64_t chunks = (s.T + kDeltaChunk - 1) / kDeltaChunk;
-      const int64_t grads = N * (2 * m.conv_dim() + 2 * m.value_dim() + 2 * m.Hv + 2 * m.key_dim());
-      const int64_t reused = 3 * N * (a.QD() + a.KVD());
-      const int64_t floats = std::max<int64_t>(0, grads - reused) + s.B * m.Hv * chunks * m.dk * m.dv;
-      extra = std::max(extra, size_t(floats) * sizeof(float));
-    }
-    g.block_scratch += extra;
-    g.recompute_internals = block_stored_bytes(a);
-    if (cfg.is_hybrid())
-      g.recompute_internals = std::max(g.recompute_internals, block_stored_bytes(s.for_layer(LayerKind::linear_attention)));
-  }
+  // The GPU block's carve (cuda/layers/block.inl; the larger of a hybrid's two layer kinds) and the stored
+  // internals of the largest layer kind, for a layer that does not keep its own.
+  g.block_scratch = cuda::gpu_block_scratch_bytes(s);
+  g.recompute_internals = block_stored_bytes(s.for_layer(LayerKind::full_attention));
+  if (cfg.is_hybrid())
+    g.recompute_internals =
+        std::max(g.recompute_internals, block_stored_bytes(s.for_layer(LayerKind::linear_attention)));
   g.head_workspace = cuda::head_workspace_bytes(HeadShape{s.N(), s.C, cfg.vocab_size, float(cfg.rms_norm_eps)}, matrices);
   g.rope_half = s.T * (s.D / 2);
   g.rope_table = size_t(2 * g.rope_half) * sizeof(float);

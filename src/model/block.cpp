@@ -533,9 +533,7 @@ size_t block_stored_bytes(const BlockShape& s) {
 
 StoredOffsets block_stored_offsets(const BlockShape& s) {
   LT_CHECK(s.act == DType::bf16, "block_stored_offsets: the stored internals are for bf16 storage");
-  LT_CHECK(!s.linear() && !s.out_gate && !s.zero_centred,
-           "block_stored_offsets: the offsets are for the GPU block's uniform layers, not Qwen3.5 / Qwen3.6 layers");
-  StoredOffsets o{-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1};
+  StoredOffsets o;
   const std::pair<float* BlockActs::*, int64_t StoredOffsets::*> map[] = {
       {&BlockActs::n1, &StoredOffsets::n1},       {&BlockActs::rstd1, &StoredOffsets::rstd1},
       {&BlockActs::q, &StoredOffsets::q},         {&BlockActs::k, &StoredOffsets::k},
@@ -546,9 +544,20 @@ StoredOffsets block_stored_offsets(const BlockShape& s) {
       {&BlockActs::n2, &StoredOffsets::n2},       {&BlockActs::rstd2, &StoredOffsets::rstd2},
       {&BlockActs::gate, &StoredOffsets::gate},   {&BlockActs::up, &StoredOffsets::up},
       {&BlockActs::h, &StoredOffsets::h}};
-  for (const StoredField& f : stored_fields(s))
+  const std::pair<float* DeltaMixerActs::*, int64_t StoredOffsets::*> mixer_map[] = {
+      {&DeltaMixerActs::qkv_pre, &StoredOffsets::qkv_pre}, {&DeltaMixerActs::qkv, &StoredOffsets::qkv},
+      {&DeltaMixerActs::qk_hat, &StoredOffsets::qk_hat},   {&DeltaMixerActs::q_rnorm, &StoredOffsets::q_rnorm},
+      {&DeltaMixerActs::k_rnorm, &StoredOffsets::k_rnorm}, {&DeltaMixerActs::z, &StoredOffsets::z},
+      {&DeltaMixerActs::b, &StoredOffsets::b},             {&DeltaMixerActs::a, &StoredOffsets::a},
+      {&DeltaMixerActs::beta, &StoredOffsets::beta},       {&DeltaMixerActs::g, &StoredOffsets::g},
+      {&DeltaMixerActs::o, &StoredOffsets::o},             {&DeltaMixerActs::rstd, &StoredOffsets::rstd_o},
+      {&DeltaMixerActs::y, &StoredOffsets::y}};
+  for (const StoredField& f : stored_fields(s)) {
     for (const auto& [field, slot] : map)
-      if (f.field == field) o.*slot = int64_t(f.offset);
+      if (f.field && f.field == field) o.*slot = int64_t(f.offset);
+    for (const auto& [field, slot] : mixer_map)
+      if (f.mixer && f.mixer == field) o.*slot = int64_t(f.offset);
+  }
   return o;
 }
 

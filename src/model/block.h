@@ -171,10 +171,14 @@ size_t block_stored_bytes(const BlockShape& s);
 
 // Byte offsets of each stored internal in the buffer block_stored_bytes sizes (bf16 storage), for code other
 // than block_forward that writes or reads them (the CUDA block, cuda/layers/block.inl); -1 for the fields a
-// shape has not (q_raw, k_raw, q_rstd, k_rstd without qk_norm). Activations bf16, statistics f32. Uniform
-// layers only: refuses Qwen3.5 / Qwen3.6 shapes (the GPU block does not run them).
+// shape has not (q_raw .. k_rstd without qk_norm; the attention's in a Gated DeltaNet layer, the mixer's in an
+// attention layer). Activations bf16, statistics and gates f32.
 struct StoredOffsets {
-  int64_t n1, rstd1, q, k, v, q_raw, k_raw, q_rstd, k_rstd, att, lse, x_mid, n2, rstd2, gate, up, h;
+  int64_t n1 = -1, rstd1 = -1, q = -1, k = -1, v = -1, q_raw = -1, k_raw = -1, q_rstd = -1, k_rstd = -1, att = -1,
+          lse = -1, x_mid = -1, n2 = -1, rstd2 = -1, gate = -1, up = -1, h = -1;
+  // Gated DeltaNet (model/delta_mixer.h's DeltaMixerActs): bf16 qkv_pre, qkv, qk_hat, z, o, y; f32 the rest.
+  int64_t qkv_pre = -1, qkv = -1, qk_hat = -1, q_rnorm = -1, k_rnorm = -1, z = -1, b = -1, a = -1, beta = -1,
+          g = -1, o = -1, rstd_o = -1, y = -1;
 };
 StoredOffsets block_stored_offsets(const BlockShape& s);
 

@@ -701,11 +701,4 @@ json model_config_to_json(const ModelConfig& c) {
   return j;
 }
 
-void check_uniform_layers(const ModelConfig& c, std::string_view component) {
-  const bool uniform = c.type != ModelType::qwen3_5 && all_full_attention(c.layer_types) && !c.attn_output_gate &&
-                       !c.zero_centred_norms && c.partial_rotary_factor == 1;
-  LT_CHECK(uniform, "model '{}' (hybrid Gated DeltaNet layers): {} does not support it yet", model_type_name(c.type),
-           component);
-}
-
 }  // namespace lt

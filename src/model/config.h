@@ -151,9 +151,5 @@ ModelConfig load_model_config(const std::string& path_or_dir);
 // ...) == c. Refuses a config whose flags its model type cannot express (e.g. qwen2 without q,k,v biases).
 nlohmann::json model_config_to_json(const ModelConfig& c);
 
-// For the components that handle only the uniform decoder layer (full attention, RoPE over all of D, plain
-// RMSNorm, no output gate): throws "model 'qwen3_5' (hybrid Gated DeltaNet layers): <component> does not
-// support it yet" for a config that needs more. Each such component calls it where it first sees the config.
-void check_uniform_layers(const ModelConfig& c, std::string_view component);
 
 }  // namespace lt

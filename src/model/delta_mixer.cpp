@@ -8,18 +8,17 @@
 #include "ops/ops.h"
 
 namespace lt {
-namespace {
-
-constexpr float kQkNormEps = 1e-6f;  // HF's l2norm eps, fixed (not rms_norm_eps)
-
-void add_inplace(float* y, const float* x, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] += x[i];
-}
 
 DeltaShape delta_shape(const DeltaMixerShape& s) {
   // q̂ and k̂ are the two halves of qk_hat's rows; v is the last part of the conv output's rows.
   return DeltaShape{s.B,           s.T,           s.Hk,          s.Hv, s.dk, s.dv, float(1.0 / std::sqrt(double(s.dk))),
                     2 * s.key_dim(), 2 * s.key_dim(), s.conv_dim()};
+}
+
+namespace {
+
+void add_inplace(float* y, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += x[i];
 }
 
 // Carves consecutive [rows, cols] f32 blocks out of one buffer (a null buffer only counts).

@@ -22,6 +22,7 @@
 #include <cstdint>
 
 #include "model/config.h"
+#include "ops/gated_delta.h"
 #include "ops/linear.h"
 
 namespace lt {
@@ -37,6 +38,13 @@ struct DeltaMixerShape {
   int64_t conv_dim() const { return 2 * key_dim() + value_dim(); }  // Dc
   static DeltaMixerShape make(const ModelConfig& cfg, int64_t B, int64_t T);
 };
+
+// HF's l2norm eps for q and k, fixed (not rms_norm_eps).
+inline constexpr float kQkNormEps = 1e-6f;
+
+// The delta rule's shape inside the mixer: q̂ and k̂ the two halves of qk_hat's rows [N, 2·Hk·dk], v the last part
+// of the conv output's rows [N, Dc]; q scaled by dk^-1/2.
+DeltaShape delta_shape(const DeltaMixerShape& s);
 
 // The mixer's weights (a layer slab's "linear_attn.*" entries). Matrices f32 or in the compute dtype.
 struct DeltaMixerView {

@@ -7,6 +7,7 @@
 
 #include "ops/attention.h"
 #include "ops/embedding.h"
+#include "ops/gated_delta.h"
 #include "ops/head.h"
 #include "ops/linear.h"
 #include "ops/rmsnorm.h"
@@ -31,6 +32,10 @@ struct OpsOverride {
   decltype(&linear_backward) linear_backward_fn;
   decltype(&head_forward) head_forward_fn;
   decltype(&head_forward_backward) head_forward_backward_fn;
+  // The chunked gated delta rule: the one Qwen3.5 / Qwen3.6 op whose CUDA kernel sums in another order than the
+  // CPU op (its other ops' kernels give the CPU ops' bits), so the in-memory path and the GPU block agree.
+  decltype(&gated_delta_forward) gated_delta_forward_fn = nullptr;
+  decltype(&gated_delta_backward) gated_delta_backward_fn = nullptr;
 };
 
 // The installed replacement, or nullptr (the CPU ops).

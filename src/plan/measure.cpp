@@ -121,14 +121,13 @@ Profile measure_profile(const ModelConfig& cfg0, int64_t B, int64_t T, const Mea
     binding.acts = static_cast<float*>(dalloc(lb.acts_floats * 4, "working copy"));
     binding.backward_scratch = static_cast<float*>(dalloc(lb.scratch_floats * 4, "scratch"));
   } else {
-    check_uniform_layers(cfg, "the GPU block (cuda/layers; profile on the CPU block)");
     const GpuComputeBytes g = GpuComputeBytes::make(cfg, s, mdt);
     binding.recompute_stored = dalloc(g.recompute_internals, "recompute internals");
     binding.block_scratch = dalloc(g.block_scratch, "block scratch");
     binding.head_workspace = dalloc(g.head_workspace, "head workspace");
     binding.gemm_workspace = dalloc(g.gemm_workspace, "gemm workspace");
     rope_host.resize(size_t(2 * g.rope_half));
-    rope_table(rope_host.data(), rope_host.data() + g.rope_half, T, s.D, s.rope_theta);
+    rope_table(rope_host.data(), rope_host.data() + g.rope_half, T, s.rotary > 0 ? s.rotary : s.D, s.rope_theta);
     auto* rope = static_cast<float*>(dalloc(g.rope_table, "rope table"));
     binding.rope_cos = rope;
     binding.rope_sin = rope + g.rope_half;

@@ -4,7 +4,10 @@ in-memory path's gradients byte for byte with every activation policy — kept o
 offloaded to host memory and to NVMe — as the CPU ops do. At bf16 (activations stored in bf16) the executor
 launches the GPU block and head, what --device cuda runs (exec/backend.h), and the in-memory path runs the CPU
 block's sequence of ops on the same kernels and emulated GEMMs: the two give the same bits, so the GPU block keeps
-the CPU block's rounding points exactly. Usage: --lazytrain BIN --dtype f32|bf16"""
+the CPU block's rounding points exactly. --arch qwen3_5: a Qwen3.5 hybrid (Gated DeltaNet and gated attention
+layers), whose GPU block strings together the hybrid kernels; the in-memory path's CPU block then calls the same
+gated delta rule kernel (the one hybrid kernel that does not give its CPU op's bits). Usage: --lazytrain BIN
+--dtype f32|bf16 [--arch qwen3|qwen3_5]"""
 import argparse
 import json
 import os
@@ -17,6 +20,12 @@ REFERENCE = os.path.join(os.path.dirname(HERE), "reference", "torch_reference.py
 # A Qwen3 block with q/k norms, GQA 4:2, packed documents, odd sizes.
 MODEL = ["--arch", "qwen3", "--layers", "3", "--hidden", "40", "--heads", "4", "--kv-heads", "2", "--head-dim",
          "16", "--intermediate", "56", "--vocab", "101", "--no-tie", "--batch", "2", "--seq", "29", "--docs", "2"]
+# A Qwen3.5 hybrid: linear, full, linear layers; T = 70 runs across the delta rule's chunk; packed documents;
+# value heads twice the key heads; RoPE on half the head dims.
+HYBRID = ["--arch", "qwen3_5", "--layers", "3", "--layer-types", "linear,full,linear", "--hidden", "40", "--heads",
+          "4", "--kv-heads", "2", "--head-dim", "12", "--partial-rotary-factor", "0.5", "--intermediate", "56",
+          "--vocab", "101", "--linear-key-heads", "2", "--linear-value-heads", "4", "--linear-key-dim", "12",
+          "--linear-value-dim", "10", "--batch", "2", "--seq", "70", "--docs", "3"]
 POLICIES = ["keep-all", "every:1", "every:2", "host:1", "nvme:2"]
 
 
@@ -31,10 +40,11 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lazytrain", required=True)
     ap.add_argument("--dtype", default="bf16", choices=["f32", "bf16"])
+    ap.add_argument("--arch", default="qwen3", choices=["qwen3", "qwen3_5"])
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="lt_cuda_sim_policies_")
     model = os.path.join(work, "model")
-    run([sys.executable, REFERENCE, "make", "--out", model, "--seed", "5"] + MODEL)
+    run([sys.executable, REFERENCE, "make", "--out", model, "--seed", "5"] + (HYBRID if args.arch == "qwen3_5" else MODEL))
     batch = os.path.join(model, "batch.json")
 
     def grad(name, extra):
@@ -54,7 +64,7 @@ def main():
             sys.exit(f"--policy {policy} on cuda-sim differs from the in-memory path: loss {loss!r} vs {ref_loss!r}, "
                      f"gradient files {'equal' if data == ref_bytes else 'differ'}")
         print(f"{policy}: loss {loss!r}, {len(data)} gradient bytes identical to the in-memory path")
-    print(f"cuda-sim [{args.dtype}]: every policy bitwise equal to the in-memory path")
+    print(f"cuda-sim [{args.arch}, {args.dtype}]: every policy bitwise equal to the in-memory path")
 
 
 if __name__ == "__main__":

@@ -346,7 +346,6 @@ TEST(HybridConfig, OtherModelsHaveUniformFullAttentionLayers) {
     EXPECT_EQ(c.q_proj_dim(), c.q_dim());
     EXPECT_FALSE(c.attn_output_gate || c.zero_centred_norms || c.vision_language);
     EXPECT_EQ(c.linear_conv_dim(), 0);
-    EXPECT_NO_THROW(check_uniform_layers(c, "test"));
     // A config built in code leaves layer_types empty: the same model.
     ModelConfig built = c;
     built.layer_types.clear();
@@ -534,20 +533,26 @@ TEST(HybridConfigRefuses, ToJsonOfInexpressibleConfigs) {
   expect_error([&] { model_config_to_json(short_list); }, {"layer_types has 3 entries for 4 layers"});
 }
 
-// ---- components that handle uniform layers only -------------------------------------------------------
+// ---- the block's storage of hybrid layers ---------------------------------------------------------------
 
-TEST(HybridConfigRefuses, UniformLayerComponentsSayItClearly) {
+TEST(HybridConfig, BlockStorageAndStoredOffsetsPerLayerKind) {
   ModelConfig c = parse(kTinyText);
-  expect_error([&] { check_uniform_layers(c, "the test"); },
-               {"model 'qwen3_5' (hybrid Gated DeltaNet layers): the test does not support it yet"});
-  // The block computes Qwen3.5 layers at both activation storages; the GPU block's stored offsets refuse them.
+  // The block computes Qwen3.5 layers at both activation storages; the stored offsets name each kind's fields.
   EXPECT_EQ(BlockShape::make(c, 1, 8, DType::f32).rotary, c.rotary_dim());
   const BlockShape b16 = BlockShape::make(c, 1, 8, DType::bf16);
   EXPECT_EQ(b16.act, DType::bf16);
   const BlockShape f32 = BlockShape::make(c, 1, 8, DType::f32);
   for (LayerKind k : {LayerKind::linear_attention, LayerKind::full_attention})  // bf16 activations, f32 statistics
     EXPECT_LT(block_stored_bytes(b16.for_layer(k)), block_stored_bytes(f32.for_layer(k)));
-  expect_error([&] { block_stored_offsets(b16); }, {"block_stored_offsets", "Qwen3.5"});
+  const StoredOffsets lin = block_stored_offsets(b16.for_layer(LayerKind::linear_attention));
+  const StoredOffsets full = block_stored_offsets(b16.for_layer(LayerKind::full_attention));
+  EXPECT_GE(lin.qkv_pre, 0);
+  EXPECT_GT(lin.y, lin.qkv_pre);
+  EXPECT_EQ(lin.q, -1);
+  EXPECT_EQ(lin.att, -1);
+  EXPECT_GE(full.q_raw, 0);
+  EXPECT_EQ(full.qkv, -1);
+  EXPECT_GT(lin.h, lin.x_mid);
   // The released 27B config loads as a config without touching weights.
   std::filesystem::path dir =
       std::filesystem::path(::testing::TempDir()) / ("lt_hybrid_" + std::to_string(::getpid()));

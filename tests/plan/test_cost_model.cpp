@@ -65,7 +65,7 @@ TEST(CostModel, ExecutorWindowBytesEqualTheWorkingSet) {
 }
 
 // The same for Qwen3.5 hybrids: each layer's kept internals its own size, the buffers the largest layer's; the
-// CPU block at f32 and bf16 storage, and the GPU memory model's what-if sizes (no GPU block runs these layers).
+// CPU block at f32 and bf16 storage, and the GPU block's (its carve the larger of the two layer kinds').
 TEST(CostModel, ExecutorWindowBytesEqualTheWorkingSetHybrid) {
   for (uint64_t seed = 1; seed <= 30; ++seed) {
     Rng rng(seed + 500);

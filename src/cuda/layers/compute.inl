@@ -67,6 +67,12 @@ class GpuLayerCompute final : public LayerCompute {
     HeadArgs a;
     a.dx = h.dx, a.dnorm_w = h.dnorm_w, a.dlm_w = h.dlm_w, a.loss = h.loss, a.x = h.x32, a.targets = h.targets;
     a.norm_w = h.norm_w, a.lm_w = h.lm_w.data, a.lm_type = h.lm_w.dtype, a.grad_scale = h.grad_scale;
+    if (b_.shape.zero_centred) {  // Qwen3.5's final norm multiplies by 1 + w (its gradient is w's), made in the
+      // block scratch's norm-weight space, which no layer holds across the head
+      float* shifted = BlockScratchGpu::carve(b_.block_scratch, b_.shape.for_layer(LayerKind::full_attention)).onew;
+      norm_weight_one_plus(s_, shifted, h.norm_w, h.shape.C);
+      a.norm_w = shifted;
+    }
     a.shape = h.shape, a.workspace = b_.head_workspace;
     head_forward_backward(gemm_, s_, a);
   }
@@ -74,6 +80,7 @@ class GpuLayerCompute final : public LayerCompute {
  private:
   GpuBlock with(const BlockView& w) const {
     GpuBlock blk = blk_;
+    blk.shape = b_.shape.for_layer(w.kind);  // a Qwen3.5 / Qwen3.6 layer's own kind
     blk.weights = w;
     return blk;
   }

@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "core/parallel.h"
 #include "ops/gemm.h"
+#include "ops/override.h"
 
 namespace lt {
 namespace {
@@ -402,6 +403,7 @@ void backward_sequence(float* dq, float* dk, float* dv, float* dbeta, float* dg,
 
 void gated_delta_forward(float* o, const float* q, const float* k, const float* v, const float* beta,
                          const float* g, const int32_t* doc_ids, const DeltaShape& s) {
+  LT_OPS_OVERRIDE(gated_delta_forward, o, q, k, v, beta, g, doc_ids, s);
   check_shape(s);
   const std::vector<Sequence> seqs = sequences(doc_ids, s);
   parallel_for(int64_t(seqs.size()) * s.Hv, [&](int64_t task) {
@@ -412,6 +414,7 @@ void gated_delta_forward(float* o, const float* q, const float* k, const float* 
 void gated_delta_backward(float* dq, float* dk, float* dv, float* dbeta, float* dg, const float* dout,
                           const float* q, const float* k, const float* v, const float* beta, const float* g,
                           const int32_t* doc_ids, const DeltaShape& s) {
+  LT_OPS_OVERRIDE(gated_delta_backward, dq, dk, dv, dbeta, dg, dout, q, k, v, beta, g, doc_ids, s);
   check_shape(s);
   const std::vector<Sequence> seqs = sequences(doc_ids, s);
   parallel_for(int64_t(seqs.size()) * s.Hk, [&](int64_t task) {
