@@ -369,9 +369,9 @@ struct StreamingExecutor::Step {
       }
       // RoPE's cos/sin for every position of the sequence (ops' rope_table: the CPU op's angles), once per step,
       // for the rotated dims (Qwen3.5 / Qwen3.6: the first `rotary`): cos [T, R/2] at the table, sin at + T·D/2.
-      const int64_t half = s.T * (s.D / 2), R = s.rotary > 0 ? s.rotary : s.D;
+      const int64_t half = s.T * (s.D / 2);
       float* table = ex.host_ws_.get<float>("rope table", size_t(2 * half));
-      rope_table(table, table + half, s.T, R, s.rope_theta);
+      rope_table(table, table + half, s.T, s.rotary, s.rope_theta);
       dev.copy_h2d(rope_dev, table, size_t(2 * half) * sizeof(float), kH2D, "h2d rope table");
     }
     tokens_ready = record(kH2D);

@@ -127,7 +127,7 @@ Profile measure_profile(const ModelConfig& cfg0, int64_t B, int64_t T, const Mea
     binding.head_workspace = dalloc(g.head_workspace, "head workspace");
     binding.gemm_workspace = dalloc(g.gemm_workspace, "gemm workspace");
     rope_host.resize(size_t(2 * g.rope_half));
-    rope_table(rope_host.data(), rope_host.data() + g.rope_half, T, s.rotary > 0 ? s.rotary : s.D, s.rope_theta);
+    rope_table(rope_host.data(), rope_host.data() + g.rope_half, T, s.rotary, s.rope_theta);
     auto* rope = static_cast<float*>(dalloc(g.rope_table, "rope table"));
     binding.rope_cos = rope;
     binding.rope_sin = rope + g.rope_half;

@@ -43,21 +43,6 @@ GpuRun run_gpu(const ModelConfig& cfg, const ModelSlabs& params, const ModelSlab
   return r;
 }
 
-// sqrt(Σ (a - b)²) / sqrt(Σ b²) over every gradient tensor.
-double relative_error(const ModelSlabs& a, const ModelSlabs& b) {
-  double num = 0, den = 0;
-  auto A = a.named_tensors(), B = b.named_tensors();
-  for (size_t t = 0; t < A.size(); ++t) {
-    const float* x = A[t].view.ptr<float>();
-    const float* y = B[t].view.ptr<float>();
-    for (int64_t i = 0, n = A[t].view.numel(); i < n; ++i) {
-      num += (double(x[i]) - double(y[i])) * (double(x[i]) - double(y[i]));
-      den += double(y[i]) * double(y[i]);
-    }
-  }
-  return std::sqrt(num / den);
-}
-
 TEST(GpuExecutor, EveryPolicyGivesTheKeepAllBitsAndTheCpuBlockToBf16Rounding) {
   for (uint64_t seed = 301; seed <= 306; ++seed) {
     Rng rng(seed);
@@ -84,7 +69,7 @@ TEST(GpuExecutor, EveryPolicyGivesTheKeepAllBitsAndTheCpuBlockToBf16Rounding) {
     const LossResult cpu_loss = model_forward_backward(cpu, params, batch, Precision(ct, DType::bf16));
     EXPECT_EQ(ref.stats.tokens, cpu_loss.tokens);
     EXPECT_NEAR(ref.stats.loss_sum, cpu_loss.loss_sum, 1e-6 * std::fabs(cpu_loss.loss_sum)) << "seed " << seed;
-    EXPECT_LT(relative_error(ref.grads, cpu), 1e-4) << "seed " << seed;
+    EXPECT_LT(testing::relative_error(ref.grads, cpu), 1e-4) << "seed " << seed;
 
     const std::vector<Plan> plans = {Plan::every(L, 1), Plan::every(L, 2), Plan::every(L, 3, Tier::host),
                                      Plan::every(L, 2, Tier::nvme), testing::random_plan(L, rng), testing::random_plan(L, rng),

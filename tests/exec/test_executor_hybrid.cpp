@@ -98,21 +98,6 @@ TEST(ExecutorHybrid, EveryPolicyMatchesInMemoryPathBitwiseWithBf16Activations) {
   every_policy_matches(7, 12, DType::bf16);
 }
 
-// sqrt(Σ (a - b)²) / sqrt(Σ b²) over every gradient tensor.
-double relative_error(const ModelSlabs& a, const ModelSlabs& b) {
-  double num = 0, den = 0;
-  auto A = a.named_tensors(), B = b.named_tensors();
-  for (size_t t = 0; t < A.size(); ++t) {
-    const float* x = A[t].view.ptr<float>();
-    const float* y = B[t].view.ptr<float>();
-    for (int64_t i = 0, n = A[t].view.numel(); i < n; ++i) {
-      num += (double(x[i]) - double(y[i])) * (double(x[i]) - double(y[i]));
-      den += double(y[i]) * double(y[i]);
-    }
-  }
-  return std::sqrt(num / den);
-}
-
 // The GPU block on hybrids (bf16 storage, as the GPU stores): every plan the keep-all bits with the predicted
 // peak, and the CPU block's results to the rounding of the delta rule's sums (cuda/kernels/gated_delta.cuh sums
 // in another order than the CPU op's GEMMs; a bf16 rounding that then falls the other way carries on).
@@ -151,7 +136,7 @@ TEST(ExecutorHybrid, TheGpuBlockGivesTheKeepAllBitsUnderEveryPlanAndTheCpuBlockT
     // Measured on these seeds: loss within 1e-8 relative, gradients within 7.7e-6 (over all tensors); the bounds
     // leave room for a few more bf16 flips, not for a wrong op.
     EXPECT_NEAR(ref.loss_sum, cpu_loss.loss_sum, 1e-6 * std::fabs(cpu_loss.loss_sum)) << "seed " << seed;
-    EXPECT_LT(relative_error(ref_grads, cpu), 1e-4) << "seed " << seed;
+    EXPECT_LT(testing::relative_error(ref_grads, cpu), 1e-4) << "seed " << seed;
     const std::vector<Plan> plans = {Plan::every(L, 1), Plan::every(L, 2, Tier::host), Plan::every(L, 1, Tier::nvme),
                                      random_plan(L, rng), with_random_windows(random_host_plan(L, rng), rng)};
     for (const Plan& plan : plans) {

@@ -3,6 +3,7 @@
 // bitwise comparison of gradient slabs.
 #pragma once
 
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -148,6 +149,21 @@ inline Plan random_host_plan(int64_t L, Rng& rng) {
     if (rng.below(2) == 0) p.boundary[size_t(i)] = Tier::host;
   for (int64_t l = 0; l < L; ++l) p.keep_internals[size_t(l)] = p.keep_internals[size_t(l)] && p.stored(l);
   return p;
+}
+
+// sqrt(Σ (a - b)²) / sqrt(Σ b²) over every gradient tensor.
+inline double relative_error(const ModelSlabs& a, const ModelSlabs& b) {
+  double num = 0, den = 0;
+  auto A = a.named_tensors(), B = b.named_tensors();
+  for (size_t t = 0; t < A.size(); ++t) {
+    const float* x = A[t].view.ptr<float>();
+    const float* y = B[t].view.ptr<float>();
+    for (int64_t i = 0, n = A[t].view.numel(); i < n; ++i) {
+      num += (double(x[i]) - double(y[i])) * (double(x[i]) - double(y[i]));
+      den += double(y[i]) * double(y[i]);
+    }
+  }
+  return std::sqrt(num / den);
 }
 
 inline void expect_bitwise_equal(const ModelSlabs& a, const ModelSlabs& b, const std::string& what) {
