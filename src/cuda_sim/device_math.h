@@ -4,6 +4,7 @@
 //   __nv_bfloat16            2 bytes, the bit pattern of a bf16 (as CUDA's, trivially copyable)
 //   __float2bfloat16(_rn)    f32 -> bf16, round to nearest even (CUDA's rounding; NaN -> canonical 0x7fff)
 //   __bfloat162float         bf16 -> f32, exact
+//   __bfloat16_as_ushort, __ushort_as_bfloat16   the raw bits, both ways
 //   rsqrtf __expf __logf __fdividef __saturatef __ldg
 //
 // The fast intrinsics (__expf, __logf, __fdividef, rsqrtf) are approximations on a GPU (a few ulp; see the
@@ -28,6 +29,8 @@ inline __nv_bfloat16 __float2bfloat16_rn(float f) {
   return __nv_bfloat16{static_cast<unsigned short>(bits >> 16)};
 }
 inline __nv_bfloat16 __float2bfloat16(float f) { return __float2bfloat16_rn(f); }
+inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 h) { return h.__x; }
+inline __nv_bfloat16 __ushort_as_bfloat16(unsigned short bits) { return __nv_bfloat16{bits}; }
 
 inline float __bfloat162float(__nv_bfloat16 h) {
   const uint32_t bits = uint32_t(h.__x) << 16;

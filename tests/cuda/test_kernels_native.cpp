@@ -1,9 +1,11 @@
 // The kernels on a real GPU (built with nvcc; skipped with the reason when there is no GPU): each native
 // kernel against the same kernel under cuda-sim — bit for bit for those whose arithmetic is the CPU op's
 // (nvcc's -fmad=false and IEEE division/sqrt promise it), within f32 rounding for attention, the head and the
-// delta-rule gates (expf / log1pf) — and every native result bitwise the same when run twice (no atomics, fixed
-// orders, cuBLASLt's algorithm cached per shape). The cuBLASLt wrapper against its emulation, and the property the executor's token
-// chunks rely on: a row of a GEMM does not depend on how many rows the call has.
+// delta-rule gates (expf / log1pf), within a bf16 rounding for the tensor-core attention — and every native
+// result bitwise the same when run twice (no atomics, fixed orders, cuBLASLt's algorithm cached per shape). The
+// tensor core's fragment layout against the emulation cuda-sim runs; the cuBLASLt wrapper against its
+// emulation, and the property the executor's token chunks rely on: a row of a GEMM does not depend on how many
+// rows the call has.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -147,10 +149,27 @@ TEST(CudaNative, ElementwiseNormRopeEmbeddingKernelsGiveTheSimulatedBits) {
   EXPECT_BITWISE_EQ(dtable.get(), table_sim);
 }
 
+// The tensor core's m16n8k16 product against mma.cuh's shuffle emulation (the fragment layout every tensor-core
+// kernel's cuda-sim run assumes): a wrong layout moves results by O(1); the two sum 16 exact products in
+// different orders, so they agree to f32 rounding of a sum of size ≲ 16.
+TEST(CudaNative, MmaFragmentLayoutIsTheEmulations) {
+  SKIP_WITHOUT_GPU();
+  const auto av = to_bf16(random_floats(32 * 8, 41)), bv = to_bf16(random_floats(32 * 4, 42));
+  std::vector<uint32_t> a(32 * 4), b(32 * 2);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = uint32_t(av[2 * i]) | (uint32_t(av[2 * i + 1]) << 16);
+  for (size_t i = 0; i < b.size(); ++i) b[i] = uint32_t(bv[2 * i]) | (uint32_t(bv[2 * i + 1]) << 16);
+  Dev<uint32_t> da(a), db(b);
+  Dev<float> dc(random_floats(32 * 4, 43)), hw(32 * 4), emu(32 * 4);
+  native::mma_layout_check(nullptr, hw.p(), emu.p(), da.p(), db.p(), dc.p());
+  sync("mma_layout_check");
+  const auto h = hw.get(), e = emu.get();
+  for (size_t i = 0; i < h.size(); ++i) ASSERT_NEAR(h[i], e[i], 1e-5 * (16 + std::abs(e[i]))) << "lane " << i / 4;
+}
+
 TEST(CudaNative, AttentionIsDeterministicAndMatchesTheSimulation) {
   SKIP_WITHOUT_GPU();
   for (const int64_t D : {64, 128, 256}) {
-    const AttentionShape s{2, 301, 8, 2, D};
+    const AttentionShape s{2, 157, 8, 2, D};  // odd T over 3 tiles; the emulated mma makes the sim side slow
     SCOPED_TRACE("D=" + std::to_string(D));
     const size_t nq = size_t(s.B * s.T * s.Hq * D), nk = size_t(s.B * s.T * s.Hkv * D), nl = size_t(s.B * s.Hq * s.T);
     const auto q = to_bf16(random_floats(nq, 11)), k = to_bf16(random_floats(nk, 12)),
@@ -173,13 +192,16 @@ TEST(CudaNative, AttentionIsDeterministicAndMatchesTheSimulation) {
       sync("attention");
       const std::vector<std::vector<float>> now{dlse.get(), ddq.get(), ddk.get(), ddv.get()};
       if (run == 0) {
-        // GPU expf and the sim's differ by an ulp or two: f32-level agreement.
+        // GPU expf and the sim's differ by an ulp or two: f32-level agreement. At D 64 and 128 the tensor-core
+        // kernels round P and dS to bf16 from f32 values that differ at that level, so a value can land one bf16
+        // ulp (2^-8 relative) apart: gradients within 2e-3 of their size there.
+        const double tol = D == 256 ? 1e-4 : 2e-3;
         const std::vector<std::vector<float>> want{lse, dq, dk, dv};
         for (size_t i = 0; i < now.size(); ++i) {
           double scale = 1.0;
           for (float x : want[i]) scale = std::max(scale, double(std::abs(x)));
           for (size_t j = 0; j < now[i].size(); ++j)
-            ASSERT_NEAR(now[i][j], want[i][j], 1e-4 * scale) << "output " << i << " element " << j;
+            ASSERT_NEAR(now[i][j], want[i][j], (i == 0 ? 1e-4 : tol) * scale) << "output " << i << " element " << j;
         }
         first = now;
       } else {

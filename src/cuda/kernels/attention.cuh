@@ -16,13 +16,15 @@
 //   pass 2, block (query tile, query head, batch row): dQ = scale · Σ_key tiles dS K, recomputing S and dP.
 // This is the CPU op's algorithm (ops/cpu/attention.cpp); the order of the sums inside a dot product differs
 // (sequential over D here, the CPU's register-blocked GEMM there), so results agree to f32 rounding, not bits.
-// Speed on a GPU needs tensor cores (mma); this version uses CUDA cores and is the correctness baseline.
+// This version uses CUDA cores: f32 storage, and head dims other than 64 and 128. bf16 storage at 64 and 128 runs
+// on tensor cores (attention_mma.cuh), which round P, dS and dO to bf16 for the products.
 #pragma once
 
 #include <cmath>
+#include <type_traits>
 
-#include "cuda/kernels/common.cuh"
-#include "ops/attention.h"
+#include "cuda/kernels/attention_common.cuh"
+#include "cuda/kernels/attention_mma.cuh"
 
 namespace lt::cuda::LT_KERNELS_NS {
 
@@ -35,16 +37,6 @@ struct AttnTile {
   static constexpr int kPerThread = kRows * DMAX / kAttnThreads;     // accumulator elements per thread, at most
   static constexpr int kScoresPerThread = kRows * kRows / kAttnThreads;
 };
-
-// Where token t of batch row b, head h lives in a [B, T, H, D] tensor.
-__device__ __forceinline__ int64_t head_row(int64_t b, int64_t t, int64_t h, int64_t T, int64_t H, int64_t D) {
-  return ((b * T + t) * H + h) * D;
-}
-
-// Query i may attend key j: causal, and within one document when doc_ids is given.
-__device__ __forceinline__ bool attends(const int32_t* doc_ids, int64_t b, int64_t T, int64_t i, int64_t j) {
-  return j <= i && (doc_ids == nullptr || doc_ids[b * T + i] == doc_ids[b * T + j]);
-}
 
 // dst[rows, D] (f32, shared) = scale · src rows [row0, row0 + rows) of head h; rows past T are zero.
 template <class T>
@@ -293,20 +285,6 @@ constexpr size_t attention_backward_shared(int DMAX, int64_t D) {
   return (4 * R * size_t(D) + 2 * R * R + 2 * R) * sizeof(float);
 }
 
-// Above 48 KiB a kernel needs the opt-in attribute on a GPU; set before every launch (a host call of about a
-// microsecond, and per kernel and device, which a once-only static would get wrong: kernels of one signature
-// share a template instance). An error surfaces at the launch. cuda-sim takes up to 227 KiB.
-template <class Kernel>
-void allow_shared(Kernel kernel, size_t bytes) {
-#ifdef __CUDACC__
-  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
-#else
-  (void)kernel, (void)bytes;
-#endif
-}
-
-inline float attention_scale(int64_t D) { return float(1.0 / std::sqrt(double(D))); }  // the CPU op's
-
 template <class T, int DMAX>
 void attention_forward(Stream st, T* out, float* lse, const T* q, const T* k, const T* v, const int32_t* doc_ids,
                        AttentionShape s) {
@@ -354,6 +332,13 @@ void attention_forward_any(Stream st, Dev* out, float* lse, const Dev* q, const 
                            const int32_t* doc_ids, AttentionShape s) {
   check_attention_shape("attention_forward", s);
   if (s.B * s.T == 0) return;
+  if constexpr (std::is_same_v<Dev, bf16>) {
+    if (attention_uses_mma(s.D)) {
+      if (s.D == 64) attention_forward_mma<64>(st, out, lse, q, k, v, doc_ids, s, attention_scale(s.D));
+      else attention_forward_mma<128>(st, out, lse, q, k, v, doc_ids, s, attention_scale(s.D));
+      return;
+    }
+  }
   with_head_dim(s.D, "attention_forward",
                 [&]<int DMAX>() { attention_forward<Dev, DMAX>(st, out, lse, q, k, v, doc_ids, s); });
 }
@@ -364,6 +349,18 @@ void attention_backward_any(Stream st, float* dq, float* dk, float* dv, const fl
                             AttentionShape s, void* workspace) {
   check_attention_shape("attention_backward", s);
   if (s.B * s.T == 0) return;
+  if constexpr (std::is_same_v<Dev, bf16>) {
+    if (attention_uses_mma(s.D)) {
+      auto* Di = static_cast<float*>(workspace);
+      const int64_t rows = s.B * s.T * s.Hq;
+      LT_LAUNCH(attention_rowdot_kernel<Dev>, dim3(elementwise_blocks(rows)), dim3(kElementwiseThreads), 0,
+                native_stream(st), Di, dout, out, s);
+      const float scale = attention_scale(s.D);
+      if (s.D == 64) attention_backward_mma<64>(st, dq, dk, dv, dout, lse, Di, q, k, v, doc_ids, s, scale);
+      else attention_backward_mma<128>(st, dq, dk, dv, dout, lse, Di, q, k, v, doc_ids, s, scale);
+      return;
+    }
+  }
   with_head_dim(s.D, "attention_backward", [&]<int DMAX>() {
     attention_backward<Dev, DMAX>(st, dq, dk, dv, dout, out, lse, q, k, v, doc_ids, s, static_cast<float*>(workspace));
   });

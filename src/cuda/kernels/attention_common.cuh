@@ -1,0 +1,40 @@
+// cuda/kernels/attention_common.cuh — what the CUDA-core (attention.cuh) and tensor-core (attention_mma.cuh)
+// attention kernels share: where a token's head lives, the causal/document mask, the scale, and the opt-in to
+// large shared memory.
+#pragma once
+
+#include <cmath>
+
+#include "cuda/kernels/common.cuh"
+#include "ops/attention.h"
+
+namespace lt::cuda::LT_KERNELS_NS {
+
+// Where token t of batch row b, head h lives in a [B, T, H, D] tensor.
+__device__ __forceinline__ int64_t head_row(int64_t b, int64_t t, int64_t h, int64_t T, int64_t H, int64_t D) {
+  return ((b * T + t) * H + h) * D;
+}
+
+// Query i may attend key j: causal, and within one document when doc_ids is given.
+__device__ __forceinline__ bool attends(const int32_t* doc_ids, int64_t b, int64_t T, int64_t i, int64_t j) {
+  return j <= i && (doc_ids == nullptr || doc_ids[b * T + i] == doc_ids[b * T + j]);
+}
+
+namespace detail {
+
+// Above 48 KiB a kernel needs the opt-in attribute on a GPU; set before every launch (a host call of about a
+// microsecond, and per kernel and device, which a once-only static would get wrong: kernels of one signature
+// share a template instance). An error surfaces at the launch. cuda-sim takes up to 227 KiB.
+template <class Kernel>
+void allow_shared(Kernel kernel, size_t bytes) {
+#ifdef __CUDACC__
+  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
+#else
+  (void)kernel, (void)bytes;
+#endif
+}
+
+inline float attention_scale(int64_t D) { return float(1.0 / std::sqrt(double(D))); }  // the CPU op's
+
+}  // namespace detail
+}  // namespace lt::cuda::LT_KERNELS_NS
