@@ -9,7 +9,11 @@
 #   5. bench_cuda_layer: a Qwen2.5-7B layer's kernels and GEMMs in TFLOPS against an 8192^3 GEMM measured here
 #   6. scripts/gpu-steps.sh: `lazytrain grad --device cuda` bitwise across plans and runs, within bf16 rounding
 #      of cuda-sim and of the CPU's f32 path; a streamed step of a Qwen2.5-1.5B shape with the plan solved from
-#      a profile measured on the GPU, against every:4
+#      a profile measured on the GPU, against every:4; with PAPER_STEP=1 also the paper's setting (Qwen2.5-7B
+#      shape, 144 x 1024 tokens a step; a few minutes more and about 100 GB of host memory)
+# LT_PREBUILT=DIR runs on the programs scripts/gpu-bundle.sh packed into DIR elsewhere (a GPU host with no package
+# registry or no time to build): step 1 becomes unpacking, step 4 is left to the machine that built them, and
+# cuBLASLt is taken from this host's CUDA install (LT_CUBLAS_DIR, or found under /usr/local, /opt, /usr/lib).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build-gpu}
@@ -21,26 +25,43 @@ cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d 
 archs=${CUDA_ARCHS:-${cc:-90}}
 mkdir -p "$OUT"
 
-echo "== gpu-check: build (sm_$archs)"
-cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLT_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$archs" >/dev/null
-cmake --build "$BUILD" -j "$(nproc)" --target lazytrain test_kernels_native test_cuda_device test_kernels_layer \
-  test_kernels_attention test_kernels_head test_gemm_emulation test_simt test_simt_warp test_simt_errors \
-  test_executor_gpu bench_cuda_layer
-"$BUILD/lazytrain" devices --json | tee "$OUT/devices.json"
+if [ -n "${LT_PREBUILT:-}" ]; then
+  echo "== gpu-check: the programs packed in $LT_PREBUILT"
+  tar -C "$LT_PREBUILT" -xJf "$LT_PREBUILT/bundle.tar.xz"
+  if [ -z "${LT_CUBLAS_DIR:-}" ]; then
+    lib=$(find /usr/local /opt /usr/lib -name 'libcublasLt.so.1[3-9]*' 2>/dev/null | head -1 || true)
+    [ -n "$lib" ] || { echo "gpu-check: no libcublasLt.so.13 on this host; set LT_CUBLAS_DIR" >&2; exit 1; }
+    export LT_CUBLAS_DIR=$(dirname "$lib")
+  fi
+  echo "cuBLASLt from $LT_CUBLAS_DIR"
+  BIN=$LT_PREBUILT/bin BENCH=$LT_PREBUILT/bin
+else
+  echo "== gpu-check: build (sm_$archs)"
+  cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLT_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$archs" >/dev/null
+  cmake --build "$BUILD" -j "$(nproc)" --target lazytrain test_kernels_native test_cuda_device test_kernels_layer \
+    test_kernels_attention test_kernels_head test_gemm_emulation test_simt test_simt_warp test_simt_errors \
+    test_executor_gpu bench_cuda_layer
+  BIN=$BUILD BENCH=$BUILD/bench
+fi
+"$BIN/lazytrain" devices --json | tee "$OUT/devices.json"
 
 status=0
 echo "== gpu-check: native kernel tests (twice)"
-"$BUILD/test_kernels_native" --gtest_repeat=2 --gtest_output="json:$OUT/native.json" || status=1
+timeout 300 "$BIN/test_kernels_native" --gtest_repeat=2 --gtest_output="json:$OUT/native.json" || status=1
 echo "== gpu-check: the CUDA device"
-"$BUILD/test_cuda_device" --gtest_output="json:$OUT/device.json" || status=1
-echo "== gpu-check: the cuda-sim suite"
-(cd "$BUILD" && ctest -L cuda-sim -j "$(nproc)" --output-on-failure >"$OUT/cuda-sim.log" 2>&1) || status=1
-tail -3 "$OUT/cuda-sim.log"
+timeout 120 "$BIN/test_cuda_device" --gtest_output="json:$OUT/device.json" || status=1
+if [ -z "${LT_PREBUILT:-}" ]; then
+  echo "== gpu-check: the cuda-sim suite"
+  (cd "$BUILD" && ctest -L cuda-sim -j "$(nproc)" --output-on-failure >"$OUT/cuda-sim.log" 2>&1) || status=1
+  tail -3 "$OUT/cuda-sim.log"
+else
+  echo "the cuda-sim suite: run where the bundle was built" >"$OUT/cuda-sim.log"
+fi
 echo "== gpu-check: layer benchmark"
-"$BUILD/bench/bench_cuda_layer" | tee "$OUT/layer.json" || status=1
+timeout 180 "$BENCH/bench_cuda_layer" | tee "$OUT/layer.json" || status=1
 
 echo "== gpu-check: grad and a streamed step on the GPU"
-scripts/gpu-steps.sh "$BUILD/lazytrain" cuda "$OUT" || status=1
+scripts/gpu-steps.sh "$BIN/lazytrain" cuda "$OUT" || status=1
 
 /usr/bin/env python3 - "$OUT" "$status" "$start" <<'PY'
 import json, os, sys, time
@@ -60,17 +81,18 @@ def counts(report):
     cases = [t for suite in report.get("testsuites", []) for t in suite.get("testsuite", [])]
     skipped = sum(1 for t in cases if t.get("result") == "SKIPPED")
     return {"tests": report["tests"], "failures": report.get("failures", 0), "skipped": skipped}
-sim_log = open(os.path.join(out, "cuda-sim.log")).read().splitlines()
+sim_log = open(os.path.join(out, "cuda-sim.log")).read().splitlines()  # "...: run where the bundle was built"
 summary = {
     "gpu_check": "passed" if status == 0 else "failed",
     "devices": load("devices.json").get("cuda", {}),
     "native_kernel_tests": counts(load("native.json")),
     "cuda_device_tests": counts(load("device.json")),
-    "cuda_sim_suite": next((l for l in sim_log if "tests passed" in l), "see cuda-sim.log"),
+    "cuda_sim_suite": next((l for l in sim_log if "tests passed" in l), sim_log[0] if sim_log else "see cuda-sim.log"),
     "layer": load("layer.json"),
     "grad_on_gpu": load("grad.json"),
     "streamed_step": {"solved_plan_at_half_keep_all": load("step/step_plan.json"),
                       "every4": load("step/step_every4.json")},
+    "paper_step": load("paper/step.json") if os.path.exists(os.path.join(out, "paper/step.json")) else "not run",
     "seconds": int(time.time()) - start,
 }
 print(json.dumps(summary))

@@ -3,7 +3,7 @@
 // Runs --steps steps (after one warm-up) of the streaming executor (or, with --policy in-memory, the
 // reference path) on one batch and prints one JSON line of the best step's measurements:
 //   step_s, compute_s, h2d_bytes, d2h_bytes, h2d_s, d2h_s, nvme_read_bytes, nvme_write_bytes,
-//   exposed_s, optimizer_s, peak_device_bytes, recompute_s, tokens_per_s.
+//   exposed_s, optimizer_s, peak_device_bytes, recompute_s, tokens_per_s, tflops_6nd.
 // With --accumulate M a step is one optimizer step of M micro-batches, as training with gradient accumulation
 // runs it: the first micro-batch's forward runs the previous update, the others start on the layers the one
 // before left on the device; times, bytes and tokens are those of all M.
@@ -175,6 +175,8 @@ void run_bench_step(const BenchStepOptions& o) {
   best["vector_path"] = isa_name(isa_level(cpu_features()));
   best["gemm_bf16"] = bf16_route_name(gemm_bf16_route());
   best["tokens_per_s"] = double(batch.N()) * o.accumulate / best_s;
+  // The paper's convention (the planner's tflops_6nd): 6 · parameters · tokens / step time, recompute not counted.
+  best["tflops_6nd"] = 6.0 * double(m.config.num_parameters()) * double(batch.N()) * o.accumulate / best_s / 1e12;
   best["accumulate"] = o.accumulate;
   best["optimizer"] = policy == "in-memory" ? "none" : o.optimizer;
   best["microbatches"] = o.microbatches;

@@ -297,6 +297,16 @@ Profile measure_profile(const ModelConfig& cfg0, int64_t B, int64_t T, const Mea
   {
     const size_t bytes = std::max({lb.weights, lb.grads, xbytes});
     std::vector<uint8_t> host_src(bytes, 1), host_dst(bytes, 0);
+    // Pinned, as the executor's streamed slabs and host buffers are (Device::pin_host; nothing on the CPU device):
+    // a pageable copy on a GPU goes through the driver's bounce buffer at a fraction of the link's speed.
+    struct Pinned {  // unpinned before the vector it pins goes, also when a copy throws
+      Device& dev;
+      void* base;
+      Pinned(Device& d, void* p, size_t n, const char* what) : dev(d), base(p) { dev.pin_host(p, n, what); }
+      ~Pinned() { dev.unpin_host(base); }
+    };
+    const Pinned pin_src(*dev, host_src.data(), bytes, "link probe source");
+    const Pinned pin_dst(*dev, host_dst.data(), bytes, "link probe destination");
     auto* dbuf = static_cast<uint8_t*>(dalloc(bytes, "link probe"));
     auto* dbuf2 = static_cast<uint8_t*>(dalloc(bytes, "link probe 2"));
     std::vector<double> h, d, hd, dd, lat;
