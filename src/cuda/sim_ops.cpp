@@ -4,6 +4,7 @@
 #include "cuda/sim_ops.h"
 
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "core/error.h"
@@ -79,15 +80,41 @@ void sim_swiglu_backward(float* dgate, float* dup, const float* dout, const floa
   sim::swiglu_backward(kSim, dgate, dup, dout, gate, up, n);
 }
 
+// Attention on bf16-exact inputs is bf16 storage: the CPU block at bf16 activations rounds q, k, v (and keeps
+// the output rounded) where it stores them, as the GPU block stores them in bf16. A GPU runs those on the bf16
+// kernels, whose head dims 64 and 128 go to tensor cores with their own rounding points (attention_mma.cuh);
+// so does this, on exact bf16 copies, so the in-memory path keeps the GPU block's bits there too.
+bool bf16_exact(const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, &x[i], 4);
+    if (bits & 0xffffu) return false;
+  }
+  return true;
+}
+bool bf16_storage(const AttentionShape& s, const float* q, const float* k, const float* v) {
+  const int64_t nq = s.B * s.T * s.Hq * s.D, nkv = s.B * s.T * s.Hkv * s.D;
+  return (s.D == 64 || s.D == 128) && bf16_exact(q, nq) && bf16_exact(k, nkv) && bf16_exact(v, nkv);
+}
+
 void sim_attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
                            const int32_t* doc_ids, AttentionShape s) {
-  sim::attention_forward(kSim, out, lse, q, k, v, doc_ids, s);
+  if (!bf16_storage(s, q, k, v)) return sim::attention_forward(kSim, out, lse, q, k, v, doc_ids, s);
+  const int64_t nq = s.B * s.T * s.Hq * s.D, nkv = s.B * s.T * s.Hkv * s.D;
+  std::vector<bf16_t> out_b(static_cast<size_t>(nq));
+  sim::attention_forward(kSim, out_b.data(), lse, rounded(q, nq).data(), rounded(k, nkv).data(),
+                         rounded(v, nkv).data(), doc_ids, s);
+  convert_bf16_to_f32(out, out_b.data(), size_t(nq));
 }
 void sim_attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* out, const float* lse,
                             const float* q, const float* k, const float* v, const int32_t* doc_ids,
                             AttentionShape s) {
   std::vector<unsigned char> ws(attention_backward_workspace_bytes(s));
-  sim::attention_backward(kSim, dq, dk, dv, dout, out, lse, q, k, v, doc_ids, s, ws.data());
+  const int64_t nq = s.B * s.T * s.Hq * s.D, nkv = s.B * s.T * s.Hkv * s.D;
+  if (!bf16_storage(s, q, k, v) || !bf16_exact(out, nq))
+    return sim::attention_backward(kSim, dq, dk, dv, dout, out, lse, q, k, v, doc_ids, s, ws.data());
+  sim::attention_backward(kSim, dq, dk, dv, dout, rounded(out, nq).data(), lse, rounded(q, nq).data(),
+                          rounded(k, nkv).data(), rounded(v, nkv).data(), doc_ids, s, ws.data());
 }
 
 void sim_embedding_forward(float* out, const int32_t* ids, const float* table, int64_t N, int64_t C, int64_t V) {

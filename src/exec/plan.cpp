@@ -35,8 +35,8 @@ int64_t Plan::source_below(int64_t i) const {
 }
 
 bool Plan::uses(Tier t) const {
-  for (Tier b : boundary)
-    if (b == t) return true;
+  for (size_t i = 1; i + 1 < boundary.size(); ++i)
+    if (boundary[i] == t) return true;
   return false;
 }
 

@@ -55,6 +55,8 @@ struct Plan {
   int64_t source_below(int64_t i) const;
   // Throws naming the offending boundary or layer if the plan is inconsistent for L layers.
   void validate(int64_t L) const;
+  // Whether a boundary the executor places (1 .. L-1) is on tier t: boundary 0, the embedding's output, stays on
+  // the host whatever the plan says (nvme:K names it on NVMe), and boundary L on the device.
   bool uses(Tier t) const;
   // Throws unless the transfer parts fit a boundary ring of `ring` slots: an offload within F(i) ..
   // F(i + ring - 2), a reload within B(i) - (ring - 1) .. B(i) - 1 and not before H (boundary 0: natural).

@@ -6,8 +6,11 @@ launches the GPU block and head, what --device cuda runs (exec/backend.h), and t
 block's sequence of ops on the same kernels and emulated GEMMs: the two give the same bits, so the GPU block keeps
 the CPU block's rounding points exactly. --arch qwen3_5: a Qwen3.5 hybrid (Gated DeltaNet and gated attention
 layers), whose GPU block strings together the hybrid kernels; the in-memory path's CPU block then calls the same
-gated delta rule kernel (the one hybrid kernel that does not give its CPU op's bits). Usage: --lazytrain BIN
---dtype f32|bf16 [--arch qwen3|qwen3_5]"""
+gated delta rule kernel (the one hybrid kernel that does not give its CPU op's bits). --arch qwen3_tc: head dim
+64, so at bf16 attention runs on the tensor-core kernels (cuda/kernels/attention_mma.cuh, their shuffle
+emulation here), over more than one 64-token tile; the result is also held within the bf16 bound (relative L2
+5e-2, scripts/grad_diff.py) of the CPU's f32 path. Usage: --lazytrain BIN --dtype f32|bf16
+[--arch qwen3|qwen3_5|qwen3_tc]"""
 import argparse
 import json
 import os
@@ -26,6 +29,10 @@ HYBRID = ["--arch", "qwen3_5", "--layers", "3", "--layer-types", "linear,full,li
           "4", "--kv-heads", "2", "--head-dim", "12", "--partial-rotary-factor", "0.5", "--intermediate", "56",
           "--vocab", "101", "--linear-key-heads", "2", "--linear-value-heads", "4", "--linear-key-dim", "12",
           "--linear-value-dim", "10", "--batch", "2", "--seq", "70", "--docs", "3"]
+# Head dim 64: the tensor-core attention at bf16; T = 70 spans two 64-token tiles.
+TENSOR_CORE = ["--arch", "qwen3", "--layers", "2", "--hidden", "40", "--heads", "4", "--kv-heads", "2",
+               "--head-dim", "64", "--intermediate", "56", "--vocab", "101", "--no-tie", "--batch", "2", "--seq", "70",
+               "--docs", "2"]
 POLICIES = ["keep-all", "every:1", "every:2", "host:1", "nvme:2"]
 
 
@@ -40,17 +47,18 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lazytrain", required=True)
     ap.add_argument("--dtype", default="bf16", choices=["f32", "bf16"])
-    ap.add_argument("--arch", default="qwen3", choices=["qwen3", "qwen3_5"])
+    ap.add_argument("--arch", default="qwen3", choices=["qwen3", "qwen3_5", "qwen3_tc"])
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="lt_cuda_sim_policies_")
     model = os.path.join(work, "model")
-    run([sys.executable, REFERENCE, "make", "--out", model, "--seed", "5"] + (HYBRID if args.arch == "qwen3_5" else MODEL))
+    shape = {"qwen3": MODEL, "qwen3_5": HYBRID, "qwen3_tc": TENSOR_CORE}[args.arch]
+    run([sys.executable, REFERENCE, "make", "--out", model, "--seed", "5"] + shape)
     batch = os.path.join(model, "batch.json")
 
-    def grad(name, extra):
+    def grad(name, extra, device="cuda-sim", dtype=args.dtype):
         out = os.path.join(work, f"{name}.safetensors")
-        text = run([args.lazytrain, "grad", "--model", model, "--batch", batch, "--out", out, "--dtype", args.dtype,
-                    "--device", "cuda-sim"] + extra)
+        text = run([args.lazytrain, "grad", "--model", model, "--batch", batch, "--out", out, "--dtype", dtype,
+                    "--device", device] + extra)
         loss = json.loads([l for l in text.strip().splitlines() if l.strip()][-1])["loss"]
         with open(out, "rb") as f:
             return loss, f.read()
@@ -65,6 +73,11 @@ def main():
                      f"gradient files {'equal' if data == ref_bytes else 'differ'}")
         print(f"{policy}: loss {loss!r}, {len(data)} gradient bytes identical to the in-memory path")
     print(f"cuda-sim [{args.arch}, {args.dtype}]: every policy bitwise equal to the in-memory path")
+    if args.arch == "qwen3_tc":
+        grad("cpu_f32", [], device="cpu", dtype="f32")
+        print(run([sys.executable, os.path.join(os.path.dirname(os.path.dirname(HERE)), "scripts", "grad_diff.py"),
+                   os.path.join(work, "in_memory.safetensors"), os.path.join(work, "cpu_f32.safetensors"),
+                   "--max-relative", "5e-2"]).strip(), "(from the CPU's f32 path)")
 
 
 if __name__ == "__main__":
