@@ -26,6 +26,16 @@ run() {  # run LOG COMMAND...: its output into LOG; on failure (or STEP_TIMEOUT 
   timeout "${STEP_TIMEOUT:-300}" "$@" >"$log" 2>&1 || { echo "failed: $* -> $(tail -1 "$log")" >&2; status=1; }
 }
 
+random_batch() {  # random_batch CONFIG OUT B T SEED: B rows of T random token ids (labels = inputs)
+  python3 - "$@" <<'PY'
+import json, random, sys
+vocab = json.load(open(sys.argv[1]))["vocab_size"]
+r = random.Random(int(sys.argv[5]))
+ids = [[r.randrange(vocab) for _ in range(int(sys.argv[4]))] for _ in range(int(sys.argv[3]))]
+json.dump({"input_ids": ids, "labels": ids}, open(sys.argv[2], "w"))
+PY
+}
+
 if want grad; then
 # The grad checks on two unseen tiny models: a Qwen3 (attention layers) and a Qwen3.5 hybrid (Gated DeltaNet
 # layers and gated attention), the same batch (its ids fit both vocabularies).
@@ -105,13 +115,7 @@ else
  "torch_dtype": "bfloat16"}
 JSON
 fi
-python3 - "$step/config.json" "$step/batch.json" "$B" "$T" <<'PY'
-import json, random, sys
-vocab = json.load(open(sys.argv[1]))["vocab_size"]
-r = random.Random(5)
-ids = [[r.randrange(vocab) for _ in range(int(sys.argv[4]))] for _ in range(int(sys.argv[3]))]
-json.dump({"input_ids": ids, "labels": ids}, open(sys.argv[2], "w"))
-PY
+random_batch "$step/config.json" "$step/batch.json" "$B" "$T" 5
 run "$step/init.log" "$LT" init --config "$step/config.json" --out "$step/model" --dtype bf16 --seed 1
 run "$step/profile.log" "$LT" profile --model "$step/model" --batch "$B" --seq "$T" --device "$DEVICE" \
   --device-memory "$MEM" --dtype bf16 --out "$step/profile.json"
@@ -153,13 +157,7 @@ if want paper; then
  "max_position_embeddings": 32768, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "tie_word_embeddings": false,
  "torch_dtype": "bfloat16"}
 JSON
-  python3 - "$paper/config.json" "$paper/batch.json" 144 1024 <<'PY'
-import json, random, sys
-vocab = json.load(open(sys.argv[1]))["vocab_size"]
-r = random.Random(7)
-ids = [[r.randrange(vocab) for _ in range(int(sys.argv[4]))] for _ in range(int(sys.argv[3]))]
-json.dump({"input_ids": ids, "labels": ids}, open(sys.argv[2], "w"))
-PY
+  random_batch "$paper/config.json" "$paper/batch.json" 144 1024 7
   # init draws its 7.6e9 values from one sequential generator (about 40 M/s): minutes, not seconds.
   STEP_TIMEOUT=${PAPER_INIT_TIMEOUT:-600} run "$paper/init.log" "$LT" init --config "$paper/config.json" \
     --out "$paper/model" --dtype bf16 --seed 2
