@@ -158,7 +158,8 @@ if want paper; then
  "torch_dtype": "bfloat16"}
 JSON
   random_batch "$paper/config.json" "$paper/batch.json" 144 1024 7
-  # init draws its 7.6e9 values from one sequential generator (about 40 M/s): minutes, not seconds.
+  # init writes 15 GB (its 7.6e9 draws run in parallel chunks since the first GPU session, where one
+  # sequential generator outlasted 200 s).
   STEP_TIMEOUT=${PAPER_INIT_TIMEOUT:-600} run "$paper/init.log" "$LT" init --config "$paper/config.json" \
     --out "$paper/model" --dtype bf16 --seed 2
   run "$paper/profile.log" "$LT" profile --model "$paper/model" --batch 144 --seq 1024 --device "$DEVICE" \

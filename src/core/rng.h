@@ -1,5 +1,5 @@
 // core/rng.h — a small seeded generator (splitmix64 seeding xoshiro256**) for initialisation and tests.
-// Same seed, same sequence, on every platform; normal() uses Box-Muller in double.
+// Same seed, same sequence, on every platform; normal() uses Box-Muller in double (two draws per value).
 #pragma once
 
 #include <cmath>
@@ -19,15 +19,23 @@ class Rng {
     }
   }
   uint64_t next_u64() {
-    uint64_t result = rotl(s_[1] * 5, 7) * 9;
-    uint64_t t = s_[1] << 17;
-    s_[2] ^= s_[0];
-    s_[3] ^= s_[1];
-    s_[1] ^= s_[2];
-    s_[0] ^= s_[3];
-    s_[2] ^= t;
-    s_[3] = rotl(s_[3], 45);
+    const uint64_t result = rotl(s_[1] * 5, 7) * 9;
+    advance(s_);
     return result;
+  }
+  // Moves the generator `draws` next_u64 calls ahead, in O(log draws): xoshiro256**'s state update is linear
+  // over GF(2), so n steps are one 256 x 256 bit matrix, a product of the cached powers T^(2^k) (core/rng.cpp).
+  // Lets a long sequence be drawn in parallel chunks with the bits of drawing it in one go.
+  void discard(uint64_t draws);
+  // The state update of one draw.
+  static void advance(uint64_t (&s)[4]) {
+    const uint64_t t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
   }
   // Uniform in [0, 1).
   double uniform() { return double(next_u64() >> 11) * (1.0 / 9007199254740992.0); }

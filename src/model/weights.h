@@ -98,8 +98,10 @@ ElementRange range_of(const TensorRanges* only, const std::string& name);
 // Random initialisation for training from scratch: matrices N(0, std), norm weights 1, biases 0. qwen3_5 as
 // transformers' Qwen3_5PreTrainedModel._init_weights: zero-centred norms (decoder, final, q/k) 0, the gated
 // norm (linear_attn.norm) 1, linear_attn.A_log = log U(0.01, 16), linear_attn.dt_bias 1, conv1d N(0, std).
-// One normal draw per N(0, std) element and one uniform draw per A_log element, in named_tensors() order.
+// One normal draw per N(0, std) element and one uniform draw per A_log element, in named_tensors() order, from
+// one Rng(seed): init_random_reference draws them so, in turn; init_random gives the same bits in parallel chunks.
 void init_random(ModelSlabs& params, uint64_t seed, float std = 0.02f);
+void init_random_reference(ModelSlabs& params, uint64_t seed, float std = 0.02f);
 
 // The bf16 (or f32) compute copy of f32 master slabs: matrices converted, vectors copied.
 void make_compute_copy(ModelSlabs& dst, const ModelSlabs& master);

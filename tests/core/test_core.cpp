@@ -227,3 +227,25 @@ TEST(Workspace, HooksSeeEveryAllocationAndRelease) {
 
 }  // namespace
 }  // namespace lt
+
+namespace lt {
+namespace {
+
+// Rng::discard(n) leaves the generator where n next_u64 calls do: the jump's matrix powers against the plain
+// sequence, at counts around the powers of two and past 2^21 (the bits an init chunk's offset sets).
+TEST(Rng, DiscardIsThatManyDraws) {
+  for (const uint64_t n : {0ull, 1ull, 2ull, 3ull, 63ull, 64ull, 65ull, 1000ull, 123457ull, 3000001ull}) {
+    Rng walked(42 + n), jumped(42 + n);
+    for (uint64_t i = 0; i < n; ++i) walked.next_u64();
+    jumped.discard(n);
+    for (int i = 0; i < 4; ++i) ASSERT_EQ(jumped.next_u64(), walked.next_u64()) << "after discarding " << n;
+  }
+  Rng a(7), b(7);  // two jumps add up
+  a.discard(5000);
+  a.discard(70000);
+  b.discard(75000);
+  EXPECT_EQ(a.next_u64(), b.next_u64());
+}
+
+}  // namespace
+}  // namespace lt

@@ -334,5 +334,21 @@ TEST(HybridWeights, InitRandomOfOtherModelsIsUnchanged) {
   }
 }
 
+// init_random draws in parallel chunks of 2^16 values, each generator jumped to its chunk's first draw: the
+// same bits as the reference's one sequential generator, for a model whose tensors span several chunks and for
+// a hybrid (A_log's one draw per value, dt_bias and norms' none, between normal tensors).
+TEST(HybridWeights, InitRandomInChunksIsTheSequentialDraw) {
+  ModelConfig big = testing::small_model_config(ModelType::qwen3);
+  big.hidden_size = 256, big.intermediate_size = 704, big.vocab_size = 1001;  // embedding: 4 chunks
+  const ScratchDir scratch;
+  make_reference_model("qwen3_5_vl", scratch.str() + "/vl", 1);
+  for (const ModelConfig& cfg : {big, load_model_config(scratch.str() + "/vl")}) {
+    ModelSlabs fast(cfg), reference(cfg);
+    init_random(fast, 9, 0.05f);
+    init_random_reference(reference, 9, 0.05f);
+    expect_params_equal(fast, reference);
+  }
+}
+
 }  // namespace
 }  // namespace lt
