@@ -44,6 +44,9 @@ size_t attention_backward_workspace_bytes(AttentionShape s);
 // Hkv; grid limits), and for an unsupported head dimension (the kernels take 1 to 256).
 void check_attention_shape(const char* op, AttentionShape s);
 [[noreturn]] void throw_unsupported_head_dim(const char* op, int64_t D);
+// Whether bf16-storage attention at head dim D runs on tensor cores (cuda/kernels/attention_mma.cuh), with its
+// bf16 rounding of P, dS and dO; every other case runs on CUDA cores (attention.cuh).
+inline bool attention_on_tensor_cores(int64_t D) { return D == 64 || D == 128; }
 
 // The gated delta rule's kernels (cuda/kernels/gated_delta.cuh): threads per block, and one block's slice of
 // the workspace in floats — one chunk's quantities (ops/cpu/gated_delta.cpp's Chunk) and the forward's state; the

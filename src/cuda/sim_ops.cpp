@@ -94,7 +94,7 @@ bool bf16_exact(const float* x, int64_t n) {
 }
 bool bf16_storage(const AttentionShape& s, const float* q, const float* k, const float* v) {
   const int64_t nq = s.B * s.T * s.Hq * s.D, nkv = s.B * s.T * s.Hkv * s.D;
-  return (s.D == 64 || s.D == 128) && bf16_exact(q, nq) && bf16_exact(k, nkv) && bf16_exact(v, nkv);
+  return attention_on_tensor_cores(s.D) && bf16_exact(q, nq) && bf16_exact(k, nkv) && bf16_exact(v, nkv);
 }
 
 void sim_attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,

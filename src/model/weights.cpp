@@ -165,7 +165,6 @@ InitRule init_rule(const ModelConfig& cfg, const std::string& hf_name) {
   return InitRule::normal;
 }
 
-
 // One value of `rule` from rng: normal takes two draws (Box-Muller), log-uniform one, zero and one none.
 float init_value(InitRule rule, Rng& rng, float std) {
   switch (rule) {

@@ -225,12 +225,6 @@ TEST(Workspace, HooksSeeEveryAllocationAndRelease) {
   EXPECT_TRUE(live.empty());
 }
 
-}  // namespace
-}  // namespace lt
-
-namespace lt {
-namespace {
-
 // Rng::discard(n) leaves the generator where n next_u64 calls do: the jump's matrix powers against the plain
 // sequence, at counts around the powers of two and past 2^21 (the bits an init chunk's offset sets).
 TEST(Rng, DiscardIsThatManyDraws) {

@@ -117,7 +117,7 @@ TEST(CudaSimAttention, Bf16StorageIsTheCpuOpOnTheWidenedInputs) {
     // difference that can move a value across a rounding boundary. The tensor-core kernels (D 64 and 128:
     // attention_mma.cuh) also round every P to bf16 before P·V: out = Σ p·v / l moves by at most
     // 2^-9 · max|v| more (taken twice for the f32 differences around it).
-    const bool mma = s.D == 64 || s.D == 128;
+    const bool mma = attention_on_tensor_cores(s.D);
     double max_v = 0;
     for (float x : to_f32(vb)) max_v = std::max(max_v, double(std::abs(x)));
     const double p_rounding = mma ? 0x1p-8 * max_v : 0.0;

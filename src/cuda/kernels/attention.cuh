@@ -333,7 +333,7 @@ void attention_forward_any(Stream st, Dev* out, float* lse, const Dev* q, const 
   check_attention_shape("attention_forward", s);
   if (s.B * s.T == 0) return;
   if constexpr (std::is_same_v<Dev, bf16>) {
-    if (attention_uses_mma(s.D)) {
+    if (attention_on_tensor_cores(s.D)) {
       if (s.D == 64) attention_forward_mma<64>(st, out, lse, q, k, v, doc_ids, s, attention_scale(s.D));
       else attention_forward_mma<128>(st, out, lse, q, k, v, doc_ids, s, attention_scale(s.D));
       return;
@@ -350,7 +350,7 @@ void attention_backward_any(Stream st, float* dq, float* dk, float* dv, const fl
   check_attention_shape("attention_backward", s);
   if (s.B * s.T == 0) return;
   if constexpr (std::is_same_v<Dev, bf16>) {
-    if (attention_uses_mma(s.D)) {
+    if (attention_on_tensor_cores(s.D)) {
       auto* Di = static_cast<float*>(workspace);
       const int64_t rows = s.B * s.T * s.Hq;
       LT_LAUNCH(attention_rowdot_kernel<Dev>, dim3(elementwise_blocks(rows)), dim3(kElementwiseThreads), 0,

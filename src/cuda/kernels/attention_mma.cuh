@@ -302,9 +302,6 @@ constexpr size_t attention_mma_backward_kv_shared(int DH) {
   return 4 * size_t(kMmaTile) * (DH + 8) * sizeof(bf16) + 2 * kMmaTile * sizeof(float);
 }
 
-// Whether the tensor-core kernels take this shape (bf16 storage is the caller's condition).
-inline bool attention_uses_mma(int64_t D) { return D == 64 || D == 128; }
-
 template <int DH>
 void attention_forward_mma(Stream st, bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
                            const int32_t* doc_ids, AttentionShape s, float scale) {
