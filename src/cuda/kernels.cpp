@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "cuda/scratch.h"
 #include "ops/rmsnorm.h"
 
 namespace lt::cuda {
@@ -30,7 +31,22 @@ size_t delta_gates_backward_workspace_bytes(int64_t N, int64_t Hv) {
 }
 
 size_t attention_backward_workspace_bytes(AttentionShape s) {
+  if (attention_on_tensor_cores(s.D)) return AttentionMmaWorkspace::carve(nullptr, s).bytes;
   return size_t(s.B) * size_t(s.Hq) * size_t(s.T) * sizeof(float);
+}
+
+AttentionMmaWorkspace AttentionMmaWorkspace::carve(void* base, AttentionShape s) {
+  ScratchCarver c(base);
+  AttentionMmaWorkspace w;
+  w.Di = c.take<float>(s.B * s.Hq * s.T);
+  w.dout = c.take<bf16_t>(s.B * s.T * s.Hq * s.D);
+  if (s.Hq > s.Hkv) {
+    const int64_t partials = (s.Hq / s.Hkv) * s.B * s.T * s.Hkv * s.D;
+    w.dk_part = c.take<float>(partials);
+    w.dv_part = c.take<float>(partials);
+  }
+  w.bytes = c.bytes();
+  return w;
 }
 
 void check_attention_shape(const char* op, AttentionShape s) {
@@ -53,6 +69,12 @@ void check_gated_delta_shape(const char* op, const DeltaShape& s) {
            "{}: bad shape B={} T={} Hk={} Hv={} dk={} dv={} (value heads must be a multiple of key heads)", op, s.B,
            s.T, s.Hk, s.Hv, s.dk, s.dv);
   LT_CHECK(s.B * s.Hv < (int64_t(1) << 31), "{}: B·Hv = {} blocks exceed the CUDA grid", op, s.B * s.Hv);
+}
+
+void check_attention_alignment(const char* op, std::initializer_list<const void*> tensors) {
+  for (const void* p : tensors)
+    LT_CHECK(reinterpret_cast<uintptr_t>(p) % 16 == 0,
+             "{}: the tensor-core attention kernels need 16-byte aligned tensors, got {}", op, p);
 }
 
 void throw_unsupported_head_dim(const char* op, int64_t D) {

@@ -14,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 
 #include "core/dtype.h"
 #include "core/host_device.h"
@@ -38,12 +39,28 @@ size_t short_conv_backward_workspace_bytes(int64_t N, int64_t Cc, int64_t K);
 // Device scratch delta_gates_backward needs: f64 partials of dA_log and ddt_bias per token chunk, [chunks, 2, Hv].
 size_t delta_gates_backward_workspace_bytes(int64_t N, int64_t Hv);
 
-// Device scratch attention_backward needs: Di = rowsum(dO ∘ O), f32 [B, Hq, T].
+// Device scratch attention_backward needs: Di = rowsum(dO ∘ O), f32 [B, Hq, T]; on tensor cores
+// (attention_on_tensor_cores) the AttentionMmaWorkspace below.
 size_t attention_backward_workspace_bytes(AttentionShape s);
+// The tensor-core backward's workspace (cuda/kernels/attention_mma.cuh), carved 256-byte aligned in this order:
+// Di f32 [B, Hq, T]; dO rounded to bf16 [B, T, Hq, D]; with grouped heads (G = Hq / Hkv > 1) each query head's
+// partial dK and dV, f32 [G, B, T, Hkv, D] each (null for G = 1: the kernel writes dk and dv itself). With a
+// null base it only measures (bytes).
+struct AttentionMmaWorkspace {
+  float* Di = nullptr;
+  bf16_t* dout = nullptr;
+  float* dk_part = nullptr;
+  float* dv_part = nullptr;
+  size_t bytes = 0;
+  static AttentionMmaWorkspace carve(void* base, AttentionShape s);
+};
 // lt::Error naming the op unless the shape is one the attention kernels take (B, T ≥ 0; Hq a multiple of
 // Hkv; grid limits), and for an unsupported head dimension (the kernels take 1 to 256).
 void check_attention_shape(const char* op, AttentionShape s);
 [[noreturn]] void throw_unsupported_head_dim(const char* op, int64_t D);
+// lt::Error naming the op unless every tensor is 16-byte aligned, as the tensor-core kernels' 16-byte copies need
+// (every device allocation and workspace carve is; a caller's offset view might not be).
+void check_attention_alignment(const char* op, std::initializer_list<const void*> tensors);
 // Whether bf16-storage attention at head dim D runs on tensor cores (cuda/kernels/attention_mma.cuh), with its
 // bf16 rounding of P, dS and dO; every other case runs on CUDA cores (attention.cuh).
 inline bool attention_on_tensor_cores(int64_t D) { return D == 64 || D == 128; }

@@ -84,8 +84,10 @@ inline constexpr int warpSize = 32;
 namespace lt::cuda_sim {
 
 // The order in which a block's runnable threads run between two synchronisation points (and the order of
-// the blocks of a grid). forward: ascending linear index; reverse: descending; random: seeded shuffle.
-enum class Order : uint8_t { forward, reverse, random };
+// the blocks of a grid). forward: ascending linear index; reverse: descending; random: seeded shuffle; warps:
+// warp by warp, each as far as it can go (to its next block-wide barrier) before the next, blocks ascending —
+// a warp running ahead of the others past a missing __syncthreads, which the lockstep orders never show.
+enum class Order : uint8_t { forward, reverse, random, warps };
 
 constexpr size_t kDefaultStackBytes = 256 * 1024;
 // A block's dynamic shared memory may not exceed this (H100/H200's per-block opt-in maximum, 227 KiB;

@@ -22,6 +22,7 @@ const char* order_name(Order order) {
     case Order::forward: return "forward";
     case Order::reverse: return "reverse";
     case Order::random: return "random";
+    case Order::warps: return "warps";
   }
   return "?";
 }
@@ -29,6 +30,7 @@ const char* order_name(Order order) {
 OrderSetting parse_order(const std::string& text) {
   if (text == "forward") return {Order::forward, 0};
   if (text == "reverse") return {Order::reverse, 0};
+  if (text == "warps") return {Order::warps, 0};
   if (text == "random") return {Order::random, uint64_t(std::random_device{}()) << 32 | std::random_device{}()};
   const std::string prefix = "random:";
   if (text.size() > prefix.size() && text.compare(0, prefix.size(), prefix) == 0) {
@@ -38,7 +40,7 @@ OrderSetting parse_order(const std::string& text) {
     auto [end, ec] = std::from_chars(first, last, seed);
     if (ec == std::errc() && end == last) return {Order::random, seed};
   }
-  LT_FAIL("cuda-sim: thread order '{}' is not forward, reverse, random or random:<seed> (a decimal uint64)", text);
+  LT_FAIL("cuda-sim: thread order '{}' is not forward, reverse, warps, random or random:<seed> (a decimal uint64)", text);
 }
 
 OrderSetting default_order() {

@@ -165,7 +165,7 @@ class Launch {
       shuffle(permutation);
     }
     for (uint64_t k = 0; k < blocks; ++k) {
-      uint64_t b = order_ == Order::forward ? k : order_ == Order::reverse ? blocks - 1 - k : permutation[k];
+      uint64_t b = order_ == Order::reverse ? blocks - 1 - k : order_ == Order::random ? permutation[k] : k;
       run_block(uint3{unsigned(b % grid_.x), unsigned(b / grid_.x % grid_.y),
                       unsigned(b / (uint64_t(grid_.x) * grid_.y))});
     }
@@ -194,10 +194,21 @@ class Launch {
     for (size_t i = v.size(); i > 1; --i) std::swap(v[i - 1], v[rng_.below(i)]);
   }
 
-  // The phase order of the threads that are ready (given ascending).
+  // The phase order of the threads that are ready (given ascending). warps: only the lowest warp with ready
+  // threads runs this phase; the others' turn is deferred (marked ready, so that release() does not resolve
+  // their point again), so each warp runs as far as it can before the next one starts.
   void order_ready() {
     if (order_ == Order::reverse) std::reverse(ready_.begin(), ready_.end());
     if (order_ == Order::random) shuffle(ready_);
+    if (order_ == Order::warps) {
+      ready_.insert(ready_.end(), deferred_.begin(), deferred_.end());
+      std::sort(ready_.begin(), ready_.end());
+      const unsigned warp = ready_.front() / 32;
+      const auto later = std::find_if(ready_.begin(), ready_.end(), [&](unsigned i) { return i / 32 != warp; });
+      deferred_.assign(later, ready_.end());
+      ready_.erase(later, ready_.end());
+      for (unsigned i : deferred_) threads_[i].state = ThreadState::ready;
+    }
   }
 
   void run_block(uint3 block_idx) {
@@ -213,6 +224,7 @@ class Launch {
     }
     ready_.resize(n_);
     std::iota(ready_.begin(), ready_.end(), 0u);
+    deferred_.clear();
     order_ready();
     unsigned exited = 0;
     while (true) {
@@ -225,7 +237,7 @@ class Launch {
       if (exited == n_) return;
       ready_.clear();
       release();
-      if (ready_.empty()) fail_stuck();
+      if (ready_.empty() && deferred_.empty()) fail_stuck();
       order_ready();
     }
   }
@@ -347,6 +359,7 @@ class Launch {
     }
     std::string order;
     if (order_ == Order::reverse) order = " [order reverse]";
+    if (order_ == Order::warps) order = " [order warps]";
     if (order_ == Order::random) order = fmt::format(" [order random, seed {}]", seed_);
     throw Error(fmt::format("cuda-sim: kernel '{}' block {} thread {}: {}{}", name_, format_index(block_idx_),
                             format_index(culprit.idx), message, order),
@@ -367,6 +380,7 @@ class Launch {
   std::unique_ptr<Stacks> stacks_;
   std::vector<ThreadCtx> threads_;
   std::vector<unsigned> ready_;
+  std::vector<unsigned> deferred_;  // Order::warps: ready, their warp's turn still to come
   std::unique_ptr<unsigned char, FreeDeleter> shared_;
   size_t shared_bytes_ = 0;
   uint3 block_idx_{0, 0, 0};

@@ -30,8 +30,11 @@ struct Case {
   AttentionShape s;
   bool packed;  // two documents per row (doc_ids), else plain causal
 };
+// The last two span three tensor-core tiles of 64 with grouped heads (double-buffered loads, per-head dK/dV
+// partials summed in order), one with documents.
 const Case kCases[] = {{{2, 37, 4, 2, 64}, false}, {{1, 45, 3, 1, 128}, true}, {{1, 19, 2, 2, 256}, false},
-                       {{1, 1, 2, 1, 64}, false},  {{2, 23, 6, 2, 40}, true},  {{1, 17, 2, 1, 96}, false}};
+                       {{1, 1, 2, 1, 64}, false},  {{2, 23, 6, 2, 40}, true},  {{1, 17, 2, 1, 96}, false},
+                       {{1, 150, 4, 2, 64}, false}, {{1, 131, 3, 1, 128}, true}};
 
 std::string name(const Case& c) {
   return "B=" + std::to_string(c.s.B) + " T=" + std::to_string(c.s.T) + " Hq=" + std::to_string(c.s.Hq) +
@@ -144,6 +147,27 @@ TEST(CudaSimAttention, Bf16StorageIsTheCpuOpOnTheWidenedInputs) {
   }
 }
 
+// The tensor-core kernels' double-buffered copies and their barriers: every thread order gives the forward
+// order's bits (a missing barrier reads a tile before its copy or overwrites one still read).
+TEST(CudaSimAttention, TensorCoresAreTheSameInEveryThreadOrder) {
+  const AttentionShape s{1, 150, 4, 2, 64};
+  ASSERT_TRUE(attention_on_tensor_cores(s.D));
+  const Inputs in = inputs_for(s, 5);
+  const auto qb = to_bf16(in.q), kb = to_bf16(in.k), vb = to_bf16(in.v);
+  std::vector<std::vector<float>> first;
+  for_each_order([&] {
+    std::vector<bf16_t> out(q_size(s));
+    std::vector<float> lse(lse_size(s)), dq(q_size(s)), dk(kv_size(s)), dv(kv_size(s));
+    std::vector<unsigned char> workspace(attention_backward_workspace_bytes(s));
+    sim::attention_forward(kStream, out.data(), lse.data(), qb.data(), kb.data(), vb.data(), nullptr, s);
+    sim::attention_backward(kStream, dq.data(), dk.data(), dv.data(), in.dout.data(), out.data(), lse.data(), qb.data(),
+                            kb.data(), vb.data(), nullptr, s, workspace.data());
+    const std::vector<std::vector<float>> now{to_f32(out), lse, dq, dk, dv};
+    if (first.empty()) first = now;
+    for (size_t i = 0; i < now.size(); ++i) EXPECT_BITWISE_EQ(now[i], first[i]);
+  });
+}
+
 TEST(CudaSimAttention, BackwardMatchesFiniteDifferencesOfTheForwardKernel) {
   const AttentionShape s{1, 21, 2, 1, 64};
   const Inputs in = inputs_for(s, 77);
@@ -176,6 +200,27 @@ TEST(CudaSimAttention, BackwardMatchesFiniteDifferencesOfTheForwardKernel) {
   directional(dq, 0, 81);
   directional(dk, 1, 82);
   directional(dv, 2, 83);
+}
+
+// ldmatrix's emulation (what every tensor-core kernel's cuda-sim run loads fragments with) against PTX's
+// definition: lane l gets row l / 4, columns 2 (l % 4) and 2 (l % 4) + 1 of matrix j in r[j]; transposed, column
+// l / 4 and rows 2 (l % 4), 2 (l % 4) + 1. (On a GPU, CudaNative.LdmatrixLayoutIsTheEmulations holds the
+// instruction to the same.)
+TEST(CudaSimMma, LdmatrixEmulationIsPtxsDefinition) {
+  const std::vector<bf16_t> tile = to_bf16(random_floats(32 * 8, 44));  // matrix j = rows 8j .. 8j + 7
+  std::vector<uint32_t> out(4 * 32 * 4);
+  sim::ldmatrix_layout_check(kStream, out.data(), tile.data());
+  auto at = [&](int j, int row, int col) { return uint32_t(tile[size_t((8 * j + row) * 8 + col)]); };
+  for (int lane = 0; lane < 32; ++lane)
+    for (int j = 0; j < 4; ++j) {
+      const int g = lane / 4, t = lane % 4;
+      const uint32_t plain = at(j, g, 2 * t) | at(j, g, 2 * t + 1) << 16;
+      const uint32_t transposed = at(j, 2 * t, g) | at(j, 2 * t + 1, g) << 16;
+      for (int v = 0; v < 2; ++v) {
+        EXPECT_EQ(out[size_t((v * 32 + lane) * 4 + j)], plain) << "lane " << lane << " matrix " << j;
+        EXPECT_EQ(out[size_t(((2 + v) * 32 + lane) * 4 + j)], transposed) << "lane " << lane << " matrix " << j;
+      }
+    }
 }
 
 TEST(CudaSimAttention, RefusesAHeadDimensionItHasNoKernelFor) {

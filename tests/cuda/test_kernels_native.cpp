@@ -166,6 +166,20 @@ TEST(CudaNative, MmaFragmentLayoutIsTheEmulations) {
   for (size_t i = 0; i < h.size(); ++i) ASSERT_NEAR(h[i], e[i], 1e-5 * (16 + std::abs(e[i]))) << "lane " << i / 4;
 }
 
+// ldmatrix (plain and transposed) against mma.cuh's emulation: pure data movement, so bit for bit.
+TEST(CudaNative, LdmatrixLayoutIsTheEmulations) {
+  SKIP_WITHOUT_GPU();
+  Dev<bf16_t> tile(to_bf16(random_floats(32 * 8, 44)));
+  Dev<uint32_t> out(4 * 32 * 4);
+  native::ldmatrix_layout_check(nullptr, out.p(), tile.p());
+  sync("ldmatrix_layout_check");
+  const auto r = out.get();
+  for (int form = 0; form < 2; ++form)
+    for (int i = 0; i < 32 * 4; ++i)
+      ASSERT_EQ(r[size_t((2 * form) * 128 + i)], r[size_t((2 * form + 1) * 128 + i)])
+          << (form ? "transposed" : "plain") << ", lane " << i / 4 << ", matrix " << i % 4;
+}
+
 TEST(CudaNative, AttentionIsDeterministicAndMatchesTheSimulation) {
   SKIP_WITHOUT_GPU();
   for (const int64_t D : {64, 128, 256}) {

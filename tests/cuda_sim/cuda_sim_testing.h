@@ -15,9 +15,10 @@
 
 namespace lt::cuda_sim::testing {
 
-// forward, reverse and `random_seeds` seeded random orders (seeds 1..random_seeds).
+// forward, reverse, warp by warp and `random_seeds` seeded random orders (seeds 1..random_seeds).
 inline std::vector<Options> orders(int random_seeds = 5) {
-  std::vector<Options> out{Options{.order = Order::forward}, Options{.order = Order::reverse}};
+  std::vector<Options> out{Options{.order = Order::forward}, Options{.order = Order::reverse},
+                           Options{.order = Order::warps}};
   for (int s = 1; s <= random_seeds; ++s) out.push_back(Options{.order = Order::random, .seed = uint64_t(s)});
   return out;
 }

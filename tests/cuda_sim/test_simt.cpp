@@ -62,6 +62,17 @@ __global__ void rotate_through_shared(const int* in, int* out, int with_barrier)
   out[t] = s[(t + 1) % blockDim.x];
 }
 
+// out[t] = in[(t + 32) % n] through shared memory, the warp synchronising with itself first: every thread has
+// written before any reads in the lockstep orders, so only the warp-by-warp order shows the missing barrier.
+__global__ void swap_warps_through_shared(const int* in, int* out, int with_barrier) {
+  __shared__ int s[256];
+  const unsigned t = threadIdx.x;
+  s[t] = in[t];
+  __syncwarp();
+  if (with_barrier) __syncthreads();
+  out[t] = s[(t + 32) % blockDim.x];
+}
+
 // Reverses each block's slice through dynamic shared memory; each thread moves `per_thread` floats.
 __global__ void reverse_in_dynamic_shared(const float* in, float* out, int per_thread) {
   float* s = LT_DYNAMIC_SHARED(float);
@@ -272,6 +283,27 @@ TEST(Order, MissingBarrierGoesWrongWhileTheBarrierIsRightInEveryOrder) {
   EXPECT_GT(wrong, 0) << "no random seed in 1..20 exposed the missing barrier";
 }
 
+TEST(Order, WarpByWarpShowsAWarpRunningAheadOfAMissingBarrier) {
+  const unsigned n = 64;
+  int first = 7000;
+  auto run = [&](const Options& o, int with_barrier) {
+    // Fresh values every run: static shared memory keeps what the previous launch left.
+    std::vector<int> in(n), out(n, -1);
+    std::iota(in.begin(), in.end(), first);
+    first += int(n);
+    launch(o, swap_warps_through_shared, 1, n, 0, in.data(), out.data(), with_barrier);
+    for (unsigned t = 0; t < n; ++t)
+      if (out[t] != in[(t + 32) % n]) return false;
+    return true;
+  };
+  for (const Options& o : orders(5)) {
+    SCOPED_TRACE(describe(o));
+    EXPECT_TRUE(run(o, 1));
+  }
+  EXPECT_TRUE(run(Options{.order = Order::forward}, 0)) << "lockstep forward order now shows it: update the comment";
+  EXPECT_FALSE(run(Options{.order = Order::warps}, 0)) << "warp-by-warp order hides the missing barrier";
+}
+
 TEST(Order, ProcessDefaultAppliesToLtLaunch) {
   struct Reset {
     ~Reset() { clear_default_order(); }
@@ -290,6 +322,7 @@ TEST(Order, ProcessDefaultAppliesToLtLaunch) {
 TEST(Order, ParsesTheEnvironmentSyntax) {
   EXPECT_EQ(parse_order("forward").order, Order::forward);
   EXPECT_EQ(parse_order("reverse").order, Order::reverse);
+  EXPECT_EQ(parse_order("warps").order, Order::warps);
   const OrderSetting r = parse_order("random:18446744073709551615");
   EXPECT_EQ(r.order, Order::random);
   EXPECT_EQ(r.seed, 18446744073709551615ull);

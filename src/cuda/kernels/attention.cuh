@@ -351,13 +351,9 @@ void attention_backward_any(Stream st, float* dq, float* dk, float* dv, const fl
   if (s.B * s.T == 0) return;
   if constexpr (std::is_same_v<Dev, bf16>) {
     if (attention_on_tensor_cores(s.D)) {
-      auto* Di = static_cast<float*>(workspace);
-      const int64_t rows = s.B * s.T * s.Hq;
-      LT_LAUNCH(attention_rowdot_kernel<Dev>, dim3(elementwise_blocks(rows)), dim3(kElementwiseThreads), 0,
-                native_stream(st), Di, dout, out, s);
       const float scale = attention_scale(s.D);
-      if (s.D == 64) attention_backward_mma<64>(st, dq, dk, dv, dout, lse, Di, q, k, v, doc_ids, s, scale);
-      else attention_backward_mma<128>(st, dq, dk, dv, dout, lse, Di, q, k, v, doc_ids, s, scale);
+      if (s.D == 64) attention_backward_mma<64>(st, dq, dk, dv, dout, out, lse, q, k, v, doc_ids, s, scale, workspace);
+      else attention_backward_mma<128>(st, dq, dk, dv, dout, out, lse, q, k, v, doc_ids, s, scale, workspace);
       return;
     }
   }

@@ -35,11 +35,6 @@ __device__ __forceinline__ float bf16_hi(uint32_t v) {
 
 // Two bf16 at p (4-byte aligned) as one fragment register.
 __device__ __forceinline__ uint32_t load_pair(const bf16* p) { return *reinterpret_cast<const uint32_t*>(p); }
-// Two bf16 a row apart (p[0], p[stride]): a B fragment of a row-major [k, n] tile.
-__device__ __forceinline__ uint32_t load_pair_strided(const bf16* p, int stride) {
-  return uint32_t(__bfloat16_as_ushort(p[0])) | (uint32_t(__bfloat16_as_ushort(p[stride])) << 16);
-}
-
 // The product from shuffles: lane (g, t) gathers rows g and g+8 of A and columns 2t, 2t+1 of B and sums in
 // k order. Every lane of the warp must call it (as mma.sync requires); threadIdx.x % 32 is the lane.
 __device__ __forceinline__ void mma_bf16_16816_emulated(float d[4], const uint32_t a[4], const uint32_t b[2],
@@ -81,6 +76,45 @@ __device__ __forceinline__ void mma_bf16_16816(float d[4], const uint32_t a[4], 
 #endif
 }
 
+// Four 8 x 8 bf16 matrices from shared memory as fragments, one instruction for what would be eight pair loads
+// (PTX ldmatrix.m8n8.x4): lane l gives the address of row l % 8 of matrix j = l / 8 (8 contiguous bf16, 16-byte
+// aligned); r[j] of lane l is then matrix j's row l / 4, columns 2 (l % 4) and 2 (l % 4) + 1 — the A/B fragment
+// layout above. The transposed form gives lane l column l / 4, rows 2 (l % 4) and 2 (l % 4) + 1 instead: a B
+// fragment of a row-major [k, n] tile. Under cuda-sim the rows' addresses travel by shuffles.
+template <bool kTransposed>
+__device__ __forceinline__ void ldmatrix_x4_emulated(uint32_t r[4], const bf16* row) {
+  const int lane = int(threadIdx.x) & 31;
+  const auto address = static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(row));
+  for (int j = 0; j < 4; ++j) {
+    if (!kTransposed) {
+      const auto src = reinterpret_cast<const bf16*>(uintptr_t(__shfl_sync(0xffffffffu, address, 8 * j + lane / 4)));
+      r[j] = load_pair(src + 2 * (lane % 4));
+    } else {
+      const auto lo = reinterpret_cast<const bf16*>(uintptr_t(__shfl_sync(0xffffffffu, address, 8 * j + 2 * (lane % 4))));
+      const auto hi =
+          reinterpret_cast<const bf16*>(uintptr_t(__shfl_sync(0xffffffffu, address, 8 * j + 2 * (lane % 4) + 1)));
+      r[j] = uint32_t(__bfloat16_as_ushort(lo[lane / 4])) | (uint32_t(__bfloat16_as_ushort(hi[lane / 4])) << 16);
+    }
+  }
+}
+
+template <bool kTransposed>
+__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const bf16* row) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned at = static_cast<unsigned>(__cvta_generic_to_shared(row));
+  if constexpr (kTransposed)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(at));
+  else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(at));
+#else
+  ldmatrix_x4_emulated<kTransposed>(r, row);
+#endif
+}
+
 // The GPU test's hook: one warp, per lane a[4], b[2], c[4] in, the tensor core's and the emulation's d[4] out.
 __global__ void mma_layout_kernel(float* hardware, float* emulated, const uint32_t* a, const uint32_t* b,
                                   const float* c) {
@@ -94,6 +128,27 @@ __global__ void mma_layout_kernel(float* hardware, float* emulated, const uint32
 void mma_layout_check(Stream st, float* hardware, float* emulated, const uint32_t* a, const uint32_t* b,
                       const float* c) {
   LT_LAUNCH(mma_layout_kernel, dim3(1), dim3(32), 0, native_stream(st), hardware, emulated, a, b, c);
+}
+
+// The GPU test's hook for ldmatrix: tile [32, 8] bf16 (four 8 x 8 matrices) staged in shared memory, lane l
+// addressing its row l; out [4][32][4]: the plain and the transposed load, each from the hardware instruction and
+// from the emulation (under cuda-sim all four are the emulation).
+__global__ void ldmatrix_layout_kernel(uint32_t* out, const bf16* tile) {
+  __shared__ __align__(16) bf16 staged[32 * 8];
+  const int lane = int(threadIdx.x);
+  for (int i = 0; i < 8; ++i) staged[lane * 8 + i] = tile[lane * 8 + i];
+  __syncwarp();
+  uint32_t r[4][4];
+  ldmatrix_x4<false>(r[0], staged + lane * 8);
+  ldmatrix_x4_emulated<false>(r[1], staged + lane * 8);
+  ldmatrix_x4<true>(r[2], staged + lane * 8);
+  ldmatrix_x4_emulated<true>(r[3], staged + lane * 8);
+  for (int v = 0; v < 4; ++v)
+    for (int j = 0; j < 4; ++j) out[(v * 32 + lane) * 4 + j] = r[v][j];
+}
+
+void ldmatrix_layout_check(Stream st, uint32_t* out, const bf16_t* tile) {
+  LT_LAUNCH(ldmatrix_layout_kernel, dim3(1), dim3(32), 0, native_stream(st), out, dev(tile));
 }
 
 }  // namespace lt::cuda::LT_KERNELS_NS
