@@ -11,6 +11,8 @@
 #      of cuda-sim and of the CPU's f32 path; a streamed step of a Qwen2.5-1.5B shape with the plan solved from
 #      a profile measured on the GPU, against every:4; with PAPER_STEP=1 also the paper's setting (Qwen2.5-7B
 #      shape, 144 x 1024 tokens a step; a few minutes more and about 100 GB of host memory)
+# GPU_CHECKS picks steps 3 to 6 (a comma list of tests, layer, steps; default all): a second call within the
+# lease's warm window can then run only `GPU_CHECKS=steps GPU_STEPS=paper PAPER_STEP=1`.
 # LT_PREBUILT=DIR runs on the programs scripts/gpu-bundle.sh packed into DIR elsewhere (a GPU host with no package
 # registry or no time to build): step 1 becomes unpacking, step 4 is left to the machine that built them, and
 # cuBLASLt is taken from this host's CUDA install (LT_CUBLAS_DIR, or found under /usr/local, /opt, /usr/lib).
@@ -46,22 +48,30 @@ fi
 "$BIN/lazytrain" devices --json | tee "$OUT/devices.json"
 
 status=0
-echo "== gpu-check: native kernel tests (twice)"
-timeout 300 "$BIN/test_kernels_native" --gtest_repeat=2 --gtest_output="json:$OUT/native.json" || status=1
-echo "== gpu-check: the CUDA device"
-timeout 120 "$BIN/test_cuda_device" --gtest_output="json:$OUT/device.json" || status=1
-if [ -z "${LT_PREBUILT:-}" ]; then
+check() { [[ ",${GPU_CHECKS:-tests,layer,steps}," == *",$1,"* ]]; }
+if check tests; then
+  echo "== gpu-check: native kernel tests (twice)"
+  timeout 300 "$BIN/test_kernels_native" --gtest_repeat=2 --gtest_output="json:$OUT/native.json" || status=1
+  echo "== gpu-check: the CUDA device"
+  timeout 120 "$BIN/test_cuda_device" --gtest_output="json:$OUT/device.json" || status=1
+fi
+if ! check tests; then
+  echo "the cuda-sim suite: not asked for (GPU_CHECKS)" >"$OUT/cuda-sim.log"
+elif [ -z "${LT_PREBUILT:-}" ]; then
   echo "== gpu-check: the cuda-sim suite"
   (cd "$BUILD" && ctest -L cuda-sim -j "$(nproc)" --output-on-failure >"$OUT/cuda-sim.log" 2>&1) || status=1
   tail -3 "$OUT/cuda-sim.log"
 else
   echo "the cuda-sim suite: run where the bundle was built" >"$OUT/cuda-sim.log"
 fi
-echo "== gpu-check: layer benchmark"
-timeout 180 "$BENCH/bench_cuda_layer" | tee "$OUT/layer.json" || status=1
-
-echo "== gpu-check: grad and a streamed step on the GPU"
-scripts/gpu-steps.sh "$BIN/lazytrain" cuda "$OUT" || status=1
+if check layer; then
+  echo "== gpu-check: layer benchmark"
+  timeout 180 "$BENCH/bench_cuda_layer" | tee "$OUT/layer.json" || status=1
+fi
+if check steps; then
+  echo "== gpu-check: grad and a streamed step on the GPU"
+  scripts/gpu-steps.sh "$BIN/lazytrain" cuda "$OUT" || status=1
+fi
 
 /usr/bin/env python3 - "$OUT" "$status" "$start" <<'PY'
 import json, os, sys, time
