@@ -2,8 +2,10 @@
 #include <omp.h>
 
 #include <cstring>
+#include <string>
 #include <vector>
 
+#include "core/cpu_features.h"
 #include "core/dtype.h"
 #include "core/parallel.h"
 #include "ops/gemm.h"
@@ -103,6 +105,34 @@ TEST_P(GemmTest, Bf16EveryRouteMatchesReferenceAndIsThreadCountIndependent) {
       gemm_f32(c.ta, c.tb, c.M, c.N, c.K, A.data(), lda, B.data(), ldb, F.data(), ldc, c.acc);
       EXPECT_EQ(0, std::memcmp(C1.data(), F.data(), F.size() * 4));
     }
+  }
+}
+
+// Below AVX-512 a transposed A reaches oneDNN as rows (ops/cpu/gemm.cpp): copied whole up to 64 MiB, per row block
+// above. Either way the product is bit for bit the one of the untransposed copy, and a row's bits do not depend
+// on how many rows the call has (split at a multiple of kGemmRowBlock).
+TEST(Gemm, TransposedAIsItsRowsProductWholeOrPerBlock) {
+  struct Shape {
+    int64_t M, N, K;
+  };
+  // The second A is 68.9 MB: above the whole-copy limit, so it is copied per block.
+  for (const Shape sh : {Shape{600, 45, 77}, Shape{4200, 24, 4100}}) {
+    SCOPED_TRACE("M=" + std::to_string(sh.M) + " K=" + std::to_string(sh.K));
+    const int64_t lda = sh.M + 3;
+    const auto A = testing::random_vector(size_t(sh.K * lda), 21);  // stored [K, M]
+    const auto B = testing::random_vector(size_t(sh.K * sh.N), 22);
+    std::vector<float> rows(size_t(sh.M * sh.K));  // op(A) = Aᵀ as rows [M, K]
+    for (int64_t i = 0; i < sh.M; ++i)
+      for (int64_t k = 0; k < sh.K; ++k) rows[size_t(i * sh.K + k)] = A[size_t(k * lda + i)];
+    std::vector<float> C(size_t(sh.M * sh.N)), R(C.size()), tail(size_t((sh.M - 256) * sh.N));
+    gemm_f32(Trans::yes, Trans::no, sh.M, sh.N, sh.K, A.data(), lda, B.data(), sh.N, C.data(), sh.N, Accumulate::no);
+    gemm_f32(Trans::yes, Trans::no, sh.M - 256, sh.N, sh.K, A.data() + 256, lda, B.data(), sh.N, tail.data(), sh.N,
+             Accumulate::no);
+    EXPECT_EQ(0, std::memcmp(tail.data(), C.data() + 256 * sh.N, tail.size() * 4)) << "rows depend on M";
+    if (isa_level(cpu_features()) >= IsaLevel::avx512) continue;  // AVX-512 takes the transpose as it is
+    gemm_f32(Trans::no, Trans::no, sh.M, sh.N, sh.K, rows.data(), sh.K, B.data(), sh.N, R.data(), sh.N,
+             Accumulate::no);
+    EXPECT_EQ(0, std::memcmp(C.data(), R.data(), C.size() * 4));
   }
 }
 

@@ -134,19 +134,44 @@ void run_block(const GemmKey& key, const void* A, const void* B, float* C) {
 // quarter of N, 16-aligned, within [64, 1024]: at least 4 for N >= 256, so two threads stay busy on a narrow
 // product). Every oneDNN call therefore sees the same shapes for the same rows whether a caller passes all
 // the rows at once or splits them at multiples of kGemmRowBlock: row results never depend on M (ops/gemm.h).
+//
+// Below AVX-512 (oneDNN's AVX2 "gemm:jit", which packs both operands on every call) the blocks are wider — half
+// of N, within [64, 2048] — and a transposed A is handed over as rows: measured per call on a Zen 3 EPYC
+// (DNNL_VERBOSE, the layer benchmark's shapes), 256 x 256 blocks ran at ~33 GFLOP/s a thread against ~62 for
+// 256 x 704, and a transposed A at half the rate of the same block untransposed; the layer in f32 went from
+// 75-78 to 87-97 GFLOP/s with both (docs/performance.md).
 struct Blocking {
   int64_t row_block, row_count, col_block, col_count;
+  bool rows_of_a;  // a transposed A is copied into rows (per block) before the call
   int64_t count() const { return row_count * col_count; }
 };
 
 Blocking choose_blocking(int64_t M, int64_t N) {
+  const bool avx2_gemm = isa_level(cpu_features()) < IsaLevel::avx512;
   Blocking b;
   b.row_block = kGemmRowBlock;
   b.row_count = (M + b.row_block - 1) / b.row_block;
-  b.col_block = std::clamp<int64_t>(((N + 3) / 4 + 15) / 16 * 16, 64, 1024);
+  b.col_block = avx2_gemm ? std::clamp<int64_t>(((N + 1) / 2 + 15) / 16 * 16, 64, 2048)
+                          : std::clamp<int64_t>(((N + 3) / 4 + 15) / 16 * 16, 64, 1024);
   b.col_count = (N + b.col_block - 1) / b.col_block;
+  b.rows_of_a = avx2_gemm;
   return b;
 }
+
+// Rows [r0, r0 + rows) of op(A) for a transposed A (stored [K, M], row stride lda) into dst as a row-major
+// [rows, K] matrix, 16 of A's rows at a time so that reads and writes both stay in a few cache lines.
+template <typename T>
+void transpose_rows(T* dst, const T* A, int64_t lda, int64_t r0, int64_t rows, int64_t K) {
+  for (int64_t k0 = 0; k0 < K; k0 += 16) {
+    const int64_t k1 = std::min(K, k0 + 16);
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t k = k0; k < k1; ++k) dst[i * K + k] = A[k * lda + r0 + i];
+  }
+}
+
+// Up to this size a transposed A is copied into rows once per call (by row blocks, in parallel), above it
+// per block (every column block of a row block copies it again, but the memory stays one block's).
+constexpr size_t kWholeTransposeBytes = size_t(64) << 20;
 
 template <typename T>
 void gemm_blocked(memory::data_type dt, Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, const T* A,
@@ -160,19 +185,45 @@ void gemm_blocked(memory::data_type dt, Trans ta, Trans tb, int64_t M, int64_t N
     return;
   }
   const Blocking bl = choose_blocking(M, N);
+  // A transposed A as rows: all of it now when small enough (then A is that copy, untransposed), else per block.
+  thread_local std::vector<T> a_whole;  // [M, K], this caller's
+  const bool whole = ta == Trans::yes && bl.rows_of_a && size_t(M * K) * sizeof(T) <= kWholeTransposeBytes;
+  if (whole) {
+    a_whole.resize(size_t(M * K));
+    T* dst = a_whole.data();
+    auto block = [&](int64_t r) {
+      const int64_t r0 = r * bl.row_block;
+      transpose_rows(dst + r0 * K, A, lda, r0, std::min(bl.row_block, M - r0), K);
+    };
+    if (omp_in_parallel()) {
+      for (int64_t r = 0; r < bl.row_count; ++r) block(r);
+    } else {
+#pragma omp parallel for schedule(dynamic, 1)
+      for (int64_t r = 0; r < bl.row_count; ++r) block(r);
+    }
+    A = dst, ta = Trans::no, lda = K;
+  }
   auto run = [&](int64_t t) {
     const int64_t r0 = (t / bl.col_count) * bl.row_block, c0 = (t % bl.col_count) * bl.col_block;
     const int64_t rows = std::min(bl.row_block, M - r0), cols = std::min(bl.col_block, N - c0);
     const T* a = A + (ta == Trans::no ? r0 * lda : r0);
+    Trans a_trans = ta;
+    int64_t a_ld = lda;
+    thread_local std::vector<T> a_rows;  // [rows, K]: at most kGemmRowBlock x K
+    if (ta == Trans::yes && bl.rows_of_a) {
+      a_rows.resize(size_t(rows * K));
+      transpose_rows(a_rows.data(), A, lda, r0, rows, K);
+      a = a_rows.data(), a_trans = Trans::no, a_ld = K;
+    }
     const T* b = B + (tb == Trans::no ? c0 : c0 * ldb);
     float* c = C + r0 * ldc + c0;
     if (acc == Accumulate::no) {
-      run_block(GemmKey{dt, ta, tb, rows, cols, K, lda, ldb, ldc}, a, b, c);
+      run_block(GemmKey{dt, a_trans, tb, rows, cols, K, a_ld, ldb, ldc}, a, b, c);
       return;
     }
     thread_local std::vector<float> product;  // [rows, cols]
     product.resize(size_t(rows * cols));
-    run_block(GemmKey{dt, ta, tb, rows, cols, K, lda, ldb, cols}, a, b, product.data());
+    run_block(GemmKey{dt, a_trans, tb, rows, cols, K, a_ld, ldb, cols}, a, b, product.data());
     for (int64_t i = 0; i < rows; ++i)
       for (int64_t j = 0; j < cols; ++j) c[i * ldc + j] += product[size_t(i * cols + j)];
   };
