@@ -57,6 +57,20 @@ __device__ __forceinline__ void copy_stats_async(float* dst, const float* row, i
   if (i < kMmaTile) copy4_async(dst + i, row0 + i < T ? row + row0 + i : row, row0 + i < T);
 }
 
+// One step of a double buffer: issue tile it + 1 (issue(it + 1) copies it into the other buffer, read last in the
+// previous iteration) when there is one, then wait for this thread's copies of tile it. A __syncthreads must
+// follow before tile it is read (the other threads' copies).
+template <class Issue>
+__device__ __forceinline__ void prefetch_next_and_wait(int64_t it, int64_t tiles, Issue issue) {
+  if (it + 1 < tiles) {
+    issue(it + 1);
+    async_commit();
+    async_wait<1>();
+  } else {
+    async_wait<0>();
+  }
+}
+
 // A fragments of the 16 rows [row0, row0 + 16) of head h (rows past T are 0), over DH in k-steps of 16.
 template <int DH>
 __device__ __forceinline__ void load_a_fragments(uint32_t (&frag)[DH / 16][4], const bf16* src, int64_t b,
@@ -150,8 +164,11 @@ __global__ void __launch_bounds__(kMmaThreads)
   const int64_t w0 = q0 + 16 * warp;  // this warp's rows [w0, w0 + 16)
   const int64_t last_query = (q0 + kMmaTile < s.T ? q0 + kMmaTile : s.T) - 1;
   const int64_t tiles = last_query / kMmaTile + 1;
-  copy_rows_async<DH>(Ks, k, b, 0, hk, s.T, s.Hkv);
-  copy_rows_async<DH>(Vs, v, b, 0, hk, s.T, s.Hkv);
+  auto copy_key_tile = [&](int64_t i) {  // key tile i into buffer i % 2
+    copy_rows_async<DH>(Ks + (i & 1) * kTile, k, b, i * kMmaTile, hk, s.T, s.Hkv);
+    copy_rows_async<DH>(Vs + (i & 1) * kTile, v, b, i * kMmaTile, hk, s.T, s.Hkv);
+  };
+  copy_key_tile(0);
   async_commit();
   uint32_t qf[DH / 16][4];
   load_a_fragments<DH>(qf, q, b, w0, h, s.T, s.Hq);
@@ -163,14 +180,7 @@ __global__ void __launch_bounds__(kMmaThreads)
     const int64_t k0 = it * kMmaTile;
     const bf16* Kt = Ks + (it & 1) * kTile;
     const bf16* Vt = Vs + (it & 1) * kTile;
-    if (it + 1 < tiles) {  // the next tile into the other buffer, read last in the previous iteration
-      copy_rows_async<DH>(Ks + ((it + 1) & 1) * kTile, k, b, k0 + kMmaTile, hk, s.T, s.Hkv);
-      copy_rows_async<DH>(Vs + ((it + 1) & 1) * kTile, v, b, k0 + kMmaTile, hk, s.T, s.Hkv);
-      async_commit();
-      async_wait<1>();
-    } else {
-      async_wait<0>();
-    }
+    prefetch_next_and_wait(it, tiles, copy_key_tile);
     __syncthreads();  // this tile's copies, by every thread, have landed
     if (w0 < s.T && k0 <= w0 + 15) {  // warp-uniform: not every key of the tile after every row
       float sc[NT][4];
@@ -260,7 +270,9 @@ __global__ void __launch_bounds__(kMmaThreads)
   const int64_t w0 = k0 + 16 * warp;  // this warp's keys [w0, w0 + 16)
   const float* lse_row = lse + (b * s.Hq + h) * s.T;
   const float* Di_row = Di + (b * s.Hq + h) * s.T;
-  auto copy_query_tile = [&](int64_t q0, int buf) {
+  auto copy_query_tile = [&](int64_t i) {  // query tile i from the diagonal on, into buffer i % 2
+    const int64_t q0 = k0 + i * kMmaTile;
+    const int buf = int(i & 1);
     copy_rows_async<DH>(Qs + buf * kTile, q, b, q0, h, s.T, s.Hq);
     copy_rows_async<DH>(dOs + buf * kTile, dout, b, q0, h, s.T, s.Hq);
     copy_stats_async(lse_s + buf * kMmaTile, lse_row, q0, s.T);
@@ -268,7 +280,7 @@ __global__ void __launch_bounds__(kMmaThreads)
   };
   copy_rows_async<DH>(Ks, k, b, k0, hk, s.T, s.Hkv);
   copy_rows_async<DH>(Vs, v, b, k0, hk, s.T, s.Hkv);
-  copy_query_tile(k0, 0);  // query tiles from the diagonal on
+  copy_query_tile(0);
   async_commit();
   float dka[DH / 8][4], dva[DH / 8][4];
   for (int nd = 0; nd < DH / 8; ++nd)
@@ -277,13 +289,7 @@ __global__ void __launch_bounds__(kMmaThreads)
   for (int64_t it = 0; it < tiles; ++it) {
     const int64_t q0 = k0 + it * kMmaTile;
     const int buf = int(it & 1);
-    if (it + 1 < tiles) {
-      copy_query_tile(q0 + kMmaTile, buf ^ 1);
-      async_commit();
-      async_wait<1>();
-    } else {
-      async_wait<0>();
-    }
+    prefetch_next_and_wait(it, tiles, copy_query_tile);
     __syncthreads();
     if (w0 < s.T) {  // warp-uniform
       const bf16* Qt = Qs + buf * kTile;
@@ -348,8 +354,11 @@ __global__ void __launch_bounds__(kMmaThreads)
   const int64_t w0 = q0 + 16 * warp;
   const int64_t last_query = (q0 + kMmaTile < s.T ? q0 + kMmaTile : s.T) - 1;
   const int64_t tiles = last_query / kMmaTile + 1;
-  copy_rows_async<DH>(Ks, k, b, 0, hk, s.T, s.Hkv);
-  copy_rows_async<DH>(Vs, v, b, 0, hk, s.T, s.Hkv);
+  auto copy_key_tile = [&](int64_t i) {  // key tile i into buffer i % 2
+    copy_rows_async<DH>(Ks + (i & 1) * kTile, k, b, i * kMmaTile, hk, s.T, s.Hkv);
+    copy_rows_async<DH>(Vs + (i & 1) * kTile, v, b, i * kMmaTile, hk, s.T, s.Hkv);
+  };
+  copy_key_tile(0);
   async_commit();
   uint32_t qf[DH / 16][4], of[DH / 16][4];
   load_a_fragments<DH>(qf, q, b, w0, h, s.T, s.Hq);
@@ -367,14 +376,7 @@ __global__ void __launch_bounds__(kMmaThreads)
     const int64_t k0 = it * kMmaTile;
     const bf16* Kt = Ks + (it & 1) * kTile;
     const bf16* Vt = Vs + (it & 1) * kTile;
-    if (it + 1 < tiles) {
-      copy_rows_async<DH>(Ks + ((it + 1) & 1) * kTile, k, b, k0 + kMmaTile, hk, s.T, s.Hkv);
-      copy_rows_async<DH>(Vs + ((it + 1) & 1) * kTile, v, b, k0 + kMmaTile, hk, s.T, s.Hkv);
-      async_commit();
-      async_wait<1>();
-    } else {
-      async_wait<0>();
-    }
+    prefetch_next_and_wait(it, tiles, copy_key_tile);
     __syncthreads();
     if (w0 < s.T && k0 <= w0 + 15) {  // warp-uniform
       float p[NT][4], ds[NT][4];
