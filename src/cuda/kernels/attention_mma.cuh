@@ -57,6 +57,15 @@ __device__ __forceinline__ void copy_stats_async(float* dst, const float* row, i
   if (i < kMmaTile) copy4_async(dst + i, row0 + i < T ? row + row0 + i : row, row0 + i < T);
 }
 
+// Issues key tile i of kv head hk (K and V rows [64 i, 64 i + 64)) into buffer i % 2 of Ks, Vs ([2][64, DH + 8]).
+template <int DH>
+__device__ __forceinline__ void copy_key_tile_async(bf16* Ks, bf16* Vs, const bf16* k, const bf16* v, int64_t b,
+                                                    int64_t i, int64_t hk, const AttentionShape& s) {
+  constexpr int kTile = kMmaTile * (DH + 8);
+  copy_rows_async<DH>(Ks + (i & 1) * kTile, k, b, i * kMmaTile, hk, s.T, s.Hkv);
+  copy_rows_async<DH>(Vs + (i & 1) * kTile, v, b, i * kMmaTile, hk, s.T, s.Hkv);
+}
+
 // One step of a double buffer: issue tile it + 1 (issue(it + 1) copies it into the other buffer, read last in the
 // previous iteration) when there is one, then wait for this thread's copies of tile it. A __syncthreads must
 // follow before tile it is read (the other threads' copies).
@@ -164,10 +173,7 @@ __global__ void __launch_bounds__(kMmaThreads)
   const int64_t w0 = q0 + 16 * warp;  // this warp's rows [w0, w0 + 16)
   const int64_t last_query = (q0 + kMmaTile < s.T ? q0 + kMmaTile : s.T) - 1;
   const int64_t tiles = last_query / kMmaTile + 1;
-  auto copy_key_tile = [&](int64_t i) {  // key tile i into buffer i % 2
-    copy_rows_async<DH>(Ks + (i & 1) * kTile, k, b, i * kMmaTile, hk, s.T, s.Hkv);
-    copy_rows_async<DH>(Vs + (i & 1) * kTile, v, b, i * kMmaTile, hk, s.T, s.Hkv);
-  };
+  auto copy_key_tile = [&](int64_t i) { copy_key_tile_async<DH>(Ks, Vs, k, v, b, i, hk, s); };
   copy_key_tile(0);
   async_commit();
   uint32_t qf[DH / 16][4];
@@ -354,10 +360,7 @@ __global__ void __launch_bounds__(kMmaThreads)
   const int64_t w0 = q0 + 16 * warp;
   const int64_t last_query = (q0 + kMmaTile < s.T ? q0 + kMmaTile : s.T) - 1;
   const int64_t tiles = last_query / kMmaTile + 1;
-  auto copy_key_tile = [&](int64_t i) {  // key tile i into buffer i % 2
-    copy_rows_async<DH>(Ks + (i & 1) * kTile, k, b, i * kMmaTile, hk, s.T, s.Hkv);
-    copy_rows_async<DH>(Vs + (i & 1) * kTile, v, b, i * kMmaTile, hk, s.T, s.Hkv);
-  };
+  auto copy_key_tile = [&](int64_t i) { copy_key_tile_async<DH>(Ks, Vs, k, v, b, i, hk, s); };
   copy_key_tile(0);
   async_commit();
   uint32_t qf[DH / 16][4], of[DH / 16][4];
