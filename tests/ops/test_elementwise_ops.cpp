@@ -369,6 +369,30 @@ TEST(Rope, BitsIndependentOfThreadCount) {
   EXPECT_TRUE(bits_equal(a, b));
 }
 
+TEST(Rope, RepeatedPositionsFromATableAreTheSameBits) {
+  // A batch of B rows of positions 3..T+2 (and one packed row whose documents restart at 0) takes the
+  // per-position table (distinct positions <= N/2); each row alone has no repeats and computes cos/sin per
+  // token. Same function of the same position: bitwise equal, forward, backward and partial rope.
+  const int64_t B = 5, T = 23, N = B * T, R = kRopeD / 2;
+  std::vector<int32_t> pos(static_cast<size_t>(N));
+  for (int64_t n = 0; n < N; ++n) pos[size_t(n)] = int32_t(n % T + 3);
+  for (int64_t t = 0; t < T; ++t) pos[size_t(t)] = int32_t(t < 9 ? t : t - 9);  // row 0: two documents
+  Vec x = random_vector(size_t(N * kRopeH * kRopeD), 51);
+  for (int pass = 0; pass < 4; ++pass) {
+    auto op = [&](float* y, const int32_t* p, int64_t n) {
+      if (pass == 0) rope_forward(y, p, n, kRopeH, kRopeD, kTheta);
+      if (pass == 1) rope_backward(y, p, n, kRopeH, kRopeD, kTheta);
+      if (pass == 2) rope_partial_forward(y, p, n, kRopeH, kRopeD, R, kTheta);
+      if (pass == 3) rope_partial_backward(y, p, n, kRopeH, kRopeD, R, kTheta);
+    };
+    Vec all = x, rows = x;
+    op(all.data(), pos.data(), N);
+    for (int64_t b = 0; b < B; ++b) op(rows.data() + b * T * kRopeH * kRopeD, pos.data() + b * T, T);
+    EXPECT_TRUE(bits_equal(all, rows)) << "pass " << pass;
+    EXPECT_FALSE(bits_equal(all, x)) << "pass " << pass;
+  }
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // SwiGLU
 // ---------------------------------------------------------------------------------------------------------

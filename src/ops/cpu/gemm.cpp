@@ -18,12 +18,14 @@
 #include <algorithm>
 #include <cstdlib>
 #include <dnnl.hpp>
+#include <immintrin.h>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "core/cpu_features.h"
@@ -161,12 +163,53 @@ Blocking choose_blocking(int64_t M, int64_t N) {
 // Rows [r0, r0 + rows) of op(A) for a transposed A (stored [K, M], row stride lda) into dst as a row-major
 // [rows, K] matrix, 16 of A's rows at a time so that reads and writes both stay in a few cache lines.
 template <typename T>
-void transpose_rows(T* dst, const T* A, int64_t lda, int64_t r0, int64_t rows, int64_t K) {
+void transpose_rows_plain(T* dst, const T* A, int64_t lda, int64_t r0, int64_t rows, int64_t K) {
   for (int64_t k0 = 0; k0 < K; k0 += 16) {
     const int64_t k1 = std::min(K, k0 + 16);
     for (int64_t i = 0; i < rows; ++i)
       for (int64_t k = k0; k < k1; ++k) dst[i * K + k] = A[k * lda + r0 + i];
   }
+}
+
+// The same copy in 8 x 8 tiles transposed in ymm registers (8 loads, 24 shuffles, 8 stores per 64 floats
+// against 64 scalar strided loads): the weight gradients' copies took ~3% of the demo's step on a Zen 3
+// (perf) done one element at a time. A copy, so the same bits; the edges go through the plain loop.
+__attribute__((target("avx2,fma"))) void transpose_rows_avx2(float* dst, const float* A, int64_t lda, int64_t r0,
+                                                             int64_t rows, int64_t K) {
+  const int64_t rows8 = rows / 8 * 8, K8 = K / 8 * 8;
+  for (int64_t i = 0; i < rows8; i += 8)
+    for (int64_t k = 0; k < K8; k += 8) {
+      const float* a = A + k * lda + r0 + i;  // 8 rows of stored A (k .. k+7), 8 columns (i .. i+7) each
+      __m256 r[8], t[8];
+      for (int j = 0; j < 8; ++j) r[j] = _mm256_loadu_ps(a + j * lda);
+      for (int j = 0; j < 8; j += 2) {
+        t[j] = _mm256_unpacklo_ps(r[j], r[j + 1]);
+        t[j + 1] = _mm256_unpackhi_ps(r[j], r[j + 1]);
+      }
+      for (int j = 0; j < 8; j += 4) {
+        r[j] = _mm256_shuffle_ps(t[j], t[j + 2], 0x44);
+        r[j + 1] = _mm256_shuffle_ps(t[j], t[j + 2], 0xEE);
+        r[j + 2] = _mm256_shuffle_ps(t[j + 1], t[j + 3], 0x44);
+        r[j + 3] = _mm256_shuffle_ps(t[j + 1], t[j + 3], 0xEE);
+      }
+      // r[0..3]: columns i+0, i+1, i+2, i+3 of k-rows 0..3 (low lane) and 4..7 are in r[4..7]; lanes hold
+      // i and i+4.
+      float* d = dst + i * K + k;
+      for (int j = 0; j < 4; ++j) {
+        _mm256_storeu_ps(d + j * K, _mm256_permute2f128_ps(r[j], r[j + 4], 0x20));
+        _mm256_storeu_ps(d + (j + 4) * K, _mm256_permute2f128_ps(r[j], r[j + 4], 0x31));
+      }
+    }
+  for (int64_t i = 0; i < rows; ++i)  // the last K % 8 columns of every row, then the last rows % 8 rows
+    for (int64_t k = i < rows8 ? K8 : 0; k < K; ++k) dst[i * K + k] = A[k * lda + r0 + i];
+}
+
+template <typename T>
+void transpose_rows(T* dst, const T* A, int64_t lda, int64_t r0, int64_t rows, int64_t K) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (isa_level(cpu_features()) >= IsaLevel::avx2) return transpose_rows_avx2(dst, A, lda, r0, rows, K);
+  }
+  transpose_rows_plain(dst, A, lda, r0, rows, K);
 }
 
 // Up to this size a transposed A is copied into rows once per call (by row blocks, in parallel), above it
