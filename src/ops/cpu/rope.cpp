@@ -50,6 +50,12 @@ void cos_sin_row(float* cos_t, float* sin_t, int32_t p, const float* freq, int64
   }
 }
 
+// A rotation row of position p: cos [h], then sign·sin [h].
+void rotation_row(float* row, int32_t p, const float* freq, int64_t h, float sign) {
+  cos_sin_row(row, row + h, p, freq, h);
+  for (int64_t j = 0; j < h; ++j) row[h + j] = sign * row[h + j];
+}
+
 // Rotates the first R dims of each head; sign = +1 rotates by +angle (forward), -1 by -angle (backward: the
 // transpose).
 //
@@ -74,11 +80,7 @@ void rope_apply(float* x, const int32_t* pos, int64_t N, int64_t H, int64_t D, i
   if (N > 0 && 2 * P <= N) {
     table.resize(size_t(P * R));
     parallel_chunks(P, kTokenChunk, [&](int64_t p0, int64_t p1) {
-      for (int64_t p = p0; p < p1; ++p) {
-        float* row = table.data() + p * R;
-        cos_sin_row(row, row + h, int32_t(lo + p), freq.data(), h);
-        for (int64_t j = 0; j < h; ++j) row[h + j] = sign * row[h + j];
-      }
+      for (int64_t p = p0; p < p1; ++p) rotation_row(table.data() + p * R, int32_t(lo + p), freq.data(), h, sign);
     });
   }
   parallel_chunks(N, kTokenChunk, [&](int64_t n0, int64_t n1) {
@@ -86,8 +88,7 @@ void rope_apply(float* x, const int32_t* pos, int64_t N, int64_t H, int64_t D, i
     for (int64_t n = n0; n < n1; ++n) {
       const float* cos_t;
       if (table.empty()) {
-        cos_sin_row(cs.data(), cs.data() + h, pos[n], freq.data(), h);
-        for (int64_t j = 0; j < h; ++j) cs[size_t(h + j)] = sign * cs[size_t(h + j)];
+        rotation_row(cs.data(), pos[n], freq.data(), h, sign);
         cos_t = cs.data();
       } else {
         cos_t = table.data() + (int64_t(pos[n]) - lo) * R;
