@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "cuda/kernels.h"
 #include "device/device.h"
@@ -57,6 +58,10 @@ struct GpuBlock {
 };
 // For a model with Gated DeltaNet layers (s.Hk > 0), the larger of its two layer kinds' carves.
 size_t gpu_block_scratch_bytes(const BlockShape& s);
+
+// The GPU layer compute's buffers (model/layer_compute.h's list): the recompute internals, the block's scratch,
+// the head's workspace and loss, the RoPE table and cuBLASLt's workspace.
+std::vector<ComputeBuffer> gpu_compute_buffers(const ModelConfig& cfg, const BlockShape& s, DType matrices);
 
 // The GPU layer compute (model/layer_compute.h; cuda/layers/compute.inl) for `device`: natively on a CUDA
 // device's compute stream (cuda/cuda_device.h), on cuda-sim's kernels and emulated GEMMs for any other device

@@ -5,6 +5,7 @@
 #include "cuda/layers/head.inl"
 #include "cuda/layers/compute.inl"
 #include "cuda/cuda_device.h"
+#include "cuda/gemm.h"
 
 namespace lt::cuda {
 
@@ -19,6 +20,21 @@ size_t gpu_block_scratch_bytes(const BlockShape& s) {
   if (s.Hk > 0)
     bytes = std::max(bytes, sim::detail::BlockScratchGpu::carve(nullptr, s.for_layer(LayerKind::linear_attention)).bytes);
   return bytes;
+}
+
+std::vector<ComputeBuffer> gpu_compute_buffers(const ModelConfig& cfg, const BlockShape& s, DType matrices) {
+  // A layer that does not keep its internals writes them (forward) and recomputes them (backward) in one
+  // stored-internals buffer of the largest layer kind.
+  size_t recompute = block_stored_bytes(s.for_layer(LayerKind::full_attention));
+  if (cfg.is_hybrid()) recompute = std::max(recompute, block_stored_bytes(s.for_layer(LayerKind::linear_attention)));
+  const HeadShape head{s.N(), s.C, cfg.vocab_size, float(cfg.rms_norm_eps)};
+  const size_t rope = size_t(2 * s.T * (s.D / 2)) * sizeof(float);
+  return {{ComputeBufferRole::recompute_internals, "recompute internals", recompute, ComputeSpan::step, true},
+          {ComputeBufferRole::block_scratch, "block scratch", gpu_block_scratch_bytes(s), ComputeSpan::step},
+          {ComputeBufferRole::head_workspace, "head workspace", head_workspace_bytes(head, matrices), ComputeSpan::head},
+          {ComputeBufferRole::loss, "loss", sizeof(double), ComputeSpan::head},
+          {ComputeBufferRole::rope_table, "rope table", rope, ComputeSpan::step},
+          {ComputeBufferRole::gemm_workspace, "gemm workspace", kGemmWorkspaceBytes, ComputeSpan::step}};
 }
 
 std::unique_ptr<LayerCompute> make_gpu_layer_compute(Device& device) {

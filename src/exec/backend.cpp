@@ -3,6 +3,7 @@
 
 #include "core/error.h"
 #include "cuda/cuda_device.h"
+#include "cuda/layers.h"
 #include "cuda/sim_ops.h"
 
 namespace lt {
@@ -28,6 +29,11 @@ LayerKernels device_layer_kernels(const std::string& device, DType act) {
   if (device == "cuda") return LayerKernels::gpu;
   if (device == "cuda-sim" && act == DType::bf16) return LayerKernels::gpu;
   return LayerKernels::cpu;
+}
+
+std::vector<ComputeBuffer> layer_compute_buffers(LayerKernels kernels, const ModelConfig& cfg, const BlockShape& s,
+                                                 DType matrices) {
+  return kernels == LayerKernels::gpu ? cuda::gpu_compute_buffers(cfg, s, matrices) : cpu_compute_buffers(cfg, s);
 }
 
 std::unique_ptr<Device> open_device(const std::string& device, size_t capacity, LinkSpec link, int gpu) {

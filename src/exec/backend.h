@@ -17,6 +17,7 @@
 
 #include "device/device.h"
 #include "exec/working_set.h"
+#include "model/layer_compute.h"
 #include "model/weights.h"
 
 namespace lt {
@@ -30,6 +31,10 @@ DType device_activation_storage(const std::string& device, const std::string& na
 
 // The layer compute the executor launches on `device` at activation storage `act`.
 LayerKernels device_layer_kernels(const std::string& device, DType act);
+
+// The buffers the layer compute `kernels` keeps (model/layer_compute.h's list): the CPU block's, or the GPU block's.
+std::vector<ComputeBuffer> layer_compute_buffers(LayerKernels kernels, const ModelConfig& cfg, const BlockShape& s,
+                                                 DType matrices);
 
 // Opens the device: for cpu and cuda-sim the CPU device with `capacity` bytes and `link`; for cuda GPU 0 with an
 // arena of `capacity` bytes (the link is the hardware's: `link` must be unlimited). Also routes the host ops to the

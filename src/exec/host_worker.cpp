@@ -1,6 +1,5 @@
 #include "exec/host_worker.h"
 
-#include <chrono>
 
 namespace lt {
 
@@ -21,10 +20,11 @@ void HostWorker::set_sink(OpSink* sink) {
   sink_ = sink;
 }
 
-void HostWorker::submit(std::function<void()> job, std::string name, int layer, size_t bytes) {
+void HostWorker::submit(std::function<void()> job, std::string name, int layer, size_t bytes,
+                        std::vector<std::shared_future<void>> after) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    queue_.push_back({std::move(job), std::move(name), layer, bytes});
+    queue_.push_back({std::move(job), std::move(name), layer, bytes, std::move(after)});
   }
   cv_.notify_one();
 }
@@ -53,7 +53,6 @@ void HostWorker::run() {
       busy_ = true;
       sink = sink_;
     }
-    double start = clock_->now();
     std::exception_ptr err;
     bool skip;
     {
@@ -61,6 +60,15 @@ void HostWorker::run() {
       skip = error_ != nullptr;  // after a failure, later jobs are dropped until drain() reports it
     }
     if (!skip) {
+      try {
+        for (const std::shared_future<void>& f : job.after) f.get();
+      } catch (...) {
+        err = std::current_exception();
+      }
+    }
+    job.after.clear();
+    double start = clock_->now();
+    if (!skip && !err) {
       try {
         job.fn();
       } catch (...) {
@@ -81,34 +89,6 @@ void HostWorker::run() {
     }
     idle_cv_.notify_all();
   }
-}
-
-void HostSlots::acquire(int i, const HostWorker* releaser) {
-  std::unique_lock<std::mutex> lock(mutex_);
-  // The worker's failure does not notify this condition variable: look again every few milliseconds.
-  while (!cv_.wait_for(lock, std::chrono::milliseconds(5), [&] { return aborted_ || !busy_[size_t(i)]; }))
-    if (releaser && releaser->failed()) return;
-  busy_[size_t(i)] = true;
-}
-
-void HostSlots::release(int i) {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    busy_[size_t(i)] = false;
-  }
-  cv_.notify_all();
-}
-
-void HostSlots::abort() {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    aborted_ = true;
-  }
-  cv_.notify_all();
-}
-
-std::shared_ptr<void> HostSlots::release_guard(int i) {
-  return std::shared_ptr<void>(nullptr, [this, i](void*) { release(i); });
 }
 
 }  // namespace lt

@@ -1,13 +1,13 @@
-// exec/working_set.h — every device buffer one step of a plan needs, by name, with its lifetime and
-// its place in device memory: the executor's memory model.
+// exec/working_set.h — the device memory of one step of a plan: every device buffer of its schedule
+// (exec/step_schedule.h), with its lifetime and its place in device memory — the executor's memory model.
 //
 // The step's timeline is cut into windows: forward windows F0..F(L-1) (index l), the head window H
-// (index L), backward windows B(L-1)..B0 (index 2L - l). Each buffer lives from the window whose work
-// first writes it to the window whose work last reads it. Buffers whose lifetimes do not overlap share
-// memory: an offline first-fit packing (largest first, deterministic) gives every buffer an offset in one
-// device block, and the block's size is the peak. The executor allocates exactly that block and uses
-// exactly these offsets, so predict_peak_device_bytes() — what the planner and the refusal use — is the
-// device's measured peak, and the packing is the memory plan the planner's per-window model bounds.
+// (index L), backward windows B(L-1)..B0 (index 2L - l). A buffer lives from the first window in which an
+// operation of the schedule uses it to the last (or over the span it reserves). Buffers whose lifetimes do not
+// overlap share memory: an offline first-fit packing (deterministic) gives every buffer an offset in one device
+// block, and the block's size is the peak. The executor allocates exactly that block and uses exactly these
+// offsets, so predict_peak_device_bytes() — what the planner and the refusal use — is the device's measured
+// peak. memory_terms() is the same memory as linear terms of a plan's choices, for the planner's solvers.
 //
 // Legend: N = B*T tokens, C hidden, L layers, V vocab.
 #pragma once
@@ -19,7 +19,6 @@
 
 #include "device/device.h"
 #include "exec/plan.h"
-#include "model/block.h"
 #include "model/config.h"
 #include "ops/linear.h"
 
@@ -43,49 +42,20 @@ struct ExecOptions {
   bool resident_head = false;
 };
 
-// A model's layer sizes where its layers may differ (Qwen3.5 / 3.6 hybrids: Gated DeltaNet and attention layers):
-// the weight and gradient buffers hold the largest layer slab; each kept layer holds its own kind's internals; the
-// CPU block's working copy and backward scratch fit the largest kind. One place for the working set and the
-// executor. `s` is the model-wide block shape (BlockShape::make).
-struct LayerBytes {
-  size_t weights = 0;          // max over layers of the compute-copy slab
-  size_t grads = 0;            // max over layers of the f32 slab
-  std::vector<size_t> stored;  // [L] block_stored_bytes of each layer's shape
-  size_t acts_floats = 0;      // max BlockActs::floats (the CPU working copy)
-  size_t scratch_floats = 0;   // max BlockScratch::floats
-  static LayerBytes make(const ModelConfig& cfg, const BlockShape& s, DType matrices);
-};
-
-// The GPU layer compute's buffers beside the layers' kept internals, in bytes (cuda/layers.h's sizes): one place for
-// the working set, the executor's binding (ComputeBinding), the profiler and the planner's memory model.
-struct GpuComputeBytes {
-  size_t block_scratch = 0;        // gpu_block_scratch_bytes: forward and backward
-  size_t recompute_internals = 0;  // block_stored_bytes: a layer that does not keep its internals
-  size_t head_workspace = 0;       // head_workspace_bytes: one logits chunk
-  size_t loss = sizeof(double);    // the head's loss, downloaded
-  int64_t rope_half = 0;           // T·D/2: the RoPE table is cos then sin, [T, D/2] f32 each
-  size_t rope_table = 0;           // 2·rope_half f32
-  size_t gemm_workspace = 0;       // kGemmWorkspaceBytes: cuBLASLt's split-K reductions
-  static GpuComputeBytes make(const ModelConfig& cfg, const BlockShape& s, DType matrices);
-};
-
 struct DeviceBuffer {
   std::string tag;           // "weights 1", "boundary 3", "internals 5", "recompute cache 0", ...
   size_t bytes = 0;          // rounded up to kDeviceAlign
-  int first_window = 0;      // the window whose work first writes it
-  int last_window = 0;       // the window whose work last reads it
+  int first_window = 0;      // the window whose work first uses it
+  int last_window = 0;       // the window whose work last uses it
+  unsigned streams = 0;      // a bit per StreamKind: the streams whose operations touch it
+  StreamKind first_writer = StreamKind::compute;  // the stream of the first operation using it
+  int source = -1;           // its StepSchedule::buffers index
   size_t offset = 0;         // in the step's device block
   // Buffers that occupied this memory earlier end by this window (-1: fresh memory). The executor makes
   // the first writer wait for all work issued before window reuse_after + 1.
   int reuse_after = -1;
   std::vector<int> previous; // indices (in WorkingSet::buffers) of those earlier buffers
-  int count = 1;             // always 1 (kept for readers that sum count * bytes)
 };
-
-// Which streams touch a buffer (a bit per StreamKind) and which one writes it first — the executor's
-// use of each buffer, by tag. An unknown tag touches every stream.
-unsigned buffer_streams(const std::string& tag);
-StreamKind buffer_first_writer(const std::string& tag);
 
 // A window fence: when window `window` begins, stream `writer` waits until stream `on` has finished all
 // work issued before window `after` + 1 — because a buffer `writer` first writes in this window takes
@@ -124,7 +94,35 @@ inline int backward_window(int64_t L, int64_t l) { return int(2 * L - l); }
 std::string window_name(int w, int64_t L);
 int window_parse(const std::string& name, int64_t L);
 
+// The working set of `plan`'s schedule.
 WorkingSet plan_working_set(const ModelConfig& cfg, int64_t B, int64_t T, const Plan& plan, const ExecOptions& o);
+
+// A window range, first .. last (inclusive).
+struct WindowSpan {
+  int first = 0, last = -1;
+  bool contains(int w) const { return w >= first && w <= last; }
+};
+
+// The device bytes of each window as linear terms of a plan's choices — what the planner's MILP, chain DP and cost
+// model constrain — read off the schedule's buffers (memory_terms): for every plan, window_bytes(plan) is the
+// schedule's own per-window bytes (tests/plan check it).
+struct MemoryTerms {
+  std::vector<double> fixed;              // [2L + 1] the buffers every plan has (weights, ring, gradients, ...)
+  std::vector<double> boundary;           // [L] boundary i kept on the device (i < L; boundary L is fixed)
+  std::vector<WindowSpan> boundary_span;  // [L] from its producer to its layer's backward
+  std::vector<double> internals;          // [L] layer l keeps its internals
+  std::vector<WindowSpan> internals_span; // [L]
+  double recompute = 0;                   // the compute's buffers for a layer that recomputes its internals
+  WindowSpan recompute_span;              //   (present when any layer does)
+  double cache_slot = 0;                  // one slot of the recompute cache (a boundary), per dropped depth
+  WindowSpan cache_span;
+  int num_windows() const { return int(fixed.size()); }
+  // Per window: fixed, the plan's device boundaries and kept internals (what every memory model counts alike).
+  std::vector<double> stored_bytes(const Plan& plan) const;
+  // ... and the recompute buffers and cache: the executor's bytes.
+  std::vector<double> window_bytes(const Plan& plan) const;
+};
+MemoryTerms memory_terms(const ModelConfig& cfg, int64_t B, int64_t T, const ExecOptions& o);
 
 // The executor's prediction of its peak device memory for a plan — what the planner and the refusal use.
 inline size_t predict_peak_device_bytes(const ModelConfig& cfg, int64_t B, int64_t T, const Plan& plan,

@@ -2,6 +2,7 @@
 // the launch runs (the CPU device's compute stream).
 #include "model/layer_compute.h"
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -20,23 +21,23 @@ class CpuLayerCompute final : public LayerCompute {
   // Each layer computes with its own kind's shape (hybrid models: the view says which mixer it has).
   void forward(void* x_out, void* kept, const void* x_in, const BlockView& w) override {
     const BlockShape s = b_.shape.for_layer(w.kind);
-    LayerInternals li = bind_internals(kept, b_.acts, s);
+    LayerInternals li = bind_internals(kept, b_.working_copy, s);
     block_forward(x_out, li.acts, x_in, w, b_.tok, s, li.stored);
   }
   void recompute_internals(const void* x_in, const BlockView& w) override {
     const BlockShape s = b_.shape.for_layer(w.kind);
-    LayerInternals li = bind_internals(nullptr, b_.acts, s);
+    LayerInternals li = bind_internals(nullptr, b_.working_copy, s);
     block_recompute_internals(li.acts, x_in, w, b_.tok, s);
   }
   void backward_mlp(BlockGrads& g, const float* dx_out, void* kept, const BlockView& w) override {
     const BlockShape s = b_.shape.for_layer(w.kind);
-    LayerInternals li = bind_internals(kept, b_.acts, s);
+    LayerInternals li = bind_internals(kept, b_.working_copy, s);
     BlockScratch sc = BlockScratch::bind(b_.backward_scratch, s);
     block_backward_mlp(g, sc, dx_out, li.acts, w, s, li.saved, li.stored);
   }
   void backward_attention(float* dx_in, BlockGrads& g, const void* x_in, void* kept, const BlockView& w) override {
     const BlockShape s = b_.shape.for_layer(w.kind);
-    LayerInternals li = bind_internals(kept, b_.acts, s);
+    LayerInternals li = bind_internals(kept, b_.working_copy, s);
     BlockScratch sc = BlockScratch::bind(b_.backward_scratch, s);
     block_backward_attention(dx_in, g, sc, x_in, li.acts, w, b_.tok, s);
   }
@@ -64,5 +65,38 @@ class CpuLayerCompute final : public LayerCompute {
 }  // namespace
 
 std::unique_ptr<LayerCompute> make_cpu_layer_compute() { return std::make_unique<CpuLayerCompute>(); }
+
+std::vector<ComputeBuffer> cpu_compute_buffers(const ModelConfig& cfg, const BlockShape& s) {
+  size_t working = 0, scratch = 0;
+  for (int64_t l = 0; l < cfg.num_layers; ++l) {
+    const BlockShape sl = s.for_layer(cfg.layer_kind(l));
+    working = std::max(working, BlockActs::floats(sl) * sizeof(float));
+    scratch = std::max(scratch, BlockScratch::floats(sl) * sizeof(float));
+  }
+  return {{ComputeBufferRole::working_copy, "working copy", working, ComputeSpan::step, s.act == DType::f32},
+          {ComputeBufferRole::backward_scratch, "backward scratch", scratch, ComputeSpan::backward}};
+}
+
+void bind_compute_buffers(ComputeBinding& b, const std::vector<ComputeBuffer>& buffers, const std::vector<void*>& ptrs) {
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    void* p = ptrs[i];
+    switch (buffers[i].role) {
+      case ComputeBufferRole::working_copy: b.working_copy = static_cast<float*>(p); break;
+      case ComputeBufferRole::backward_scratch: b.backward_scratch = static_cast<float*>(p); break;
+      case ComputeBufferRole::recompute_internals: b.recompute_stored = p; break;
+      case ComputeBufferRole::block_scratch: b.block_scratch = p; break;
+      case ComputeBufferRole::head_workspace: b.head_workspace = p; break;
+      case ComputeBufferRole::loss: break;  // the head call's, not the binding's
+      case ComputeBufferRole::rope_table: {
+        // cos [T, D/2] at the table, sin after it
+        const size_t half = buffers[i].bytes / 2 / sizeof(float);
+        b.rope_cos = static_cast<const float*>(p);
+        b.rope_sin = p ? static_cast<const float*>(p) + half : nullptr;
+        break;
+      }
+      case ComputeBufferRole::gemm_workspace: b.gemm_workspace = p; break;
+    }
+  }
+}
 
 }  // namespace lt

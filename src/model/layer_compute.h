@@ -12,8 +12,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "model/block.h"
+#include "model/config.h"
 #include "ops/head.h"
 #include "ops/linear.h"
 
@@ -23,9 +25,9 @@ namespace lt {
 struct ComputeBinding {
   BlockShape shape{};
   TokenInfo tok{};                   // pos [N], doc_ids [B, T] or null
-  // CPU compute: the f32 working copy of a layer's internals ("internals scratch", BlockActs::floats) and
-  // the backward's scratch ("backward scratch", BlockScratch::floats).
-  float* acts = nullptr;
+  // CPU compute: the f32 working copy of a layer's internals ("working copy", BlockActs::floats) and the
+  // backward's scratch ("backward scratch", BlockScratch::floats).
+  float* working_copy = nullptr;
   float* backward_scratch = nullptr;
   // GPU compute: the block's scratch ("block scratch", gpu_block_scratch_bytes), the stored internals of a layer
   // that does not keep them ("recompute internals", block_stored_bytes), the head's workspace, the RoPE table
@@ -54,6 +56,37 @@ struct HeadCall {
   HeadShape shape{};
   double* loss = nullptr;       // one f64 of device memory: Σ CE over counted tokens (written)
 };
+
+// The device buffers a layer compute keeps beside the step's boundaries and kept internals, declared once by the
+// compute (cpu_compute_buffers below; cuda::gpu_compute_buffers) and read by every user: the step's schedule
+// (exec/step_schedule.h: its memory, and the executor's binding through bind_compute_buffers), the planner's
+// instance (through the schedule) and the profiler's rig (plan/measure.cpp).
+enum class ComputeBufferRole : uint8_t {
+  working_copy,         // CPU: the f32 working copy of one layer's internals (BlockActs::floats)
+  backward_scratch,     // CPU: the backward's temporaries (BlockScratch::floats)
+  recompute_internals,  // GPU: the stored internals of a layer that does not keep its own (block_stored_bytes)
+  block_scratch,        // GPU: the block's carve, forward and backward (gpu_block_scratch_bytes)
+  head_workspace,       // GPU: one logits chunk (head_workspace_bytes)
+  loss,                 // GPU: the head's loss, one f64, downloaded
+  rope_table,           // GPU: cos then sin [T, D/2] f32 each, uploaded with the tokens
+  gemm_workspace,       // GPU: cuBLASLt's split-K reductions (kGemmWorkspaceBytes)
+};
+// The part of the step a compute buffer is reserved for: all of it, the backward windows, or the head's window.
+enum class ComputeSpan : uint8_t { step, backward, head };
+struct ComputeBuffer {
+  ComputeBufferRole role;
+  const char* tag;     // its name in the working set: "working copy", "block scratch", ...
+  size_t bytes = 0;
+  ComputeSpan span = ComputeSpan::step;
+  bool only_when_recomputing = false;  // needed only by plans in which some layer recomputes its internals
+};
+// The CPU block's and head's (model/block.h, ops/head.h): the working copy (at f32 storage only when some layer
+// recomputes: a kept layer computes in its own internals then) and the backward scratch, each for the largest of
+// the model's layer kinds.
+std::vector<ComputeBuffer> cpu_compute_buffers(const ModelConfig& cfg, const BlockShape& s);
+// The binding's pointers for `buffers` at the device addresses `ptrs` (parallel to it; null: not allocated).
+void bind_compute_buffers(ComputeBinding& binding, const std::vector<ComputeBuffer>& buffers,
+                          const std::vector<void*>& ptrs);
 
 class LayerCompute {
  public:

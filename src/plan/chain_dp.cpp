@@ -32,7 +32,7 @@ struct KeptCounts {
 
   KeptCounts(const Instance& in, double budget) {
     for (int64_t l = 0; l < in.L; ++l) {
-      const double b = in.I[size_t(l)];
+      const double b = in.mem.internals[size_t(l)];
       const auto it = std::find(bytes.begin(), bytes.end(), b);
       group.push_back(int(it - bytes.begin()));
       if (it == bytes.end()) bytes.push_back(b);

@@ -147,38 +147,23 @@ TransferWindows TransferWindows::from_json(const nlohmann::json& j, const Instan
 
 std::vector<double> window_device_bytes(const Instance& in, const Plan& plan0, MemoryModel model) {
   const Plan plan = normalize_plan(plan0);
+  // The executor's: its schedule's buffers as linear terms (the recompute buffers all step and the recompute
+  // cache, at the deepest run, over the backward whenever any layer needs them).
+  if (model == MemoryModel::executor) return in.mem.window_bytes(plan);
+  // Finer lifetimes: the scratch only in windows that recompute, the cache only as deep as the run rebuilt.
   const int64_t L = in.L;
-  const int nw = in.num_windows();
-  int64_t depth = 0;
-  bool any_recompute = false;
-  for (int64_t i = 0; i < L; ++i) {
-    if (!plan.keep_internals[size_t(i)]) any_recompute = true;
-    if (!plan.stored(i)) depth = std::max(depth, i - plan.source_below(i));
-  }
-  std::vector<double> bytes(static_cast<size_t>(nw));
-  for (int w = 0; w < nw; ++w) {
-    double m = in.fixed_window(w);
-    // Device-tier boundary i lives F(max(i-1, 0)) .. B(i); kept internals of layer l F(l) .. B(l).
-    for (int64_t i = 0; i < L; ++i) {
-      if (plan.boundary[size_t(i)] == Tier::device && w >= in.fwd(std::max<int64_t>(i - 1, 0)) && w <= in.bwd(i))
-        m += in.A;
-      if (plan.keep_internals[size_t(i)] && w >= in.fwd(i) && w <= in.bwd(i)) m += in.I[size_t(i)];
-    }
-    const bool backward = w > L;
-    if (model == MemoryModel::executor) {
-      // Internals scratch all step, the recompute cache (deepest run) all backward.
-      if (any_recompute) m += in.recompute_scratch();
-      if (backward) m += in.A * double(depth);
-    } else if (w < L) {
+  std::vector<double> bytes = in.mem.stored_bytes(plan);
+  for (int w = 0; w < in.num_windows(); ++w) {
+    double& m = bytes[size_t(w)];
+    if (w < L) {
       if (!plan.keep_internals[size_t(w)]) m += in.recompute_scratch();  // layer w's internals: the scratch
-    } else if (backward) {
+    } else if (w > L) {
       const int64_t k = 2 * L - w;
       if (!plan.keep_internals[size_t(k)]) m += in.recompute_scratch();  // the recomputed internals
       // The recompute cache in B(k), k dropped: boundaries source+1 .. k, rebuilt at the run's top and kept
       // until their own backward.
       if (!plan.stored(k)) m += double(k - plan.source_below(k)) * in.A;
     }
-    bytes[size_t(w)] = m;
   }
   return bytes;
 }

@@ -19,31 +19,7 @@ std::string Instance::window_name(int w) const { return lt::window_name(w, L); }
 
 int Instance::window_from_name(const std::string& s) const { return window_parse(s, L); }
 
-double Instance::fixed_window(int w) const {
-  // The executor's lifetimes (exec/working_set.cpp): weight buffers, tokens and the ring for the whole step;
-  // the head's input from F(L-1) to H; the head's weights and gradients in H; activation gradients from H on;
-  // gradient buffers and backward scratch over the backward.
-  const ExecOptions& e = opt.exec;
-  double m = double(e.weight_buffers) * W + tokens + double(e.boundary_ring) * A;
-  if (w == L - 1) m += A;
-  if (w == L || e.resident_head) m += HW;
-  if (w == L) m += A + HG + 2 * AG;
-  if (w > L) m += double(e.grad_buffers) * G + BS + 2 * AG;
-  // B(L-1): the buffers that start there may not take the head gradients' memory while their download may
-  // still run (exec/working_set.cpp, conflict()), so that memory stays taken one window longer.
-  if (w == L + 1) m += HG;
-  if (scratch_always) m += IS;
-  m += gpu_always;
-  if (w == L) m += gpu_head;
-  if (w == L || w == L + 1) m += gpu_loss;  // downloaded: taken one window longer, as the head gradients
-  return m;
-}
-
-double Instance::fixed_peak() const {
-  double m = 0;
-  for (int w = 0; w < num_windows(); ++w) m = std::max(m, fixed_window(w));
-  return m;
-}
+double Instance::fixed_peak() const { return *std::max_element(mem.fixed.begin(), mem.fixed.end()); }
 
 double Instance::prologue() const { return std::max(embed_f, token_upload / bw_h2d) + (A + Wl[0]) / bw_h2d; }
 
@@ -142,26 +118,13 @@ Instance make_instance(const ModelConfig& cfg, int64_t B, int64_t T, const Profi
   auto al = [](double bytes) { return double(align_up(size_t(std::ceil(bytes)), kDeviceAlign)); };
   in.A = al(double(s.boundary_bytes()));
   in.A_nvme = double(align_up(s.boundary_bytes(), kPageAlign));
-  const LayerBytes lb = LayerBytes::make(cfg, s, mdt);
-  for (int64_t l = 0; l < in.L; ++l) in.I.push_back(al(double(lb.stored[size_t(l)])));
-  if (o.exec.kernels == LayerKernels::cpu) {
-    in.IS = al(double(lb.acts_floats) * 4);
-    in.scratch_always = s.act != DType::f32;
-    in.BS = al(double(lb.scratch_floats) * 4);
-  } else {  // exec/working_set.cpp's GPU buffers
-    const GpuComputeBytes g = GpuComputeBytes::make(cfg, s, mdt);
-    in.IS = al(double(g.recompute_internals));
-    in.gpu_always = al(double(g.block_scratch)) + al(double(g.rope_table)) + al(double(g.gemm_workspace));
-    in.gpu_head = al(double(g.head_workspace));
-    in.gpu_loss = al(double(g.loss));
-  }
-  in.AG = al(double(N * C) * 4);
-  in.W = al(double(lb.weights));
-  in.G = al(double(lb.grads));
+  in.mem = memory_terms(cfg, B, T, o.exec);
   for (int64_t l = 0; l < in.L; ++l) {
     const SlabLayout g = SlabLayout::make_layer(cfg, l, DType::f32);
     in.Wl.push_back(al(double(SlabLayout::make_layer(cfg, l, mdt).bytes())));
     in.Gl.push_back(al(double(g.bytes())));
+    in.W = std::max(in.W, in.Wl.back());
+    in.G = std::max(in.G, in.Gl.back());
     in.mlp_grad_share.push_back(1.0 - double(g.entry(kMlpGradsFirst).offset) / double(g.bytes()));
   }
   double hw = double(SlabLayout::make(cfg, SlabKind::head, mdt).bytes());
@@ -172,7 +135,6 @@ Instance make_instance(const ModelConfig& cfg, int64_t B, int64_t T, const Profi
   }
   in.HW = al(hw);
   in.HG = al(hg);
-  in.tokens = al(double(N) * 4 * 3);
   in.token_upload = double(N) * 4 * 2;
 
   in.f = profile.forward_s;

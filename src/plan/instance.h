@@ -9,7 +9,7 @@
 // Layers may differ (Qwen3.5 / Qwen3.6 interleave Gated DeltaNet and gated attention layers): each layer's kept
 // internals, weight and gradient bytes, accumulation, optimizer update and FLOPs are its own ([L] vectors); the
 // device buffers every layer passes through (weights, gradients, the working copy, scratch) have the largest
-// layer's size, as the executor's working set allocates them (exec/working_set.h, LayerBytes).
+// layer's size, as the executor's schedule declares them (exec/step_schedule.h).
 //
 // Legend: L layers, B batch rows, T tokens per row, N = B*T, C hidden.
 #pragma once
@@ -28,9 +28,9 @@ namespace lt {
 
 // Which device-memory model the planner constrains, per window.
 enum class MemoryModel : uint8_t {
-  // The executor's: plan_working_set()'s buffers with their lifetimes (window_bytes), replicated as linear
-  // functions of the plan: the internals scratch over the whole step and the recompute output and cache
-  // (at the deepest run) over the whole backward whenever any layer needs them.
+  // The executor's: its schedule's buffers with their lifetimes, as linear terms of the plan (MemoryTerms): the
+  // compute's recompute buffers over their span and the recompute cache (at the deepest run) over the backward
+  // whenever any layer needs them.
   executor,
   // Finer lifetimes (what an executor that frees per window could reach): the scratch and recompute output
   // only in windows that recompute, the recompute cache only as deep as the run being rebuilt.
@@ -80,27 +80,19 @@ struct Instance {
   // Bytes (each rounded up to the device's 256-byte allocation unit, as the working set counts them).
   double A = 0;        // one boundary [N, C] in the activation storage dtype
   double A_nvme = 0;   // one boundary on NVMe (4 KiB pages)
-  std::vector<double> I;  // [L] layer l's kept internals (block_stored_bytes of its shape)
-  double IS = 0;       // the f32 working copy of one layer's internals ("internals scratch", BlockActs), or the
-                       // GPU block's "recompute internals"
-  // At bf16 storage the working copy is on the device all step (every layer computes in it); at f32 only when
-  // some layer recomputes (the kept internals are then the working copy itself).
-  bool scratch_always = false;
-  // The scratch a plan adds when some layer recomputes (0 when it is there anyway).
-  double recompute_scratch() const { return scratch_always ? 0.0 : IS; }
+  // The executor's device memory per window as linear terms of the plan (exec/working_set.h: memory_terms, read
+  // off the executor's schedule): what every plan takes, each device boundary's and kept internals' bytes over
+  // their spans (mem.internals[l]: layer l's kept internals), the compute's recompute buffers, the recompute cache.
+  MemoryTerms mem;
+  double fixed_window(int w) const { return mem.fixed[size_t(w)]; }  // what every plan takes in window w
+  double fixed_peak() const;                                         // the largest of them
+  double recompute_scratch() const { return mem.recompute; }         // what a plan adds when some layer recomputes
   double W = 0;        // the largest layer's weights (compute copy): one weight buffer
   double G = 0;        // the largest layer's gradients (f32): one gradient buffer
   std::vector<double> Wl, Gl;  // [L] layer l's weights and gradients, as its uploads and downloads move them
   double weights_of(int64_t a, int64_t b) const;  // Σ Wl over layers a .. b-1 (a recompute segment's uploads)
   double HW = 0, HG = 0;  // head weights / gradients (lm_head counted here when tied)
-  double tokens = 0;   // device buffer: positions, targets, document ids
   double token_upload = 0;  // uploaded each step: positions and targets (unpacked batches)
-  double BS = 0;       // backward scratch (the CPU block's)
-  // The GPU block (ExecOptions::kernels): its scratch, the RoPE table and the GEMM workspace all step; the head's
-  // workspace in H and its loss, downloaded, H and B(L-1). IS is then the stored internals a recomputed layer
-  // uses ("recompute internals").
-  double gpu_always = 0, gpu_head = 0, gpu_loss = 0;
-  double AG = 0;       // one activation gradient [N, C] (f32 whatever the storage)
   // Times (seconds).
   std::vector<double> f, b, r;  // [L] forward, backward, recompute
   double head = 0, embed_f = 0, embed_b = 0;
@@ -139,11 +131,6 @@ struct Instance {
   int64_t first_resident() const { return L > opt.exec.weight_buffers ? L - opt.exec.weight_buffers : 0; }
   int window_from_name(const std::string& name) const;  // -1 if not a window
 
-  // Device bytes of window w that do not depend on the plan (weights, gradient buffers, tokens, the ring,
-  // the head's buffers, backward scratch, activation gradients), with the executor's lifetimes.
-  double fixed_window(int w) const;
-  // The largest of them (for messages).
-  double fixed_peak() const;
   // What the download in backward window B(k) carries (the gradients of the layer above, or the head's), and
   // the host's accumulation of it; the epilogue takes layer 0's.
   double grads_down(int64_t k) const;

@@ -73,7 +73,13 @@ Profile measure_profile(const ModelConfig& cfg0, int64_t B, int64_t T, const Mea
   init_random(params, o.seed);
   ModelSlabs copy(one, mdt);
   make_compute_copy(copy, params);
-  const LayerBytes lb = LayerBytes::make(cfg, s, mdt);
+  // The sizes every layer passes through (the largest layer's), as the executor's buffers have them.
+  size_t weight_bytes = 0, grad_bytes = 0, stored_bytes = 0;
+  for (int64_t l = 0; l < L; ++l) {
+    weight_bytes = std::max(weight_bytes, SlabLayout::make_layer(cfg, l, mdt).bytes());
+    grad_bytes = std::max(grad_bytes, SlabLayout::make_layer(cfg, l, DType::f32).bytes());
+    stored_bytes = std::max(stored_bytes, block_stored_bytes(s.for_layer(cfg.layer_kind(l))));
+  }
 
   std::unique_ptr<Device> dev = open_device(o.device, o.device_memory, o.link, o.gpu);
   const LayerKernels kernels = device_layer_kernels(o.device, s.act);
@@ -101,36 +107,30 @@ Profile measure_profile(const ModelConfig& cfg0, int64_t B, int64_t T, const Mea
   } cleanup{*dev, allocs};
 
   const size_t xbytes = s.boundary_bytes(), dxbytes = size_t(N * C) * 4;
-  auto* w = static_cast<uint8_t*>(dalloc(lb.weights, "weights"));
-  auto* g = static_cast<uint8_t*>(dalloc(lb.grads, "grads"));
+  auto* w = static_cast<uint8_t*>(dalloc(weight_bytes, "weights"));
+  auto* g = static_cast<uint8_t*>(dalloc(grad_bytes, "grads"));
   auto* x_in = static_cast<uint8_t*>(dalloc(xbytes, "x_in"));
   auto* x_out = static_cast<uint8_t*>(dalloc(xbytes, "x_out"));
   auto* dx_in = static_cast<float*>(dalloc(dxbytes, "dx_in"));
   auto* dx_out = static_cast<float*>(dalloc(dxbytes, "dx_out"));
-  // A kept layer's internals, and the compute's scratch as the executor's working set has it (a layer that
-  // recomputes its internals uses the same scratch after the kept layer's backward).
-  auto* kept = dalloc(*std::max_element(lb.stored.begin(), lb.stored.end()), "kept internals");
+  // A kept layer's internals, and the compute's own buffers as it declares them for the executor (a layer that
+  // recomputes its internals uses the same buffers after the kept layer's backward).
+  auto* kept = dalloc(stored_bytes, "kept internals");
   auto* pos = static_cast<int32_t*>(dalloc(size_t(N) * 4, "positions"));
   auto* targets = static_cast<int32_t*>(dalloc(size_t(N) * 4, "targets"));
   auto* loss = static_cast<double*>(dalloc(sizeof(double), "loss"));
   ComputeBinding binding;
   binding.shape = s;
   binding.tok = TokenInfo{pos, nullptr};
+  const std::vector<ComputeBuffer> compute_buffers = layer_compute_buffers(kernels, cfg, s, mdt);
+  std::vector<void*> compute_ptrs;
+  for (const ComputeBuffer& b : compute_buffers) compute_ptrs.push_back(dalloc(b.bytes, b.tag));
+  bind_compute_buffers(binding, compute_buffers, compute_ptrs);
   std::vector<float> rope_host;
-  if (kernels == LayerKernels::cpu) {
-    binding.acts = static_cast<float*>(dalloc(lb.acts_floats * 4, "working copy"));
-    binding.backward_scratch = static_cast<float*>(dalloc(lb.scratch_floats * 4, "scratch"));
-  } else {
-    const GpuComputeBytes g = GpuComputeBytes::make(cfg, s, mdt);
-    binding.recompute_stored = dalloc(g.recompute_internals, "recompute internals");
-    binding.block_scratch = dalloc(g.block_scratch, "block scratch");
-    binding.head_workspace = dalloc(g.head_workspace, "head workspace");
-    binding.gemm_workspace = dalloc(g.gemm_workspace, "gemm workspace");
-    rope_host.resize(size_t(2 * g.rope_half));
-    rope_table(rope_host.data(), rope_host.data() + g.rope_half, T, s.rotary, s.rope_theta);
-    auto* rope = static_cast<float*>(dalloc(g.rope_table, "rope table"));
-    binding.rope_cos = rope;
-    binding.rope_sin = rope + g.rope_half;
+  if (binding.rope_cos) {  // the GPU block's RoPE table, as the executor uploads it
+    const int64_t half = T * (s.D / 2);
+    rope_host.resize(size_t(2 * half));
+    rope_table(rope_host.data(), rope_host.data() + half, T, s.rotary, s.rope_theta);
   }
 
   // Host inputs.
@@ -295,7 +295,7 @@ Profile measure_profile(const ModelConfig& cfg0, int64_t B, int64_t T, const Mea
 
   // The link: one layer's weights up and gradients down, alone and together (both directions busy).
   {
-    const size_t bytes = std::max({lb.weights, lb.grads, xbytes});
+    const size_t bytes = std::max({weight_bytes, grad_bytes, xbytes});
     std::vector<uint8_t> host_src(bytes, 1), host_dst(bytes, 0);
     // Pinned, as the executor's streamed slabs and host buffers are (Device::pin_host; nothing on the CPU device):
     // a pageable copy on a GPU goes through the driver's bounce buffer at a fraction of the link's speed.
@@ -337,7 +337,7 @@ Profile measure_profile(const ModelConfig& cfg0, int64_t B, int64_t T, const Mea
 
   // Gradient accumulation on a HostWorker, the executor's loop (fixed chunks, dst += src).
   {
-    const size_t n = lb.grads / 4;
+    const size_t n = grad_bytes / 4;
     std::vector<float> dst(n, 0.0f), src(n, 1.0f);
     HostWorker hw("host", dev.get());
     TraceRecorder hrec;
@@ -351,7 +351,7 @@ Profile measure_profile(const ModelConfig& cfg0, int64_t B, int64_t T, const Mea
     hw.drain();
     std::vector<double> t;
     for (int rep = 1; rep <= o.reps; ++rep) t.push_back(op_seconds(hrec, fmt::format("accumulate#{}", rep)));
-    p.accumulate_gbps = double(lb.grads) / 1e9 / fastest(t);
+    p.accumulate_gbps = double(grad_bytes) / 1e9 / fastest(t);
   }
 
   // The host optimizer: the fused Hybrid 8-bit AdamW update of one layer slab (optim/adamw.h).

@@ -362,21 +362,23 @@ Built build(const Instance& in) {
   }
 
   // --- device memory, per window ---------------------------------------------------------------------
-  // Executor model: plan_working_set()'s lifetimes (device boundary i F(i-1)..B(i), kept internals F(l)..B(l),
-  // scratch all step and the recompute cache over the backward when any layer recomputes, y and R).
-  // Lifetime model: scratch only where used, the recompute cache only as deep as the run's top.
+  // Executor model: the executor's schedule's memory as linear terms (Instance::mem, exec/working_set.h): each
+  // device boundary and kept internals over its span, the recompute buffers (y) and the recompute cache at the
+  // deepest run (R) over theirs. Lifetime model: scratch only where used, the recompute cache only as deep as the
+  // run's top.
   const double budget = double(in.budget.device_bytes);
   const double A = in.A * kGBScale, S = in.recompute_scratch() * kGBScale;
+  const MemoryTerms& mem = in.mem;
   for (int w = 0; w < nw; ++w) {
     std::vector<std::pair<int, double>> t;
     double rhs = (budget - in.fixed_window(w)) * kGBScale;
-    const int64_t dev_upto = w < L ? std::min<int64_t>(w + 1, L - 1) : w == L ? L - 1 : 2 * L - w;
-    const int64_t keep_upto = w < L ? w : w == L ? L - 1 : 2 * L - w;  // inclusive
-    for (int64_t i = 0; i <= dev_upto; ++i) t.push_back({v.dev[size_t(i)], A});
-    for (int64_t q = 0; q <= keep_upto; ++q) t.push_back({v.keep[size_t(q)], in.I[size_t(q)] * kGBScale});
+    for (int64_t i = 0; i < L; ++i) {
+      if (mem.boundary_span[size_t(i)].contains(w)) t.push_back({v.dev[size_t(i)], mem.boundary[size_t(i)] * kGBScale});
+      if (mem.internals_span[size_t(i)].contains(w)) t.push_back({v.keep[size_t(i)], mem.internals[size_t(i)] * kGBScale});
+    }
     if (static_mem) {
-      t.push_back({v.y, S});
-      if (w > L) t.push_back({v.R, A});
+      if (mem.recompute_span.contains(w)) t.push_back({v.y, S});
+      if (mem.cache_span.contains(w)) t.push_back({v.R, mem.cache_slot * kGBScale});
     } else if (w < L) {
       t.push_back({v.keep[size_t(w)], -S});  // layer w's internals: kept (counted) or in the scratch
       rhs -= S;

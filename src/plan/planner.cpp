@@ -83,17 +83,12 @@ MemoryNeed minimum_device_memory(const Instance& in) {
   }
   MemoryNeed n;
   n.device_bytes = best;
-  // The scratch is the CPU block's backward scratch, or the GPU block's (its scratch, RoPE table, GEMM workspace
-  // and the head's workspace).
-  const bool gpu = in.opt.exec.kernels == LayerKernels::gpu;
   n.breakdown = fmt::format(
-      "{} weight buffers {} + gradient buffers {} + head {} + {} {} + one layer's internals {} + "
-      "boundaries {} x {} (ring, head input, activation gradients, a recompute run of {}, {} on the "
-      "device), in the executor's largest window",
-      in.opt.exec.weight_buffers, gb(in.opt.exec.weight_buffers * in.W), gb(in.opt.exec.grad_buffers * in.G),
-      gb(in.HW + in.HG), gpu ? "GPU block scratch, RoPE table, GEMM and head workspaces" : "backward scratch",
-      gb(gpu ? in.gpu_always + in.gpu_head : in.BS), gb(in.IS),
-      int64_t(in.opt.exec.boundary_ring) + 3 + best_r + best_dev, gb(in.A), best_r, best_dev);
+      "the buffers every plan has {} in their largest window ({} weight buffers of {}, {} gradient buffers of {}, "
+      "head {}, the ring, the compute's scratch) + the compute's recompute buffers {} + boundaries {} x {} (a "
+      "recompute run of {}, {} on the device), in the executor's largest window",
+      gb(in.fixed_peak()), in.opt.exec.weight_buffers, gb(in.W), in.opt.exec.grad_buffers, gb(in.G),
+      gb(in.HW + in.HG), gb(in.recompute_scratch()), best_r + best_dev, gb(in.A), best_r, best_dev);
   return n;
 }
 

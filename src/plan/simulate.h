@@ -1,16 +1,10 @@
-// plan/simulate.h — a discrete-event simulator of one executor step: the plan's operations on the
-// executor's streams (compute, h2d, d2h), the host worker and an NVMe lane, with the executor's own
-// dependencies (weight buffer ready / free, boundary ring slots, offload landed before fetch, gradient
-// buffers and host staging slots), timed from a profile.
-//
-// It issues operations in exactly the order src/exec/executor.cpp does (forward, head, backward with
-// recompute segments and the recompute cache) and runs them as the devices would: each lane in order, an
-// operation starting when its lane is free and its dependencies are done; copies in the two directions
-// share the link at the profile's duplex rates while both are busy. Transfers placed in windows by a plan's
-// "windows" field are issued at their window (the hook the executor will implement; docs/planner.md).
+// plan/simulate.h — a discrete-event simulator of one executor step: the executor's own schedule of the step
+// (exec/step_schedule.h: its operations on the streams and host lanes, in its order, with its deps), timed with
+// the instance's costs. Each lane runs in order, an operation starting when its lane is free and its deps are
+// done; copies in the two directions share the link at the profile's duplex rates while both are busy.
 //
 // It predicts the step time, exposed time per link (the compute lane waiting on each), the executor's peak
-// device memory (its working set), host activation memory and NVMe space.
+// device memory (the schedule's working set), host activation memory and NVMe space.
 #pragma once
 
 #include <string>
@@ -19,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "exec/plan.h"
+#include "exec/step_schedule.h"
 #include "plan/cost_model.h"
 #include "plan/instance.h"
 
@@ -54,6 +49,8 @@ struct SimOptions {
 };
 
 SimResult simulate(const Instance& in, const Plan& plan, const TransferWindows& windows, const SimOptions& o = {});
+// One schedule as it is (with the update operations it has, if any): step_s and iteration_s are its length.
+SimResult simulate_schedule(const Instance& in, const StepSchedule& schedule, const SimOptions& o = {});
 inline SimResult simulate(const Instance& in, const Plan& plan, const SimOptions& o = {}) {
   return simulate(in, plan, TransferWindows::natural(in, plan), o);
 }

@@ -1,11 +1,11 @@
-// The host lane and its staging slots: jobs in order, the first error reported at drain, later jobs
-// dropped — and no slot wait that can outlive a failure (a dropped job's guard releases its slot, a failed
-// releaser or abort() ends a wait).
+// The host lanes: jobs in order, each after what it waits for (the executor's deps on other lanes), the first
+// error reported at drain, later jobs dropped — and no wait that can outlive a failure.
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <chrono>
 #include <future>
+#include <mutex>
 #include <thread>
 
 #include "core/error.h"
@@ -44,46 +44,55 @@ TEST(HostWorker, RunsInOrderAndReportsTheFirstError) {
   EXPECT_EQ(ran, (std::vector<int>{1, 4}));
 }
 
-TEST(HostSlots, AcquireWaitsForTheRelease) {
-  HostSlots slots(1);
-  slots.acquire(0);
-  std::atomic<bool> released{false};
-  std::thread t([&] {
-    std::this_thread::sleep_for(30ms);
-    released = true;
-    slots.release(0);
-  });
-  slots.acquire(0);
-  EXPECT_TRUE(released);
-  t.join();
-}
-
-TEST(HostSlots, ADroppedJobsGuardReleasesItsSlot) {
+// A job waits for what it is given to wait for before it starts, and its recorded time starts after the wait (the
+// trace shows the lane's work, not its waiting).
+TEST(HostWorker, AJobStartsAfterItsWaitsAndItsTimeExcludesThem) {
   auto dev = make_cpu_device(1 << 20);
   HostWorker w("host", dev.get());
-  HostSlots slots(1);
-  slots.acquire(0);
+  struct Sink : OpSink {
+    std::vector<OpRecord> ops;
+    std::mutex m;
+    void record(const OpRecord& op) override {
+      std::lock_guard<std::mutex> lock(m);
+      ops.push_back(op);
+    }
+  } sink;
+  w.set_sink(&sink);
+  std::promise<void> gate;
   std::atomic<bool> ran{false};
-  w.submit([] { LT_FAIL("first job broke"); }, "first");
-  w.submit([&, guard = slots.release_guard(0)] { ran = true; }, "consumer");  // dropped unrun
-  EXPECT_TRUE(finishes_within([&] { slots.acquire(0); }, 2000ms));
-  EXPECT_FALSE(ran);
-  EXPECT_THROW(w.drain(), Error);
+  w.submit([&] { ran = true; }, "gated", -1, 0, {gate.get_future().share()});
+  std::this_thread::sleep_for(50ms);
+  EXPECT_FALSE(ran);  // still waiting
+  gate.set_value();
+  w.drain();
+  EXPECT_TRUE(ran);
+  ASSERT_EQ(sink.ops.size(), 1u);
+  EXPECT_LT(sink.ops[0].end - sink.ops[0].start, 0.025);  // the job itself, not the 50 ms it waited
 }
 
-TEST(HostSlots, AWaitEndsWhenItsReleaserFailsOrOnAbort) {
+// A wait whose promise breaks (its producer was dropped after a failure) or carries an error fails the job: nothing
+// waits forever, and drain reports it.
+TEST(HostWorker, ABrokenOrFailedWaitFailsTheJob) {
   auto dev = make_cpu_device(1 << 20);
   HostWorker w("host", dev.get());
-  HostSlots slots(2);
-  slots.acquire(0);
-  slots.acquire(1);
-  w.submit([] { LT_FAIL("the releaser broke"); }, "releaser");
-  EXPECT_TRUE(finishes_within([&] { slots.acquire(0, &w); }, 2000ms));  // would never be released
-  EXPECT_THROW(w.drain(), Error);
-  auto waiting = std::async(std::launch::async, [&] { slots.acquire(1); });
-  EXPECT_EQ(waiting.wait_for(50ms), std::future_status::timeout);  // still busy: waits
-  slots.abort();
-  EXPECT_EQ(waiting.wait_for(2000ms), std::future_status::ready);
+  std::atomic<int> ran{0};
+  {
+    auto producer = std::make_shared<std::promise<void>>();
+    w.submit([&] { ++ran; }, "consumer", -1, 0, {producer->get_future().share()});
+    producer.reset();  // dropped unrun: its promise breaks
+  }
+  EXPECT_TRUE(finishes_within([&] { EXPECT_THROW(w.drain(), std::future_error); }, 2000ms));
+  std::promise<void> failed;
+  failed.set_exception(std::make_exception_ptr(Error("the producer broke", "test")));
+  w.submit([&] { ++ran; }, "consumer 2", -1, 0, {failed.get_future().share()});
+  w.submit([&] { ++ran; }, "after it");  // dropped: after a failure
+  try {
+    w.drain();
+    FAIL() << "expected the producer's error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("the producer broke"), std::string::npos);
+  }
+  EXPECT_EQ(ran, 0);
 }
 
 }  // namespace

@@ -85,13 +85,13 @@ inline Instance random_instance(Rng& rng, int64_t L, MemoryModel memory, bool re
     W[k] = round_up(MB * (0.3 + 2 * rng.uniform()));
     G[k] = round_up(W[k] * (1 + rng.uniform()));
   }
-  in.I.clear();
   in.Wl.clear();
   in.Gl.clear();
   in.W = in.G = 0;
+  std::vector<double> internals;
   for (int64_t l = 0; l < L; ++l) {
     const int k = int(rng.below(uint64_t(kinds)));
-    in.I.push_back(I[k]);
+    internals.push_back(I[k]);
     in.Wl.push_back(W[k]);
     in.Gl.push_back(G[k]);
     in.W = std::max(in.W, W[k]);
@@ -99,8 +99,35 @@ inline Instance random_instance(Rng& rng, int64_t L, MemoryModel memory, bool re
   }
   in.HW = round_up(in.W * (0.5 + rng.uniform()));
   in.HG = in.HW * 2;
-  in.BS = round_up(in.I[0] * (0.5 + rng.uniform()));
-  in.tokens = 1e3;
+  // The memory terms with these sizes, shaped as the executor's (weights, ring and tokens all step; the head's
+  // buffers in H; gradient buffers, backward scratch and activation gradients over the backward; boundaries and
+  // internals over their spans), with the terms' spans as make_instance read them off the schedule.
+  {
+    MemoryTerms& m = in.mem;
+    const int nw = in.num_windows();
+    const double scratch = round_up(internals[0] * (0.5 + rng.uniform())), tokens = 1e3;
+    const ExecOptions& e = in.opt.exec;
+    m.fixed.assign(size_t(nw), 0.0);
+    for (int w = 0; w < nw; ++w) {
+      double f = double(e.weight_buffers) * in.W + tokens + double(e.boundary_ring) * in.A;
+      if (w == L - 1 || w == L) f += in.A;  // the head's input
+      if (w == L) f += in.HW + in.HG;
+      if (w >= L) f += 2 * in.A;            // activation gradients (f32: about twice a bf16 boundary)
+      if (w > L) f += double(e.grad_buffers) * in.G + scratch;
+      if (w == L + 1) f += in.HG;           // downloaded in H: taken one window longer
+      m.fixed[size_t(w)] = f;
+    }
+    m.boundary.assign(size_t(L), in.A);
+    m.internals = internals;
+    for (int64_t i = 0; i < L; ++i) {
+      m.boundary_span.push_back({in.fwd(std::max<int64_t>(i - 1, 0)), in.bwd(i)});
+      m.internals_span.push_back({in.fwd(i), in.bwd(i)});
+    }
+    m.recompute = round_up(internals[0] * (0.8 + rng.uniform()));
+    m.recompute_span = {0, nw - 1};
+    m.cache_slot = in.A;
+    m.cache_span = {in.bwd(L - 1), nw - 1};
+  }
   // Bandwidths: a weight upload takes 0.2 .. 1.5 of a forward, an offload 0.2 .. 2.
   const double f = 1e-3;
   in.bw_h2d = in.W / (f * (0.2 + 1.3 * rng.uniform()));
@@ -119,7 +146,7 @@ inline Instance random_instance(Rng& rng, int64_t L, MemoryModel memory, bool re
   Plan small = Plan::every(L, L);  // everything dropped but boundary 0
   const double hi = evaluate(in, keep).model_device_bytes;
   const double lo = evaluate(in, small).model_device_bytes;
-  const double lo2 = std::min(lo, in.fixed_peak() + in.I[0] + in.A);
+  const double lo2 = std::min(lo, in.fixed_peak() + in.mem.internals[0] + in.A);
   in.budget.device_bytes = size_t(lo2 + (hi - lo2) * rng.uniform() * 1.05);
   in.budget.host_act_bytes = size_t(in.A * double(rng.below(uint64_t(L + 1))));
   in.allow_host = rng.below(5) != 0;
@@ -180,7 +207,7 @@ inline Instance realistic_instance(Rng& rng, int64_t L, MemoryModel memory, bool
   // the planner's window model (each window's transfers overlap its compute) does not describe.
   in.opt.exec.weight_buffers = 2 + int(rng.below(3));
   const double hi = evaluate(in, Plan::keep_all(L)).model_device_bytes;
-  const double lo = std::min(evaluate(in, Plan::every(L, L)).model_device_bytes, in.fixed_peak() + in.I[0] + in.A);
+  const double lo = std::min(evaluate(in, Plan::every(L, L)).model_device_bytes, in.fixed_peak() + in.mem.internals[0] + in.A);
   in.budget.device_bytes = size_t(lo + (hi - lo) * rng.uniform() * 1.05);
   in.budget.host_act_bytes = size_t(in.A * double(rng.below(uint64_t(L + 1))));
   if (nvme) in.budget.nvme_bytes = size_t(in.A_nvme * double(rng.below(uint64_t(L + 1))));

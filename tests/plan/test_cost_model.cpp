@@ -80,7 +80,7 @@ TEST(CostModel, ExecutorWindowBytesEqualTheWorkingSetHybrid) {
     Instance in = make_instance(cfg, B, T, prof, Budgets{size_t(1) << 40, 0, 0}, o);
     bool differ = false;
     for (int64_t l = 0; l < L; ++l) {
-      differ |= in.I[size_t(l)] != in.I[0];
+      differ |= in.mem.internals[size_t(l)] != in.mem.internals[0];
       EXPECT_LE(in.Wl[size_t(l)], in.W);
       EXPECT_LE(in.Gl[size_t(l)], in.G);
     }
@@ -244,8 +244,8 @@ TEST(Hardware, ProfilesCarryTheirLayerCompute) {
   gpu_block.kernels = LayerKernels::gpu;
   const Plan every = Plan::every(cfg.num_layers, 1);
   const WorkingSet a = plan_working_set(cfg, 2, 128, every, cpu_block), b = plan_working_set(cfg, 2, 128, every, gpu_block);
-  EXPECT_NO_THROW(a.buffer("internals scratch"));
-  EXPECT_THROW(b.buffer("internals scratch"), Error);
+  EXPECT_NO_THROW(a.buffer("working copy"));
+  EXPECT_THROW(b.buffer("working copy"), Error);
   EXPECT_NO_THROW(b.buffer("block scratch"));
   EXPECT_EQ(b.buffer("recompute internals").bytes, align_up(block_stored_bytes(BlockShape::make(cfg, 2, 128, DType::bf16)),
                                                             kDeviceAlign));

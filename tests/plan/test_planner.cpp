@@ -170,7 +170,7 @@ TEST(Planner, Qwen36_27BAtThePapersSetting) {
   EXPECT_LE(rep.best.prediction.nvme_bytes, double(rq.budget.nvme_bytes));
   // Layers differ: a Gated DeltaNet layer (0) and a gated attention layer (3) keep and cost their own.
   const Instance& in = rep.instance;
-  EXPECT_NE(in.I[0], in.I[3]);
+  EXPECT_NE(in.mem.internals[0], in.mem.internals[3]);
   EXPECT_NE(in.f[0], in.f[3]);
   const double tflops = rep.best.prediction.tflops_6nd(in);
   EXPECT_GT(tflops, 150);

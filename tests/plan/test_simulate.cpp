@@ -102,6 +102,33 @@ TEST(Simulate, MemoryIsTheExecutorsWorkingSet) {
   }
 }
 
+// The simulator times the executor's schedule itself: an operation moved in it moves the simulated timeline and
+// the memory figures together. The head's weights uploaded first, ahead of every layer's: on a link-bound step
+// each forward upload waits behind them (the step grows by about their transfer), and they hold their memory
+// through every forward window.
+TEST(Simulate, AMovedOperationMovesTheTimelineAndTheMemoryTogether) {
+  Rng rng(8);
+  Instance in = testing::realistic_instance(rng, 5, MemoryModel::executor);
+  in.bw_h2d = in.W / (4 * in.f[0]);  // a layer's upload takes four forwards: the forward is link-bound
+  in.bw_sum = 0;
+  const StepSchedule s = build_step_schedule(in.cfg, in.B, in.T, Plan::keep_all(in.L), in.opt.exec);
+  StepSchedule moved = s;
+  auto find = [](const StepSchedule& x, const std::string& name) {
+    for (int i = 0; i < int(x.ops.size()); ++i)
+      if (x.ops[size_t(i)].name == name) return i;
+    return -1;
+  };
+  move_operation(moved, find(s, "h2d head"), find(s, "fwd L0"), 0);
+  const SimResult a = simulate_schedule(in, s), b = simulate_schedule(in, moved);
+  EXPECT_GT(b.step_s, a.step_s + 0.5 * in.HW / in.bw_h2d) << a.step_s << " s before, " << b.step_s << " s after";
+  EXPECT_NEAR(a.h2d_bytes, b.h2d_bytes, 1.0);  // the same bytes, moved
+  const double head = double(s.buffer("head weights").bytes);
+  for (int w = 0; w < int(in.L); ++w)
+    EXPECT_EQ(double(moved.memory.window_bytes[size_t(w)]), double(s.memory.window_bytes[size_t(w)]) + head) << w;
+  EXPECT_EQ(b.peak_device_bytes, moved.memory.device_bytes());
+  EXPECT_GE(b.window_device_bytes, a.window_device_bytes);
+}
+
 TEST(Simulate, NvmeTierGoesThroughTheNvmeLane) {
   Rng rng(4);
   Instance in = testing::realistic_instance(rng, 6, MemoryModel::executor, true);
