@@ -71,6 +71,8 @@ double recompute_seconds(const TraceRecorder& trace) {
 
 void run_bench_step(const BenchStepOptions& o) {
   if (o.threads > 0) set_num_threads(o.threads);
+  const Backend backend = o.dev.backend();
+  const KernelScope kernels = backend.kernels();
   LT_CHECK(o.steps >= 1, "--steps must be at least 1");
   LT_CHECK(o.accumulate == 1 || (!o.dev.policy.empty() && o.dev.policy != "in-memory" && !o.microbatches),
            "--accumulate runs micro-batches on the streaming executor: give --policy, and not --microbatches");
@@ -88,7 +90,7 @@ void run_bench_step(const BenchStepOptions& o) {
     weights = &*copy;
   }
   // A GPU has no in-memory path: keep-all is its reference (exec/backend.h).
-  const std::string policy = !o.dev.policy.empty() ? o.dev.policy : o.dev.device == "cuda" ? "keep-all" : "in-memory";
+  const std::string policy = !o.dev.policy.empty() ? o.dev.policy : backend.reference_policy();
   nlohmann::json best;
   double best_s = 1e300;
   // One device and one executor (or one workspace) for all steps, as in training: buffers and their

@@ -29,17 +29,19 @@ struct GradOptions {
 
 void run_grad(const GradOptions& o) {
   if (o.threads > 0) set_num_threads(o.threads);
+  const Backend backend = o.dev.backend();
+  const KernelScope kernels = backend.kernels();
   ComputeType compute = o.dtype == "bf16" ? ComputeType::bf16 : ComputeType::f32;
   LoadedModel m = load_hf_model(o.model_dir);
   Batch batch = Batch::load(o.batch_path, m.config.vocab_size);
   ModelSlabs grads(m.config, DType::f32);
   nlohmann::json line;
-  if (o.dev.policy.empty() && o.dev.device != "cuda") {
+  if (o.dev.policy.empty() && backend.has_in_memory_path()) {
     Timer timer;
     LossResult r = model_forward_backward(grads, m.params, batch, o.dev.precision(compute));
     line = {{"loss", r.loss()}, {"tokens", r.tokens}, {"seconds", timer.seconds()}};
   } else {
-    Plan plan = Plan::parse(o.dev.policy.empty() ? "keep-all" : o.dev.policy, m.config.num_layers);
+    Plan plan = Plan::parse(o.dev.policy.empty() ? backend.reference_policy() : o.dev.policy, m.config.num_layers);
     std::unique_ptr<Device> device = o.dev.make_device();
     const ExecOptions eo = o.dev.exec_options(compute, &plan);
     std::optional<ModelSlabs> copy;

@@ -35,12 +35,12 @@ void run_profile(const ProfileOptions& o) {
   LT_CHECK(o.batch >= 1 && o.seq >= 1, "--batch and --seq must be >= 1 (got {} and {})", o.batch, o.seq);
   const ModelConfig cfg = load_model_config(o.model);
   MeasureOptions mo;
-  mo.device = o.device;
+  mo.backend = Backend::parse(o.device, "--device");
   mo.device_memory = parse_size(o.device_memory, "--device-memory");
   mo.link = LinkSpec{o.h2d_gbps > 0 ? o.h2d_gbps : o.link_gbps, o.d2h_gbps > 0 ? o.d2h_gbps : o.link_gbps,
                      o.latency_us * 1e-6};
   mo.compute = o.dtype == "bf16" ? ComputeType::bf16 : ComputeType::f32;
-  mo.activations = device_activation_storage(o.device, o.activation_dtype, mo.compute, "--activation-dtype");
+  mo.activations = mo.backend.activation_storage(o.activation_dtype, mo.compute, "--activation-dtype");
   mo.reps = o.reps;
   mo.nvme_dir = o.nvme_dir;
   mo.nvme_probe_bytes = parse_size(o.nvme_probe, "--nvme-probe");
@@ -80,7 +80,7 @@ void register_profile(CLI::App& app) {
   cmd->add_option("--batch", o->batch, "rows per step (B)")->required();
   cmd->add_option("--seq", o->seq, "tokens per row (T)")->required();
   cmd->add_option("--device", o->device, "device to measure: cpu, cuda (GPU 0) or cuda-sim (exec/backend.h)")
-      ->check(CLI::IsMember({"cpu", "cuda", "cuda-sim"}));
+      ->check(CLI::IsMember(Backend::names()));
   cmd->add_option("--device-memory", o->device_memory, "device memory (the emulated device's capacity)");
   cmd->add_option("--link-gbps", o->link_gbps, "emulated host<->device bandwidth per direction, GB/s (0 = unlimited)")
       ->check(CLI::NonNegativeNumber);

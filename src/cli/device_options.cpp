@@ -4,7 +4,6 @@
 
 #include "core/error.h"
 #include "core/units.h"
-#include "cuda/sim_ops.h"
 #include "exec/backend.h"
 #include "io/nvme.h"
 
@@ -21,8 +20,7 @@ void DeviceOptions::add_to(CLI::App& cmd) {
   cmd.add_option("--device", device,
                  "device to run on: cpu; cuda (GPU 0; the streaming executor only: keep-all without --policy); or "
                  "cuda-sim (the CUDA kernels emulated on the CPU; small models)")
-      ->check(CLI::IsMember({"cpu", "cuda", "cuda-sim"}))
-      ->each([](const std::string& name) { cuda::use_cuda_sim_kernels(name == "cuda-sim"); });
+      ->check(CLI::IsMember(Backend::names()));
   cmd.add_option("--device-memory", device_memory, "device memory budget (bytes or with a unit: 512MiB, 8GiB, 80GB)");
   cmd.add_option("--link-gbps", link_gbps, "emulated host<->device bandwidth per direction, GB/s (0 = unlimited)")
       ->check(CLI::NonNegativeNumber);
@@ -46,15 +44,17 @@ void DeviceOptions::add_to(CLI::App& cmd) {
                "keep the head's weights on the device all step (micro-batches after the first do not upload them)");
 }
 
+Backend DeviceOptions::backend() const { return Backend::parse(device, "--device"); }
+
 Precision DeviceOptions::precision(ComputeType compute) const {
-  return Precision(compute, device_activation_storage(device, activation_dtype, compute, "--activation-dtype"));
+  return Precision(compute, backend().activation_storage(activation_dtype, compute, "--activation-dtype"));
 }
 
 ExecOptions DeviceOptions::exec_options(ComputeType compute, const Plan* plan) const {
   ExecOptions eo;
   eo.compute = compute;
   eo.activations = precision(compute).activations;
-  eo.kernels = device_layer_kernels(device, eo.activations);
+  eo.kernels = backend().layer_kernels(eo.activations);
   LT_CHECK(mlp_chunk < 0 || mlp_chunk % kTokenSlice == 0, "--mlp-chunk {}: must be a multiple of {} (0: one chunk)",
            mlp_chunk, kTokenSlice);
   eo.mlp_chunk_tokens = mlp_chunk >= 0 ? mlp_chunk : plan ? plan->mlp_chunk_tokens : 0;
@@ -68,7 +68,7 @@ LinkSpec DeviceOptions::link() const {
 }
 
 std::unique_ptr<Device> DeviceOptions::make_device() const {
-  return open_device(device, parse_size(device_memory, "--device-memory"), link());
+  return backend().open(parse_size(device_memory, "--device-memory"), link());
 }
 
 std::unique_ptr<NvmeStore> DeviceOptions::open_nvme(size_t bytes) const {

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "device/device.h"
+#include "exec/backend.h"
 #include "exec/executor.h"
 #include "plan/instance.h"
 
@@ -33,11 +34,13 @@ struct DeviceOptions {
   int64_t mlp_chunk = -1;  // --mlp-chunk: tokens per MLP chunk; -1: the plan file's, else one chunk
 
   void add_to(CLI::App& cmd);
+  Backend backend() const;  // --device, parsed
   // The executor's options; `plan` supplies the MLP chunk when --mlp-chunk is not given.
   ExecOptions exec_options(ComputeType compute, const Plan* plan = nullptr) const;
   // The GEMM compute type with the activation storage --activation-dtype resolves to for it.
   Precision precision(ComputeType compute) const;
   LinkSpec link() const;
+  // The device (under cuda-sim, run its work inside backend().kernels()).
   std::unique_ptr<Device> make_device() const;
   // The NVMe store for a plan that needs `bytes` of it (null when bytes == 0); refuses a plan that
   // needs one without --nvme-dir. Logs the I/O path in use and its probed bandwidth to stderr.

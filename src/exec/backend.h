@@ -1,19 +1,23 @@
-// exec/backend.h — what a device name (`--device`, the training config's `device:`) means: the Device the
-// executor streams through, the layer compute it launches (model/layer_compute.h), and the activation storage.
+// exec/backend.h — what a device kind (`--device`, the training config's `device:`) means, parsed once into a
+// Backend that carries its defaults: the Device the executor streams through, the layer compute it launches
+// (model/layer_compute.h), the activation storage, the GEMM dtype `auto` picks, and the reference policy.
 //
 //   cpu       the CPU device (an emulated accelerator: an arena, stream threads, an emulated link) and the CPU
 //             block and head.
-//   cuda      a CUDA device (cuda/cuda_device.h) and the GPU block and head (cuda/layers.h). The GPU stores bf16
+//   cuda      a CUDA device (cuda/cuda_device.h) and the CUDA block and head (cuda/layers.h). It stores bf16
 //             activations: `auto` means bf16 whatever the GEMM dtype, f32 is refused. There is no in-memory path
 //             on a GPU: the keep-all plan is its reference, and every plan gives its bits.
-//   cuda-sim  the CPU device with the CUDA kernels emulated (cuda/sim_ops.h installs them under the host ops). At
-//             bf16 activation storage the executor launches the GPU block and head under cuda-sim — what `cuda`
-//             runs, on the CPU; at f32 storage (which the GPU block does not take) and on the in-memory path, the
-//             CPU block's sequence of ops, each on its CUDA kernel.
+//   cuda-sim  the CPU device with the CUDA kernels emulated (cuda/sim_ops.h routes the host ops to them while a
+//             Backend::kernels() scope lives). At bf16 activation storage the executor launches the CUDA block and
+//             head under cuda-sim — what `cuda` runs, on the CPU; at f32 storage (which the CUDA block does not take)
+//             and on the in-memory path, the CPU block's sequence of ops, each on its CUDA kernel.
+//
+// Nothing outside this file and the parsers compares device names.
 #pragma once
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "device/device.h"
 #include "exec/working_set.h"
@@ -22,24 +26,53 @@
 
 namespace lt {
 
-// lt::Error unless `device` is cpu, cuda or cuda-sim; `what` names the option ("--device", "device").
-void check_device_name(const std::string& device, const std::string& what);
+enum class DeviceKind : uint8_t { cpu, cuda, cuda_sim };
 
-// The activation storage `name` (bf16, f32, auto) resolves to on `device` for GEMMs in `compute`.
-DType device_activation_storage(const std::string& device, const std::string& name, ComputeType compute,
-                                const std::string& what);
+// While it lives, the host ops run on the kernels of the backend that made it (cuda-sim: the CUDA kernels under
+// cuda-sim; cpu and cuda: the CPU ops, for the host's own work); the previous routing is restored when it goes.
+class KernelScope {
+ public:
+  explicit KernelScope(bool cuda_sim);
+  ~KernelScope();
+  KernelScope(const KernelScope&) = delete;
+  KernelScope& operator=(const KernelScope&) = delete;
 
-// The layer compute the executor launches on `device` at activation storage `act`.
-LayerKernels device_layer_kernels(const std::string& device, DType act);
+ private:
+  bool previous_;
+};
 
-// The buffers the layer compute `kernels` keeps (model/layer_compute.h's list): the CPU block's, or the GPU block's.
+struct Backend {
+  DeviceKind kind = DeviceKind::cpu;
+
+  // lt::Error naming `what` (the option: "--device", "device") unless `name` is cpu, cuda or cuda-sim.
+  static Backend parse(const std::string& name, const std::string& what);
+  static std::vector<std::string> names();  // "cpu", "cuda", "cuda-sim"
+  const char* name() const;
+
+  // The GEMM dtype `compute_dtype: auto` means: bf16 on a GPU's tensor cores; on the CPU (and cuda-sim) bf16 where
+  // the host's bf16 GEMM is native, else f32 (ops/gemm.h widens bf16 operands there). `why` says which and why.
+  ComputeType auto_compute(std::string* why) const;
+  // The activation storage `asked` (bf16, f32, auto) resolves to for GEMMs in `compute`; `what` names the option.
+  DType activation_storage(const std::string& asked, ComputeType compute, const std::string& what) const;
+  // The layer compute the executor launches at activation storage `act`.
+  LayerKernels layer_kernels(DType act) const;
+  // The reference path: the in-memory model where there is one (cpu, cuda-sim), else the keep-all plan (cuda).
+  bool has_in_memory_path() const { return kind != DeviceKind::cuda; }
+  const char* reference_policy() const { return has_in_memory_path() ? "in-memory" : "keep-all"; }
+  // Whether the host memory the streams copy is worth pinning (a GPU's DMA; the CPU device copies with memcpy).
+  bool pins_host_memory() const { return kind == DeviceKind::cuda; }
+
+  // Opens the device: for cpu and cuda-sim the CPU device with `capacity` bytes and `link`; for cuda GPU `gpu` with
+  // an arena of `capacity` bytes (the link is the hardware's: `link` must be unlimited). Under cuda-sim, run its
+  // work inside kernels().
+  std::unique_ptr<Device> open(size_t capacity, LinkSpec link, int gpu = 0) const;
+  // The routing of the host ops for this backend's work (see KernelScope).
+  KernelScope kernels() const { return KernelScope(kind == DeviceKind::cuda_sim); }
+};
+
+// The buffers the layer compute `kernels` keeps (model/layer_compute.h's list): the CPU block's, or the CUDA block's.
 std::vector<ComputeBuffer> layer_compute_buffers(LayerKernels kernels, const ModelConfig& cfg, const BlockShape& s,
                                                  DType matrices);
-
-// Opens the device: for cpu and cuda-sim the CPU device with `capacity` bytes and `link`; for cuda GPU 0 with an
-// arena of `capacity` bytes (the link is the hardware's: `link` must be unlimited). Also routes the host ops to the
-// cuda-sim kernels for cuda-sim and back for the others (not while a step runs).
-std::unique_ptr<Device> open_device(const std::string& device, size_t capacity, LinkSpec link, int gpu = 0);
 
 // Model slabs the streams copy (the weights the device streams, the gradients it writes back) pinned on `device`
 // (Device::pin_host; nothing on the CPU device) while this lives: declare it after the slabs and the device, so

@@ -25,9 +25,9 @@
 namespace lt {
 
 // What computes a step's layers and head (model/layer_compute.h): the CPU block and head (model/block.h,
-// ops/head.h), or the GPU block and head (cuda/layers.h: on a CUDA device, or under cuda-sim), which keep
-// different scratch — the working set counts the one the step launches.
-enum class LayerKernels : uint8_t { cpu, gpu };
+// ops/head.h), or the CUDA block and head (cuda/layers.h: on a CUDA device, or under cuda-sim), which keep
+// different buffers — the schedule counts the ones the step launches.
+enum class LayerKernels : uint8_t { cpu, cuda };
 
 struct ExecOptions {
   ComputeType compute = ComputeType::f32;

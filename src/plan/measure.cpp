@@ -81,10 +81,11 @@ Profile measure_profile(const ModelConfig& cfg0, int64_t B, int64_t T, const Mea
     stored_bytes = std::max(stored_bytes, block_stored_bytes(s.for_layer(cfg.layer_kind(l))));
   }
 
-  std::unique_ptr<Device> dev = open_device(o.device, o.device_memory, o.link, o.gpu);
-  const LayerKernels kernels = device_layer_kernels(o.device, s.act);
+  const KernelScope scope = o.backend.kernels();
+  std::unique_ptr<Device> dev = o.backend.open(o.device_memory, o.link, o.gpu);
+  const LayerKernels kernels = o.backend.layer_kernels(s.act);
   std::unique_ptr<LayerCompute> compute =
-      kernels == LayerKernels::gpu ? cuda::make_gpu_layer_compute(*dev) : make_cpu_layer_compute();
+      kernels == LayerKernels::cuda ? cuda::make_gpu_layer_compute(*dev) : make_cpu_layer_compute();
   TraceRecorder rec;
   dev->set_sink(&rec);
   std::vector<void*> allocs;
@@ -163,7 +164,7 @@ Profile measure_profile(const ModelConfig& cfg0, int64_t B, int64_t T, const Mea
   p.seq = T;
   p.compute = o.compute == ComputeType::bf16 ? "bf16" : "f32";
   p.activations = dtype_name(s.act);
-  p.layer_kernels = kernels == LayerKernels::gpu ? "gpu" : "cpu";
+  p.layer_kernels = kernels == LayerKernels::cuda ? "cuda" : "cpu";
   p.device_memory_bytes = o.device_memory;
   p.source = fmt::format("measured by `lazytrain profile` on {} with {} threads, best of {}", dev->name(),
                          num_threads(), o.reps);

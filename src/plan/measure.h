@@ -1,7 +1,8 @@
 // plan/measure.h — `lazytrain profile`: measure a Profile on the device at the real shapes.
 //
 // Everything runs through the paths the executor uses: the device's layer compute (model/layer_compute.h: the
-// CPU block, or the GPU block on a CUDA device) launched on its compute stream (times from the device's own operation records), copies through
+// CPU block, or the CUDA block on a CUDA device) launched on its compute stream (times from the device's own operation
+// records) with its buffers as it declares them for the executor, copies through
 // the device's copy engine (on the CPU device: the emulated link, so what is measured is that link), gradient
 // accumulation on a HostWorker, the host optimizer's fused update (optim/adamw.h) and NVMe through the
 // executor's NvmeStore (its probe).
@@ -10,6 +11,7 @@
 #include <string>
 
 #include "device/device.h"
+#include "exec/backend.h"
 #include "model/config.h"
 #include "ops/linear.h"
 #include "plan/profile.h"
@@ -17,7 +19,7 @@
 namespace lt {
 
 struct MeasureOptions {
-  std::string device = "cpu";               // cpu, cuda or cuda-sim (exec/backend.h)
+  Backend backend;                          // cpu, cuda or cuda-sim (exec/backend.h)
   int gpu = 0;                              // cuda: the device index (a data-parallel rank's local GPU)
   size_t device_memory = size_t(8) << 30;  // the emulated device's capacity (and the profile's default budget)
   LinkSpec link;                           // the emulated link (0 = unlimited)

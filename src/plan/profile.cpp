@@ -68,8 +68,9 @@ Profile Profile::from_json(const nlohmann::json& j, const std::string& src) {
   p.compute = j.value("compute", std::string("f32"));
   p.activations = j.value("activations", std::string("f32"));
   p.layer_kernels = j.value("layer_kernels", std::string("cpu"));
-  LT_CHECK(p.layer_kernels == "cpu" || p.layer_kernels == "gpu", "{}: \"layer_kernels\" is '{}' (expected cpu or gpu)",
-           src, p.layer_kernels);
+  if (p.layer_kernels == "gpu") p.layer_kernels = "cuda";  // the name before it was settled
+  LT_CHECK(p.layer_kernels == "cpu" || p.layer_kernels == "cuda",
+           "{}: \"layer_kernels\" is '{}' (expected cpu or cuda)", src, p.layer_kernels);
   p.forward_s = arr("forward_s");
   p.backward_s = arr("backward_s");
   p.recompute_s = j.contains("recompute_s") ? arr("recompute_s") : p.forward_s;
@@ -104,15 +105,15 @@ Profile Profile::load(const std::string& path) {
 void Profile::save(const std::string& path) const { write_json_file(path, to_json(), 2); }
 
 void Profile::apply_to(ExecOptions& e, const std::string& activation_dtype, const std::string& what) const {
-  if (layer_kernels != "gpu") {
+  if (layer_kernels != "cuda") {
     e.kernels = LayerKernels::cpu;
     e.activations = activation_storage(activation_dtype, e.compute, what);
     return;
   }
   LT_CHECK(activation_dtype == "auto" || activation_dtype == "bf16",
-           "{} {}: profile '{}' is of the GPU block, which stores bf16 activations (use bf16 or auto)", what,
+           "{} {}: profile '{}' is of the CUDA block, which stores bf16 activations (use bf16 or auto)", what,
            activation_dtype, name);
-  e.kernels = LayerKernels::gpu;
+  e.kernels = LayerKernels::cuda;
   e.activations = DType::bf16;
 }
 

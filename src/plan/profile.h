@@ -41,8 +41,9 @@ struct Profile {
   int64_t batch = 0, seq = 0;            // the shape the per-layer times belong to (B, T)
   std::string compute = "f32";           // GEMM compute type: "f32" or "bf16"
   std::string activations = "f32";       // activation storage the times were measured with: "f32" or "bf16"
-  // The layer compute the times are of ("cpu": the CPU block, "gpu": the GPU block, ExecOptions::kernels), so the
-  // executor's working set a plan is checked against is that compute's. Built-in GPU machines: "gpu".
+  // The layer compute the times are of ("cpu": the CPU block, "cuda": the CUDA block, ExecOptions::kernels), so the
+  // executor's working set a plan is checked against is that compute's. Built-in GPU machines: "cuda". Files
+  // written before the name was settled say "gpu", read as "cuda".
   std::string layer_kernels = "cpu";
   std::vector<double> forward_s;         // [L] block_forward on the device
   std::vector<double> backward_s;        // [L] block_backward (parameter-gradient zeroing included)

@@ -182,21 +182,6 @@ struct Window {
   }
 };
 
-// compute_dtype: auto picks what the host does fast: on an AVX2-only CPU, bf16 GEMMs widen their operands
-// to f32 (ops/gemm.h), so f32 compute is faster there and loses nothing; elsewhere bf16. The resolved
-// dtype is what the run records, so resuming on a host that resolves differently is refused.
-std::string resolve_compute_dtype(const std::string& asked, const std::string& device, std::string* why) {
-  if (asked != "auto") return asked;
-  if (device == "cuda") {  // tensor cores: bf16 GEMMs with f32 accumulation
-    *why = " (compute_dtype: auto; bf16 on the GPU)";
-    return "bf16";
-  }
-  const Bf16Route route = gemm_bf16_route();
-  *why = fmt::format(" (compute_dtype: auto; bf16 GEMM on this host ({}): {})", isa_name(isa_level(cpu_features())),
-                     bf16_route_name(route));
-  return route == Bf16Route::native ? "bf16" : "f32";
-}
-
 }  // namespace
 
 ChatTemplateKind train_template_kind(const TrainConfig& c, ModelType type) {
@@ -227,10 +212,16 @@ TrainResult run_training(const TrainConfig& asked) {
   const int ranks = comm.size();
   TrainConfig c = asked;
   std::string compute_why;
-  c.compute_dtype = resolve_compute_dtype(asked.compute_dtype, asked.device, &compute_why);
+  // The device kind, parsed once; under cuda-sim the host ops run on the CUDA kernels for the whole run.
+  const Backend backend = Backend::parse(asked.device, "device");
+  const KernelScope kernels = backend.kernels();
+  // compute_dtype: auto picks what the device does fast. The resolved dtype is what the run records, so resuming on
+  // a host that resolves differently is refused.
+  if (asked.compute_dtype == "auto")
+    c.compute_dtype = backend.auto_compute(&compute_why) == ComputeType::bf16 ? "bf16" : "f32";
   if (c.threads > 0) set_num_threads(int(c.threads));
   const ComputeType compute = c.compute_dtype == "bf16" ? ComputeType::bf16 : ComputeType::f32;
-  const DType activations = device_activation_storage(asked.device, asked.activation_dtype, compute, "activation_dtype");
+  const DType activations = backend.activation_storage(asked.activation_dtype, compute, "activation_dtype");
   c.activation_dtype = dtype_name(activations);  // resolved, as recorded with checkpoints
   check_host_memory_for_parameters(c, ranks);  // before anything is written or loaded
   fs::create_directories(c.output_dir);
@@ -280,7 +271,8 @@ TrainResult run_training(const TrainConfig& asked) {
                           model.from_scratch ? ", random init" : ""));
   log.message(loader.data().summary());
   log.message(fmt::format("compute: {} on {}{}; activations stored in {}", c.compute_dtype,
-                          c.device == "cpu" ? std::string(isa_name(isa_level(cpu_features()))) : c.device, compute_why,
+                          backend.kind == DeviceKind::cpu ? std::string(isa_name(isa_level(cpu_features()))) : c.device,
+                          compute_why,
                           c.activation_dtype));
 
   // --- the plan, and the memory check before any work ---
@@ -289,13 +281,13 @@ TrainResult run_training(const TrainConfig& asked) {
   ExecOptions eo;
   eo.compute = compute;
   eo.activations = activations;
-  eo.kernels = device_layer_kernels(c.device, activations);
+  eo.kernels = backend.layer_kernels(activations);
   eo.weight_buffers = int(c.weight_buffers);
   eo.resident_head = c.resident_head;
   Plan plan;
   if (c.plan == "auto") {
     MeasureOptions mo;
-    mo.device = c.device;
+    mo.backend = backend;
     mo.gpu = launcher_local_rank();
     // The measurement device holds one layer's full working set at this shape; it is not the budget
     // (the planner gets that below), and the CPU device's arena only touches the pages it uses.
@@ -356,10 +348,8 @@ TrainResult run_training(const TrainConfig& asked) {
   }
 
   // --- device, executor, optimizer ---
-  // What the device name runs: exec/backend.h.
-  // Data parallel: each rank its own GPU, local rank r on GPU r.
-  std::unique_ptr<Device> device =
-      open_device(c.device, device_bytes, LinkSpec{c.link_gbps, c.link_gbps, 0}, launcher_local_rank());
+  // What the device kind runs: exec/backend.h. Data parallel: each rank its own GPU, local rank r on GPU r.
+  std::unique_ptr<Device> device = backend.open(device_bytes, LinkSpec{c.link_gbps, c.link_gbps, 0}, launcher_local_rank());
   std::unique_ptr<NvmeStore> nvme;
   if (ws.nvme_bytes > 0) {
     LT_CHECK(!c.nvme_dir.empty(), "plan '{}' uses the nvme tier: set nvme_dir", plan.name);
@@ -377,7 +367,7 @@ TrainResult run_training(const TrainConfig& asked) {
   if (compute == ComputeType::bf16) copy.emplace(mc, DType::bf16);
   // The slabs the streams copy, pinned for a GPU's DMA (the CPU device has nothing to pin).
   PinnedSlabs pins(*device);
-  if (c.device == "cuda") {
+  if (backend.pins_host_memory()) {
     pins.pin(copy ? *copy : model.params, "weights");
     if (ranks == 1) pins.pin(grads, "gradients");  // data parallel: the executor's own staging is pinned
     log.message(fmt::format("pinned {} of host slabs in {:.2f} s", format_bytes(double(pins.bytes())), pins.seconds()));

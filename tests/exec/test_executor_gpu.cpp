@@ -18,7 +18,7 @@ namespace {
 
 ExecOptions gpu_options(ComputeType ct) {
   ExecOptions o;
-  o.kernels = LayerKernels::gpu;
+  o.kernels = LayerKernels::cuda;
   o.compute = ct;
   o.activations = DType::bf16;
   return o;

@@ -115,7 +115,7 @@ TEST(ExecutorHybrid, TheGpuBlockGivesTheKeepAllBitsUnderEveryPlanAndTheCpuBlockT
       weights = &bf16;
     }
     ExecOptions o;
-    o.kernels = LayerKernels::gpu;
+    o.kernels = LayerKernels::cuda;
     o.compute = ct;
     o.activations = DType::bf16;
     const int64_t L = cfg.num_layers;

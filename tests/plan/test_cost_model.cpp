@@ -57,7 +57,7 @@ TEST(CostModel, ExecutorWindowBytesEqualTheWorkingSet) {
     o.exec.weight_buffers = 1 + int(rng.below(3));
     o.exec.resident_head = seed % 4 == 0;
     if (seed % 3 != 0) o.exec.activations = DType::bf16;
-    if (seed % 3 == 2) o.exec.kernels = LayerKernels::gpu;
+    if (seed % 3 == 2) o.exec.kernels = LayerKernels::cuda;
     Profile prof = testing::synthetic_profile(cfg, B, T, rng);
     Instance in = make_instance(cfg, B, T, prof, Budgets{size_t(1) << 40, 0, 0}, o);
     for (int k = 0; k < 5; ++k) expect_windows_are_the_working_set(in, random_plan(L, rng, true), seed);
@@ -75,7 +75,7 @@ TEST(CostModel, ExecutorWindowBytesEqualTheWorkingSetHybrid) {
     o.exec.compute = rng.below(2) ? ComputeType::bf16 : ComputeType::f32;
     o.exec.weight_buffers = 1 + int(rng.below(3));
     if (seed % 3 != 0) o.exec.activations = DType::bf16;
-    if (seed % 3 == 2) o.exec.kernels = LayerKernels::gpu;
+    if (seed % 3 == 2) o.exec.kernels = LayerKernels::cuda;
     Profile prof = testing::synthetic_profile(cfg, B, T, rng);
     Instance in = make_instance(cfg, B, T, prof, Budgets{size_t(1) << 40, 0, 0}, o);
     bool differ = false;
@@ -214,12 +214,12 @@ TEST(Hardware, FlopsAndProfileFromThem) {
 TEST(Hardware, ProfilesCarryTheirLayerCompute) {
   ModelConfig cfg = load_model_config(std::string(LT_SOURCE_DIR) + "/examples/bench-25m/config.json");
   Profile gpu = hardware_profile(*find_hardware("h200"), cfg, 2, 128);
-  EXPECT_EQ(gpu.layer_kernels, "gpu");
-  EXPECT_EQ(Profile::from_json(gpu.to_json(), "test").layer_kernels, "gpu");
+  EXPECT_EQ(gpu.layer_kernels, "cuda");
+  EXPECT_EQ(Profile::from_json(gpu.to_json(), "test").layer_kernels, "cuda");
   ExecOptions e;
   e.compute = ComputeType::bf16;
   gpu.apply_to(e, "auto", "--activation-dtype");
-  EXPECT_EQ(e.kernels, LayerKernels::gpu);
+  EXPECT_EQ(e.kernels, LayerKernels::cuda);
   EXPECT_EQ(e.activations, DType::bf16);
   try {
     gpu.apply_to(e, "f32", "--activation-dtype");
@@ -236,12 +236,14 @@ TEST(Hardware, ProfilesCarryTheirLayerCompute) {
   nlohmann::json j = cpu.to_json();
   j.erase("layer_kernels");  // profiles from before the field: the CPU block's
   EXPECT_EQ(Profile::from_json(j, "old").layer_kernels, "cpu");
+  j["layer_kernels"] = "gpu";  // the spelling before "cuda" was settled
+  EXPECT_EQ(Profile::from_json(j, "old").layer_kernels, "cuda");
   j["layer_kernels"] = "tpu";
   EXPECT_THROW(Profile::from_json(j, "bad"), Error);
   // The GPU block's working set differs from the CPU block's: its own scratch, no f32 working copy.
   ExecOptions cpu_block, gpu_block;
   cpu_block.activations = gpu_block.activations = DType::bf16;
-  gpu_block.kernels = LayerKernels::gpu;
+  gpu_block.kernels = LayerKernels::cuda;
   const Plan every = Plan::every(cfg.num_layers, 1);
   const WorkingSet a = plan_working_set(cfg, 2, 128, every, cpu_block), b = plan_working_set(cfg, 2, 128, every, gpu_block);
   EXPECT_NO_THROW(a.buffer("working copy"));
