@@ -139,178 +139,230 @@ Instance restrict_instance(const Instance& in0) {
   return in;
 }
 
-ChainResult chain_dp(const Instance& in, int64_t work_limit, double time_limit_s) {
-  LT_CHECK(in.restricted, "chain_dp solves the restricted problem: build the instance with restrict_instance()");
-  Timer timer;
-  ChainResult best;
-  best.complete = true;
-  const int64_t L = in.L;
-  Dp dp(in);
-  const double budget = double(in.budget.device_bytes);
-  const bool lifetime = in.memory == MemoryModel::lifetime;
-  const int tiers = in.allow_host ? 2 : 1;  // 0 device, 1 host
-  dp.nd_cap = std::min<int64_t>(L, int64_t(budget / in.A));
-  const KeptCounts kept(in, budget);
-  // Host-tier boundaries are counted only when the host budget can bind.
-  const double host_budget = double(in.budget.host_act_bytes) + 0.5;  // evaluate()'s tolerance
-  const bool count_host = in.allow_host && host_budget < in.A * double(L - 1);
-  const int64_t nh_cap = count_host ? std::min<int64_t>(L, int64_t(host_budget / in.A)) : 0;
-  const int64_t ND = dp.nd_cap + 1, NK = kept.states, NH = nh_cap + 1;
-  auto idx = [&](int64_t s, int t, int k, int64_t nd, int64_t nk, int64_t nh) {
-    return (((((size_t(s) * 2 + size_t(t)) * 2 + size_t(k)) * size_t(ND) + size_t(nd)) * size_t(NK)) + size_t(nk)) *
-               size_t(NH) +
-           size_t(nh);
-  };
-  const size_t n_states = size_t(L + 1) * 4 * size_t(ND) * size_t(NK) * size_t(NH);
-  std::vector<double> val;
-  std::vector<int64_t> parent;
-  int64_t work = 0;
-  double best_obj = kInf;
-  Plan best_plan;
+namespace {
 
-  // Executor model: enumerate the scratch (y: some layer recomputes its internals) and the recompute depth R;
-  // its windows then peak in F(L-1), H or B(L-1), each a function of the totals (checked at the end).
+// The DP over states (stored boundary s, its tier, whether it keeps its internals, device boundaries so far, kept
+// internals so far, host boundaries so far), in passes over the executor model's outer choices (y: some layer
+// recomputes its internals; R: the deepest recompute run), each pass relaxing edges s -> e to the next stored
+// boundary.
+class ChainSearch {
+ public:
+  ChainSearch(const Instance& in, int64_t work_limit, double time_limit_s)
+      : in_(in), L_(in.L), dp_(in), kept_(in, double(in.budget.device_bytes)), work_limit_(work_limit),
+        time_limit_s_(time_limit_s) {
+    budget_ = double(in.budget.device_bytes);
+    lifetime_ = in.memory == MemoryModel::lifetime;
+    tiers_ = in.allow_host ? 2 : 1;  // 0 device, 1 host
+    dp_.nd_cap = std::min<int64_t>(L_, int64_t(budget_ / in.A));
+    // Host-tier boundaries are counted only when the host budget can bind.
+    const double host_budget = double(in.budget.host_act_bytes) + 0.5;  // evaluate()'s tolerance
+    count_host_ = in.allow_host && host_budget < in.A * double(L_ - 1);
+    nh_cap_ = count_host_ ? std::min<int64_t>(L_, int64_t(host_budget / in.A)) : 0;
+    ND_ = dp_.nd_cap + 1;
+    NK_ = kept_.states;
+    NH_ = nh_cap_ + 1;
+    S_ = in.recompute_scratch();
+  }
+
+  ChainResult run() {
+    ChainResult best;
+    best.complete = true;
+    // Executor model: enumerate y and R; its windows then peak in F(L-1), H or B(L-1), each a function of the
+    // totals (checked at the end).
+    std::vector<Outer> outers;
+    if (lifetime_) {
+      outers.push_back({1, L_ - 1});
+    } else {
+      outers.push_back({0, 0});
+      for (int64_t R = 0; R < L_; ++R) outers.push_back({1, R});
+    }
+    for (const Outer& o : outers) {
+      if (!pass(o)) {
+        best.complete = false;
+        break;
+      }
+    }
+    best.seconds = timer_.seconds();
+    best.states = work_;
+    if (best_obj_ < kInf) {
+      best.feasible = true;
+      best.plan = best_plan_;
+      best.objective = evaluate(in_, best_plan_).iteration_s;
+    }
+    return best;
+  }
+
+ private:
   struct Outer {
     int y;
     int64_t R;
   };
-  std::vector<Outer> outers;
-  if (lifetime) outers.push_back({1, L - 1});
-  else {
-    outers.push_back({0, 0});
-    for (int64_t R = 0; R < L; ++R) outers.push_back({1, R});
+
+  size_t idx(int64_t s, int t, int k, int64_t nd, int64_t nk, int64_t nh) const {
+    return (((((size_t(s) * 2 + size_t(t)) * 2 + size_t(k)) * size_t(ND_) + size_t(nd)) * size_t(NK_)) + size_t(nk)) *
+               size_t(NH_) +
+           size_t(nh);
   }
-  for (const Outer& o : outers) {
-    val.assign(n_states, kInf);
-    parent.assign(n_states, -1);
-    const double S = in.recompute_scratch();
-    const double yI = double(o.y) * S;
-    const double static_extra = std::max({in.fixed_window(in.fwd(L - 1)) + yI, in.fixed_window(in.head_window()) + yI,
-                                          in.fixed_window(in.bwd(L - 1)) + yI + double(o.R) * in.A});
-    if (!lifetime && static_extra > budget) continue;
-    // Base: boundary 0 (its "host" tier needs no host memory: the embedding output is there anyway).
+  void relax(size_t to, size_t from, double total) {
+    if (total < val_[to]) {
+      val_[to] = total;
+      parent_[to] = int64_t(from);
+    }
+  }
+  // Counts one unit of work; false once the work or time limit is reached.
+  bool spend() {
+    ++work_;
+    return !((work_limit_ > 0 && work_ > work_limit_) ||
+             (time_limit_s_ > 0 && (work_ & 0xffff) == 0 && timer_.seconds() > time_limit_s_));
+  }
+
+  // One pass for (y, R); false when the limits cut it short.
+  bool pass(const Outer& o) {
+    const size_t n_states = size_t(L_ + 1) * 4 * size_t(ND_) * size_t(NK_) * size_t(NH_);
+    val_.assign(n_states, kInf);
+    parent_.assign(n_states, -1);
+    const double yI = double(o.y) * S_;
+    static_extra_ = std::max({in_.fixed_window(in_.fwd(L_ - 1)) + yI, in_.fixed_window(in_.head_window()) + yI,
+                              in_.fixed_window(in_.bwd(L_ - 1)) + yI + double(o.R) * in_.A});
+    if (!lifetime_ && static_extra_ > budget_) return true;
+    seed(o);
+    for (int64_t s = 0; s < L_; ++s)
+      for (int ts = 0; ts < (s == 0 ? 2 : tiers_); ++ts)
+        for (int ks = 0; ks < 2; ++ks)
+          for (int64_t nd = 0; nd < ND_; ++nd)
+            for (int64_t nk = 0; nk < NK_; ++nk)
+              for (int64_t nh = 0; nh < NH_; ++nh)
+                if (!extend(o, State{s, ts, ks, nd, nk, nh})) return false;
+    take_best();
+    return true;
+  }
+
+  // Boundary 0's states (its "host" tier needs no host memory: the embedding output is there anyway).
+  void seed(const Outer& o) {
     for (int t = 0; t < 2; ++t)
       for (int k = 0; k < 2; ++k) {
         if (o.y == 0 && k == 0) continue;
-        const int64_t nd = t == 0 ? 1 : 0, nk = k ? kept.add(0, 0) : 0;
-        if (nd > dp.nd_cap || nk < 0) continue;
-        if (lifetime) {
-          const double m = in.fixed_window(in.bwd(0)) + in.A * double(nd) + kept.total[size_t(nk)] +
-                           (k ? 0.0 : S);
-          if (m > budget) continue;
+        const int64_t nd = t == 0 ? 1 : 0, nk = k ? kept_.add(0, 0) : 0;
+        if (nd > dp_.nd_cap || nk < 0) continue;
+        if (lifetime_) {
+          const double m = in_.fixed_window(in_.bwd(0)) + in_.A * double(nd) + kept_.total[size_t(nk)] + (k ? 0.0 : S_);
+          if (m > budget_) continue;
         }
-        const double f0 = window_time(in, in.f[0], L > 1 ? in.Wl[1] : in.HW, 0, 0);
-        const double b0 = window_time(in, in.b[0] + (k ? 0.0 : in.r[0]), 0, dp.d2h_of(0), dp.host_of(0));
-        val[idx(0, t, k, nd, nk, 0)] = f0 + b0 + in.prologue() + in.epilogue();
-      }
-    for (int64_t s = 0; s < L; ++s)
-      for (int ts = 0; ts < (s == 0 ? 2 : tiers); ++ts)
-        for (int ks = 0; ks < 2; ++ks)
-          for (int64_t nd = 0; nd < ND; ++nd)
-            for (int64_t nk = 0; nk < NK; ++nk)
-              for (int64_t nh = 0; nh < NH; ++nh) {
-              const size_t from = idx(s, ts, ks, nd, nk, nh);
-              const double v = val[from];
-              if (v == kInf) continue;
-              const bool host_s = ts == 1;
-              const int64_t e_max = std::min<int64_t>(L, s + 1 + o.R);
-              for (int64_t e = s + 1; e <= e_max; ++e) {
-                ++work;
-                if ((work_limit > 0 && work > work_limit) ||
-                    (time_limit_s > 0 && (work & 0xffff) == 0 && timer.seconds() > time_limit_s)) {
-                  best.complete = false;
-                  goto done;
-                }
-                if (o.y == 0 && e > s + 1) break;  // every layer keeps: nothing is dropped
-                if (lifetime && e > s + 1) {  // the recompute cache peaks in B(e-1)
-                  const double m = in.fixed_window(in.bwd(e - 1)) + in.A * double(nd) + kept.total[size_t(nk)] + S +
-                                   in.A * double(e - 1 - s);
-                  if (m > budget) break;
-                }
-                const double mid = dp.between(s, e, host_s);
-                if (e == L) {
-                  const double total = v + mid + dp.head_window(s, host_s);
-                  // Final memory checks.
-                  if (lifetime) {
-                    const int keep_last = s == L - 1 ? ks : 0;
-                    const double mf = in.fixed_window(in.fwd(L - 1)) + in.A * double(nd) + kept.total[size_t(nk)] +
-                                      (keep_last ? 0.0 : S);
-                    const double mh = in.fixed_window(in.head_window()) + in.A * double(nd) + kept.total[size_t(nk)];
-                    if (mf > budget || mh > budget) continue;
-                  } else if (static_extra + in.A * double(nd) + kept.total[size_t(nk)] > budget) {
-                    continue;
-                  }
-                  const size_t to = idx(L, 0, 0, nd, nk, nh);
-                  if (total < val[to]) {
-                    val[to] = total;
-                    parent[to] = int64_t(from);
-                  }
-                  continue;
-                }
-                for (int te = 0; te < tiers; ++te)
-                  for (int ke = 0; ke < 2; ++ke) {
-                    if (o.y == 0 && ke == 0) continue;
-                    const int64_t nd2 = nd + (te == 0 ? 1 : 0), nk2 = ke ? kept.add(nk, e) : nk;
-                    const int64_t nh2 = nh + (count_host && te == 1 ? 1 : 0);
-                    if (nd2 > dp.nd_cap || nk2 < 0 || nh2 > nh_cap) continue;
-                    if (in.A * double(nd2) + kept.total[size_t(nk2)] > budget) continue;
-                    if (lifetime) {
-                      const double m = in.fixed_window(in.bwd(e)) + in.A * double(nd2) + kept.total[size_t(nk2)] +
-                                       (ke ? 0.0 : S);
-                      if (m > budget) continue;
-                    }
-                    const double fe = te == 1 ? dp.f_host[size_t(e)] : dp.f_plain[size_t(e)];
-                    const double total = v + mid + fe + dp.stored_bwd(s, e, host_s, ke == 1);
-                    const size_t to = idx(e, te, ke, nd2, nk2, nh2);
-                    if (total < val[to]) {
-                      val[to] = total;
-                      parent[to] = int64_t(from);
-                    }
-                  }
-              }
-            }
-    // Best end state of this pass.
-    for (int64_t nd = 0; nd < ND; ++nd)
-      for (int64_t nk = 0; nk < NK; ++nk)
-        for (int64_t nh = 0; nh < NH; ++nh) {
-        const size_t end = idx(L, 0, 0, nd, nk, nh);
-        if (val[end] >= best_obj) continue;
-        // Reconstruct.
-        Plan p;
-        p.name = "chain-dp";
-        p.boundary.assign(size_t(L + 1), Tier::drop);
-        p.keep_internals.assign(size_t(L), false);
-        p.boundary[size_t(L)] = Tier::device;
-        size_t cur = size_t(parent[end]);
-        while (true) {
-          size_t rest = cur / size_t(NH);
-          const size_t nk_i = rest % size_t(NK);
-          rest /= size_t(NK);
-          rest /= size_t(ND);
-          const int k = int(rest % 2);
-          rest /= 2;
-          const int t = int(rest % 2);
-          rest /= 2;
-          const int64_t s = int64_t(rest);
-          (void)nk_i;
-          p.boundary[size_t(s)] = t == 0 ? Tier::device : Tier::host;
-          p.keep_internals[size_t(s)] = k == 1;
-          if (s == 0) break;
-          cur = size_t(parent[cur]);
-        }
-        best_obj = val[end];
-        best_plan = p;
+        const double f0 = window_time(in_, in_.f[0], L_ > 1 ? in_.Wl[1] : in_.HW, 0, 0);
+        const double b0 = window_time(in_, in_.b[0] + (k ? 0.0 : in_.r[0]), 0, dp_.d2h_of(0), dp_.host_of(0));
+        val_[idx(0, t, k, nd, nk, 0)] = f0 + b0 + in_.prologue() + in_.epilogue();
       }
   }
-done:
-  best.seconds = timer.seconds();
-  best.states = work;
-  if (best_obj < kInf) {
-    best.feasible = true;
-    best.plan = best_plan;
-    best.objective = evaluate(in, best_plan).iteration_s;
+
+  struct State {
+    int64_t s;
+    int ts, ks;
+    int64_t nd, nk, nh;
+  };
+
+  // Every edge from state `x` to the next stored boundary e (s < e <= s + 1 + R); false when out of work.
+  bool extend(const Outer& o, const State& x) {
+    const size_t from = idx(x.s, x.ts, x.ks, x.nd, x.nk, x.nh);
+    const double v = val_[from];
+    if (v == kInf) return true;
+    const bool host_s = x.ts == 1;
+    const double held = in_.A * double(x.nd) + kept_.total[size_t(x.nk)];
+    const int64_t e_max = std::min<int64_t>(L_, x.s + 1 + o.R);
+    for (int64_t e = x.s + 1; e <= e_max; ++e) {
+      if (!spend()) return false;
+      if (o.y == 0 && e > x.s + 1) break;  // every layer keeps: nothing is dropped
+      if (lifetime_ && e > x.s + 1) {      // the recompute cache peaks in B(e-1)
+        const double m = in_.fixed_window(in_.bwd(e - 1)) + held + S_ + in_.A * double(e - 1 - x.s);
+        if (m > budget_) break;
+      }
+      const double mid = dp_.between(x.s, e, host_s);
+      if (e == L_) {
+        // Final memory checks.
+        if (lifetime_) {
+          const int keep_last = x.s == L_ - 1 ? x.ks : 0;
+          const double mf = in_.fixed_window(in_.fwd(L_ - 1)) + held + (keep_last ? 0.0 : S_);
+          const double mh = in_.fixed_window(in_.head_window()) + held;
+          if (mf > budget_ || mh > budget_) continue;
+        } else if (static_extra_ + held > budget_) {
+          continue;
+        }
+        relax(idx(L_, 0, 0, x.nd, x.nk, x.nh), from, v + mid + dp_.head_window(x.s, host_s));
+        continue;
+      }
+      for (int te = 0; te < tiers_; ++te)
+        for (int ke = 0; ke < 2; ++ke) {
+          if (o.y == 0 && ke == 0) continue;
+          const int64_t nd2 = x.nd + (te == 0 ? 1 : 0), nk2 = ke ? kept_.add(x.nk, e) : x.nk;
+          const int64_t nh2 = x.nh + (count_host_ && te == 1 ? 1 : 0);
+          if (nd2 > dp_.nd_cap || nk2 < 0 || nh2 > nh_cap_) continue;
+          const double held2 = in_.A * double(nd2) + kept_.total[size_t(nk2)];
+          if (held2 > budget_) continue;
+          if (lifetime_ && in_.fixed_window(in_.bwd(e)) + held2 + (ke ? 0.0 : S_) > budget_) continue;
+          const double fe = te == 1 ? dp_.f_host[size_t(e)] : dp_.f_plain[size_t(e)];
+          relax(idx(e, te, ke, nd2, nk2, nh2), from, v + mid + fe + dp_.stored_bwd(x.s, e, host_s, ke == 1));
+        }
+    }
+    return true;
   }
-  return best;
+
+  // The best end state of this pass, if better than the best so far.
+  void take_best() {
+    for (int64_t nd = 0; nd < ND_; ++nd)
+      for (int64_t nk = 0; nk < NK_; ++nk)
+        for (int64_t nh = 0; nh < NH_; ++nh) {
+          const size_t end = idx(L_, 0, 0, nd, nk, nh);
+          if (val_[end] >= best_obj_) continue;
+          best_obj_ = val_[end];
+          best_plan_ = reconstruct(end);
+        }
+  }
+
+  // The plan of an end state, following parents back to boundary 0.
+  Plan reconstruct(size_t end) const {
+    Plan p;
+    p.name = "chain-dp";
+    p.boundary.assign(size_t(L_ + 1), Tier::drop);
+    p.keep_internals.assign(size_t(L_), false);
+    p.boundary[size_t(L_)] = Tier::device;
+    size_t cur = size_t(parent_[end]);
+    while (true) {
+      size_t rest = cur / size_t(NH_) / size_t(NK_) / size_t(ND_);
+      const int k = int(rest % 2);
+      rest /= 2;
+      const int t = int(rest % 2);
+      rest /= 2;
+      const int64_t s = int64_t(rest);
+      p.boundary[size_t(s)] = t == 0 ? Tier::device : Tier::host;
+      p.keep_internals[size_t(s)] = k == 1;
+      if (s == 0) break;
+      cur = size_t(parent_[cur]);
+    }
+    return p;
+  }
+
+  const Instance& in_;
+  const int64_t L_;
+  Dp dp_;
+  const KeptCounts kept_;
+  const int64_t work_limit_;
+  const double time_limit_s_;
+  Timer timer_;
+  double budget_ = 0, S_ = 0, static_extra_ = 0;
+  bool lifetime_ = false, count_host_ = false;
+  int tiers_ = 1;
+  int64_t nh_cap_ = 0, ND_ = 1, NK_ = 1, NH_ = 1;
+  std::vector<double> val_;
+  std::vector<int64_t> parent_;
+  int64_t work_ = 0;
+  double best_obj_ = kInf;
+  Plan best_plan_;
+};
+
+}  // namespace
+
+ChainResult chain_dp(const Instance& in, int64_t work_limit, double time_limit_s) {
+  LT_CHECK(in.restricted, "chain_dp solves the restricted problem: build the instance with restrict_instance()");
+  return ChainSearch(in, work_limit, time_limit_s).run();
 }
 
 ChainResult brute_force(const Instance& in) {

@@ -168,22 +168,18 @@ std::vector<double> window_device_bytes(const Instance& in, const Plan& plan0, M
   return bytes;
 }
 
-Prediction evaluate(const Instance& in, const Plan& plan_in, const TransferWindows& tw) {
-  const Plan plan = normalize_plan(plan_in);
-  plan.validate(in.L);
-  const int64_t L = in.L;
-  const int nw = in.num_windows();
-  Prediction p;
-  p.windows.assign(size_t(nw), WindowCost{});
-  auto& win = p.windows;
-  auto fail = [&](std::string why) {
-    p.feasible = false;
-    p.violations.push_back(std::move(why));
-  };
-  const std::vector<int64_t> src = segment_sources(plan);
-  auto tier = [&](int64_t i) { return plan.boundary[size_t(i)]; };
+namespace {
 
-  // --- compute ---------------------------------------------------------------------------------------
+void fail(Prediction& p, std::string why) {
+  p.feasible = false;
+  p.violations.push_back(std::move(why));
+}
+
+// Compute per window: forwards, the head, backwards with recomputed internals and recompute segments. The step's
+// FLOPs.
+void add_compute(const Instance& in, const Plan& plan, const std::vector<int64_t>& src, Prediction& p) {
+  const int64_t L = in.L;
+  auto& win = p.windows;
   double flops = 0;
   for (int64_t l = 0; l < L; ++l) {
     win[size_t(in.fwd(l))].compute_s += in.f[size_t(l)];
@@ -209,8 +205,15 @@ Prediction evaluate(const Instance& in, const Plan& plan_in, const TransferWindo
         flops += in.layer_flops[size_t(m)];
       }
   }
+  p.real_flops = flops;
+}
 
-  // --- mandatory traffic -----------------------------------------------------------------------------
+// The transfers every plan makes: weights up (the backward's by exec/weight_buffers.h's rule), gradients down and
+// their accumulation, a recompute segment's source fetched once more.
+void add_mandatory_traffic(const Instance& in, const Plan& plan, const std::vector<int64_t>& src, Prediction& p) {
+  const int64_t L = in.L;
+  auto& win = p.windows;
+  auto tier = [&](int64_t i) { return plan.boundary[size_t(i)]; };
   for (int64_t l = 0; l < L; ++l) win[size_t(in.fwd(l))].h2d_bytes += l + 1 < L ? in.Wl[size_t(l + 1)] : in.HW;
   // Backward weights (exec/weight_buffers.h): nothing while the source boundary of what a window needs is at
   // or above the lowest layer the forward left on the device; else layer L-1 again in the head window if a
@@ -236,27 +239,33 @@ Prediction evaluate(const Instance& in, const Plan& plan_in, const TransferWindo
     if (tier(s) != Tier::device) win[size_t(in.bwd(k) - 1)].h2d_bytes += in.A;
     if (tier(s) == Tier::nvme) win[size_t(in.bwd(k) - 1)].nvme_read_bytes += in.A;
   }
+}
 
-  // --- activation transfers in their windows ---------------------------------------------------------
+// The plan's activation transfers in their windows (each share within the windows allowed, adding up to its tier),
+// NVMe staging in host memory; the host tier's bytes.
+void add_activation_transfers(const Instance& in, const Plan& plan, const TransferWindows& tw, Prediction& p,
+                              std::vector<double>& staged, double& host_tier) {
+  const int64_t L = in.L;
+  auto& win = p.windows;
+  const int nw = in.num_windows();
+  auto tier = [&](int64_t i) { return plan.boundary[size_t(i)]; };
   auto check_parts = [&](const char* what, int64_t i, const std::vector<WindowPart>& parts, double need,
                          const std::vector<int>& allowed) {
     double sum = 0;
     for (const WindowPart& q : parts) {
       sum += q.fraction;
-      if (q.fraction < -1e-9) fail(fmt::format("boundary {}: negative {} share", i, what));
+      if (q.fraction < -1e-9) fail(p, fmt::format("boundary {}: negative {} share", i, what));
       if (std::find(allowed.begin(), allowed.end(), q.window) == allowed.end() && q.fraction > 1e-9)
-        fail(fmt::format("boundary {}: {} in window {} (allowed: {} .. {})", i, what, in.window_name(q.window),
+        fail(p, fmt::format("boundary {}: {} in window {} (allowed: {} .. {})", i, what, in.window_name(q.window),
                          allowed.empty() ? "none" : in.window_name(allowed.front()),
                          allowed.empty() ? "none" : in.window_name(allowed.back())));
     }
-    if (std::abs(sum - need) > 1e-6) fail(fmt::format("boundary {}: {} shares sum to {:.6f}, need {}", i, what, sum, need));
+    if (std::abs(sum - need) > 1e-6) fail(p, fmt::format("boundary {}: {} shares sum to {:.6f}, need {}", i, what, sum, need));
   };
-  std::vector<double> staged(static_cast<size_t>(nw), 0.0);  // NVMe staging bytes in host memory per window
   // Boundaries (fractions) offloaded but not yet written, and read but not yet fetched, per window: the
   // executor has kNvmeSlots staging slots each way.
   constexpr double kNvmeSlots = 2;
   std::vector<double> wstage(static_cast<size_t>(nw), 0.0), rstage(static_cast<size_t>(nw), 0.0);
-  double host_tier = 0;
   for (int64_t i = 0; i < L; ++i) {
     const Tier t = tier(i);
     const bool off_device = i == 0 ? t != Tier::device : (t == Tier::host || t == Tier::nvme);
@@ -269,8 +278,8 @@ Prediction evaluate(const Instance& in, const Plan& plan_in, const TransferWindo
       check_parts("nvme read", i, tw.nvme_read[size_t(i)], nv, nvme_read_windows(in, i));
     }
     if (t == Tier::host && i >= 1) host_tier += in.A;
-    if (t == Tier::nvme && !in.allow_nvme) fail(fmt::format("boundary {} is on NVMe but this instance has no NVMe tier", i));
-    if (t == Tier::host && i >= 1 && !in.allow_host) fail(fmt::format("boundary {} is on the host but the host tier is off", i));
+    if (t == Tier::nvme && !in.allow_nvme) fail(p, fmt::format("boundary {} is on NVMe but this instance has no NVMe tier", i));
+    if (t == Tier::host && i >= 1 && !in.allow_host) fail(p, fmt::format("boundary {} is on the host but the host tier is off", i));
     for (const WindowPart& q : tw.offload[size_t(i)]) win[size_t(q.window)].d2h_bytes += q.fraction * in.A;
     for (const WindowPart& q : tw.reload[size_t(i)]) win[size_t(q.window)].h2d_bytes += q.fraction * in.A;
     for (const WindowPart& q : tw.nvme_write[size_t(i)]) win[size_t(q.window)].nvme_write_bytes += q.fraction * in.A;
@@ -289,9 +298,9 @@ Prediction evaluate(const Instance& in, const Plan& plan_in, const TransferWindo
         wstage[size_t(w)] += off - wr;
         rstage[size_t(w)] += rd - rl;
         if (cum(tw.nvme_write[size_t(i)], w, true) > off + 1e-6)
-          fail(fmt::format("boundary {}: NVMe write in {} before its offload", i, in.window_name(w)));
+          fail(p, fmt::format("boundary {}: NVMe write in {} before its offload", i, in.window_name(w)));
         if (cum(tw.reload[size_t(i)], w, true) > rd + 1e-6)
-          fail(fmt::format("boundary {}: reload in {} before its NVMe read", i, in.window_name(w)));
+          fail(p, fmt::format("boundary {}: reload in {} before its NVMe read", i, in.window_name(w)));
       }
       p.nvme_bytes += in.A_nvme;
     }
@@ -299,9 +308,13 @@ Prediction evaluate(const Instance& in, const Plan& plan_in, const TransferWindo
 
   for (int w = 0; w < nw; ++w)
     if (wstage[size_t(w)] > kNvmeSlots + 1e-6 || rstage[size_t(w)] > kNvmeSlots + 1e-6)
-      fail(fmt::format("window {}: more than {} boundaries waiting in NVMe staging", in.window_name(w), kNvmeSlots));
+      fail(p, fmt::format("window {}: more than {} boundaries waiting in NVMe staging", in.window_name(w), kNvmeSlots));
+}
 
-  // --- window times ----------------------------------------------------------------------------------
+// Each window's time (the slowest of its channels) and what it exposes; the step's totals.
+void time_windows(const Instance& in, Prediction& p) {
+  auto& win = p.windows;
+  const int nw = in.num_windows();
   if (in.head_fence) {  // B(L-1)'s compute waits for the head gradients' download
     p.fence_s = in.HG / in.bw_d2h;
     p.exposed_d2h_s += p.fence_s;
@@ -349,8 +362,12 @@ Prediction evaluate(const Instance& in, const Plan& plan_in, const TransferWindo
   p.compute_s += in.embed_f + in.embed_b;
   p.step_s = p.prologue_s + p.epilogue_s + p.fence_s;
   for (const WindowCost& c : win) p.step_s += c.time_s;
+}
 
-  // --- host optimizer: slabs update in order while the next step's forward needs them ----------------
+// The host optimizer: slabs update in order while the next step's forward needs them.
+void add_optimizer_exposure(const Instance& in, Prediction& p) {
+  const int64_t L = in.L;
+  auto& win = p.windows;
   if (in.has_optimizer()) {
     double e = in.opt_embed;  // the embedding lookup waits for the embedding's update
     const double s0 = std::max(in.embed_f, in.token_upload / in.bw_h2d) + in.A / in.bw_h2d;
@@ -364,10 +381,13 @@ Prediction evaluate(const Instance& in, const Plan& plan_in, const TransferWindo
     e = std::max(e, in.opt_before(L) + in.opt_head - start);
     p.optimizer_exposed_s = std::max(0.0, e);
   }
-  p.iteration_s = p.step_s + p.optimizer_exposed_s;
-  p.real_flops = flops;
+}
 
-  // --- memory ----------------------------------------------------------------------------------------
+// Memory per window under the instance's model, and the budgets.
+void check_memory(const Instance& in, const Plan& plan, const std::vector<double>& staged, double host_tier,
+                  Prediction& p) {
+  auto& win = p.windows;
+  const int nw = in.num_windows();
   const std::vector<double> exec_w = window_device_bytes(in, plan, MemoryModel::executor);
   const std::vector<double> life_w = window_device_bytes(in, plan, MemoryModel::lifetime);
   const std::vector<double>& model_w = in.memory == MemoryModel::executor ? exec_w : life_w;
@@ -385,14 +405,34 @@ Prediction evaluate(const Instance& in, const Plan& plan_in, const TransferWindo
     p.executor_device_bytes = predict_peak_device_bytes(in.cfg, in.B, in.T, plan, in.opt.exec);
   const double budget = double(in.budget.device_bytes);
   if (p.model_device_bytes > budget)
-    fail(fmt::format("device memory {} > budget {} ({} model, in window {})", format_bytes(p.model_device_bytes),
+    fail(p, fmt::format("device memory {} > budget {} ({} model, in window {})", format_bytes(p.model_device_bytes),
                      format_bytes(budget), memory_model_name(in.memory),
                      in.window_name(int(std::max_element(model_w.begin(), model_w.end()) - model_w.begin()))));
   if (p.host_act_bytes > double(in.budget.host_act_bytes) + 0.5)
-    fail(fmt::format("host activation memory {} > budget {}", format_bytes(p.host_act_bytes),
+    fail(p, fmt::format("host activation memory {} > budget {}", format_bytes(p.host_act_bytes),
                      format_bytes(double(in.budget.host_act_bytes))));
   if (p.nvme_bytes > double(in.budget.nvme_bytes) + 0.5)
-    fail(fmt::format("NVMe space {} > budget {}", format_bytes(p.nvme_bytes), format_bytes(double(in.budget.nvme_bytes))));
+    fail(p, fmt::format("NVMe space {} > budget {}", format_bytes(p.nvme_bytes), format_bytes(double(in.budget.nvme_bytes))));
+}
+
+}  // namespace
+
+Prediction evaluate(const Instance& in, const Plan& plan_in, const TransferWindows& tw) {
+  const Plan plan = normalize_plan(plan_in);
+  plan.validate(in.L);
+  const int nw = in.num_windows();
+  Prediction p;
+  p.windows.assign(size_t(nw), WindowCost{});
+  const std::vector<int64_t> src = segment_sources(plan);
+  std::vector<double> staged(static_cast<size_t>(nw), 0.0);  // NVMe staging bytes in host memory per window
+  double host_tier = 0;
+  add_compute(in, plan, src, p);
+  add_mandatory_traffic(in, plan, src, p);
+  add_activation_transfers(in, plan, tw, p, staged, host_tier);
+  time_windows(in, p);
+  add_optimizer_exposure(in, p);
+  p.iteration_s = p.step_s + p.optimizer_exposed_s;
+  check_memory(in, plan, staged, host_tier, p);
   return p;
 }
 

@@ -127,8 +127,10 @@ struct Built {
   double scale = 1;              // objective units per second
 };
 
-Built build(const Instance& in) {
-  Built bt;
+// Columns: the path of stored boundaries x[s][e], each boundary's tier and kept internals, the executor model's y
+// and R, the segment reload indicators, every transfer share by window, the window times and the optimizer's
+// exposure.
+void add_columns(const Instance& in, Built& bt) {
   Lp& lp = bt.lp;
   Vars& v = bt.v;
   const int64_t L = in.L;
@@ -137,8 +139,6 @@ Built build(const Instance& in) {
   const bool host_ok = in.allow_host;
   const bool nvme_ok = in.allow_nvme;
   const bool static_mem = in.memory == MemoryModel::executor;  // y and R exist only here
-
-  // --- columns ---------------------------------------------------------------------------------------
   v.x.assign(size_t(L + 1), std::vector<int>(size_t(L + 1), -1));
   for (int64_t s = 0; s < L; ++s)
     for (int64_t e = s + 1; e <= L; ++e) v.x[size_t(s)][size_t(e)] = lp.col(0, 1, 0, true);
@@ -195,7 +195,15 @@ Built build(const Instance& in) {
   const bool optimizer = in.has_optimizer();
   if (optimizer) v.E = lp.col(0, kInf, bt.scale, false);
   if (in.head_fence) v.fence = lp.col(0, kInf, bt.scale, false);
+}
 
+// Structure: one path of stored boundaries, a tier for each stored one, kept internals only above a stored
+// boundary, the segment reloads, and transfer shares that add up to their tier in order.
+void add_structure(const Instance& in, Built& bt) {
+  Lp& lp = bt.lp;
+  Vars& v = bt.v;
+  const int64_t L = in.L;
+  const int nw = in.num_windows();
   auto sigma = [&](int64_t i) {  // terms of "boundary i is stored" (out-flow), i >= 1
     std::vector<std::pair<int, double>> t;
     for (int64_t e = i + 1; e <= L; ++e) t.push_back({v.x[size_t(i)][size_t(e)], 1.0});
@@ -206,7 +214,6 @@ Built build(const Instance& in) {
     if (v.nvme[size_t(i)] >= 0) t.push_back({v.nvme[size_t(i)], c});
   };
 
-  // --- structure: one path of stored boundaries, a tier for each stored one --------------------------
   {
     std::vector<std::pair<int, double>> t;
     for (int64_t e = 1; e <= L; ++e) t.push_back({v.x[0][size_t(e)], 1.0});
@@ -271,8 +278,16 @@ Built build(const Instance& in) {
       }
     }
   }
+}
 
-  // --- window times ----------------------------------------------------------------------------------
+// Window times: each window at least its compute, each link's bytes over its bandwidth (both directions over
+// the duplex rate), its host work and its NVMe traffic.
+void add_window_times(const Instance& in, Built& bt) {
+  Lp& lp = bt.lp;
+  Vars& v = bt.v;
+  const int64_t L = in.L;
+  const int nw = in.num_windows();
+  const bool nvme_ok = in.allow_nvme;
   std::vector<std::vector<std::pair<int, double>>> h2d(static_cast<size_t>(nw)), d2h(static_cast<size_t>(nw));
   std::vector<double> h2d_c(static_cast<size_t>(nw), 0.0), d2h_c(static_cast<size_t>(nw), 0.0),
       host_c(static_cast<size_t>(nw), 0.0);  // bytes (and host seconds) per window
@@ -348,8 +363,14 @@ Built build(const Instance& in) {
       if (t.size() > 1) lp.row(t, 0, kInf);
     }
   }
-  // --- host optimizer exposure: E >= update finish - upload start, for every slab ------------------
-  if (optimizer) {
+}
+
+// Host optimizer exposure: E >= update finish - upload start, for every slab.
+void add_optimizer_exposure(const Instance& in, Built& bt) {
+  Lp& lp = bt.lp;
+  Vars& v = bt.v;
+  const int64_t L = in.L;
+  if (in.has_optimizer()) {
     const double P = in.prologue();
     const double s0 = std::max(in.embed_f, in.token_upload / in.bw_h2d) + in.A / in.bw_h2d;
     lp.row({{v.E, 1.0}}, std::max(in.opt_embed, in.opt_before(1) - s0), kInf);
@@ -360,7 +381,14 @@ Built build(const Instance& in) {
       lp.row(t, need, kInf);
     }
   }
+}
 
+void add_device_memory(const Instance& in, Built& bt) {
+  Lp& lp = bt.lp;
+  Vars& v = bt.v;
+  const int64_t L = in.L;
+  const int nw = in.num_windows();
+  const bool static_mem = in.memory == MemoryModel::executor;
   // --- device memory, per window ---------------------------------------------------------------------
   // Executor model: the executor's schedule's memory as linear terms (Instance::mem, exec/working_set.h): each
   // device boundary and kept internals over its span, the recompute buffers (y) and the recompute cache at the
@@ -398,7 +426,16 @@ Built build(const Instance& in) {
       lp.row(r, 0, kInf);
     }
   }
-  // --- host and NVMe capacity ------------------------------------------------------------------------
+}
+
+// Host and NVMe capacity, and the executor's NVMe staging slots.
+void add_host_and_nvme_capacity(const Instance& in, Built& bt) {
+  Lp& lp = bt.lp;
+  Vars& v = bt.v;
+  const int64_t L = in.L;
+  const int nw = in.num_windows();
+  const bool nvme_ok = in.allow_nvme;
+  const double A = in.A * kGBScale;
   {
     const double hb = double(in.budget.host_act_bytes) * kGBScale;
     std::vector<std::pair<int, double>> base;
@@ -445,6 +482,16 @@ Built build(const Instance& in) {
       }
     }
   }
+}
+
+Built build(const Instance& in) {
+  Built bt;
+  add_columns(in, bt);
+  add_structure(in, bt);
+  add_window_times(in, bt);
+  add_optimizer_exposure(in, bt);
+  add_device_memory(in, bt);
+  add_host_and_nvme_capacity(in, bt);
   return bt;
 }
 
