@@ -442,7 +442,7 @@ void scatter_queries(float* q_proj, const float* q, const BlockShape& s) {
 // The token mixer's output (before the residual) into o, from n1: full attention (with q_proj's gate, q/k
 // norms and partial RoPE where the shape says), with the storage hooks.
 void attention_forward_half(float* o, BlockActs& a, const BlockView& w, const NormWeights& nw, const TokenInfo& tok,
-                            const BlockShape& s, const Storage& st) {
+                            const BlockShape& s, const Storage& st, const MixerOverride* mixer) {
   const int64_t N = s.N(), C = s.C, QD = s.QD(), KVD = s.KVD();
   if (s.qk_norm) {
     linear_forward(a.q_raw, a.n1, w.wq, w.bq, N, C, s.QPD());
@@ -468,7 +468,8 @@ void attention_forward_half(float* o, BlockActs& a, const BlockView& w, const No
   st.keep(&BlockActs::q, a.q);
   st.keep(&BlockActs::k, a.k);
   st.keep(&BlockActs::v, a.v);
-  attention_forward(a.att, a.lse, a.q, a.k, a.v, tok.doc_ids, AttentionShape{s.B, s.T, s.Hq, s.Hkv, s.D});
+  if (mixer && mixer->attention) mixer->attention(a.att, a.q, a.k, a.v);
+  else attention_forward(a.att, a.lse, a.q, a.k, a.v, tok.doc_ids, AttentionShape{s.B, s.T, s.Hq, s.Hkv, s.D});
   st.keep(&BlockActs::att, a.att);
   st.keep(&BlockActs::lse, a.lse);
   const float* o_in = a.att;
@@ -482,7 +483,8 @@ void attention_forward_half(float* o, BlockActs& a, const BlockView& w, const No
 // The attention half and n2 (everything before the MLP), with the storage hooks; x_in as f32 (widened into
 // a.x32 at bf16 storage). Returns the f32 input. `o` takes the token mixer's output for a moment.
 const float* forward_attention_half(BlockActs& a, const void* x_in_ptr, const BlockView& w, const TokenInfo& tok,
-                                    const BlockShape& s, const Storage& st, float* o) {
+                                    const BlockShape& s, const Storage& st, float* o,
+                                    const MixerOverride* mixer = nullptr) {
   const int64_t N = s.N(), C = s.C;
   LT_CHECK(w.kind == s.kind, "block: a {} layer's weights with a {} shape", layer_kind_name(w.kind),
            layer_kind_name(s.kind));
@@ -496,8 +498,9 @@ const float* forward_attention_half(BlockActs& a, const void* x_in_ptr, const Bl
   st.keep(&BlockActs::n1, a.n1);
   st.keep(&BlockActs::rstd1, a.rstd1);
   // The mixer's output into o (x_out for a moment at f32 storage, x_mid's working copy at bf16), then the residual.
-  if (s.linear()) delta_mixer_forward(o, a.delta, a.n1, w.delta, tok, s.mixer(), &st);
-  else attention_forward_half(o, a, w, nw, tok, s, st);
+  if (s.linear() && mixer && mixer->linear) mixer->linear(o, a.n1);
+  else if (s.linear()) delta_mixer_forward(o, a.delta, a.n1, w.delta, tok, s.mixer(), &st);
+  else attention_forward_half(o, a, w, nw, tok, s, st, mixer);
   add(a.x_mid, x_in, o, N * C);
   st.keep(&BlockActs::x_mid, a.x_mid);
   rmsnorm_forward(a.n2, a.rstd2, a.x_mid, nw.ln2, N, C, s.eps);
@@ -567,8 +570,10 @@ LayerInternals bind_internals(void* kept, float* work, const BlockShape& s) {
   return {BlockActs::bind(work, s), kept, Saved::stored};
 }
 
-void block_forward(void* x_out_ptr, BlockActs& a, const void* x_in_ptr, const BlockView& w, const TokenInfo& tok,
-                   const BlockShape& s, void* stored) {
+namespace {
+
+void forward_layer(void* x_out_ptr, BlockActs& a, const void* x_in_ptr, const BlockView& w, const TokenInfo& tok,
+                   const BlockShape& s, void* stored, const MixerOverride* mixer) {
   const int64_t N = s.N(), C = s.C, I = s.I, R = s.mlp_rows();
   const bool b16 = s.act == DType::bf16;
   LT_CHECK(b16 || stored == nullptr, "block_forward: stored internals are for bf16 storage only");
@@ -576,7 +581,7 @@ void block_forward(void* x_out_ptr, BlockActs& a, const void* x_in_ptr, const Bl
            a.mlp_rows, R, N);
   const Storage st(s, stored);
   float* o = b16 ? a.x_mid : static_cast<float*>(x_out_ptr);  // x_out is bf16 at bf16 storage
-  forward_attention_half(a, x_in_ptr, w, tok, s, st, o);
+  forward_attention_half(a, x_in_ptr, w, tok, s, st, o, mixer);
   // The MLP over token chunks; its output y in x_out (f32) or in x32 (bf16: the widened input is free again).
   float* y = b16 ? a.x32 : static_cast<float*>(x_out_ptr);
   for (int64_t t0 = 0; t0 < N; t0 += R) {
@@ -587,6 +592,19 @@ void block_forward(void* x_out_ptr, BlockActs& a, const void* x_in_ptr, const Bl
   }
   add_inplace(y, a.x_mid, N * C);
   if (b16) parallel_convert_from_f32(x_out_ptr, DType::bf16, y, size_t(N * C));
+}
+
+}  // namespace
+
+void block_forward(void* x_out, BlockActs& a, const void* x_in, const BlockView& w, const TokenInfo& tok,
+                   const BlockShape& s, void* stored) {
+  forward_layer(x_out, a, x_in, w, tok, s, stored, nullptr);
+}
+
+void block_forward_with(float* x_out, BlockActs& a, const float* x_in, const BlockView& w, const TokenInfo& tok,
+                        const BlockShape& s, const MixerOverride& mixer) {
+  LT_CHECK(s.act == DType::f32, "block_forward_with: f32 activation storage only, not {}", dtype_name(s.act));
+  forward_layer(x_out, a, x_in, w, tok, s, nullptr, &mixer);
 }
 
 void block_recompute_internals(BlockActs& a, const void* x_in, const BlockView& w, const TokenInfo& tok,

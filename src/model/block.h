@@ -32,6 +32,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "model/config.h"
@@ -206,6 +207,18 @@ LayerInternals bind_internals(void* kept, float* work, const BlockShape& s);
 // acts are then bound with bind_full).
 void block_forward(void* x_out, BlockActs& acts, const void* x_in, const BlockView& w, const TokenInfo& tok,
                    const BlockShape& s, void* stored = nullptr);
+
+// A layer's token mixer core replaced, for generation's one-token steps against a cache (model/generate.cpp): the
+// full-attention core over this step's rows of q, k, v ([N, Hq, D], [N, Hkv, D] each, after norms and RoPE) into
+// att [N, Hq, D], or a linear-attention layer's whole mixer, out [N, C] from n1 [N, C] (Gated DeltaNet). Everything
+// else of the layer is block_forward's own composition.
+struct MixerOverride {
+  std::function<void(float* att, const float* q, const float* k, const float* v)> attention;
+  std::function<void(float* out, const float* n1)> linear;
+};
+// block_forward at f32 storage with the token mixer's core from `mixer` (acts.lse is not written by it).
+void block_forward_with(float* x_out, BlockActs& acts, const float* x_in, const BlockView& w, const TokenInfo& tok,
+                        const BlockShape& s, const MixerOverride& mixer);
 
 // The internals of a layer that did not keep them, for its backward with Saved::recompute: the attention half
 // and n2 exactly as block_forward computes them, nothing of the MLP (its backward recomputes that per chunk).

@@ -97,42 +97,67 @@ void delta_mixer_step(float* out, LayerCache& c, const float* n1, const DeltaMix
   linear_forward(out, y.data(), w.out, nullptr, 1, VD, C);
 }
 
-}  // namespace
+// Attention of one token at position t over the cached keys and values of positions 0..t (its own stored first):
+// softmax(q·K / sqrt(D)) · V per query head, k and v [Hkv, D], q and att [Hq, D].
+void cached_attention(float* att, const float* q, const float* k, const float* v, LayerCache& c, int64_t t,
+                      const BlockShape& s) {
+  const int64_t Hq = s.Hq, Hkv = s.Hkv, D = s.D, KVD = s.KVD();
+  std::memcpy(c.k.data() + t * KVD, k, size_t(KVD) * 4);
+  std::memcpy(c.v.data() + t * KVD, v, size_t(KVD) * 4);
+  std::vector<float> scores(static_cast<size_t>(t + 1));
+  const float scale = 1.0f / std::sqrt(float(D));
+  for (int64_t hq = 0; hq < Hq; ++hq) {
+    const int64_t hk = hq / (Hq / Hkv);
+    const float* qh = q + hq * D;
+    float m = -INFINITY;
+    for (int64_t j = 0; j <= t; ++j) {
+      const float* kj = c.k.data() + j * KVD + hk * D;
+      float sdot = 0;
+      for (int64_t d = 0; d < D; ++d) sdot += qh[d] * kj[d];
+      scores[size_t(j)] = sdot * scale;
+      m = std::max(m, scores[size_t(j)]);
+    }
+    float sum = 0;
+    for (int64_t j = 0; j <= t; ++j) sum += (scores[size_t(j)] = std::exp(scores[size_t(j)] - m));
+    float* oh = att + hq * D;
+    std::fill(oh, oh + D, 0.f);
+    for (int64_t j = 0; j <= t; ++j) {
+      const float pj = scores[size_t(j)] / sum;
+      const float* vj = c.v.data() + j * KVD + hk * D;
+      for (int64_t d = 0; d < D; ++d) oh[d] += pj * vj[d];
+    }
+  }
+}
 
-std::vector<int32_t> generate_greedy(const ModelSlabs& params, const std::vector<int32_t>& prompt,
-                                     const GenerateOptions& o) {
+// The whole prompt through the training kernels, each layer's cache filled from its internals; x [Pp, C] ends as the
+// last layer's output. The prompt is padded to a multiple of 64 tokens: causality keeps the padding from touching
+// the prompt's positions, and a few lengths mean a few GEMM shapes (oneDNN builds a kernel per shape).
+std::vector<float> prefill(const ModelSlabs& params, const std::vector<int32_t>& prompt, int64_t T_max,
+                           std::vector<LayerCache>& cache) {
   const ModelConfig& cfg = params.config();
-  LT_CHECK(!prompt.empty(), "generate: the prompt has no tokens");
   const int64_t L = cfg.num_layers, C = cfg.hidden_size, P = int64_t(prompt.size());
-  const int64_t T_max = P + o.max_new_tokens;
-  const BlockShape s1 = BlockShape::make(cfg, 1, 1);
-  const int64_t Hq = s1.Hq, Hkv = s1.Hkv, D = s1.D, KVD = s1.KVD(), QD = s1.QD(), QPD = s1.QPD(), I = s1.I;
-  const float* table = params.tensor(SlabKind::embedding, 0, "embed_tokens.weight").ptr<float>();
-
-  // --- prefill: the whole prompt through the training kernels, keeping each layer's cache ---
-  // The prompt is padded to a multiple of 64 tokens: causality keeps the padding from touching the prompt's
-  // positions, and a few lengths mean a few GEMM shapes (oneDNN builds a kernel per shape).
   const int64_t Pp = (P + 63) / 64 * 64;
   std::vector<int32_t> padded = prompt;
   padded.resize(size_t(Pp), 0);
-  std::vector<LayerCache> cache(static_cast<size_t>(L));
   const BlockShape sp = BlockShape::make(cfg, 1, Pp);
   std::vector<float> x(static_cast<size_t>(Pp * C)), y(static_cast<size_t>(Pp * C));
   std::vector<int32_t> pos(static_cast<size_t>(Pp));
   for (int64_t t = 0; t < Pp; ++t) pos[size_t(t)] = int32_t(t);
-  embedding_forward(x.data(), padded.data(), table, Pp, C, cfg.vocab_size);
-  size_t acts_floats = 0;
-  for (int64_t l = 0; l < L; ++l) acts_floats = std::max(acts_floats, BlockActs::floats(sp.for_layer(cfg.layer_kind(l))));
-  AlignedBuffer<float> acts_buf(acts_floats, 64, Fill::none);
+  embedding_forward(x.data(), padded.data(), params.tensor(SlabKind::embedding, 0, "embed_tokens.weight").ptr<float>(),
+                    Pp, C, cfg.vocab_size);
+  size_t working = 0;
+  for (int64_t l = 0; l < L; ++l) working = std::max(working, BlockActs::floats(sp.for_layer(cfg.layer_kind(l))));
+  AlignedBuffer<float> working_copy(working, 64, Fill::none);
   for (int64_t l = 0; l < L; ++l) {
     const BlockShape sl = sp.for_layer(cfg.layer_kind(l));
-    BlockActs a = BlockActs::bind(acts_buf.data(), sl);
+    BlockActs a = BlockActs::bind(working_copy.data(), sl);
     block_forward(y.data(), a, x.data(), BlockView::bind(params.layout(SlabKind::layer, l), params.layer(l)),
                   TokenInfo{pos.data(), nullptr}, sl);
     LayerCache& c = cache[size_t(l)];
     if (sl.linear()) {
       fill_delta_cache(c, a.delta, sl.mixer(), P);
     } else {
+      const int64_t KVD = sl.KVD();
       c.k.assign(size_t(T_max * KVD), 0.f);
       c.v.assign(size_t(T_max * KVD), 0.f);
       std::memcpy(c.k.data(), a.k, size_t(P * KVD) * 4);
@@ -140,18 +165,30 @@ std::vector<int32_t> generate_greedy(const ModelSlabs& params, const std::vector
     }
     std::swap(x, y);
   }
+  return x;
+}
+
+}  // namespace
+
+std::vector<int32_t> generate_greedy(const ModelSlabs& params, const std::vector<int32_t>& prompt,
+                                     const GenerateOptions& o) {
+  const ModelConfig& cfg = params.config();
+  LT_CHECK(!prompt.empty(), "generate: the prompt has no tokens");
+  const int64_t L = cfg.num_layers, C = cfg.hidden_size, P = int64_t(prompt.size());
+  const float* table = params.tensor(SlabKind::embedding, 0, "embed_tokens.weight").ptr<float>();
+  std::vector<LayerCache> cache(static_cast<size_t>(L));
+  const std::vector<float> x = prefill(params, prompt, P + o.max_new_tokens, cache);
   std::vector<float> head_scratch;
   std::vector<int32_t> out;
   int32_t tok = next_token(params, x.data() + (P - 1) * C, head_scratch);
 
-  // --- decode: one token at a time against the cache ---
-  auto vec = [](int64_t n) { return std::vector<float>(static_cast<size_t>(n)); };
-  auto h = vec(C), n1 = vec(C), q = vec(QPD), k = vec(KVD), v = vec(KVD), qraw = vec(QD), qn = vec(QD),
-       kn = vec(KVD), att = vec(QD), gated = vec(QD), tmp = vec(C), mid = vec(C), n2 = vec(C), gate = vec(I),
-       up = vec(I), hid = vec(I), scores = vec(T_max), rs = vec(Hq + Hkv + 2);
-  std::vector<float> w_ln1, w_ln2, w_qn, w_kn;  // zero-centred norms' 1 + w
-  const float scale = 1.0f / std::sqrt(float(D));
-  for (int64_t t = P; ; ++t) {
+  // Decode: one token at a time, each layer the block's own composition on one row with its mixer on the cache.
+  const BlockShape s1 = BlockShape::make(cfg, 1, 1);
+  size_t working = 0;
+  for (int64_t l = 0; l < L; ++l) working = std::max(working, BlockActs::floats(s1.for_layer(cfg.layer_kind(l))));
+  AlignedBuffer<float> working_copy(working, 64, Fill::none);
+  std::vector<float> h(static_cast<size_t>(C)), h_next(static_cast<size_t>(C));
+  for (int64_t t = P;; ++t) {
     out.push_back(tok);
     bool stop = false;
     for (int32_t s : o.stop_ids) stop |= tok == s;
@@ -160,66 +197,16 @@ std::vector<int32_t> generate_greedy(const ModelSlabs& params, const std::vector
     const int32_t p = int32_t(t);
     for (int64_t l = 0; l < L; ++l) {
       const BlockShape sl = s1.for_layer(cfg.layer_kind(l));
-      BlockView w = BlockView::bind(params.layout(SlabKind::layer, l), params.layer(l));
-      rmsnorm_forward(n1.data(), &rs[0], h.data(), norm_weight(w.ln1, C, sl.zero_centred, w_ln1), 1, C, sl.eps);
+      const BlockView w = BlockView::bind(params.layout(SlabKind::layer, l), params.layer(l));
       LayerCache& c = cache[size_t(l)];
-      if (sl.linear()) {
-        delta_mixer_step(tmp.data(), c, n1.data(), w.delta, sl.mixer());
-      } else {
-        linear_forward(q.data(), n1.data(), w.wq, w.bq, 1, C, QPD);
-        linear_forward(k.data(), n1.data(), w.wk, w.bk, 1, C, KVD);
-        linear_forward(v.data(), n1.data(), w.wv, w.bv, 1, C, KVD);
-        float* qa = q.data();
-        float* ka = k.data();
-        if (sl.out_gate)  // q_proj's rows are [query D | gate D] per head
-          for (int64_t hq = 0; hq < Hq; ++hq) std::memcpy(&qraw[size_t(hq * D)], &q[size_t(hq * 2 * D)], size_t(D) * 4);
-        if (sl.qk_norm) {
-          rmsnorm_forward(qn.data(), &rs[1], sl.out_gate ? qraw.data() : q.data(),
-                          norm_weight(w.q_norm, D, sl.zero_centred, w_qn), Hq, D, sl.eps);
-          rmsnorm_forward(kn.data(), &rs[1 + Hq], k.data(), norm_weight(w.k_norm, D, sl.zero_centred, w_kn), Hkv, D,
-                          sl.eps);
-          qa = qn.data();
-          ka = kn.data();
-        }
-        rope_partial_forward(qa, &p, 1, Hq, D, sl.rotary, sl.rope_theta);
-        rope_partial_forward(ka, &p, 1, Hkv, D, sl.rotary, sl.rope_theta);
-        std::memcpy(c.k.data() + t * KVD, ka, size_t(KVD) * 4);
-        std::memcpy(c.v.data() + t * KVD, v.data(), size_t(KVD) * 4);
-        for (int64_t hq = 0; hq < Hq; ++hq) {  // softmax(q·K / sqrt(D)) · V over positions 0..t
-          const int64_t hk = hq / (Hq / Hkv);
-          const float* qh = qa + hq * D;
-          float m = -INFINITY;
-          for (int64_t j = 0; j <= t; ++j) {
-            const float* kj = c.k.data() + j * KVD + hk * D;
-            float sdot = 0;
-            for (int64_t d = 0; d < D; ++d) sdot += qh[d] * kj[d];
-            scores[size_t(j)] = sdot * scale;
-            m = std::max(m, scores[size_t(j)]);
-          }
-          float sum = 0;
-          for (int64_t j = 0; j <= t; ++j) sum += (scores[size_t(j)] = std::exp(scores[size_t(j)] - m));
-          float* oh = att.data() + hq * D;
-          std::fill(oh, oh + D, 0.f);
-          for (int64_t j = 0; j <= t; ++j) {
-            const float pj = scores[size_t(j)] / sum;
-            const float* vj = c.v.data() + j * KVD + hk * D;
-            for (int64_t d = 0; d < D; ++d) oh[d] += pj * vj[d];
-          }
-        }
-        const float* o_in = att.data();
-        if (sl.out_gate) {
-          sigmoid_gate_forward(gated.data(), att.data(), q.data() + D, 1, Hq, D, QPD, 2 * D);
-          o_in = gated.data();
-        }
-        linear_forward(tmp.data(), o_in, w.wo, w.bo, 1, QD, C);
-      }
-      for (int64_t i = 0; i < C; ++i) mid[size_t(i)] = h[size_t(i)] + tmp[size_t(i)];
-      rmsnorm_forward(n2.data(), &rs[0], mid.data(), norm_weight(w.ln2, C, sl.zero_centred, w_ln2), 1, C, sl.eps);
-      linear_forward(gate.data(), n2.data(), w.wgate, w.bgate, 1, C, I);
-      linear_forward(up.data(), n2.data(), w.wup, w.bup, 1, C, I);
-      swiglu_forward(hid.data(), gate.data(), up.data(), I);
-      linear_forward(tmp.data(), hid.data(), w.wdown, w.bdown, 1, I, C);
-      for (int64_t i = 0; i < C; ++i) h[size_t(i)] = mid[size_t(i)] + tmp[size_t(i)];
+      MixerOverride mixer;
+      mixer.attention = [&](float* att, const float* q, const float* k, const float* v) {
+        cached_attention(att, q, k, v, c, t, sl);
+      };
+      mixer.linear = [&](float* out_c, const float* n1) { delta_mixer_step(out_c, c, n1, w.delta, sl.mixer()); };
+      BlockActs a = BlockActs::bind(working_copy.data(), sl);
+      block_forward_with(h_next.data(), a, h.data(), w, TokenInfo{&p, nullptr}, sl, mixer);
+      std::swap(h, h_next);
     }
     tok = next_token(params, h.data(), head_scratch);
   }
