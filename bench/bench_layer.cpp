@@ -108,14 +108,14 @@ nlohmann::json bench_layer(ComputeType compute, int reps) {
 
   const int64_t N = s.N();
   AlignedBuffer<float> x(size_t(N * s.C), 64), y(size_t(N * s.C), 64), dy(size_t(N * s.C), 64),
-      dx(size_t(N * s.C), 64), acts_buf(BlockActs::floats(s), 64), scratch_buf(BlockScratch::floats(s), 64);
+      dx(size_t(N * s.C), 64), acts_buf(WorkingCopy::floats(s), 64), scratch_buf(BlockScratch::floats(s), 64);
   Rng rng(2);
   for (auto& v : x) v = float(rng.normal());
   for (auto& v : dy) v = float(rng.normal() * 1e-3);
   std::vector<int32_t> pos(static_cast<size_t>(N));
   for (int64_t i = 0; i < N; ++i) pos[size_t(i)] = int32_t(i % T);
   TokenInfo tok{pos.data(), nullptr};
-  BlockActs acts = BlockActs::bind(acts_buf.data(), s);
+  WorkingCopy acts = WorkingCopy::bind(acts_buf.data(), s);
   BlockScratch scratch = BlockScratch::bind(scratch_buf.data(), s);
 
   auto step = [&]() {

@@ -42,7 +42,7 @@ else
   cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLT_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$archs" >/dev/null
   cmake --build "$BUILD" -j "$(nproc)" --target lazytrain test_kernels_native test_cuda_device test_kernels_layer \
     test_kernels_attention test_kernels_head test_gemm_emulation test_simt test_simt_warp test_simt_errors \
-    test_executor_gpu bench_cuda_layer
+    test_executor_cuda bench_cuda_layer
   BIN=$BUILD BENCH=$BUILD/bench
 fi
 "$BIN/lazytrain" devices --json | tee "$OUT/devices.json"

@@ -29,7 +29,7 @@ run "native ($( ((has_avx512)) && echo avx512 || { ((has_avx2)) && echo avx2 || 
   ctest --output-on-failure -j "$jobs"
 if ((has_avx512)); then
   run "capped at avx2 (LT_MAX_ISA=avx2): kernels, model, executor" env LT_MAX_ISA=avx2 \
-    ctest --output-on-failure -j "$jobs" -L '^(core|ops|optim|model|exec)$' -E 'GpuExecutor|TheGpuBlock'
+    ctest --output-on-failure -j "$jobs" -L '^(core|ops|optim|model|exec)$' -E 'CudaExecutor|TheCudaBlock'
   run "capped at avx2 (LT_MAX_ISA=avx2): the model against PyTorch" env LT_MAX_ISA=avx2 \
     ctest --output-on-failure -j "$jobs" -R '^model_vs_torch\.[a-z0-9_]+\.(f32|bf16)$'
 else

@@ -102,7 +102,9 @@ void register_simulate(CLI::App& app) {
   cmd->add_option("--model", o->model, "Hugging Face model directory or config.json")->required();
   cmd->add_option("--batch", o->batch, "rows per step (B)")->required();
   cmd->add_option("--seq", o->seq, "tokens per row (T)")->required();
-  cmd->add_option("--policy", o->policy, "keep-all, every:K, host:K, nvme:K or a plan file")->required();
+  cmd->add_option("--plan,--policy", o->policy,
+                  "the plan: keep-all, every:K, host:K, nvme:K or a plan file (--policy: its older name)")
+      ->required();
   cmd->add_option("--device-memory", o->device_memory, "device memory budget (default: the profile's)");
   cmd->add_option("--host-act-memory", o->host_act_memory, "host memory for activations");
   cmd->add_option("--nvme", o->nvme, "NVMe space for activations");

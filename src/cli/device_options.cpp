@@ -13,9 +13,9 @@
 namespace lt::cli {
 
 void DeviceOptions::add_to(CLI::App& cmd) {
-  cmd.add_option("--policy", policy,
-                 "run on the streaming executor with this activation policy: keep-all, every:K, host:K, nvme:K or a "
-                 "plan JSON file (default: the in-memory reference path)");
+  cmd.add_option("--plan,--policy", policy,
+                 "run on the streaming executor with this plan: keep-all, every:K, host:K, nvme:K or a plan JSON file "
+                 "(default: the in-memory reference path; --policy is its older name)");
   // What each device name runs: exec/backend.h. cuda-sim's kernels serve the in-memory path too (cuda/sim_ops.h).
   cmd.add_option("--device", device,
                  "device to run on: cpu; cuda (GPU 0; the streaming executor only: keep-all without --policy); or "

@@ -47,8 +47,8 @@ struct HeadArgs {
 size_t head_workspace_bytes(const HeadShape& s, DType lm_type);
 
 // One decoder layer on the GPU kernels (cuda/layers/block.inl), bf16 activation storage: the weights, token
-// metadata and RoPE table as device pointers, and the layer's scratch (gpu_block_scratch_bytes).
-struct GpuBlock {
+// metadata and RoPE table as device pointers, and the layer's scratch (cuda_block_scratch_bytes).
+struct CudaBlock {
   BlockShape shape{};
   BlockView weights{};          // matrices bf16 (bf16 GEMMs) or f32; vectors f32
   TokenInfo tok{};              // pos [N], doc_ids [B, T] or null
@@ -57,16 +57,16 @@ struct GpuBlock {
   void* scratch = nullptr;
 };
 // For a model with Gated DeltaNet layers (s.Hk > 0), the larger of its two layer kinds' carves.
-size_t gpu_block_scratch_bytes(const BlockShape& s);
+size_t cuda_block_scratch_bytes(const BlockShape& s);
 
 // The GPU layer compute's buffers (model/layer_compute.h's list): the recompute internals, the block's scratch,
 // the head's workspace and loss, the RoPE table and cuBLASLt's workspace.
-std::vector<ComputeBuffer> gpu_compute_buffers(const ModelConfig& cfg, const BlockShape& s, DType matrices);
+std::vector<ComputeBuffer> cuda_compute_buffers(const ModelConfig& cfg, const BlockShape& s, DType matrices);
 
 // The GPU layer compute (model/layer_compute.h; cuda/layers/compute.inl) for `device`: natively on a CUDA
 // device's compute stream (cuda/cuda_device.h), on cuda-sim's kernels and emulated GEMMs for any other device
 // (the CPU device runs them on its compute stream) — the executor's GPU path, testable without a GPU.
-std::unique_ptr<LayerCompute> make_gpu_layer_compute(Device& device);
+std::unique_ptr<LayerCompute> make_cuda_layer_compute(Device& device);
 
 }  // namespace lt::cuda
 

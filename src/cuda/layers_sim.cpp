@@ -14,15 +14,15 @@ size_t head_workspace_bytes(const HeadShape& s, DType lm_type) {
   return sim::detail::HeadScratch::carve(nullptr, s, lm_type).bytes;
 }
 
-size_t gpu_block_scratch_bytes(const BlockShape& s) {
+size_t cuda_block_scratch_bytes(const BlockShape& s) {
   // A model with Gated DeltaNet layers (s.Hk > 0) carves per layer kind: the larger of the two.
-  size_t bytes = sim::detail::BlockScratchGpu::carve(nullptr, s.for_layer(LayerKind::full_attention)).bytes;
+  size_t bytes = sim::detail::BlockScratchCuda::carve(nullptr, s.for_layer(LayerKind::full_attention)).bytes;
   if (s.Hk > 0)
-    bytes = std::max(bytes, sim::detail::BlockScratchGpu::carve(nullptr, s.for_layer(LayerKind::linear_attention)).bytes);
+    bytes = std::max(bytes, sim::detail::BlockScratchCuda::carve(nullptr, s.for_layer(LayerKind::linear_attention)).bytes);
   return bytes;
 }
 
-std::vector<ComputeBuffer> gpu_compute_buffers(const ModelConfig& cfg, const BlockShape& s, DType matrices) {
+std::vector<ComputeBuffer> cuda_compute_buffers(const ModelConfig& cfg, const BlockShape& s, DType matrices) {
   // A layer that does not keep its internals writes them (forward) and recomputes them (backward) in one
   // stored-internals buffer of the largest layer kind.
   size_t recompute = block_stored_bytes(s.for_layer(LayerKind::full_attention));
@@ -30,14 +30,14 @@ std::vector<ComputeBuffer> gpu_compute_buffers(const ModelConfig& cfg, const Blo
   const HeadShape head{s.N(), s.C, cfg.vocab_size, float(cfg.rms_norm_eps)};
   const size_t rope = size_t(2 * s.T * (s.D / 2)) * sizeof(float);
   return {{ComputeBufferRole::recompute_internals, "recompute internals", recompute, ComputeSpan::step, true},
-          {ComputeBufferRole::block_scratch, "block scratch", gpu_block_scratch_bytes(s), ComputeSpan::step},
+          {ComputeBufferRole::block_scratch, "block scratch", cuda_block_scratch_bytes(s), ComputeSpan::step},
           {ComputeBufferRole::head_workspace, "head workspace", head_workspace_bytes(head, matrices), ComputeSpan::head},
           {ComputeBufferRole::loss, "loss", sizeof(double), ComputeSpan::head},
           {ComputeBufferRole::rope_table, "rope table", rope, ComputeSpan::step},
           {ComputeBufferRole::gemm_workspace, "gemm workspace", kGemmWorkspaceBytes, ComputeSpan::step}};
 }
 
-std::unique_ptr<LayerCompute> make_gpu_layer_compute(Device& device) {
+std::unique_ptr<LayerCompute> make_cuda_layer_compute(Device& device) {
 #if LT_WITH_CUDA
   if (is_cuda_device(device)) return native::make_layer_compute(cuda_native_stream(device, StreamKind::compute));
 #endif

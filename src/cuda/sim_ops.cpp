@@ -81,9 +81,9 @@ void sim_swiglu_backward(float* dgate, float* dup, const float* dout, const floa
 }
 
 // Attention on bf16-exact inputs is bf16 storage: the CPU block at bf16 activations rounds q, k, v (and keeps
-// the output rounded) where it stores them, as the GPU block stores them in bf16. A GPU runs those on the bf16
+// the output rounded) where it stores them, as the CUDA block stores them in bf16. A GPU runs those on the bf16
 // kernels, whose head dims 64 and 128 go to tensor cores with their own rounding points (attention_mma.cuh);
-// so does this, on exact bf16 copies, so the in-memory path keeps the GPU block's bits there too.
+// so does this, on exact bf16 copies, so the in-memory path keeps the CUDA block's bits there too.
 bool bf16_exact(const float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     uint32_t bits;

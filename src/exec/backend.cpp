@@ -64,7 +64,7 @@ LayerKernels Backend::layer_kernels(DType act) const {
 
 std::vector<ComputeBuffer> layer_compute_buffers(LayerKernels kernels, const ModelConfig& cfg, const BlockShape& s,
                                                  DType matrices) {
-  return kernels == LayerKernels::cuda ? cuda::gpu_compute_buffers(cfg, s, matrices) : cpu_compute_buffers(cfg, s);
+  return kernels == LayerKernels::cuda ? cuda::cuda_compute_buffers(cfg, s, matrices) : cpu_compute_buffers(cfg, s);
 }
 
 std::unique_ptr<Device> Backend::open(size_t capacity, LinkSpec link, int gpu) const {

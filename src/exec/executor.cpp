@@ -490,7 +490,7 @@ StreamingExecutor::StreamingExecutor(const ModelConfig& cfg, Device& device, Exe
     : cfg_(cfg), device_(device), options_(options), nvme_(nvme) {
   LT_CHECK(options_.weight_buffers >= 1 && options_.grad_buffers >= 1 && options_.boundary_ring >= 2,
            "executor needs at least 1 weight buffer, 1 gradient buffer and 2 ring slots");
-  compute_ = options_.kernels == LayerKernels::cuda ? cuda::make_gpu_layer_compute(device_) : make_cpu_layer_compute();
+  compute_ = options_.kernels == LayerKernels::cuda ? cuda::make_cuda_layer_compute(device_) : make_cpu_layer_compute();
   // Host staging, host-tier boundaries, x0 and dx0 are copied by the streams: pinned, for a GPU's DMA.
   Device* dev = &device_;  // not `this`: the workspace unpins while the executor is being destroyed
   host_ws_.set_hooks({[dev](uint8_t* p, size_t n, const std::string& name) { dev->pin_host(p, n, "executor " + name); },

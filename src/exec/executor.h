@@ -2,10 +2,12 @@
 //
 // Parameters, gradients and optimizer states live on the host (ModelSlabs). The device holds a few
 // layers' weights (weight_buffers, double-buffered by default: layer l+1 uploads while l computes),
-// the activations the plan keeps, and scratch. Forward streams layers 0..L-1, the head computes loss
-// and its gradient, backward streams layers L-1..0 (re-streaming weights, fetching offloaded
+// the activations the plan keeps, and the compute's buffers. Forward streams layers 0..L-1, the head computes
+// loss and its gradient, backward streams layers L-1..0 (re-streaming weights, fetching offloaded
 // boundaries, recomputing dropped ones), and each layer's gradient goes device-to-host into a staging
-// slab that a host worker adds into the f32 host gradients while the device moves on.
+// slab that a host worker adds into the f32 host gradients while the device moves on. The order of all of it,
+// what waits for what and every buffer's place is the step's schedule (exec/step_schedule.h), which step()
+// builds and issues; the simulator times the same schedule.
 //
 // Exactness: every kernel is deterministic and each plan only changes where a tensor lives or whether
 // it is recomputed (by the same kernels on the same inputs), so loss and gradients are bitwise equal

@@ -72,7 +72,7 @@ class Builder {
     s_.plan = plan;
     shape_ = BlockShape::make(cfg, B, T, o.activations, o.mlp_chunk_tokens);
     LT_CHECK(o.kernels == LayerKernels::cpu || shape_.act == DType::bf16,
-             "the GPU block stores bf16 activations, not {} (activation_dtype)", dtype_name(shape_.act));
+             "the CUDA block stores bf16 activations, not {} (activation_dtype)", dtype_name(shape_.act));
     mdt_ = o.compute == ComputeType::bf16 ? DType::bf16 : DType::f32;
     s_.boundary_bytes = shape_.boundary_bytes();
     for (int64_t i = 0; i < L_; ++i)
@@ -281,7 +281,7 @@ class Builder {
     StepOp op = make(OpKind::upload_tokens, kH2D, "h2d tokens");
     op.out = tokens_;
     op.bytes = size_t(N_) * 4 * (so_.doc_ids ? 3 : 2);
-    if (rope_ >= 0) {  // the GPU block's RoPE table goes with them, once per step
+    if (rope_ >= 0) {  // the CUDA block's RoPE table goes with them, once per step
       op.aux = rope_;
       op.in = rope_host_;
     }

@@ -52,7 +52,7 @@ inline StreamKind stream_of(Lane lane) { return StreamKind(uint8_t(lane)); }
 enum class OpKind : uint8_t {
   update,               // optimizer: the previous step's update of one slab (`slab`, `layer`)
   embed,                // issue: the embedding lookup of the token ids into boundary 0 on the host (`out`)
-  upload_tokens,        // h2d: positions, targets, document ids (and the GPU block's RoPE table)
+  upload_tokens,        // h2d: positions, targets, document ids (and the CUDA block's RoPE table)
   upload_weights,       // h2d: layer `layer`'s compute copy into weight buffer `slot` (`out`)
   upload_head,          // h2d: the head's weights (with the tied embedding) into `out`
   upload_boundary,      // h2d: boundary `layer` (bytes at `offset` of it) from the host (`in`) into `out`
@@ -65,7 +65,7 @@ enum class OpKind : uint8_t {
   download_boundary,    // d2h: boundary `layer` (bytes at `offset`) from `in` to the host (`out`)
   nvme_write,           // nvme: boundary `layer` from write staging `in` to its region `out`
   nvme_read,            // nvme: boundary `layer` from its region `in` into read staging `out`
-  download_loss,        // d2h: the GPU head's loss
+  download_loss,        // d2h: the CUDA head's loss
   download_head_grads,  // d2h: the head's gradients into their host staging `out`
   download_grads,       // d2h: layer `layer`'s gradients, bytes at `offset` (an MLP or attention half), from
                         //      `in` to host staging `out`, or straight into the host gradients (out < 0)

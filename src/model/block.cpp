@@ -183,9 +183,9 @@ struct Carver {
 
 // mlp_rows: the rows of gate / up / h (one chunk, or N for the full layout); x32 only in the working copy. A
 // linear-attention layer's mixer internals take the attention fields' place.
-BlockActs carve_acts(Carver& c, const BlockShape& s, int64_t mlp_rows, bool with_x32) {
+WorkingCopy carve_acts(Carver& c, const BlockShape& s, int64_t mlp_rows, bool with_x32) {
   const int64_t N = s.N();
-  BlockActs a{};
+  WorkingCopy a{};
   a.n1 = c.take(N * s.C);
   a.rstd1 = c.take(N);
   if (s.linear()) {
@@ -267,24 +267,24 @@ class NormWeights {
 
 }  // namespace
 
-size_t BlockActs::floats(const BlockShape& s) {
+size_t WorkingCopy::floats(const BlockShape& s) {
   Carver c{nullptr};
   carve_acts(c, s, s.mlp_rows(), s.act != DType::f32);
   return c.used;
 }
 
-BlockActs BlockActs::bind(float* buffer, const BlockShape& s) {
+WorkingCopy WorkingCopy::bind(float* buffer, const BlockShape& s) {
   Carver c{buffer};
   return carve_acts(c, s, s.mlp_rows(), s.act != DType::f32);
 }
 
-size_t BlockActs::full_floats(const BlockShape& s) {
+size_t WorkingCopy::full_floats(const BlockShape& s) {
   Carver c{nullptr};
   carve_acts(c, s, s.N(), false);
   return c.used;
 }
 
-BlockActs BlockActs::bind_full(float* buffer, const BlockShape& s) {
+WorkingCopy WorkingCopy::bind_full(float* buffer, const BlockShape& s) {
   Carver c{buffer};
   return carve_acts(c, s, s.N(), false);
 }
@@ -307,11 +307,11 @@ namespace {
 constexpr int64_t kConvertChunk = 4096;  // elements per conversion task (a stack buffer of bf16)
 
 // The activations a layer keeps for its backward, in the order of the stored buffer: the working copy's field
-// (a block internal, or one of a Gated DeltaNet mixer's in BlockActs::delta), its elements per token (or in all,
+// (a block internal, or one of a Gated DeltaNet mixer's in WorkingCopy::delta), its elements per token (or in all,
 // for lse), whether it is stored as bf16 (activations) or f32 (statistics and gates that need range), and whether
 // the MLP computes it chunk by chunk.
 struct StoredField {
-  float* BlockActs::*field;      // null for a mixer field
+  float* WorkingCopy::*field;      // null for a mixer field
   float* DeltaMixerActs::*mixer;  // null for a block field
   int64_t n;       // elements in all
   int64_t row;     // elements per token
@@ -319,18 +319,18 @@ struct StoredField {
   bool mlp;
   size_t offset = 0;  // in the stored buffer, 64-byte aligned
   size_t bytes() const { return (size_t(n) * (bf16 ? 2 : 4) + 63) / 64 * 64; }  // with the alignment padding
-  float* in(const BlockActs& a) const { return field ? a.*field : a.delta.*mixer; }
+  float* in(const WorkingCopy& a) const { return field ? a.*field : a.delta.*mixer; }
 };
 
 std::vector<StoredField> stored_fields(const BlockShape& s) {
   const int64_t N = s.N();
-  auto f_ = [&](float* BlockActs::*field, int64_t row, bool bf16, bool mlp = false) {
+  auto f_ = [&](float* WorkingCopy::*field, int64_t row, bool bf16, bool mlp = false) {
     return StoredField{field, nullptr, N * row, row, bf16, mlp};
   };
   auto m_ = [&](float* DeltaMixerActs::*field, int64_t row, bool bf16) {
     return StoredField{nullptr, field, N * row, row, bf16, false};
   };
-  std::vector<StoredField> f = {f_(&BlockActs::n1, s.C, true), f_(&BlockActs::rstd1, 1, false)};
+  std::vector<StoredField> f = {f_(&WorkingCopy::n1, s.C, true), f_(&WorkingCopy::rstd1, 1, false)};
   if (s.linear()) {
     // Gated DeltaNet: the projections, conv output, normalised q / k, delta-rule output and out_proj's input
     // as bf16 activations; the L2 and RMS norms' statistics and the gates (b, a, β and the decay g, which the
@@ -346,22 +346,22 @@ std::vector<StoredField> stored_fields(const BlockShape& s) {
           m_(&DeltaMixerActs::y, m.value_dim(), true)})
       f.push_back(x);
   } else {
-    for (StoredField x : {f_(&BlockActs::q, s.QD(), true), f_(&BlockActs::k, s.KVD(), true),
-                          f_(&BlockActs::v, s.KVD(), true)})
+    for (StoredField x : {f_(&WorkingCopy::q, s.QD(), true), f_(&WorkingCopy::k, s.KVD(), true),
+                          f_(&WorkingCopy::v, s.KVD(), true)})
       f.push_back(x);
     if (s.qk_norm) {
-      f.push_back(f_(&BlockActs::q_raw, s.QPD(), true));  // with the output gate's rows
-      f.push_back(f_(&BlockActs::k_raw, s.KVD(), true));
-      f.push_back(f_(&BlockActs::q_rstd, s.Hq, false));
-      f.push_back(f_(&BlockActs::k_rstd, s.Hkv, false));
+      f.push_back(f_(&WorkingCopy::q_raw, s.QPD(), true));  // with the output gate's rows
+      f.push_back(f_(&WorkingCopy::k_raw, s.KVD(), true));
+      f.push_back(f_(&WorkingCopy::q_rstd, s.Hq, false));
+      f.push_back(f_(&WorkingCopy::k_rstd, s.Hkv, false));
     }
-    f.push_back(f_(&BlockActs::att, s.QD(), true));
+    f.push_back(f_(&WorkingCopy::att, s.QD(), true));
     // lse is [B, Hq, T]: not token-major.
-    f.push_back(StoredField{&BlockActs::lse, nullptr, s.B * s.Hq * s.T, 0, false, false});
+    f.push_back(StoredField{&WorkingCopy::lse, nullptr, s.B * s.Hq * s.T, 0, false, false});
   }
-  for (StoredField x : {f_(&BlockActs::x_mid, s.C, true), f_(&BlockActs::n2, s.C, true),
-                        f_(&BlockActs::rstd2, 1, false), f_(&BlockActs::gate, s.I, true, true),
-                        f_(&BlockActs::up, s.I, true, true), f_(&BlockActs::h, s.I, true, true)})
+  for (StoredField x : {f_(&WorkingCopy::x_mid, s.C, true), f_(&WorkingCopy::n2, s.C, true),
+                        f_(&WorkingCopy::rstd2, 1, false), f_(&WorkingCopy::gate, s.I, true, true),
+                        f_(&WorkingCopy::up, s.I, true, true), f_(&WorkingCopy::h, s.I, true, true)})
     f.push_back(x);
   size_t offset = 0;
   for (StoredField& x : f) {
@@ -396,7 +396,7 @@ class Storage final : public DeltaMixerStorage {
   bool on() const { return on_; }
   const std::vector<StoredField>& fields() const { return fields_; }
   // Rows [t0, t0 + rows) of a token-major field, x pointing at them (rows = -1: the whole field from x).
-  void keep(float* BlockActs::*member, float* x, int64_t t0 = 0, int64_t rows = -1) const {
+  void keep(float* WorkingCopy::*member, float* x, int64_t t0 = 0, int64_t rows = -1) const {
     if (on_) keep(find([&](const StoredField& f) { return f.field == member; }), x, t0, rows);
   }
   void keep(float* DeltaMixerActs::*member, float* x) const override {
@@ -409,7 +409,7 @@ class Storage final : public DeltaMixerStorage {
     if (f.bf16) widen(x, reinterpret_cast<const bf16_t*>(src), n);
     else std::memcpy(x, src, size_t(n) * 4);
   }
-  void load(float* BlockActs::*member, float* x, int64_t t0 = 0, int64_t rows = -1) const {
+  void load(float* WorkingCopy::*member, float* x, int64_t t0 = 0, int64_t rows = -1) const {
     load(find([&](const StoredField& f) { return f.field == member; }), x, t0, rows);
   }
 
@@ -441,14 +441,14 @@ void scatter_queries(float* q_proj, const float* q, const BlockShape& s) {
 
 // The token mixer's output (before the residual) into o, from n1: full attention (with q_proj's gate, q/k
 // norms and partial RoPE where the shape says), with the storage hooks.
-void attention_forward_half(float* o, BlockActs& a, const BlockView& w, const NormWeights& nw, const TokenInfo& tok,
+void attention_forward_half(float* o, WorkingCopy& a, const BlockView& w, const NormWeights& nw, const TokenInfo& tok,
                             const BlockShape& s, const Storage& st, const MixerOverride* mixer) {
   const int64_t N = s.N(), C = s.C, QD = s.QD(), KVD = s.KVD();
   if (s.qk_norm) {
     linear_forward(a.q_raw, a.n1, w.wq, w.bq, N, C, s.QPD());
     linear_forward(a.k_raw, a.n1, w.wk, w.bk, N, C, KVD);
-    st.keep(&BlockActs::q_raw, a.q_raw);
-    st.keep(&BlockActs::k_raw, a.k_raw);
+    st.keep(&WorkingCopy::q_raw, a.q_raw);
+    st.keep(&WorkingCopy::k_raw, a.k_raw);
     const float* q_in = a.q_raw;
     if (s.out_gate) {  // att is free until the attention writes it
       gather_queries(a.att, a.q_raw, s);
@@ -456,8 +456,8 @@ void attention_forward_half(float* o, BlockActs& a, const BlockView& w, const No
     }
     rmsnorm_forward(a.q, a.q_rstd, q_in, nw.q_norm, N * s.Hq, s.D, s.eps);  // per head: rows N*Hq of D
     rmsnorm_forward(a.k, a.k_rstd, a.k_raw, nw.k_norm, N * s.Hkv, s.D, s.eps);
-    st.keep(&BlockActs::q_rstd, a.q_rstd);
-    st.keep(&BlockActs::k_rstd, a.k_rstd);
+    st.keep(&WorkingCopy::q_rstd, a.q_rstd);
+    st.keep(&WorkingCopy::k_rstd, a.k_rstd);
   } else {
     linear_forward(a.q, a.n1, w.wq, w.bq, N, C, QD);
     linear_forward(a.k, a.n1, w.wk, w.bk, N, C, KVD);
@@ -465,13 +465,13 @@ void attention_forward_half(float* o, BlockActs& a, const BlockView& w, const No
   linear_forward(a.v, a.n1, w.wv, w.bv, N, C, KVD);
   rope_partial_forward(a.q, tok.pos, N, s.Hq, s.D, s.rotary, s.rope_theta);
   rope_partial_forward(a.k, tok.pos, N, s.Hkv, s.D, s.rotary, s.rope_theta);
-  st.keep(&BlockActs::q, a.q);
-  st.keep(&BlockActs::k, a.k);
-  st.keep(&BlockActs::v, a.v);
+  st.keep(&WorkingCopy::q, a.q);
+  st.keep(&WorkingCopy::k, a.k);
+  st.keep(&WorkingCopy::v, a.v);
   if (mixer && mixer->attention) mixer->attention(a.att, a.q, a.k, a.v);
   else attention_forward(a.att, a.lse, a.q, a.k, a.v, tok.doc_ids, AttentionShape{s.B, s.T, s.Hq, s.Hkv, s.D});
-  st.keep(&BlockActs::att, a.att);
-  st.keep(&BlockActs::lse, a.lse);
+  st.keep(&WorkingCopy::att, a.att);
+  st.keep(&WorkingCopy::lse, a.lse);
   const float* o_in = a.att;
   if (s.out_gate) {
     sigmoid_gate_forward(a.gated, a.att, a.q_raw + s.D, N, s.Hq, s.D, s.QPD(), 2 * s.D);
@@ -482,7 +482,7 @@ void attention_forward_half(float* o, BlockActs& a, const BlockView& w, const No
 
 // The attention half and n2 (everything before the MLP), with the storage hooks; x_in as f32 (widened into
 // a.x32 at bf16 storage). Returns the f32 input. `o` takes the token mixer's output for a moment.
-const float* forward_attention_half(BlockActs& a, const void* x_in_ptr, const BlockView& w, const TokenInfo& tok,
+const float* forward_attention_half(WorkingCopy& a, const void* x_in_ptr, const BlockView& w, const TokenInfo& tok,
                                     const BlockShape& s, const Storage& st, float* o,
                                     const MixerOverride* mixer = nullptr) {
   const int64_t N = s.N(), C = s.C;
@@ -495,41 +495,41 @@ const float* forward_attention_half(BlockActs& a, const void* x_in_ptr, const Bl
     x_in = a.x32;
   }
   rmsnorm_forward(a.n1, a.rstd1, x_in, nw.ln1, N, C, s.eps);
-  st.keep(&BlockActs::n1, a.n1);
-  st.keep(&BlockActs::rstd1, a.rstd1);
+  st.keep(&WorkingCopy::n1, a.n1);
+  st.keep(&WorkingCopy::rstd1, a.rstd1);
   // The mixer's output into o (x_out for a moment at f32 storage, x_mid's working copy at bf16), then the residual.
   if (s.linear() && mixer && mixer->linear) mixer->linear(o, a.n1);
   else if (s.linear()) delta_mixer_forward(o, a.delta, a.n1, w.delta, tok, s.mixer(), &st);
   else attention_forward_half(o, a, w, nw, tok, s, st, mixer);
   add(a.x_mid, x_in, o, N * C);
-  st.keep(&BlockActs::x_mid, a.x_mid);
+  st.keep(&WorkingCopy::x_mid, a.x_mid);
   rmsnorm_forward(a.n2, a.rstd2, a.x_mid, nw.ln2, N, C, s.eps);
-  st.keep(&BlockActs::n2, a.n2);
-  st.keep(&BlockActs::rstd2, a.rstd2);
+  st.keep(&WorkingCopy::n2, a.n2);
+  st.keep(&WorkingCopy::rstd2, a.rstd2);
   return x_in;
 }
 
 // gate, up and h of tokens [t0, t0 + n) into gate / up / h (one chunk's rows), with the storage hooks.
-void mlp_internals(float* gate, float* up, float* h, const BlockActs& a, const BlockView& w, const BlockShape& s,
+void mlp_internals(float* gate, float* up, float* h, const WorkingCopy& a, const BlockView& w, const BlockShape& s,
                    const Storage& st, int64_t t0, int64_t n) {
   const float* n2 = a.n2 + t0 * s.C;
   linear_forward(gate, n2, w.wgate, w.bgate, n, s.C, s.I);
   linear_forward(up, n2, w.wup, w.bup, n, s.C, s.I);
-  st.keep(&BlockActs::gate, gate, t0, n);
-  st.keep(&BlockActs::up, up, t0, n);
+  st.keep(&WorkingCopy::gate, gate, t0, n);
+  st.keep(&WorkingCopy::up, up, t0, n);
   swiglu_forward(h, gate, up, n * s.I);
-  st.keep(&BlockActs::h, h, t0, n);
+  st.keep(&WorkingCopy::h, h, t0, n);
 }
 
 // Rows [t0, t0 + n) of a gate / up / h field: at t0 in a full layout, at 0 in a one-chunk working copy.
-float* mlp_row(float* field, const BlockActs& a, const BlockShape& s, int64_t t0) {
+float* mlp_row(float* field, const WorkingCopy& a, const BlockShape& s, int64_t t0) {
   return a.mlp_rows == s.N() ? field + t0 * s.I : field;
 }
 
 }  // namespace
 
 size_t block_stored_bytes(const BlockShape& s) {
-  if (s.act == DType::f32) return BlockActs::full_floats(s) * 4;
+  if (s.act == DType::f32) return WorkingCopy::full_floats(s) * 4;
   const std::vector<StoredField> f = stored_fields(s);
   return f.back().offset + f.back().bytes();
 }
@@ -537,16 +537,16 @@ size_t block_stored_bytes(const BlockShape& s) {
 StoredOffsets block_stored_offsets(const BlockShape& s) {
   LT_CHECK(s.act == DType::bf16, "block_stored_offsets: the stored internals are for bf16 storage");
   StoredOffsets o;
-  const std::pair<float* BlockActs::*, int64_t StoredOffsets::*> map[] = {
-      {&BlockActs::n1, &StoredOffsets::n1},       {&BlockActs::rstd1, &StoredOffsets::rstd1},
-      {&BlockActs::q, &StoredOffsets::q},         {&BlockActs::k, &StoredOffsets::k},
-      {&BlockActs::v, &StoredOffsets::v},         {&BlockActs::q_raw, &StoredOffsets::q_raw},
-      {&BlockActs::k_raw, &StoredOffsets::k_raw}, {&BlockActs::q_rstd, &StoredOffsets::q_rstd},
-      {&BlockActs::k_rstd, &StoredOffsets::k_rstd}, {&BlockActs::att, &StoredOffsets::att},
-      {&BlockActs::lse, &StoredOffsets::lse},     {&BlockActs::x_mid, &StoredOffsets::x_mid},
-      {&BlockActs::n2, &StoredOffsets::n2},       {&BlockActs::rstd2, &StoredOffsets::rstd2},
-      {&BlockActs::gate, &StoredOffsets::gate},   {&BlockActs::up, &StoredOffsets::up},
-      {&BlockActs::h, &StoredOffsets::h}};
+  const std::pair<float* WorkingCopy::*, int64_t StoredOffsets::*> map[] = {
+      {&WorkingCopy::n1, &StoredOffsets::n1},       {&WorkingCopy::rstd1, &StoredOffsets::rstd1},
+      {&WorkingCopy::q, &StoredOffsets::q},         {&WorkingCopy::k, &StoredOffsets::k},
+      {&WorkingCopy::v, &StoredOffsets::v},         {&WorkingCopy::q_raw, &StoredOffsets::q_raw},
+      {&WorkingCopy::k_raw, &StoredOffsets::k_raw}, {&WorkingCopy::q_rstd, &StoredOffsets::q_rstd},
+      {&WorkingCopy::k_rstd, &StoredOffsets::k_rstd}, {&WorkingCopy::att, &StoredOffsets::att},
+      {&WorkingCopy::lse, &StoredOffsets::lse},     {&WorkingCopy::x_mid, &StoredOffsets::x_mid},
+      {&WorkingCopy::n2, &StoredOffsets::n2},       {&WorkingCopy::rstd2, &StoredOffsets::rstd2},
+      {&WorkingCopy::gate, &StoredOffsets::gate},   {&WorkingCopy::up, &StoredOffsets::up},
+      {&WorkingCopy::h, &StoredOffsets::h}};
   const std::pair<float* DeltaMixerActs::*, int64_t StoredOffsets::*> mixer_map[] = {
       {&DeltaMixerActs::qkv_pre, &StoredOffsets::qkv_pre}, {&DeltaMixerActs::qkv, &StoredOffsets::qkv},
       {&DeltaMixerActs::qk_hat, &StoredOffsets::qk_hat},   {&DeltaMixerActs::q_rnorm, &StoredOffsets::q_rnorm},
@@ -565,14 +565,14 @@ StoredOffsets block_stored_offsets(const BlockShape& s) {
 }
 
 LayerInternals bind_internals(void* kept, float* work, const BlockShape& s) {
-  if (kept == nullptr) return {BlockActs::bind(work, s), nullptr, Saved::recompute};
-  if (s.act == DType::f32) return {BlockActs::bind_full(static_cast<float*>(kept), s), nullptr, Saved::in_acts};
-  return {BlockActs::bind(work, s), kept, Saved::stored};
+  if (kept == nullptr) return {WorkingCopy::bind(work, s), nullptr, Saved::recompute};
+  if (s.act == DType::f32) return {WorkingCopy::bind_full(static_cast<float*>(kept), s), nullptr, Saved::in_working_copy};
+  return {WorkingCopy::bind(work, s), kept, Saved::stored};
 }
 
 namespace {
 
-void forward_layer(void* x_out_ptr, BlockActs& a, const void* x_in_ptr, const BlockView& w, const TokenInfo& tok,
+void forward_layer(void* x_out_ptr, WorkingCopy& a, const void* x_in_ptr, const BlockView& w, const TokenInfo& tok,
                    const BlockShape& s, void* stored, const MixerOverride* mixer) {
   const int64_t N = s.N(), C = s.C, I = s.I, R = s.mlp_rows();
   const bool b16 = s.act == DType::bf16;
@@ -596,18 +596,18 @@ void forward_layer(void* x_out_ptr, BlockActs& a, const void* x_in_ptr, const Bl
 
 }  // namespace
 
-void block_forward(void* x_out, BlockActs& a, const void* x_in, const BlockView& w, const TokenInfo& tok,
+void block_forward(void* x_out, WorkingCopy& a, const void* x_in, const BlockView& w, const TokenInfo& tok,
                    const BlockShape& s, void* stored) {
   forward_layer(x_out, a, x_in, w, tok, s, stored, nullptr);
 }
 
-void block_forward_with(float* x_out, BlockActs& a, const float* x_in, const BlockView& w, const TokenInfo& tok,
+void block_forward_with(float* x_out, WorkingCopy& a, const float* x_in, const BlockView& w, const TokenInfo& tok,
                         const BlockShape& s, const MixerOverride& mixer) {
   LT_CHECK(s.act == DType::f32, "block_forward_with: f32 activation storage only, not {}", dtype_name(s.act));
   forward_layer(x_out, a, x_in, w, tok, s, nullptr, &mixer);
 }
 
-void block_recompute_internals(BlockActs& a, const void* x_in, const BlockView& w, const TokenInfo& tok,
+void block_recompute_internals(WorkingCopy& a, const void* x_in, const BlockView& w, const TokenInfo& tok,
                                const BlockShape& s) {
   const Storage st(s, nullptr);  // rounds as the forward did, stores nothing
   // o_proj's output goes to x_mid's working copy (add() reads it element by element before writing).
@@ -615,13 +615,13 @@ void block_recompute_internals(BlockActs& a, const void* x_in, const BlockView& 
 }
 
 void block_backward(float* dx_in, BlockGrads& g, BlockScratch& b, const float* dx_out, const void* x_in,
-                    const BlockActs& a, const BlockView& w, const TokenInfo& tok, const BlockShape& s, Saved saved,
+                    const WorkingCopy& a, const BlockView& w, const TokenInfo& tok, const BlockShape& s, Saved saved,
                     const void* stored) {
   block_backward_mlp(g, b, dx_out, a, w, s, saved, stored);
   block_backward_attention(dx_in, g, b, x_in, a, w, tok, s);
 }
 
-void block_backward_mlp(BlockGrads& g, BlockScratch& b, const float* dx_out, const BlockActs& a, const BlockView& w,
+void block_backward_mlp(BlockGrads& g, BlockScratch& b, const float* dx_out, const WorkingCopy& a, const BlockView& w,
                         const BlockShape& s, Saved saved, const void* stored) {
   const int64_t N = s.N(), C = s.C, I = s.I, R = s.mlp_rows();
   const Storage st(s, saved == Saved::stored ? stored : nullptr);
@@ -630,7 +630,7 @@ void block_backward_mlp(BlockGrads& g, BlockScratch& b, const float* dx_out, con
     for (const StoredField& f : st.fields())
       if (!f.mlp) st.load(f, f.in(a));
   }
-  LT_CHECK(saved != Saved::in_acts || a.mlp_rows == N,
+  LT_CHECK(saved != Saved::in_working_copy || a.mlp_rows == N,
            "block_backward: the internals hold the MLP of {} of {} tokens; a chunked layer needs bind_full",
            a.mlp_rows, N);
   // x_out = x_mid + down(h), chunk by chunk: each chunk's gate / up / h from where they are (or recomputed,
@@ -641,9 +641,9 @@ void block_backward_mlp(BlockGrads& g, BlockScratch& b, const float* dx_out, con
     const int64_t n = std::min(R, N - t0);
     float *gate = mlp_row(a.gate, a, s, t0), *up = mlp_row(a.up, a, s, t0), *h = mlp_row(a.h, a, s, t0);
     if (saved == Saved::stored) {
-      st.load(&BlockActs::gate, gate, t0, n);
-      st.load(&BlockActs::up, up, t0, n);
-      st.load(&BlockActs::h, h, t0, n);
+      st.load(&WorkingCopy::gate, gate, t0, n);
+      st.load(&WorkingCopy::up, up, t0, n);
+      st.load(&WorkingCopy::h, h, t0, n);
     } else if (saved == Saved::recompute) {
       mlp_internals(gate, up, h, a, w, s, rounding, t0, n);
     }
@@ -663,7 +663,7 @@ namespace {
 
 // From dx_mid to the mixer input's gradient b.dn: full attention (o_proj, the output gate, attention, RoPE, q/k
 // norms, q/k/v projections).
-void attention_backward_half(BlockGrads& g, BlockScratch& b, const BlockActs& a, const BlockView& w,
+void attention_backward_half(BlockGrads& g, BlockScratch& b, const WorkingCopy& a, const BlockView& w,
                              const NormWeights& nw, const TokenInfo& tok, const BlockShape& s) {
   const int64_t N = s.N(), C = s.C, QD = s.QD(), KVD = s.KVD();
   float* datt = b.datt;
@@ -704,7 +704,7 @@ void attention_backward_half(BlockGrads& g, BlockScratch& b, const BlockActs& a,
 
 }  // namespace
 
-void block_backward_attention(float* dx_in, BlockGrads& g, BlockScratch& b, const void* x_in_ptr, const BlockActs& a,
+void block_backward_attention(float* dx_in, BlockGrads& g, BlockScratch& b, const void* x_in_ptr, const WorkingCopy& a,
                               const BlockView& w, const TokenInfo& tok, const BlockShape& s) {
   const int64_t N = s.N(), C = s.C;
   const NormWeights nw(w, s);

@@ -11,12 +11,12 @@
 // KVD = Hkv*D, I intermediate.
 //
 // Activation storage (BlockShape::act, docs/activations.md). f32: the layer boundaries and the internals are
-// f32, and the internals buffer (BlockActs) is what the backward reads. bf16: the boundaries x_in / x_out are
+// f32, and the internals buffer (WorkingCopy) is what the backward reads. bf16: the boundaries x_in / x_out are
 // bf16, and so is every activation kept for the backward (n1, q, k, v, q_raw, k_raw, att, x_mid, n2, gate, up,
 // h; a Gated DeltaNet layer's qkv_pre, qkv, q̂k̂, z, o, y in place of q .. att) in a separate "stored internals"
 // buffer (block_stored_bytes), beside their f32 statistics (rstd, q/k rstd, lse; the mixer's L2 and RMS norm
 // statistics and its gates b, a, β, g). The output gate's product is not kept: the backward recomputes it from
-// att and q_raw. The block still computes in f32 — in BlockActs, now a per-layer working copy — but rounds each
+// att and q_raw. The block still computes in f32 — in WorkingCopy, now a per-layer working copy — but rounds each
 // stored activation to bf16 where it is produced and computes on from the rounded value, so the forward, a
 // recompute and the backward (which widens the stored values back) all see the same numbers: the bf16-activation
 // model is one function whatever is kept. Activation gradients and parameter gradients stay f32.
@@ -122,11 +122,12 @@ struct BlockGrads {
   static BlockGrads bind(const SlabLayout& layout, void* base);
 };
 
-// Activations a block's backward needs ("internals") in f32, bound into one caller-owned buffer so the executor
-// can place them in device memory. x_in and x_out (the layer boundaries) are not in here. Two layouts: the
-// working copy (bind: gate, up, h for one MLP chunk, x32 at bf16 storage) and the full one (bind_full: every
-// token's; the kept internals at f32 storage).
-struct BlockActs {
+// The working copy: the activations a block's backward needs ("internals") in f32, bound into one caller-owned
+// buffer so the executor can place them in device memory (the step's "working copy" buffer). x_in and x_out (the
+// layer boundaries) are not in here. Two layouts: the working copy proper (bind: gate, up, h for one MLP chunk, x32
+// at bf16 storage) and the full one (bind_full: every token's — a layer's kept internals at f32 storage, which are
+// its working copy kept in place).
+struct WorkingCopy {
   float* n1;          // [N, C]    input_layernorm output
   float* rstd1;       // [N]
   float* q;           // [N, QD]   attention input (after q_norm and RoPE)
@@ -149,9 +150,9 @@ struct BlockActs {
   float* x32;         // [N, C]    bf16 storage only: the block input widened to f32, then x_out before rounding
   int64_t mlp_rows;   // rows gate / up / h hold
   static size_t floats(const BlockShape& s);
-  static BlockActs bind(float* buffer, const BlockShape& s);
+  static WorkingCopy bind(float* buffer, const BlockShape& s);
   static size_t full_floats(const BlockShape& s);
-  static BlockActs bind_full(float* buffer, const BlockShape& s);
+  static WorkingCopy bind_full(float* buffer, const BlockShape& s);
 };
 
 // Temporaries of the backward pass, bound into one caller-owned f32 buffer.
@@ -166,7 +167,7 @@ struct BlockScratch {
   static BlockScratch bind(float* buffer, const BlockShape& s);
 };
 
-// What a kept layer holds (bytes): at f32 storage the full BlockActs layout (BlockActs::bind_full), at bf16
+// What a kept layer holds (bytes): at f32 storage the full WorkingCopy layout (WorkingCopy::bind_full), at bf16
 // the stored internals — the bf16 activations and their f32 statistics for every token.
 size_t block_stored_bytes(const BlockShape& s);
 
@@ -185,27 +186,27 @@ StoredOffsets block_stored_offsets(const BlockShape& s);
 
 // Where the backward finds the forward's internals.
 enum class Saved : uint8_t {
-  in_acts,    // acts holds them all, gate / up / h for every token (bind_full, or a working copy of one chunk)
-  stored,     // in `stored`, the forward's bf16 stored internals: widened into acts (the MLP's chunk by chunk)
-  recompute,  // acts holds the attention half and n2 (block_recompute_internals); the MLP's are recomputed
+  in_working_copy,  // the working copy holds them all, gate / up / h for every token (bind_full, or a working copy of one chunk)
+  stored,     // in `stored`, the forward's bf16 stored internals: widened into the working copy (the MLP's by chunk)
+  recompute,  // the working copy holds the attention half and n2 (block_recompute_internals); the MLP's are recomputed
 };
 
 // One layer's internals as the block reads and writes them, from the kept buffer (block_stored_bytes, or null
-// when the plan recomputes them) and the f32 working copy (BlockActs::floats): at f32 storage a kept layer
+// when the plan recomputes them) and the f32 working copy (WorkingCopy::floats): at f32 storage a kept layer
 // computes in place in its kept buffer (bind_full); at bf16 it computes in the working copy and stores into the
-// kept buffer; a recomputed layer has only the working copy. Pass acts and stored to block_forward, and acts,
+// kept buffer; a recomputed layer has only the working copy. Pass working and stored to block_forward, and working,
 // saved and stored to the backward.
 struct LayerInternals {
-  BlockActs acts;
+  WorkingCopy working;
   void* stored;  // the bf16 stored internals, or null
   Saved saved;
 };
 LayerInternals bind_internals(void* kept, float* work, const BlockShape& s);
 
-// x_out[N, C] from x_in[N, C] (both in s.act); fills acts. At bf16 storage, `stored` (block_stored_bytes, or
+// x_out[N, C] from x_in[N, C] (both in s.act); fills the working copy. At bf16 storage, `stored` (block_stored_bytes, or
 // null when the internals are not kept) receives the bf16 internals; at f32 it must be null (a kept layer's
-// acts are then bound with bind_full).
-void block_forward(void* x_out, BlockActs& acts, const void* x_in, const BlockView& w, const TokenInfo& tok,
+// working copy is then bound with bind_full).
+void block_forward(void* x_out, WorkingCopy& working, const void* x_in, const BlockView& w, const TokenInfo& tok,
                    const BlockShape& s, void* stored = nullptr);
 
 // A layer's token mixer core replaced, for generation's one-token steps against a cache (model/generate.cpp): the
@@ -216,31 +217,31 @@ struct MixerOverride {
   std::function<void(float* att, const float* q, const float* k, const float* v)> attention;
   std::function<void(float* out, const float* n1)> linear;
 };
-// block_forward at f32 storage with the token mixer's core from `mixer` (acts.lse is not written by it).
-void block_forward_with(float* x_out, BlockActs& acts, const float* x_in, const BlockView& w, const TokenInfo& tok,
+// block_forward at f32 storage with the token mixer's core from `mixer` (working.lse is not written by it).
+void block_forward_with(float* x_out, WorkingCopy& working, const float* x_in, const BlockView& w, const TokenInfo& tok,
                         const BlockShape& s, const MixerOverride& mixer);
 
 // The internals of a layer that did not keep them, for its backward with Saved::recompute: the attention half
 // and n2 exactly as block_forward computes them, nothing of the MLP (its backward recomputes that per chunk).
-void block_recompute_internals(BlockActs& acts, const void* x_in, const BlockView& w, const TokenInfo& tok,
+void block_recompute_internals(WorkingCopy& working, const void* x_in, const BlockView& w, const TokenInfo& tok,
                                const BlockShape& s);
 
 // dx_in[N, C] written from dx_out[N, C] (f32 activation gradients); parameter gradients accumulated into g.
 // x_in must be the block's input; the forward's internals are found as `saved` says.
 void block_backward(float* dx_in, BlockGrads& g, BlockScratch& scratch, const float* dx_out, const void* x_in,
-                    const BlockActs& acts, const BlockView& w, const TokenInfo& tok, const BlockShape& s,
-                    Saved saved = Saved::in_acts, const void* stored = nullptr);
+                    const WorkingCopy& working, const BlockView& w, const TokenInfo& tok, const BlockShape& s,
+                    Saved saved = Saved::in_working_copy, const void* stored = nullptr);
 
 // block_backward in its two halves, the same operations in the same order: the MLP half completes the
 // gradients of post_attention_layernorm and the MLP (the tail of the layer slab, kMlpGradsFirst onwards) and
 // leaves dx_mid in the scratch; the attention half does the rest. The executor downloads the MLP gradients
 // while the attention half runs.
 inline constexpr const char* kMlpGradsFirst = "post_attention_layernorm.weight";
-// The MLP half finds the internals as `saved` says; the attention half widens a bf16 x_in into acts.x32.
-void block_backward_mlp(BlockGrads& g, BlockScratch& scratch, const float* dx_out, const BlockActs& acts,
-                        const BlockView& w, const BlockShape& s, Saved saved = Saved::in_acts,
+// The MLP half finds the internals as `saved` says; the attention half widens a bf16 x_in into working.x32.
+void block_backward_mlp(BlockGrads& g, BlockScratch& scratch, const float* dx_out, const WorkingCopy& working,
+                        const BlockView& w, const BlockShape& s, Saved saved = Saved::in_working_copy,
                         const void* stored = nullptr);
 void block_backward_attention(float* dx_in, BlockGrads& g, BlockScratch& scratch, const void* x_in,
-                              const BlockActs& acts, const BlockView& w, const TokenInfo& tok, const BlockShape& s);
+                              const WorkingCopy& working, const BlockView& w, const TokenInfo& tok, const BlockShape& s);
 
 }  // namespace lt

@@ -146,11 +146,11 @@ std::vector<float> prefill(const ModelSlabs& params, const std::vector<int32_t>&
   embedding_forward(x.data(), padded.data(), params.tensor(SlabKind::embedding, 0, "embed_tokens.weight").ptr<float>(),
                     Pp, C, cfg.vocab_size);
   size_t working = 0;
-  for (int64_t l = 0; l < L; ++l) working = std::max(working, BlockActs::floats(sp.for_layer(cfg.layer_kind(l))));
+  for (int64_t l = 0; l < L; ++l) working = std::max(working, WorkingCopy::floats(sp.for_layer(cfg.layer_kind(l))));
   AlignedBuffer<float> working_copy(working, 64, Fill::none);
   for (int64_t l = 0; l < L; ++l) {
     const BlockShape sl = sp.for_layer(cfg.layer_kind(l));
-    BlockActs a = BlockActs::bind(working_copy.data(), sl);
+    WorkingCopy a = WorkingCopy::bind(working_copy.data(), sl);
     block_forward(y.data(), a, x.data(), BlockView::bind(params.layout(SlabKind::layer, l), params.layer(l)),
                   TokenInfo{pos.data(), nullptr}, sl);
     LayerCache& c = cache[size_t(l)];
@@ -185,7 +185,7 @@ std::vector<int32_t> generate_greedy(const ModelSlabs& params, const std::vector
   // Decode: one token at a time, each layer the block's own composition on one row with its mixer on the cache.
   const BlockShape s1 = BlockShape::make(cfg, 1, 1);
   size_t working = 0;
-  for (int64_t l = 0; l < L; ++l) working = std::max(working, BlockActs::floats(s1.for_layer(cfg.layer_kind(l))));
+  for (int64_t l = 0; l < L; ++l) working = std::max(working, WorkingCopy::floats(s1.for_layer(cfg.layer_kind(l))));
   AlignedBuffer<float> working_copy(working, 64, Fill::none);
   std::vector<float> h(static_cast<size_t>(C)), h_next(static_cast<size_t>(C));
   for (int64_t t = P;; ++t) {
@@ -204,7 +204,7 @@ std::vector<int32_t> generate_greedy(const ModelSlabs& params, const std::vector
         cached_attention(att, q, k, v, c, t, sl);
       };
       mixer.linear = [&](float* out_c, const float* n1) { delta_mixer_step(out_c, c, n1, w.delta, sl.mixer()); };
-      BlockActs a = BlockActs::bind(working_copy.data(), sl);
+      WorkingCopy a = WorkingCopy::bind(working_copy.data(), sl);
       block_forward_with(h_next.data(), a, h.data(), w, TokenInfo{&p, nullptr}, sl, mixer);
       std::swap(h, h_next);
     }

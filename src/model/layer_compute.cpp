@@ -22,24 +22,24 @@ class CpuLayerCompute final : public LayerCompute {
   void forward(void* x_out, void* kept, const void* x_in, const BlockView& w) override {
     const BlockShape s = b_.shape.for_layer(w.kind);
     LayerInternals li = bind_internals(kept, b_.working_copy, s);
-    block_forward(x_out, li.acts, x_in, w, b_.tok, s, li.stored);
+    block_forward(x_out, li.working, x_in, w, b_.tok, s, li.stored);
   }
   void recompute_internals(const void* x_in, const BlockView& w) override {
     const BlockShape s = b_.shape.for_layer(w.kind);
     LayerInternals li = bind_internals(nullptr, b_.working_copy, s);
-    block_recompute_internals(li.acts, x_in, w, b_.tok, s);
+    block_recompute_internals(li.working, x_in, w, b_.tok, s);
   }
   void backward_mlp(BlockGrads& g, const float* dx_out, void* kept, const BlockView& w) override {
     const BlockShape s = b_.shape.for_layer(w.kind);
     LayerInternals li = bind_internals(kept, b_.working_copy, s);
     BlockScratch sc = BlockScratch::bind(b_.backward_scratch, s);
-    block_backward_mlp(g, sc, dx_out, li.acts, w, s, li.saved, li.stored);
+    block_backward_mlp(g, sc, dx_out, li.working, w, s, li.saved, li.stored);
   }
   void backward_attention(float* dx_in, BlockGrads& g, const void* x_in, void* kept, const BlockView& w) override {
     const BlockShape s = b_.shape.for_layer(w.kind);
     LayerInternals li = bind_internals(kept, b_.working_copy, s);
     BlockScratch sc = BlockScratch::bind(b_.backward_scratch, s);
-    block_backward_attention(dx_in, g, sc, x_in, li.acts, w, b_.tok, s);
+    block_backward_attention(dx_in, g, sc, x_in, li.working, w, b_.tok, s);
   }
   void head(const HeadCall& h) override {
     std::memset(h.grads, 0, h.grads_bytes);
@@ -70,7 +70,7 @@ std::vector<ComputeBuffer> cpu_compute_buffers(const ModelConfig& cfg, const Blo
   size_t working = 0, scratch = 0;
   for (int64_t l = 0; l < cfg.num_layers; ++l) {
     const BlockShape sl = s.for_layer(cfg.layer_kind(l));
-    working = std::max(working, BlockActs::floats(sl) * sizeof(float));
+    working = std::max(working, WorkingCopy::floats(sl) * sizeof(float));
     scratch = std::max(scratch, BlockScratch::floats(sl) * sizeof(float));
   }
   return {{ComputeBufferRole::working_copy, "working copy", working, ComputeSpan::step, s.act == DType::f32},

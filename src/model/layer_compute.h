@@ -1,7 +1,7 @@
 // model/layer_compute.h — the compute a streamed step launches for each layer and for the head, behind one
-// interface, so the executor (exec/executor.h) runs the same schedule of copies, events and launches whatever
+// interface, so the executor (exec/executor.h) issues the same schedule (exec/step_schedule.h) whatever
 // computes: the CPU block and head (model/block.h, ops/head.h; make_cpu_layer_compute below) on the CPU device,
-// or the GPU block and head (cuda/layers.h; cuda/gpu_compute.h) on a CUDA device — or, under cuda-sim, on the
+// or the CUDA block and head (cuda/layers.h; cuda/layers/compute.inl) on a CUDA device — or, under cuda-sim, on the
 // CPU device, which is how the GPU path is tested without a GPU.
 //
 // Every call runs inside a Device::launch on the compute stream: the CPU compute does the work there; the GPU
@@ -25,11 +25,11 @@ namespace lt {
 struct ComputeBinding {
   BlockShape shape{};
   TokenInfo tok{};                   // pos [N], doc_ids [B, T] or null
-  // CPU compute: the f32 working copy of a layer's internals ("working copy", BlockActs::floats) and the
+  // CPU compute: the f32 working copy of a layer's internals ("working copy", WorkingCopy::floats) and the
   // backward's scratch ("backward scratch", BlockScratch::floats).
   float* working_copy = nullptr;
   float* backward_scratch = nullptr;
-  // GPU compute: the block's scratch ("block scratch", gpu_block_scratch_bytes), the stored internals of a layer
+  // GPU compute: the block's scratch ("block scratch", cuda_block_scratch_bytes), the stored internals of a layer
   // that does not keep them ("recompute internals", block_stored_bytes), the head's workspace, the RoPE table
   // cos/sin [T, D/2] ("rope table"), and the GEMMs' workspace.
   void* block_scratch = nullptr;
@@ -58,14 +58,14 @@ struct HeadCall {
 };
 
 // The device buffers a layer compute keeps beside the step's boundaries and kept internals, declared once by the
-// compute (cpu_compute_buffers below; cuda::gpu_compute_buffers) and read by every user: the step's schedule
+// compute (cpu_compute_buffers below; cuda::cuda_compute_buffers) and read by every user: the step's schedule
 // (exec/step_schedule.h: its memory, and the executor's binding through bind_compute_buffers), the planner's
 // instance (through the schedule) and the profiler's rig (plan/measure.cpp).
 enum class ComputeBufferRole : uint8_t {
-  working_copy,         // CPU: the f32 working copy of one layer's internals (BlockActs::floats)
+  working_copy,         // CPU: the f32 working copy of one layer's internals (WorkingCopy::floats)
   backward_scratch,     // CPU: the backward's temporaries (BlockScratch::floats)
   recompute_internals,  // GPU: the stored internals of a layer that does not keep its own (block_stored_bytes)
-  block_scratch,        // GPU: the block's carve, forward and backward (gpu_block_scratch_bytes)
+  block_scratch,        // GPU: the block's carve, forward and backward (cuda_block_scratch_bytes)
   head_workspace,       // GPU: one logits chunk (head_workspace_bytes)
   loss,                 // GPU: the head's loss, one f64, downloaded
   rope_table,           // GPU: cos then sin [T, D/2] f32 each, uploaded with the tokens

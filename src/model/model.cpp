@@ -1,6 +1,6 @@
 // model/model.cpp — embedding, L blocks, head; then the same in reverse. All activations kept, the MLP in one
 // chunk: the boundaries in the storage dtype; every block's internals as a kept layer holds them (f32 storage:
-// the full BlockActs; bf16: the stored internals, computed in and widened back into one f32 working copy).
+// the full WorkingCopy; bf16: the stored internals, computed in and widened back into one f32 working copy).
 #include "model/model.h"
 
 #include <algorithm>
@@ -57,12 +57,12 @@ struct ForwardState {
   StepTokens tok;
   TokenInfo info;
   uint8_t* boundaries = nullptr;  // (L+1) x [N, C] in the storage dtype
-  uint8_t* acts = nullptr;        // L x block_stored_bytes
-  float* work = nullptr;          // the f32 working copy (BlockActs; bf16 storage only)
+  uint8_t* internals = nullptr;   // L x block_stored_bytes
+  float* work = nullptr;          // the f32 working copy (WorkingCopy; bf16 storage only)
   float* x32 = nullptr;           // [N, C] f32: the embedding output and the head input at bf16 storage
   std::vector<LayerInternals> layers;  // [L] every layer's, kept (bind_internals)
-  std::vector<size_t> offsets;     // [L] byte offset of each layer's internals in acts
-  void* stored(int64_t l) { return acts + offsets[size_t(l)]; }
+  std::vector<size_t> offsets;     // [L] byte offset of each layer's internals in `internals`
+  void* stored(int64_t l) { return internals + offsets[size_t(l)]; }
   void* boundary(int64_t i) { return boundaries + size_t(i) * shape.boundary_bytes(); }
   // Boundary i as f32 (widened into x32 at bf16 storage).
   const float* boundary_f32(int64_t i) {
@@ -81,14 +81,14 @@ void run_forward(ForwardState& st, const ModelSlabs& params, const ModelSlabs& c
   st.info = TokenInfo{st.tok.pos.data(), batch.doc_ids.empty() ? nullptr : batch.doc_ids.data()};
   st.boundaries = ws.get<uint8_t>("boundaries", size_t(L + 1) * st.shape.boundary_bytes());
   // Each layer's internals by its kind (hybrid models: linear-attention layers hold the mixer's instead).
-  size_t acts_bytes = 0, work_floats = 0;
+  size_t internals_bytes = 0, work_floats = 0;
   for (int64_t l = 0; l < L; ++l) {
     const BlockShape sl = st.shape.for_layer(cfg.layer_kind(l));
-    st.offsets.push_back(acts_bytes);
-    acts_bytes += align_up(block_stored_bytes(sl), 64);
-    work_floats = std::max(work_floats, BlockActs::floats(sl));
+    st.offsets.push_back(internals_bytes);
+    internals_bytes += align_up(block_stored_bytes(sl), 64);
+    work_floats = std::max(work_floats, WorkingCopy::floats(sl));
   }
-  st.acts = ws.get<uint8_t>("activations", acts_bytes);
+  st.internals = ws.get<uint8_t>("internals", internals_bytes);
   const bool b16 = activations != DType::f32;
   if (b16) st.work = ws.get<float>("working copy", work_floats);
   st.x32 = ws.get<float>("boundary f32", size_t(N * C));
@@ -102,7 +102,7 @@ void run_forward(ForwardState& st, const ModelSlabs& params, const ModelSlabs& c
     st.layers.push_back(bind_internals(st.stored(l), st.work, sl));
     LayerInternals& li = st.layers.back();
     BlockView w = BlockView::bind(cw.layout(SlabKind::layer, l), cw.layer(l));
-    block_forward(st.boundary(l + 1), li.acts, st.boundary(l), w, st.info, sl, li.stored);
+    block_forward(st.boundary(l + 1), li.working, st.boundary(l), w, st.info, sl, li.stored);
   }
 }
 
@@ -154,7 +154,7 @@ LossResult model_forward_backward(ModelSlabs& grads, const ModelSlabs& params, c
     BlockView w = BlockView::bind(cw.w->layout(SlabKind::layer, l), cw.w->layer(l));
     BlockGrads g = BlockGrads::bind(grads.layout(SlabKind::layer, l), grads.layer(l));
     const LayerInternals& li = st.layers[size_t(l)];
-    block_backward(dx_prev, g, scratch, dx, st.boundary(l), li.acts, w, st.info, sl, li.saved, li.stored);
+    block_backward(dx_prev, g, scratch, dx, st.boundary(l), li.working, w, st.info, sl, li.saved, li.stored);
     std::swap(dx, dx_prev);
   }
   embedding_backward(grads.tensor(SlabKind::embedding, 0, "embed_tokens.weight").ptr<float>(), dx,

@@ -33,7 +33,7 @@ struct OpsOverride {
   decltype(&head_forward) head_forward_fn;
   decltype(&head_forward_backward) head_forward_backward_fn;
   // The chunked gated delta rule: the one Qwen3.5 / Qwen3.6 op whose CUDA kernel sums in another order than the
-  // CPU op (its other ops' kernels give the CPU ops' bits), so the in-memory path and the GPU block agree.
+  // CPU op (its other ops' kernels give the CPU ops' bits), so the in-memory path and the CUDA block agree.
   decltype(&gated_delta_forward) gated_delta_forward_fn = nullptr;
   decltype(&gated_delta_backward) gated_delta_backward_fn = nullptr;
 };

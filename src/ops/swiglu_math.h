@@ -1,5 +1,5 @@
 // ops/swiglu_math.h — SwiGLU's per-element arithmetic, the one definition the CPU op (ops/cpu/swiglu.cpp,
-// in its plain, AVX2 and AVX-512 builds) and the CUDA kernel (cuda/kernels/swiglu.cuh) compile, so all give
+// in its plain, AVX2 and AVX-512 builds) and the CUDA kernel (cuda/kernels/elementwise.cuh) compile, so all give
 // the same bits. Every product and sum is rounded on its own: the CPU builds turn FMA contraction off and
 // nvcc compiles the kernels with -fmad=false.
 //

@@ -11,7 +11,13 @@
 // device buffers every layer passes through (weights, gradients, the working copy, scratch) have the largest
 // layer's size, as the executor's schedule declares them (exec/step_schedule.h).
 //
-// Legend: L layers, B batch rows, T tokens per row, N = B*T, C hidden.
+// Legend: L layers, B batch rows, T tokens per row, N = B*T, C hidden. The instance's short names, once:
+//   A      one boundary [N, C] in the activation storage dtype (bytes; A_nvme: on NVMe, page-rounded)
+//   W, G   the largest layer's weights (compute copy) and gradients (f32): one weight / gradient buffer
+//   Wl, Gl [L] layer l's weights and gradients, as its uploads and downloads move them
+//   HW, HG the head's weights and gradients (lm_head included when tied)
+//   f, b, r [L] seconds of layer l's forward, backward, and what recomputing its internals adds
+//   mem    the device memory per window, as linear terms of the plan (MemoryTerms)
 #pragma once
 
 #include <cstddef>

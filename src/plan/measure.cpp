@@ -83,7 +83,7 @@ class Rig {
       : cfg_(cfg), s(BlockShape::make(cfg, B, T, o.activations)), N(B * T),
         mdt(o.compute == ComputeType::bf16 ? DType::bf16 : DType::f32), scope_(o.backend.kernels()),
         dev(o.backend.open(o.device_memory, o.link, o.gpu)), kernels(o.backend.layer_kernels(s.act)) {
-    compute = kernels == LayerKernels::cuda ? cuda::make_gpu_layer_compute(*dev) : make_cpu_layer_compute();
+    compute = kernels == LayerKernels::cuda ? cuda::make_cuda_layer_compute(*dev) : make_cpu_layer_compute();
     dev->set_sink(&rec);
     size_t stored_bytes = 0;
     for (int64_t l = 0; l < cfg.num_layers; ++l) {

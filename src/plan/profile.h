@@ -6,7 +6,7 @@
 // and with both directions busy), NVMe read and write bandwidth, and the machine's memory.
 //
 // Two sources:
-//   measure_profile()          on a real (here: the emulated CPU) device, with the real kernels, through
+//   measure_profile()          on a device (the emulated CPU device, or a GPU), with the real kernels, through
 //                              the executor's own paths (cmd `lazytrain profile`);
 //   hardware_profile()         a built-in machine (h800, h200, rtx3090; plan/hardware.h): compute from FLOP
 //                              counts over a stated sustained rate, links and disks from published figures.
@@ -72,7 +72,7 @@ struct Profile {
   // Checks the arrays match L layers and every rate is usable; the message names the field.
   void validate(int64_t L) const;
   // The executor options a plan for this machine uses: its layer compute, and the activation storage
-  // `activation_dtype` (bf16, f32, auto) resolves to for e.compute — bf16 for the GPU block, which refuses f32.
+  // `activation_dtype` (bf16, f32, auto) resolves to for e.compute — bf16 for the CUDA block, which refuses f32.
   void apply_to(ExecOptions& e, const std::string& activation_dtype, const std::string& what) const;
 };
 

@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "core/units.h"
+#include "exec/backend.h"
 
 namespace lt {
 namespace {
@@ -131,7 +132,7 @@ const std::map<std::string, Key>& keys() {
       {"eval_steps", number(&TrainConfig::eval_steps, int64_t(0))},
       {"resume_from_checkpoint", text(&TrainConfig::resume_from_checkpoint)},
       {"save_dtype", text(&TrainConfig::save_dtype, {"bf16", "f32"})},
-      {"device", text(&TrainConfig::device, {"cpu", "cuda", "cuda-sim"})},
+      {"device", text(&TrainConfig::device, Backend::names())},
       {"device_memory", size_text(&TrainConfig::device_memory, false)},
       {"host_memory", size_text(&TrainConfig::host_memory, true)},
       {"host_act_memory", size_text(&TrainConfig::host_act_memory, true)},
@@ -158,7 +159,15 @@ std::vector<std::string> key_names() {
   return out;
 }
 
-void apply(TrainConfig& c, const std::string& key, const YAML::Node& value, const std::string& where) {
+// Other spellings accepted for a key: `policy` for `plan` (the CLI's older --policy).
+const std::map<std::string, std::string>& aliases() {
+  static const std::map<std::string, std::string> a = {{"policy", "plan"}};
+  return a;
+}
+
+void apply(TrainConfig& c, const std::string& key_in, const YAML::Node& value, const std::string& where) {
+  const auto alias = aliases().find(key_in);
+  const std::string& key = alias == aliases().end() ? key_in : alias->second;
   auto it = keys().find(key);
   if (it == keys().end()) {
     std::string near = closest_key(key, key_names());

@@ -2,10 +2,10 @@
 """`lazytrain grad --device cuda-sim`: the CUDA kernels (emulated) under the streaming executor give the
 in-memory path's gradients byte for byte with every activation policy — kept on the device, recomputed,
 offloaded to host memory and to NVMe — as the CPU ops do. At bf16 (activations stored in bf16) the executor
-launches the GPU block and head, what --device cuda runs (exec/backend.h), and the in-memory path runs the CPU
-block's sequence of ops on the same kernels and emulated GEMMs: the two give the same bits, so the GPU block keeps
+launches the CUDA block and head, what --device cuda runs (exec/backend.h), and the in-memory path runs the CPU
+block's sequence of ops on the same kernels and emulated GEMMs: the two give the same bits, so the CUDA block keeps
 the CPU block's rounding points exactly. --arch qwen3_5: a Qwen3.5 hybrid (Gated DeltaNet and gated attention
-layers), whose GPU block strings together the hybrid kernels; the in-memory path's CPU block then calls the same
+layers), whose CUDA block strings together the hybrid kernels; the in-memory path's CPU block then calls the same
 gated delta rule kernel (the one hybrid kernel that does not give its CPU op's bits). --arch qwen3_tc: head dim
 64, so at bf16 attention runs on the tensor-core kernels (cuda/kernels/attention_mma.cuh, their shuffle
 emulation here), over more than one 64-token tile; the result is also held within the bf16 bound (relative L2

@@ -46,7 +46,7 @@ std::vector<float> floats_at(const std::vector<uint8_t>& buf, int64_t offset, in
 // over these shapes; 1e-3 leaves room for other seeds, far below what a wrong formula gives (>= 1e-1).
 constexpr double kTol = 1e-3;
 
-// The CPU block (model/block.h) forward and backward with its internals kept: the reference the GPU block meets.
+// The CPU block (model/block.h) forward and backward with its internals kept: the reference the CUDA block meets.
 struct CpuRun {
   std::vector<bf16_t> x_out;
   std::vector<uint8_t> stored;
@@ -58,12 +58,12 @@ CpuRun run_cpu_block(const ModelConfig& cfg, const BlockShape& sh, const BlockVi
   const size_t n = static_cast<size_t>(sh.N() * sh.C);
   CpuRun r{std::vector<bf16_t>(n), std::vector<uint8_t>(block_stored_bytes(sh)), std::vector<float>(n),
            ModelSlabs(cfg)};
-  std::vector<float> work(BlockActs::floats(sh)), scratch(BlockScratch::floats(sh));
+  std::vector<float> work(WorkingCopy::floats(sh)), scratch(BlockScratch::floats(sh));
   LayerInternals li = bind_internals(r.stored.data(), work.data(), sh);
-  block_forward(r.x_out.data(), li.acts, x_in.data(), w, ti, sh, li.stored);
+  block_forward(r.x_out.data(), li.working, x_in.data(), w, ti, sh, li.stored);
   BlockGrads g = BlockGrads::bind(r.grads.layout(SlabKind::layer), r.grads.layer(0));
   BlockScratch bs = BlockScratch::bind(scratch.data(), sh);
-  block_backward(r.dx_in.data(), g, bs, dx_out.data(), x_in.data(), li.acts, w, ti, sh, li.saved, li.stored);
+  block_backward(r.dx_in.data(), g, bs, dx_out.data(), x_in.data(), li.working, w, ti, sh, li.saved, li.stored);
   return r;
 }
 
@@ -106,11 +106,11 @@ TEST(CudaSimBlock, MatchesTheCpuBlockAtBf16Storage) {
     const std::vector<bf16_t>& x_out_cpu = cpu.x_out;
     const std::vector<float>& dx_in_cpu = cpu.dx_in;
     const ModelSlabs& grads_cpu = cpu.grads;
-    // The GPU block under cuda-sim.
+    // The CUDA block under cuda-sim.
     std::vector<float> cos(static_cast<size_t>(T * sh.D / 2)), sin(cos.size());
     rope_table(cos.data(), sin.data(), T, sh.D, sh.rope_theta);
-    std::vector<uint8_t> gpu_scratch(gpu_block_scratch_bytes(sh));
-    const GpuBlock blk{sh, w, ti, cos.data(), sin.data(), gpu_scratch.data()};
+    std::vector<uint8_t> gpu_scratch(cuda_block_scratch_bytes(sh));
+    const CudaBlock blk{sh, w, ti, cos.data(), sin.data(), gpu_scratch.data()};
     std::vector<std::vector<float>> first;
     testing::for_each_order([&] {
       std::vector<uint8_t> stored(block_stored_bytes(sh));
@@ -169,8 +169,8 @@ TEST(CudaSimBlock, ARecomputedLayerGivesTheKeptLayersBits) {
     const auto dx_out = random_floats(static_cast<size_t>(N * C), 15, -0.1f, 0.1f);
     std::vector<float> cos(static_cast<size_t>(T * sh.D / 2)), sin(cos.size());
     rope_table(cos.data(), sin.data(), T, sh.D, sh.rope_theta);
-    std::vector<uint8_t> scratch(gpu_block_scratch_bytes(sh));
-    const GpuBlock blk{sh, w, ti, cos.data(), sin.data(), scratch.data()};
+    std::vector<uint8_t> scratch(cuda_block_scratch_bytes(sh));
+    const CudaBlock blk{sh, w, ti, cos.data(), sin.data(), scratch.data()};
     // The kept layer through block_backward, the recomputed one through the executor's two halves.
     auto backward = [&](const std::vector<uint8_t>& stored, Saved saved) {
       ModelSlabs grads(cfg);
@@ -224,8 +224,8 @@ TEST(CudaSimBlock, MlpTokenChunksGiveTheSameBitsAsOneChunk) {
     std::vector<float> dx_in, grads;
   };
   auto run_gpu = [&](const BlockShape& sh) {
-    std::vector<uint8_t> scratch(gpu_block_scratch_bytes(sh));
-    const GpuBlock blk{sh, w, ti, cos.data(), sin.data(), scratch.data()};
+    std::vector<uint8_t> scratch(cuda_block_scratch_bytes(sh));
+    const CudaBlock blk{sh, w, ti, cos.data(), sin.data(), scratch.data()};
     Result r{std::vector<bf16_t>(static_cast<size_t>(N * C)),
              std::vector<uint8_t>(block_stored_bytes(sh)),
              std::vector<float>(static_cast<size_t>(N * C)),
@@ -240,7 +240,7 @@ TEST(CudaSimBlock, MlpTokenChunksGiveTheSameBitsAsOneChunk) {
     return r;
   };
   const Result one = run_gpu(whole), two = run_gpu(chunked);
-  EXPECT_LT(gpu_block_scratch_bytes(chunked), gpu_block_scratch_bytes(whole));
+  EXPECT_LT(cuda_block_scratch_bytes(chunked), cuda_block_scratch_bytes(whole));
   EXPECT_BITWISE_EQ(two.x_out, one.x_out);
   EXPECT_BITWISE_EQ(two.stored, one.stored);
   EXPECT_BITWISE_EQ(two.dx_in, one.dx_in);

@@ -1,6 +1,6 @@
 // The streaming executor on Qwen3.5 hybrids (Gated DeltaNet and gated-attention layers, whose slabs and internals
 // differ in size): every plan gives the in-memory path's loss and gradients bit for bit, and its measured peak is
-// the predicted one — on the CPU block, and on the GPU block (cuda/layers/block.inl under cuda-sim).
+// the predicted one — on the CPU block, and on the CUDA block (cuda/layers/block.inl under cuda-sim).
 #include <cmath>
 #include <string>
 
@@ -98,10 +98,10 @@ TEST(ExecutorHybrid, EveryPolicyMatchesInMemoryPathBitwiseWithBf16Activations) {
   every_policy_matches(7, 12, DType::bf16);
 }
 
-// The GPU block on hybrids (bf16 storage, as the GPU stores): every plan the keep-all bits with the predicted
+// The CUDA block on hybrids (bf16 storage, as the GPU stores): every plan the keep-all bits with the predicted
 // peak, and the CPU block's results to the rounding of the delta rule's sums (cuda/kernels/gated_delta.cuh sums
 // in another order than the CPU op's GEMMs; a bf16 rounding that then falls the other way carries on).
-TEST(ExecutorHybrid, TheGpuBlockGivesTheKeepAllBitsUnderEveryPlanAndTheCpuBlockToRounding) {
+TEST(ExecutorHybrid, TheCudaBlockGivesTheKeepAllBitsUnderEveryPlanAndTheCpuBlockToRounding) {
   for (uint64_t seed = 21; seed <= 24; ++seed) {
     Rng rng(seed * 1009);
     const ModelConfig cfg = random_hybrid_config(rng);

@@ -51,9 +51,9 @@ struct Case {
   const char* policy;
 };
 
-class PipelineTest : public ::testing::TestWithParam<Case> {};
+class Pipeline : public ::testing::TestWithParam<Case> {};
 
-TEST_P(PipelineTest, PipelinedUpdateEqualsPlainLoopBitwise) {
+TEST_P(Pipeline, PipelinedUpdateEqualsPlainLoopBitwise) {
   const Case c = GetParam();
   ModelConfig cfg = small_config(c.tied, c.type);
   const int64_t L = cfg.num_layers;
@@ -120,7 +120,7 @@ TEST_P(PipelineTest, PipelinedUpdateEqualsPlainLoopBitwise) {
 }
 
 INSTANTIATE_TEST_SUITE_P(
-    Cases, PipelineTest,
+    Cases, Pipeline,
     ::testing::Values(Case{false, ModelType::qwen2, ComputeType::f32, "every:2"},
                       Case{true, ModelType::qwen3, ComputeType::f32, "keep-all"},
                       Case{true, ModelType::qwen3, ComputeType::bf16, "host:2"},

@@ -115,7 +115,7 @@ TEST(StepSchedule, MemoryTermsAreTheSchedulesWindowBytes) {
     const int64_t L = cfg.num_layers;
     ExecOptions o;
     o.activations = seed % 2 ? DType::bf16 : DType::f32;
-    if (seed % 4 == 1) o.kernels = LayerKernels::cuda;  // bf16 storage: the GPU block's buffers
+    if (seed % 4 == 1) o.kernels = LayerKernels::cuda;  // bf16 storage: the CUDA block's buffers
     const MemoryTerms t = memory_terms(cfg, 2, 16, o);
     for (const Plan& plan : {Plan::keep_all(L), Plan::every(L, 1), Plan::every(L, 3), random_plan(L, rng)}) {
       const std::vector<size_t> want = build_step_schedule(cfg, 2, 16, plan, o).memory.window_bytes;

@@ -99,7 +99,7 @@ class ScopedMount {
   std::string why_;
 };
 
-class NvmeTest : public ::testing::Test {
+class Nvme : public ::testing::Test {
  protected:
   void SetUp() override {
     const auto* t = ::testing::UnitTest::GetInstance()->current_test_info();
@@ -135,7 +135,7 @@ struct PathCase {
 };
 void PrintTo(const PathCase& c, std::ostream* os) { *os << to_string(c.backend) << ", " << to_string(c.caching); }
 
-class NvmeRoundTrip : public NvmeTest, public ::testing::WithParamInterface<PathCase> {};
+class NvmeRoundTrip : public Nvme, public ::testing::WithParamInterface<PathCase> {};
 
 TEST_P(NvmeRoundTrip, OddSizesManyInFlightInterleaved) {
   NvmeOptions o = options(32 * MiB, GetParam().backend, GetParam().caching);
@@ -198,7 +198,7 @@ INSTANTIATE_TEST_SUITE_P(AllPaths, NvmeRoundTrip,
                                   (info.param.caching == NvmeCaching::direct ? "_direct" : "_buffered");
                          });
 
-TEST_F(NvmeTest, ThreadsShareOneStore) {
+TEST_F(Nvme, ThreadsShareOneStore) {
   auto store = NvmeStore::open(options(16 * MiB));
   std::vector<std::thread> threads;
   std::vector<int> mismatches(4, 0);
@@ -226,7 +226,7 @@ TEST_F(NvmeTest, ThreadsShareOneStore) {
 
 // io_uring forbidden the way container runtimes forbid it (a seccomp filter answering ENOSYS), in a forked
 // child: the store must fall back to pread, say why, and still move data.
-TEST_F(NvmeTest, IoUringForbiddenFallsBackToPreadAndSaysWhy) {
+TEST_F(Nvme, IoUringForbiddenFallsBackToPreadAndSaysWhy) {
   int pipe_fds[2];
   ASSERT_EQ(::pipe(pipe_fds), 0);
   NvmeOptions o = options(4 * MiB);
@@ -276,7 +276,7 @@ TEST_F(NvmeTest, IoUringForbiddenFallsBackToPreadAndSaysWhy) {
     EXPECT_NE(text.find(needle), std::string::npos) << needle << " not in: " << text;
 }
 
-TEST_F(NvmeTest, DirectRefusedFallsBackToBufferedAndSaysSo) {
+TEST_F(Nvme, DirectRefusedFallsBackToBufferedAndSaysSo) {
   ScopedMount ramfs(dir_ / "ramfs", "ramfs", 0, nullptr);
   if (!ramfs.ok()) GTEST_SKIP() << ramfs.why();
   NvmeOptions o = options(4 * MiB);
@@ -300,7 +300,7 @@ TEST_F(NvmeTest, DirectRefusedFallsBackToBufferedAndSaysSo) {
 }
 
 // tmpfs accepts O_DIRECT since Linux 6.6; before that it refuses and the store must say so.
-TEST_F(NvmeTest, DevShmEitherDirectOrSaysWhyNot) {
+TEST_F(Nvme, DevShmEitherDirectOrSaysWhyNot) {
   if (!fs::is_directory("/dev/shm")) GTEST_SKIP() << "no /dev/shm here";
   NvmeOptions o = options(4 * MiB);
   o.dir = "/dev/shm";
@@ -323,7 +323,7 @@ TEST_F(NvmeTest, DevShmEitherDirectOrSaysWhyNot) {
 // ---------------------------------------------------------------------------------------------------
 // User errors
 
-TEST_F(NvmeTest, MisalignedOrOutOfRegionTransfersAreRefused) {
+TEST_F(Nvme, MisalignedOrOutOfRegionTransfersAreRefused) {
   auto store = NvmeStore::open(options(4 * MiB));
   uint64_t off = store->alloc(8192, "boundary 5");
   AlignedBuffer<uint8_t> buf(3 * 4096);
@@ -339,7 +339,7 @@ TEST_F(NvmeTest, MisalignedOrOutOfRegionTransfersAreRefused) {
   expect_error([&] { store->read(2 * MiB, buf.data(), 4096); }, {"does not fit"});
 }
 
-TEST_F(NvmeTest, CapacityIsEnforcedAndFreedSpaceCoalesces) {
+TEST_F(Nvme, CapacityIsEnforcedAndFreedSpaceCoalesces) {
   auto store = NvmeStore::open(options(MiB));
   EXPECT_EQ(store->capacity(), MiB);
   uint64_t a = store->alloc(600000, "boundary 1");
@@ -361,7 +361,7 @@ TEST_F(NvmeTest, CapacityIsEnforcedAndFreedSpaceCoalesces) {
 }
 
 // Freeing a region under a transfer would let its next owner's data race the old transfer: refused.
-TEST_F(NvmeTest, RegionsUnderTransferCannotBeFreed) {
+TEST_F(Nvme, RegionsUnderTransferCannotBeFreed) {
   for (NvmeBackend backend : {NvmeBackend::io_uring, NvmeBackend::pread}) {
     SCOPED_TRACE(to_string(backend));
     NvmeOptions o = options(64 * MiB, backend);
@@ -389,7 +389,7 @@ TEST_F(NvmeTest, RegionsUnderTransferCannotBeFreed) {
   }
 }
 
-TEST_F(NvmeTest, BadOptionsAreRefused) {
+TEST_F(Nvme, BadOptionsAreRefused) {
   NvmeOptions o = options(MiB);
   o.chunk_bytes = 1000;
   expect_error([&] { NvmeStore::open(o); }, {"chunk_bytes", "1000"});
@@ -402,7 +402,7 @@ TEST_F(NvmeTest, BadOptionsAreRefused) {
   expect_error([&] { NvmeStore::open(o); }, {"no directory"});
 }
 
-TEST_F(NvmeTest, TicketsAreWaitedForOnce) {
+TEST_F(Nvme, TicketsAreWaitedForOnce) {
   auto store = NvmeStore::open(options(MiB));
   uint64_t off = store->alloc(4096, "t");
   auto buf = random_buffer(4096, 5);
@@ -412,7 +412,7 @@ TEST_F(NvmeTest, TicketsAreWaitedForOnce) {
   expect_error([&] { store->ready(NvmeTicket{12345}); }, {"ticket 12345"});
 }
 
-TEST_F(NvmeTest, MissingDirectoryIsCreated) {
+TEST_F(Nvme, MissingDirectoryIsCreated) {
   std::string missing = (dir_ / "no" / "such").string();
   NvmeOptions o = options(MiB);
   o.dir = missing;
@@ -426,7 +426,7 @@ TEST_F(NvmeTest, MissingDirectoryIsCreated) {
   EXPECT_EQ(0, std::memcmp(buf.data(), back.data(), 4096));
 }
 
-TEST_F(NvmeTest, UncreatableDirectoryIsNamed) {
+TEST_F(Nvme, UncreatableDirectoryIsNamed) {
   std::string file = (dir_ / "in_the_way").string();
   { std::FILE* f = std::fopen(file.c_str(), "w"); ASSERT_NE(f, nullptr); std::fclose(f); }
   std::string below_file = file + "/spill";
@@ -435,7 +435,7 @@ TEST_F(NvmeTest, UncreatableDirectoryIsNamed) {
   expect_error([&] { NvmeStore::open(o); }, {"'" + below_file + "'", "cannot be created", "configure another"});
 }
 
-TEST_F(NvmeTest, FileInsteadOfDirectoryIsNamed) {
+TEST_F(Nvme, FileInsteadOfDirectoryIsNamed) {
   std::string file = (dir_ / "a_file").string();
   { std::FILE* f = std::fopen(file.c_str(), "w"); ASSERT_NE(f, nullptr); std::fclose(f); }
   NvmeOptions o = options(MiB);
@@ -443,7 +443,7 @@ TEST_F(NvmeTest, FileInsteadOfDirectoryIsNamed) {
   expect_error([&] { NvmeStore::open(o); }, {"'" + file + "'", "is not a directory"});
 }
 
-TEST_F(NvmeTest, UnwritableDirectoryIsNamed) {
+TEST_F(Nvme, UnwritableDirectoryIsNamed) {
   NvmeOptions o = options(MiB);
   std::unique_ptr<ScopedMount> ro;
   if (::geteuid() == 0) {  // root ignores permission bits: use a read-only filesystem instead
@@ -462,7 +462,7 @@ TEST_F(NvmeTest, UnwritableDirectoryIsNamed) {
 // ---------------------------------------------------------------------------------------------------
 // Real I/O errors
 
-TEST_F(NvmeTest, NoSpaceAtOpenNamesDirAndSizes) {
+TEST_F(Nvme, NoSpaceAtOpenNamesDirAndSizes) {
   ScopedMount tiny(dir_ / "tiny", "tmpfs", 0, "size=1M");
   if (!tiny.ok()) GTEST_SKIP() << tiny.why();
   NvmeOptions o = options(8 * MiB);
@@ -477,7 +477,7 @@ TEST_F(NvmeTest, NoSpaceAtOpenNamesDirAndSizes) {
 
 // A file on a full filesystem, not preallocated: the write runs out of space mid-transfer, and the
 // ENOSPC comes back through wait() on both backends.
-TEST_F(NvmeTest, NoSpaceDuringWriteSurfacesInWait) {
+TEST_F(Nvme, NoSpaceDuringWriteSurfacesInWait) {
   ScopedMount tiny(dir_ / "tiny", "tmpfs", 0, "size=1M");
   if (!tiny.ok()) GTEST_SKIP() << tiny.why();
   for (NvmeBackend backend : {NvmeBackend::io_uring, NvmeBackend::pread}) {
@@ -498,7 +498,7 @@ TEST_F(NvmeTest, NoSpaceDuringWriteSurfacesInWait) {
   }
 }
 
-TEST_F(NvmeTest, IoErrorsPropagateThroughWaitWithStrerror) {
+TEST_F(Nvme, IoErrorsPropagateThroughWaitWithStrerror) {
   std::string path = (dir_ / "readonly").string();
   {
     int fd = ::open(path.c_str(), O_RDWR | O_CREAT, 0600);
@@ -536,7 +536,7 @@ TEST_F(NvmeTest, IoErrorsPropagateThroughWaitWithStrerror) {
 // ---------------------------------------------------------------------------------------------------
 // Lifetime
 
-TEST_F(NvmeTest, ScratchFileVanishesWithTheStore) {
+TEST_F(Nvme, ScratchFileVanishesWithTheStore) {
   auto store = NvmeStore::open(options(8 * MiB));
   EXPECT_TRUE(fs::is_empty(dir_)) << "the scratch file must have no name";
   EXPECT_EQ(fds_into(dir_), 1);
@@ -558,7 +558,7 @@ TEST_F(NvmeTest, ScratchFileVanishesWithTheStore) {
   EXPECT_EQ(fds_into(dir_), 0);
 }
 
-TEST_F(NvmeTest, ReservedSpaceReturnsWhenTheStoreCloses) {
+TEST_F(Nvme, ReservedSpaceReturnsWhenTheStoreCloses) {
   ScopedMount fs64(dir_ / "fs64", "tmpfs", 0, "size=64M");
   if (!fs64.ok()) GTEST_SKIP() << fs64.why();
   NvmeOptions o = options(32 * MiB);
@@ -570,7 +570,7 @@ TEST_F(NvmeTest, ReservedSpaceReturnsWhenTheStoreCloses) {
   EXPECT_EQ(bytes_free(fs64.path()), before);
 }
 
-TEST_F(NvmeTest, ProbeMeasuresPositiveBandwidth) {
+TEST_F(Nvme, ProbeMeasuresPositiveBandwidth) {
   for (NvmeBackend backend : {NvmeBackend::io_uring, NvmeBackend::pread}) {
     auto store = NvmeStore::open(options(16 * MiB, backend));
     NvmeProbe p = store->probe(8 * MiB);

@@ -41,7 +41,7 @@ std::vector<uint8_t> pattern_bytes(size_t n, uint32_t seed) {
   return b;
 }
 
-class SafetensorsTest : public ::testing::Test {
+class Safetensors : public ::testing::Test {
  protected:
   void SetUp() override {
     const auto* t = ::testing::UnitTest::GetInstance()->current_test_info();
@@ -103,7 +103,7 @@ NamedTensors views_of(std::map<std::string, Owned>& m) {
   return out;
 }
 
-TEST_F(SafetensorsTest, RoundTripKeepsDtypesShapesAndBytes) {
+TEST_F(Safetensors, RoundTripKeepsDtypesShapesAndBytes) {
   auto tensors = sample_tensors();
   write_safetensors(path("m.safetensors"), views_of(tensors));
   SafetensorsFile f = SafetensorsFile::open(path("m.safetensors"));
@@ -130,7 +130,7 @@ TEST_F(SafetensorsTest, RoundTripKeepsDtypesShapesAndBytes) {
   EXPECT_EQ(f.view("empty").bytes(), 0u);
 }
 
-TEST_F(SafetensorsTest, HeaderIsSortedPaddedAndCarriesFormatPt) {
+TEST_F(Safetensors, HeaderIsSortedPaddedAndCarriesFormatPt) {
   auto tensors = sample_tensors();
   write_safetensors(path("m.safetensors"), views_of(tensors), {{"step", "12"}, {"note", "hello"}});
   std::string bytes = read_file(path("m.safetensors"));
@@ -158,14 +158,14 @@ TEST_F(SafetensorsTest, HeaderIsSortedPaddedAndCarriesFormatPt) {
   EXPECT_EQ(f.metadata(), want);
 }
 
-TEST_F(SafetensorsTest, EmptyTensorSetRoundTrips) {
+TEST_F(Safetensors, EmptyTensorSetRoundTrips) {
   write_safetensors(path("e.safetensors"), {});
   SafetensorsFile f = SafetensorsFile::open(path("e.safetensors"));
   EXPECT_TRUE(f.names().empty());
   EXPECT_EQ(f.metadata().at("format"), "pt");
 }
 
-TEST_F(SafetensorsTest, ReadF32ConvertsFloatTypesAndChecksShape) {
+TEST_F(Safetensors, ReadF32ConvertsFloatTypesAndChecksShape) {
   std::vector<float> src = {1.0f, -2.5f, 0.15625f, 3e-3f, 65504.0f, -0.0f};
   std::vector<uint16_t> bf(src.size()), hf(src.size());
   convert_f32_to_bf16(bf.data(), src.data(), src.size());
@@ -190,7 +190,7 @@ TEST_F(SafetensorsTest, ReadF32ConvertsFloatTypesAndChecksShape) {
   expect_error([&] { f.read_f32("nope", out.data(), {2}); }, {p, "'nope'"});
 }
 
-TEST_F(SafetensorsTest, UnalignedDataFromForeignWriterStillReads) {
+TEST_F(Safetensors, UnalignedDataFromForeignWriterStillReads) {
   // An unpadded header of odd length puts the data area at an odd file offset.
   std::string header = R"({"x":{"dtype":"F32","shape":[3],"data_offsets":[0,12]}})";
   if ((8 + header.size()) % 4 == 0) header += " ";
@@ -202,7 +202,7 @@ TEST_F(SafetensorsTest, UnalignedDataFromForeignWriterStillReads) {
   EXPECT_EQ(out, vals);
 }
 
-TEST_F(SafetensorsTest, ReadF32RangeWritesOnlyItsElements) {
+TEST_F(Safetensors, ReadF32RangeWritesOnlyItsElements) {
   // A data-parallel rank loads its shard of a tensor: elements [b, e) land at dst[b, e), the rest stay as they
   // were; bf16 and an unaligned f32 source (the bounce-buffer path); a range outside the tensor names both.
   std::vector<float> src(1000);
@@ -231,7 +231,7 @@ TEST_F(SafetensorsTest, ReadF32RangeWritesOnlyItsElements) {
                {p, "'bf16'", "[900, 1001)", "1000"});
 }
 
-TEST_F(SafetensorsTest, ViewsSurviveMoveAndMissingNameIsReported) {
+TEST_F(Safetensors, ViewsSurviveMoveAndMissingNameIsReported) {
   auto tensors = sample_tensors();
   write_safetensors(path("m.safetensors"), views_of(tensors));
   SafetensorsFile a = SafetensorsFile::open(path("m.safetensors"));
@@ -241,7 +241,7 @@ TEST_F(SafetensorsTest, ViewsSurviveMoveAndMissingNameIsReported) {
   expect_error([&] { b.view("model.norm.weight"); }, {path("m.safetensors"), "'model.norm.weight'"});
 }
 
-TEST_F(SafetensorsTest, AtomicWriteReplacesAndLeavesNoTemporary) {
+TEST_F(Safetensors, AtomicWriteReplacesAndLeavesNoTemporary) {
   auto tensors = sample_tensors();
   write_safetensors(path("m.safetensors"), views_of(tensors));
   std::vector<float> one = {4.0f};
@@ -251,12 +251,12 @@ TEST_F(SafetensorsTest, AtomicWriteReplacesAndLeavesNoTemporary) {
     EXPECT_EQ(e.path().filename().string().find(".tmp."), std::string::npos) << e.path();
 }
 
-TEST_F(SafetensorsTest, WriteErrorNamesPathAndReason) {
+TEST_F(Safetensors, WriteErrorNamesPathAndReason) {
   std::string p = path("no/such/dir/m.safetensors");
   expect_error([&] { write_safetensors(p, {}); }, {p, "No such file or directory"});
 }
 
-TEST_F(SafetensorsTest, WriterRefusesNonContiguousTensor) {
+TEST_F(Safetensors, WriterRefusesNonContiguousTensor) {
   std::vector<float> buf(6);
   TensorView t = TensorView::contiguous(buf.data(), DType::f32, {2, 3});
   std::swap(t.strides[0], t.strides[1]);  // a transposed view
@@ -266,43 +266,43 @@ TEST_F(SafetensorsTest, WriterRefusesNonContiguousTensor) {
 
 // ---- malformed files: one test per kind ---------------------------------------------------------------
 
-TEST_F(SafetensorsTest, RejectsFileShorterThanLengthField) {
+TEST_F(Safetensors, RejectsFileShorterThanLengthField) {
   std::string p = put(std::string("\x05\0\0\0\0", 5));
   expect_error([&] { SafetensorsFile::open(p); }, {p, "5 bytes", "too short"});
   std::string empty = put("", "empty.safetensors");
   expect_error([&] { SafetensorsFile::open(empty); }, {empty, "0 bytes"});
 }
 
-TEST_F(SafetensorsTest, RejectsZeroHeaderLength) {
+TEST_F(Safetensors, RejectsZeroHeaderLength) {
   std::string p = put(raw_file("", "abcd"));
   expect_error([&] { SafetensorsFile::open(p); }, {p, "header length is 0"});
 }
 
-TEST_F(SafetensorsTest, RejectsHeaderLengthBeyondFile) {
+TEST_F(Safetensors, RejectsHeaderLengthBeyondFile) {
   std::string p = put(raw_file("{}", "", 1000));
   expect_error([&] { SafetensorsFile::open(p); }, {p, "header length 1000", "exceeds the 2 bytes"});
 }
 
-TEST_F(SafetensorsTest, RejectsHeaderLengthOverCap) {
+TEST_F(Safetensors, RejectsHeaderLengthOverCap) {
   std::string p = put(raw_file("{}", "", uint64_t(1) << 40));
   expect_error([&] { SafetensorsFile::open(p); }, {p, "cap"});
 }
 
-TEST_F(SafetensorsTest, RejectsHeaderThatIsNotJson) {
+TEST_F(Safetensors, RejectsHeaderThatIsNotJson) {
   expect_bad_header("{\"a\": {\"dtype\": \"F32\",\n  oops}}", 0, {"invalid JSON", "line 2"});
 }
 
-TEST_F(SafetensorsTest, RejectsHeaderThatIsNotAnObject) {
+TEST_F(Safetensors, RejectsHeaderThatIsNotAnObject) {
   expect_bad_header("[1, 2, 3]", 0, {"header is a JSON array", "expected an object"});
 }
 
-TEST_F(SafetensorsTest, RejectsEntryMissingAField) {
+TEST_F(Safetensors, RejectsEntryMissingAField) {
   expect_bad_header(R"({"w":{"shape":[1],"data_offsets":[0,4]}})", 4, {"'w'", "no 'dtype'"});
   expect_bad_header(R"({"w":{"dtype":"F32","data_offsets":[0,4]}})", 4, {"'w'", "no 'shape'"});
   expect_bad_header(R"({"w":{"dtype":"F32","shape":[1]}})", 4, {"'w'", "no 'data_offsets'"});
 }
 
-TEST_F(SafetensorsTest, RejectsFieldsOfWrongJsonType) {
+TEST_F(Safetensors, RejectsFieldsOfWrongJsonType) {
   expect_bad_header(R"({"w":[1,2]})", 0, {"'w'", "expected an object"});
   expect_bad_header(R"({"w":{"dtype":4,"shape":[1],"data_offsets":[0,4]}})", 4, {"'w'", "'dtype'", "string"});
   expect_bad_header(R"({"w":{"dtype":"F32","shape":"1","data_offsets":[0,4]}})", 4, {"'w'", "'shape'", "array"});
@@ -313,18 +313,18 @@ TEST_F(SafetensorsTest, RejectsFieldsOfWrongJsonType) {
   expect_bad_header(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[4,0]}})", 4, {"'w'", "begin after end"});
 }
 
-TEST_F(SafetensorsTest, RejectsUnknownDtype) {
+TEST_F(Safetensors, RejectsUnknownDtype) {
   expect_bad_header(R"({"w":{"dtype":"F64","shape":[1],"data_offsets":[0,8]}})", 8, {"'w'", "unknown dtype 'F64'"});
   // Our own lower-case names are not safetensors spellings.
   expect_bad_header(R"({"w":{"dtype":"f32","shape":[1],"data_offsets":[0,4]}})", 4, {"'w'", "unknown dtype 'f32'"});
 }
 
-TEST_F(SafetensorsTest, RejectsNegativeDimension) {
+TEST_F(Safetensors, RejectsNegativeDimension) {
   expect_bad_header(R"({"w":{"dtype":"F32","shape":[-1,2],"data_offsets":[0,8]}})", 8,
                     {"'w'", "negative dimension -1"});
 }
 
-TEST_F(SafetensorsTest, RejectsShapeThatDisagreesWithByteRange) {
+TEST_F(Safetensors, RejectsShapeThatDisagreesWithByteRange) {
   expect_bad_header(R"({"w":{"dtype":"BF16","shape":[2,3],"data_offsets":[0,8]}})", 8,
                     {"'w'", "[2, 3]", "needs 12 bytes", "span 8 bytes"});
   // A shape whose byte count overflows must not wrap around to a small, plausible size.
@@ -332,12 +332,12 @@ TEST_F(SafetensorsTest, RejectsShapeThatDisagreesWithByteRange) {
                     {"'w'", "overflows"});
 }
 
-TEST_F(SafetensorsTest, RejectsRangeOutsideDataArea) {
+TEST_F(Safetensors, RejectsRangeOutsideDataArea) {
   expect_bad_header(R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", 8,
                     {"'w'", "[0, 16)", "outside the data area of 8 bytes"});
 }
 
-TEST_F(SafetensorsTest, RejectsTruncatedFile) {
+TEST_F(Safetensors, RejectsTruncatedFile) {
   std::vector<float> vals(16, 1.0f);
   write_safetensors(path("m.safetensors"), {{"w", TensorView::contiguous(vals.data(), DType::f32, {16})}});
   fs::resize_file(path("m.safetensors"), fs::file_size(path("m.safetensors")) - 4);
@@ -345,30 +345,30 @@ TEST_F(SafetensorsTest, RejectsTruncatedFile) {
                {path("m.safetensors"), "'w'", "outside the data area"});
 }
 
-TEST_F(SafetensorsTest, RejectsOverlappingRanges) {
+TEST_F(Safetensors, RejectsOverlappingRanges) {
   expect_bad_header(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
                     R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
                     12, {"'b'", "overlap", "'a'"});
 }
 
-TEST_F(SafetensorsTest, RejectsHoleBetweenTensors) {
+TEST_F(Safetensors, RejectsHoleBetweenTensors) {
   expect_bad_header(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
                     R"("b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})",
                     12, {"hole", "[4, 8)", "'b'"});
 }
 
-TEST_F(SafetensorsTest, RejectsBytesAfterLastTensor) {
+TEST_F(Safetensors, RejectsBytesAfterLastTensor) {
   expect_bad_header(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", 8, {"hole", "[4, 8)", "after"});
 }
 
-TEST_F(SafetensorsTest, RejectsNonStringMetadata) {
+TEST_F(Safetensors, RejectsNonStringMetadata) {
   expect_bad_header(R"({"__metadata__":{"format":"pt","step":3}})", 0, {"'__metadata__'", "'step'", "string"});
   expect_bad_header(R"({"__metadata__":["pt"]})", 0, {"'__metadata__'", "object"});
 }
 
 // Every truncation of a valid file and random byte flips in its header must end in a clean lt::Error
 // (or, for a harmless flip, a successful open) — never a crash or another exception type.
-TEST_F(SafetensorsTest, CorruptionNeverCrashes) {
+TEST_F(Safetensors, CorruptionNeverCrashes) {
   auto tensors = sample_tensors();
   write_safetensors(path("m.safetensors"), views_of(tensors));
   std::string good = read_file(path("m.safetensors"));
@@ -394,7 +394,7 @@ TEST_F(SafetensorsTest, CorruptionNeverCrashes) {
 
 // ---- model directories --------------------------------------------------------------------------------
 
-TEST_F(SafetensorsTest, ShardedRoundTripWithIndex) {
+TEST_F(Safetensors, ShardedRoundTripWithIndex) {
   auto tensors = sample_tensors();
   NamedTensors views = views_of(tensors);
   size_t total = 0;
@@ -440,7 +440,7 @@ TEST_F(SafetensorsTest, ShardedRoundTripWithIndex) {
   expect_error([&] { m.view("lm_head.weight"); }, {dir_.string(), "'lm_head.weight'"});
 }
 
-TEST_F(SafetensorsTest, TensorLargerThanShardGetsItsOwnShard) {
+TEST_F(Safetensors, TensorLargerThanShardGetsItsOwnShard) {
   std::vector<float> big(100), small(2);
   NamedTensors views = {{"a", TensorView::contiguous(small.data(), DType::f32, {2})},
                         {"b", TensorView::contiguous(big.data(), DType::f32, {100})},
@@ -451,7 +451,7 @@ TEST_F(SafetensorsTest, TensorLargerThanShardGetsItsOwnShard) {
   EXPECT_EQ(SafetensorsModel::open_dir(dir_.string()).names(), (std::vector<std::string>{"a", "b", "c"}));
 }
 
-TEST_F(SafetensorsTest, SingleFileWhenItFitsReplacesStaleIndex) {
+TEST_F(Safetensors, SingleFileWhenItFitsReplacesStaleIndex) {
   auto tensors = sample_tensors();
   write_safetensors_model(dir_.string(), views_of(tensors), 64);
   ASSERT_TRUE(fs::exists(path(kSafetensorsIndexName)));
@@ -463,11 +463,11 @@ TEST_F(SafetensorsTest, SingleFileWhenItFitsReplacesStaleIndex) {
   EXPECT_EQ(m.names().size(), tensors.size());
 }
 
-class ShardedErrorTest : public SafetensorsTest {
+class ShardedError : public Safetensors {
  protected:
   // Two shards: s1 holds a, b; s2 holds c.
   void SetUp() override {
-    SafetensorsTest::SetUp();
+    Safetensors::SetUp();
     vals_.assign(4, 1.0f);
     auto t = TensorView::contiguous(vals_.data(), DType::f32, {4});
     write_safetensors(path("s1.safetensors"), {{"a", t}, {"b", t}});
@@ -479,36 +479,36 @@ class ShardedErrorTest : public SafetensorsTest {
   std::vector<float> vals_;
 };
 
-TEST_F(ShardedErrorTest, AcceptsConsistentIndex) {
+TEST_F(ShardedError, AcceptsConsistentIndex) {
   write_index({{"a", "s1.safetensors"}, {"b", "s1.safetensors"}, {"c", "s2.safetensors"}});
   SafetensorsModel m = SafetensorsModel::open_dir(dir_.string());
   EXPECT_EQ(m.file_of("c").path(), path("s2.safetensors"));
 }
 
-TEST_F(ShardedErrorTest, RejectsMissingShardFile) {
+TEST_F(ShardedError, RejectsMissingShardFile) {
   write_index({{"a", "s1.safetensors"}, {"b", "s1.safetensors"}, {"c", "s9.safetensors"}});
   expect_error([&] { SafetensorsModel::open_dir(dir_.string()); }, {"'c'", "s9.safetensors", "does not exist"});
 }
 
-TEST_F(ShardedErrorTest, RejectsTensorMissingFromItsShard) {
+TEST_F(ShardedError, RejectsTensorMissingFromItsShard) {
   write_index({{"a", "s1.safetensors"}, {"b", "s1.safetensors"}, {"c", "s1.safetensors"}});
   expect_error([&] { SafetensorsModel::open_dir(dir_.string()); },
                {kSafetensorsIndexName, "'c'", "s1.safetensors", "does not contain it"});
 }
 
-TEST_F(ShardedErrorTest, RejectsTensorInTwoShards) {
+TEST_F(ShardedError, RejectsTensorInTwoShards) {
   auto t = TensorView::contiguous(vals_.data(), DType::f32, {4});
   write_safetensors(path("s2.safetensors"), {{"a", t}, {"c", t}});
   write_index({{"a", "s1.safetensors"}, {"b", "s1.safetensors"}, {"c", "s2.safetensors"}});
   expect_error([&] { SafetensorsModel::open_dir(dir_.string()); }, {"'a'", "two shards", "s1", "s2"});
 }
 
-TEST_F(ShardedErrorTest, RejectsShardTensorTheIndexDoesNotList) {
+TEST_F(ShardedError, RejectsShardTensorTheIndexDoesNotList) {
   write_index({{"a", "s1.safetensors"}, {"c", "s2.safetensors"}});
   expect_error([&] { SafetensorsModel::open_dir(dir_.string()); }, {"s1.safetensors", "'b'", "does not list"});
 }
 
-TEST_F(ShardedErrorTest, RejectsMalformedIndex) {
+TEST_F(ShardedError, RejectsMalformedIndex) {
   write_json_file(path(kSafetensorsIndexName), {{"metadata", {{"total_size", 48}}}});
   expect_error([&] { SafetensorsModel::open_dir(dir_.string()); }, {kSafetensorsIndexName, "'weight_map'"});
   write_index({{"a", 3}});
@@ -517,25 +517,25 @@ TEST_F(ShardedErrorTest, RejectsMalformedIndex) {
   expect_error([&] { SafetensorsModel::open_dir(dir_.string()); }, {"'a'", "same directory"});
 }
 
-TEST_F(SafetensorsTest, RejectsDirectoryWithoutWeights) {
+TEST_F(Safetensors, RejectsDirectoryWithoutWeights) {
   expect_error([&] { SafetensorsModel::open_dir(dir_.string()); },
                {dir_.string(), kSafetensorsSingleName, kSafetensorsIndexName});
 }
 
 // ---- json_file ----------------------------------------------------------------------------------------
 
-TEST_F(SafetensorsTest, JsonParseErrorNamesSourceLineAndColumn) {
+TEST_F(Safetensors, JsonParseErrorNamesSourceLineAndColumn) {
   expect_error([] { parse_json("{\n  \"a\": 1,\n  \"b\": tru\n}", "cfg.json"); },
                {"cfg.json", "invalid JSON", "line 3", "column"});
 }
 
-TEST_F(SafetensorsTest, ReadFileErrorNamesPathAndReason) {
+TEST_F(Safetensors, ReadFileErrorNamesPathAndReason) {
   std::string p = path("missing.json");
   expect_error([&] { read_file(p); }, {p, "No such file or directory"});
   expect_error([&] { read_json_file(p); }, {p});
 }
 
-TEST_F(SafetensorsTest, AtomicJsonWriteRoundTrips) {
+TEST_F(Safetensors, AtomicJsonWriteRoundTrips) {
   json j = {{"x", 1}, {"y", {1.5, "two"}}};
   write_json_file(path("a.json"), j);
   EXPECT_EQ(read_json_file(path("a.json")), j);

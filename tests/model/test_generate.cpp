@@ -19,14 +19,14 @@ std::vector<int32_t> full_forward_argmax(const ModelSlabs& p, const std::vector<
   std::vector<float> x(static_cast<size_t>(T * C)), y(static_cast<size_t>(T * C));
   size_t acts_floats = 0;
   for (int64_t l = 0; l < cfg.num_layers; ++l)
-    acts_floats = std::max(acts_floats, BlockActs::floats(s.for_layer(cfg.layer_kind(l))));
+    acts_floats = std::max(acts_floats, WorkingCopy::floats(s.for_layer(cfg.layer_kind(l))));
   std::vector<float> acts(acts_floats);
   std::vector<int32_t> pos(static_cast<size_t>(T));
   for (int64_t t = 0; t < T; ++t) pos[size_t(t)] = int32_t(t);
   embedding_forward(x.data(), seq.data(), p.tensor(SlabKind::embedding, 0, "embed_tokens.weight").ptr<float>(), T, C, V);
   for (int64_t l = 0; l < cfg.num_layers; ++l) {
     const BlockShape sl = s.for_layer(cfg.layer_kind(l));
-    BlockActs a = BlockActs::bind(acts.data(), sl);
+    WorkingCopy a = WorkingCopy::bind(acts.data(), sl);
     block_forward(y.data(), a, x.data(), BlockView::bind(p.layout(SlabKind::layer, l), p.layer(l)),
                   TokenInfo{pos.data(), nullptr}, sl);
     std::swap(x, y);
@@ -45,9 +45,9 @@ std::vector<int32_t> full_forward_argmax(const ModelSlabs& p, const std::vector<
   return out;
 }
 
-class GenerateTest : public ::testing::TestWithParam<ModelType> {};
+class Generate : public ::testing::TestWithParam<ModelType> {};
 
-TEST_P(GenerateTest, KvCacheDecodeEqualsFullForward) {
+TEST_P(Generate, KvCacheDecodeEqualsFullForward) {
   ModelConfig c;
   c.type = GetParam();
   c.vocab_size = 97;
@@ -122,7 +122,7 @@ TEST(GenerateHybrid, StateCacheDecodeEqualsFullForward) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Arch, GenerateTest, ::testing::Values(ModelType::qwen2, ModelType::qwen3, ModelType::llama));
+INSTANTIATE_TEST_SUITE_P(Arch, Generate, ::testing::Values(ModelType::qwen2, ModelType::qwen3, ModelType::llama));
 
 }  // namespace
 }  // namespace lt

@@ -46,9 +46,9 @@ struct ModelCase {
   bool tied;
 };
 
-class ModelTest : public ::testing::TestWithParam<ModelCase> {};
+class Model : public ::testing::TestWithParam<ModelCase> {};
 
-TEST_P(ModelTest, GradientsMatchFiniteDifferences) {
+TEST_P(Model, GradientsMatchFiniteDifferences) {
   ModelConfig cfg = tiny_config(GetParam().type, GetParam().tied);
   ModelSlabs params = random_params(cfg, 11);
   Batch batch = random_batch(cfg, 2, 13, 12);
@@ -73,7 +73,7 @@ TEST_P(ModelTest, GradientsMatchFiniteDifferences) {
   }
 }
 
-TEST_P(ModelTest, ForwardLossEqualsBackwardLossBitwise) {
+TEST_P(Model, ForwardLossEqualsBackwardLossBitwise) {
   ModelConfig cfg = tiny_config(GetParam().type, GetParam().tied);
   ModelSlabs params = random_params(cfg, 21);
   Batch batch = random_batch(cfg, 2, 11, 22);
@@ -86,7 +86,7 @@ TEST_P(ModelTest, ForwardLossEqualsBackwardLossBitwise) {
   }
 }
 
-TEST_P(ModelTest, Bf16CloseToF32) {
+TEST_P(Model, Bf16CloseToF32) {
   ModelConfig cfg = tiny_config(GetParam().type, GetParam().tied);
   ModelSlabs params = random_params(cfg, 31, 0.1);  // a typical init scale (0.3 gives sharp softmaxes)
   Batch batch = random_batch(cfg, 2, 17, 32);
@@ -113,7 +113,7 @@ TEST_P(ModelTest, Bf16CloseToF32) {
   }
 }
 
-TEST_P(ModelTest, BitsIndependentOfThreadCount) {
+TEST_P(Model, BitsIndependentOfThreadCount) {
   ModelConfig cfg = tiny_config(GetParam().type, GetParam().tied);
   ModelSlabs params = random_params(cfg, 41);
   Batch batch = random_batch(cfg, 3, 19, 42);
@@ -129,7 +129,7 @@ TEST_P(ModelTest, BitsIndependentOfThreadCount) {
   for (size_t t = 0; t < A.size(); ++t) EXPECT_EQ(0, std::memcmp(A[t].view.data, B[t].view.data, A[t].view.bytes()));
 }
 
-TEST_P(ModelTest, GradientsAccumulate) {
+TEST_P(Model, GradientsAccumulate) {
   ModelConfig cfg = tiny_config(GetParam().type, GetParam().tied);
   ModelSlabs params = random_params(cfg, 51);
   Batch batch = random_batch(cfg, 1, 9, 52);
@@ -152,7 +152,7 @@ TEST_P(ModelTest, GradientsAccumulate) {
   }
 }
 
-TEST_P(ModelTest, HfDirectoryRoundTrip) {
+TEST_P(Model, HfDirectoryRoundTrip) {
   ModelConfig cfg = tiny_config(GetParam().type, GetParam().tied);
   ModelSlabs params = random_params(cfg, 61);
   std::string dir = ::testing::TempDir() + "lt_model_roundtrip_" + std::string(model_type_name(cfg.type)) +
@@ -165,7 +165,7 @@ TEST_P(ModelTest, HfDirectoryRoundTrip) {
   for (size_t t = 0; t < A.size(); ++t) EXPECT_EQ(0, std::memcmp(A[t].view.data, B[t].view.data, A[t].view.bytes()));
 }
 
-INSTANTIATE_TEST_SUITE_P(Arch, ModelTest,
+INSTANTIATE_TEST_SUITE_P(Arch, Model,
                          ::testing::Values(ModelCase{ModelType::qwen2, false}, ModelCase{ModelType::qwen3, false},
                                            ModelCase{ModelType::qwen3, true}, ModelCase{ModelType::llama, false}),
                          [](const auto& info) {

@@ -208,9 +208,9 @@ void for_each_path(Fn fn) {
   }
 }
 
-class AttentionTest : public ::testing::TestWithParam<Case> {};
+class Attention : public ::testing::TestWithParam<Case> {};
 
-TEST_P(AttentionTest, MatchesDoubleReference) {
+TEST_P(Attention, MatchesDoubleReference) {
   const Inputs in = make_inputs(GetParam(), 11);
   const Reference ref = reference(in);
   for_each_path([&](IsaLevel) {
@@ -229,7 +229,7 @@ TEST_P(AttentionTest, MatchesDoubleReference) {
   });
 }
 
-TEST_P(AttentionTest, GradientsMatchFiniteDifferences) {
+TEST_P(Attention, GradientsMatchFiniteDifferences) {
   Inputs in = make_inputs(GetParam(), 21);
   const AttentionShape s = in.s;
   // loss = dot(out, w) in double, so dL/dout = w.
@@ -251,7 +251,7 @@ TEST_P(AttentionTest, GradientsMatchFiniteDifferences) {
   EXPECT_GRAD_OK(testing::grad_check(in.v, r.dv, loss, 33), bound, "dv");
 }
 
-TEST_P(AttentionTest, WritesEveryOutputAndGradient) {
+TEST_P(Attention, WritesEveryOutputAndGradient) {
   const Inputs in = make_inputs(GetParam(), 41);
   for_each_path([&](IsaLevel) {
     const Result r = run(in);  // every output starts as NaN
@@ -263,7 +263,7 @@ TEST_P(AttentionTest, WritesEveryOutputAndGradient) {
   });
 }
 
-TEST_P(AttentionTest, BitsIndependentOfThreadCount) {
+TEST_P(Attention, BitsIndependentOfThreadCount) {
   const Inputs in = make_inputs(GetParam(), 51);
   const int saved = num_threads();
   for_each_path([&](IsaLevel) {
@@ -282,7 +282,7 @@ TEST_P(AttentionTest, BitsIndependentOfThreadCount) {
 
 // Every path this CPU has: AVX2 and AVX-512 compute the same bits (same FMA order, exp and reduction
 // trees), and each vector path matches the plain one within rounding.
-TEST_P(AttentionTest, KernelPathsAgree) {
+TEST_P(Attention, KernelPathsAgree) {
   const Inputs in = make_inputs(GetParam(), 61);
   std::map<IsaLevel, Result> by_path;
   for_each_path([&](IsaLevel level) { by_path[level] = run(in); });
@@ -312,7 +312,7 @@ TEST_P(AttentionTest, KernelPathsAgree) {
 // T = 1 (one token), 37 (one partial tile), 70 and 130 (two and three tiles, the last partial); D = 16,
 // 40 (a masked vector tail), 64, 128 (two column blocks); GQA 6:2 and 4:2, MHA 4:4, MQA 8:1. T = 75 with
 // D = 36 gives the AVX2 GEMM partial 16-column blocks of both kinds (11 = 8 + 3 keys, 36 = 16 + 16 + 4).
-INSTANTIATE_TEST_SUITE_P(Shapes, AttentionTest,
+INSTANTIATE_TEST_SUITE_P(Shapes, Attention,
                          ::testing::Values(Case{2, 37, 6, 2, 16, Docs::none}, Case{2, 1, 4, 4, 64, Docs::none},
                                            Case{1, 75, 4, 2, 36, Docs::none},
                                            Case{2, 130, 8, 1, 64, Docs::none}, Case{2, 130, 6, 2, 16, Docs::none},

@@ -165,10 +165,10 @@ struct NormShape {
   int64_t rows, C;
 };
 
-class RmsNormTest : public ::testing::TestWithParam<NormShape> {};
+class RmsNorm : public ::testing::TestWithParam<NormShape> {};
 constexpr float kEps = 1e-6f;
 
-TEST_P(RmsNormTest, ForwardMatchesReference) {
+TEST_P(RmsNorm, ForwardMatchesReference) {
   auto [rows, C] = GetParam();
   Vec x = random_vector(size_t(rows * C), 21, -2.f, 2.f), w = random_vector(size_t(C), 22, 0.5f, 1.5f);
   std::fill(x.begin() + 3 * C, x.begin() + 4 * C, 0.f);  // an all-zero row: rstd = 1/sqrt(eps), out = 0
@@ -189,7 +189,7 @@ TEST_P(RmsNormTest, ForwardMatchesReference) {
   }
 }
 
-TEST_P(RmsNormTest, GradientsMatchFiniteDifferencesAndReference) {
+TEST_P(RmsNorm, GradientsMatchFiniteDifferencesAndReference) {
   auto [rows, C] = GetParam();
   Vec x = random_vector(size_t(rows * C), 23, -2.f, 2.f), w = random_vector(size_t(C), 24, 0.5f, 1.5f);
   Vec proj = random_vector(size_t(rows * C), 25);
@@ -230,7 +230,7 @@ TEST_P(RmsNormTest, GradientsMatchFiniteDifferencesAndReference) {
   EXPECT_GRAD_OK(grad_check(w, dw, loss, 27), 1e-3, "dweight");
 }
 
-TEST_P(RmsNormTest, WeightGradAccumulatesInputGradOverwrites) {
+TEST_P(RmsNorm, WeightGradAccumulatesInputGradOverwrites) {
   auto [rows, C] = GetParam();
   Vec x = random_vector(size_t(rows * C), 28), w = random_vector(size_t(C), 29), g = random_vector(size_t(rows * C), 30);
   Vec y(size_t(rows * C)), rstd(static_cast<size_t>(rows));
@@ -246,7 +246,7 @@ TEST_P(RmsNormTest, WeightGradAccumulatesInputGradOverwrites) {
   EXPECT_TRUE(bits_equal(dx, dx1));
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, RmsNormTest,
+INSTANTIATE_TEST_SUITE_P(Shapes, RmsNorm,
                          ::testing::Values(NormShape{74, 67}, NormShape{37, 48}, NormShape{37 * 6, 16},
                                            NormShape{5, 1000}));
 

@@ -27,9 +27,9 @@ std::vector<float> make_operand(Trans t, int64_t rows, int64_t cols, int64_t* ld
   return testing::random_vector(size_t(stored_rows * *ld), seed);
 }
 
-class GemmTest : public ::testing::TestWithParam<Case> {};
+class Gemm : public ::testing::TestWithParam<Case> {};
 
-TEST_P(GemmTest, F32MatchesReference) {
+TEST_P(Gemm, F32MatchesReference) {
   Case c = GetParam();
   int64_t lda, ldb, ldc = c.N + 5;
   auto A = make_operand(c.ta, c.M, c.K, &lda, 1), B = make_operand(c.tb, c.K, c.N, &ldb, 2);
@@ -45,7 +45,7 @@ TEST_P(GemmTest, F32MatchesReference) {
     for (int64_t j = c.N; j < ldc; ++j) ASSERT_EQ(C[i * ldc + j], C0[i * ldc + j]);
 }
 
-TEST_P(GemmTest, BitsIndependentOfThreadCount) {
+TEST_P(Gemm, BitsIndependentOfThreadCount) {
   Case c = GetParam();
   int64_t lda, ldb, ldc = c.N;
   auto A = make_operand(c.ta, c.M, c.K, &lda, 7), B = make_operand(c.tb, c.K, c.N, &ldb, 8);
@@ -72,7 +72,7 @@ struct RouteGuard {
   ~RouteGuard() { detail::gemm_bf16_route_override(std::nullopt); }
 };
 
-TEST_P(GemmTest, Bf16EveryRouteMatchesReferenceAndIsThreadCountIndependent) {
+TEST_P(Gemm, Bf16EveryRouteMatchesReferenceAndIsThreadCountIndependent) {
   Case c = GetParam();
   int64_t lda, ldb, ldc = c.N + 5;
   auto A = make_operand(c.ta, c.M, c.K, &lda, 9), B = make_operand(c.tb, c.K, c.N, &ldb, 10);
@@ -136,7 +136,7 @@ TEST(Gemm, TransposedAIsItsRowsProductWholeOrPerBlock) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, GemmTest,
+INSTANTIATE_TEST_SUITE_P(Shapes, Gemm,
                          ::testing::Values(Case{Trans::no, Trans::yes, 37, 53, 29, Accumulate::no},
                                            Case{Trans::no, Trans::no, 37, 53, 29, Accumulate::yes},
                                            Case{Trans::yes, Trans::no, 101, 17, 37, Accumulate::yes},

@@ -256,7 +256,7 @@ struct Config {
   int64_t N, C, V, chunk;
 };
 
-class HeadTest : public ::testing::TestWithParam<Config> {
+class Head : public ::testing::TestWithParam<Config> {
  protected:
   Problem problem() const {
     Config c = GetParam();
@@ -266,7 +266,7 @@ class HeadTest : public ::testing::TestWithParam<Config> {
 
 // Several chunks with a ragged last one (8, 16 into 37 or 74), one chunk exactly N, one larger than N, and
 // a shape below one vector width (C = 5, V = 13) so only tail paths run.
-INSTANTIATE_TEST_SUITE_P(Shapes, HeadTest,
+INSTANTIATE_TEST_SUITE_P(Shapes, Head,
                          ::testing::Values(Config{37, 48, 101, 8}, Config{37, 48, 101, 16}, Config{74, 48, 101, 16},
                                            Config{37, 48, 101, 37}, Config{37, 48, 101, 64}, Config{9, 5, 13, 4}),
                          [](const ::testing::TestParamInfo<Config>& i) {
@@ -274,7 +274,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, HeadTest,
                                   std::to_string(i.param.V) + "_chunk" + std::to_string(i.param.chunk);
                          });
 
-TEST_P(HeadTest, F32MatchesReference) {
+TEST_P(Head, F32MatchesReference) {
   Problem p = problem();
   SCOPED_TRACE("seed " + std::to_string(p.seed));
   Reference ref = reference(p, DType::f32);
@@ -291,7 +291,7 @@ TEST_P(HeadTest, F32MatchesReference) {
   EXPECT_LT(relative_bound(ref.dlm_w, ref.dlm_w_bound), 2e-3);
 }
 
-TEST_P(HeadTest, Bf16MatchesReferenceOnRoundedOperands) {
+TEST_P(Head, Bf16MatchesReferenceOnRoundedOperands) {
   Problem p = problem();
   SCOPED_TRACE("seed " + std::to_string(p.seed));
   Reference ref = reference(p, DType::bf16);
@@ -309,7 +309,7 @@ TEST_P(HeadTest, Bf16MatchesReferenceOnRoundedOperands) {
   EXPECT_GT(share_outside(f.dlm_w, ref.dlm_w, ref.dlm_w_bound), 0.25);
 }
 
-TEST_P(HeadTest, ForwardLossEqualsForwardBackwardLossBitwise) {
+TEST_P(Head, ForwardLossEqualsForwardBackwardLossBitwise) {
   Problem p = problem();
   for (DType dt : {DType::f32, DType::bf16}) {
     double fwd = head_forward(p.x.data(), p.targets.data(), p.norm_w.data(), p.weight(dt), p.s);
@@ -317,7 +317,7 @@ TEST_P(HeadTest, ForwardLossEqualsForwardBackwardLossBitwise) {
   }
 }
 
-TEST_P(HeadTest, BitsIndependentOfThreadCount) {
+TEST_P(Head, BitsIndependentOfThreadCount) {
   Problem p = problem();
   int saved = num_threads();
   for (DType dt : {DType::f32, DType::bf16}) {
@@ -335,7 +335,7 @@ TEST_P(HeadTest, BitsIndependentOfThreadCount) {
 
 // The AVX-512 and AVX2 softmax passes perform the scalar ones' operations lane for lane, so the bits agree:
 // every vector path this CPU has (AVX-512; AVX2 with FMA) against the scalar one.
-TEST_P(HeadTest, VectorPathsMatchScalarBitwise) {
+TEST_P(Head, VectorPathsMatchScalarBitwise) {
   Problem p = problem();
   const CpuFeatures probed = cpu_features();
   struct Restore {
@@ -365,7 +365,7 @@ TEST_P(HeadTest, VectorPathsMatchScalarBitwise) {
 
 // dx is written (a NaN prefill disappears, bits equal a fresh run); dnorm_w and dlm_w accumulate onto
 // what is there. Sentinels after every output catch writes past the end.
-TEST_P(HeadTest, GradientContract) {
+TEST_P(Head, GradientContract) {
   Problem p = problem();
   const int64_t N = p.s.N, C = p.s.C, V = p.s.V;
   constexpr int64_t kPad = 17;

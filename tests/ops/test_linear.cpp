@@ -48,9 +48,9 @@ struct Shape {
   int64_t N, K, M;
 };
 
-class LinearTest : public ::testing::TestWithParam<Shape> {};
+class Linear : public ::testing::TestWithParam<Shape> {};
 
-TEST_P(LinearTest, ForwardMatchesReference) {
+TEST_P(Linear, ForwardMatchesReference) {
   auto [N, K, M] = GetParam();
   Vec in = random_vector(size_t(N * K), 11), W = random_vector(size_t(M * K), 12), b = random_vector(size_t(M), 13);
   for (const float* bias : {static_cast<const float*>(nullptr), static_cast<const float*>(b.data())}) {
@@ -63,7 +63,7 @@ TEST_P(LinearTest, ForwardMatchesReference) {
   }
 }
 
-TEST_P(LinearTest, GradientsMatchFiniteDifferences) {
+TEST_P(Linear, GradientsMatchFiniteDifferences) {
   auto [N, K, M] = GetParam();
   Vec in = random_vector(size_t(N * K), 21), W = random_vector(size_t(M * K), 22), b = random_vector(size_t(M), 23);
   Vec proj = random_vector(size_t(N * M), 24);  // loss = Σ out · proj, so dout = proj
@@ -84,7 +84,7 @@ TEST_P(LinearTest, GradientsMatchFiniteDifferences) {
   EXPECT_GRAD_OK(testing::grad_check(b, db, loss, 3), 3e-3, "dbias");
 }
 
-TEST_P(LinearTest, ParameterGradsAccumulateActivationGradsOverwrite) {
+TEST_P(Linear, ParameterGradsAccumulateActivationGradsOverwrite) {
   auto [N, K, M] = GetParam();
   for (DType dt : {DType::f32, DType::bf16}) {
     Vec in = random_vector(size_t(N * K), 31), W = random_vector(size_t(M * K), 32);
@@ -112,7 +112,7 @@ TEST_P(LinearTest, ParameterGradsAccumulateActivationGradsOverwrite) {
   }
 }
 
-TEST_P(LinearTest, Bf16MatchesReferenceOnRoundedOperands) {
+TEST_P(Linear, Bf16MatchesReferenceOnRoundedOperands) {
   auto [N, K, M] = GetParam();
   Vec in = random_vector(size_t(N * K), 41), W = random_vector(size_t(M * K), 42), b = random_vector(size_t(M), 43);
   Vec dout = random_vector(size_t(N * M), 44);
@@ -150,7 +150,7 @@ TEST_P(LinearTest, Bf16MatchesReferenceOnRoundedOperands) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, LinearTest,
+INSTANTIATE_TEST_SUITE_P(Shapes, Linear,
                          ::testing::Values(Shape{37, 48, 67}, Shape{74, 67, 48}, Shape{1, 67, 101}));
 
 TEST(Linear, BitsIndependentOfThreadCount) {

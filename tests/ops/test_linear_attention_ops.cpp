@@ -286,9 +286,9 @@ struct L2Case {
   int64_t N, H, D, ld_in;  // ld_in > H·D: heads read as a slice of a wider row
 };
 
-class L2NormTest : public ::testing::TestWithParam<L2Case> {};
+class L2Norm : public ::testing::TestWithParam<L2Case> {};
 
-TEST_P(L2NormTest, ForwardMatchesReference) {
+TEST_P(L2Norm, ForwardMatchesReference) {
   const auto [N, H, D, ld] = GetParam();
   Vec in = random_vector(size_t(N * ld), 201, -2.f, 2.f);
   std::fill(in.begin() + 3 * ld + D, in.begin() + 3 * ld + 2 * D, 0.f);  // token 3, head 1: all zero
@@ -310,7 +310,7 @@ TEST_P(L2NormTest, ForwardMatchesReference) {
     }
 }
 
-TEST_P(L2NormTest, GradientMatchesReferenceAndFiniteDifferences) {
+TEST_P(L2Norm, GradientMatchesReferenceAndFiniteDifferences) {
   const auto [N, H, D, ld] = GetParam();
   Vec in = random_vector(size_t(N * ld), 202, -2.f, 2.f), proj = random_vector(size_t(N * H * D), 203);
   Vec out(proj.size()), rn(size_t(N * H));
@@ -349,7 +349,7 @@ TEST_P(L2NormTest, GradientMatchesReferenceAndFiniteDifferences) {
   EXPECT_GRAD_OK(grad_check(in, dx, loss, 204, 256, 1e-2f, 3e-2), 3e-3, "din");
 }
 
-TEST_P(L2NormTest, InputGradIsWrittenAndMayOverwriteDout) {
+TEST_P(L2Norm, InputGradIsWrittenAndMayOverwriteDout) {
   const auto [N, H, D, ld] = GetParam();
   Vec in = random_vector(size_t(N * ld), 205), g = random_vector(size_t(N * H * D), 206);
   Vec out(g.size()), rn(size_t(N * H));
@@ -373,7 +373,7 @@ TEST_P(L2NormTest, InputGradIsWrittenAndMayOverwriteDout) {
   EXPECT_TRUE(bits_equal(out, y));
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, L2NormTest,
+INSTANTIATE_TEST_SUITE_P(Shapes, L2Norm,
                          ::testing::Values(L2Case{37, 5, 67, 5 * 67}, L2Case{37, 3, 128, 2 * 3 * 128 + 96},
                                            L2Case{29, 4, 16, 4 * 16 + 5}, L2Case{7, 2, 5, 10}));
 
@@ -549,9 +549,9 @@ struct GNormShape {
   int64_t rows, dv;
 };
 
-class GatedRmsNormTest : public ::testing::TestWithParam<GNormShape> {};
+class GatedRmsNorm : public ::testing::TestWithParam<GNormShape> {};
 
-TEST_P(GatedRmsNormTest, ForwardMatchesReference) {
+TEST_P(GatedRmsNorm, ForwardMatchesReference) {
   const auto [rows, dv] = GetParam();
   Vec x = random_vector(size_t(rows * dv), 401, -2.f, 2.f), z = random_vector(x.size(), 402, -6.f, 6.f);
   Vec w = random_vector(size_t(dv), 403, 0.5f, 1.5f);
@@ -571,7 +571,7 @@ TEST_P(GatedRmsNormTest, ForwardMatchesReference) {
   }
 }
 
-TEST_P(GatedRmsNormTest, GradientsMatchReferenceAndFiniteDifferences) {
+TEST_P(GatedRmsNorm, GradientsMatchReferenceAndFiniteDifferences) {
   const auto [rows, dv] = GetParam();
   Vec x = random_vector(size_t(rows * dv), 404, -2.f, 2.f), z = random_vector(x.size(), 405, -6.f, 6.f);
   Vec w = random_vector(size_t(dv), 406, 0.5f, 1.5f), proj = random_vector(x.size(), 407);
@@ -618,7 +618,7 @@ TEST_P(GatedRmsNormTest, GradientsMatchReferenceAndFiniteDifferences) {
   EXPECT_GRAD_OK(grad_check(w, dw, loss, 410), 3e-3, "dweight");
 }
 
-TEST_P(GatedRmsNormTest, WeightGradAccumulatesInputGradsOverwrite) {
+TEST_P(GatedRmsNorm, WeightGradAccumulatesInputGradsOverwrite) {
   const auto [rows, dv] = GetParam();
   Vec x = random_vector(size_t(rows * dv), 411), z = random_vector(x.size(), 412, -4.f, 4.f);
   Vec w = random_vector(size_t(dv), 413), g = random_vector(x.size(), 414);
@@ -639,7 +639,7 @@ TEST_P(GatedRmsNormTest, WeightGradAccumulatesInputGradsOverwrite) {
   EXPECT_TRUE(bits_equal(dz, dz1));
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, GatedRmsNormTest,
+INSTANTIATE_TEST_SUITE_P(Shapes, GatedRmsNorm,
                          ::testing::Values(GNormShape{37 * 3, 67}, GNormShape{37, 128}, GNormShape{37 * 5, 16},
                                            GNormShape{5, 1000}));
 
@@ -818,9 +818,9 @@ struct PartialCase {
   int64_t D, R;
 };
 
-class PartialRopeTest : public ::testing::TestWithParam<PartialCase> {};
+class PartialRope : public ::testing::TestWithParam<PartialCase> {};
 
-TEST_P(PartialRopeTest, RotatesTheFirstRDimsAndPassesTheRest) {
+TEST_P(PartialRope, RotatesTheFirstRDimsAndPassesTheRest) {
   const auto [D, R] = GetParam();
   const double theta = 1e7;  // Qwen3.5's rope_theta
   const auto pos = rope_positions(kPrN, 603);
@@ -851,7 +851,7 @@ TEST_P(PartialRopeTest, RotatesTheFirstRDimsAndPassesTheRest) {
     }
 }
 
-TEST_P(PartialRopeTest, BackwardIsTheTransposeAndMatchesFiniteDifferences) {
+TEST_P(PartialRope, BackwardIsTheTransposeAndMatchesFiniteDifferences) {
   const auto [D, R] = GetParam();
   const double theta = 1e7;
   const auto pos = rope_positions(kPrN, 605);
@@ -876,7 +876,7 @@ TEST_P(PartialRopeTest, BackwardIsTheTransposeAndMatchesFiniteDifferences) {
   for (size_t i = 0; i < n; ++i) ASSERT_NEAR(z[i], x[i], 1e-6) << i;
 }
 
-TEST_P(PartialRopeTest, TableOfRIsTheAnglesThePartialRopeTurnsBy) {
+TEST_P(PartialRope, TableOfRIsTheAnglesThePartialRopeTurnsBy) {
   // A head holding a = 1, b = 0 in every pair turns into (cos, sin) exactly (1·c − 0·s = c, 0·c + 1·s = s).
   const auto [D, R] = GetParam();
   const int64_t P = 50, h = R / 2;
@@ -892,7 +892,7 @@ TEST_P(PartialRopeTest, TableOfRIsTheAnglesThePartialRopeTurnsBy) {
 }
 
 // Qwen3.5: D = 256, R = 64 (factor 0.25); odd halves; R = D − 2; the smallest R.
-INSTANTIATE_TEST_SUITE_P(Shapes, PartialRopeTest,
+INSTANTIATE_TEST_SUITE_P(Shapes, PartialRope,
                          ::testing::Values(PartialCase{256, 64}, PartialCase{38, 14}, PartialCase{16, 14},
                                            PartialCase{10, 2}));
 

@@ -44,7 +44,7 @@ void expect_windows_are_the_working_set(const Instance& in, const Plan& p, uint6
 }
 
 // The MILP's per-window device bytes are the executor's (plan_working_set) exactly, for every plan, with the CPU
-// block at f32 and bf16 activation storage and with the GPU block (its own scratch).
+// block at f32 and bf16 activation storage and with the CUDA block (its own scratch).
 TEST(CostModel, ExecutorWindowBytesEqualTheWorkingSet) {
   for (uint64_t seed = 1; seed <= 60; ++seed) {
     Rng rng(seed);
@@ -65,7 +65,7 @@ TEST(CostModel, ExecutorWindowBytesEqualTheWorkingSet) {
 }
 
 // The same for Qwen3.5 hybrids: each layer's kept internals its own size, the buffers the largest layer's; the
-// CPU block at f32 and bf16 storage, and the GPU block's (its carve the larger of the two layer kinds').
+// CPU block at f32 and bf16 storage, and the CUDA block's (its carve the larger of the two layer kinds').
 TEST(CostModel, ExecutorWindowBytesEqualTheWorkingSetHybrid) {
   for (uint64_t seed = 1; seed <= 30; ++seed) {
     Rng rng(seed + 500);
@@ -223,7 +223,7 @@ TEST(Hardware, ProfilesCarryTheirLayerCompute) {
   EXPECT_EQ(e.activations, DType::bf16);
   try {
     gpu.apply_to(e, "f32", "--activation-dtype");
-    FAIL() << "f32 activations accepted for the GPU block";
+    FAIL() << "f32 activations accepted for the CUDA block";
   } catch (const Error& err) {
     EXPECT_NE(std::string(err.what()).find("stores bf16 activations"), std::string::npos) << err.what();
   }
@@ -240,7 +240,7 @@ TEST(Hardware, ProfilesCarryTheirLayerCompute) {
   EXPECT_EQ(Profile::from_json(j, "old").layer_kernels, "cuda");
   j["layer_kernels"] = "tpu";
   EXPECT_THROW(Profile::from_json(j, "bad"), Error);
-  // The GPU block's working set differs from the CPU block's: its own scratch, no f32 working copy.
+  // The CUDA block's working set differs from the CPU block's: its own scratch, no f32 working copy.
   ExecOptions cpu_block, gpu_block;
   cpu_block.activations = gpu_block.activations = DType::bf16;
   gpu_block.kernels = LayerKernels::cuda;

@@ -22,7 +22,7 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda-sim"],
-                    help="cuda-sim: the GPU block and head under cuda-sim (bf16 activations), what --device cuda runs")
+                    help="cuda-sim: the CUDA block and head under cuda-sim (bf16 activations), what --device cuda runs")
     a = ap.parse_args()
     rng = random.Random(a.seed)
     with arith_work("lt_resume_kill_", 400, 10) as (work, paths):
@@ -30,7 +30,7 @@ def main():
         common = paths + ["eval_dataset=",
                   "per_device_train_batch_size=4", f"max_steps={a.steps}", "save_steps=2", "save_total_limit=2",
                   "logging_steps=4", "plan=every:2", "cutoff_len=160", "device_memory=256MiB", f"device={a.device}"]
-        if a.device == "cuda-sim":  # the GPU's storage, so the executor launches the GPU block (exec/backend.h)
+        if a.device == "cuda-sim":  # the GPU's storage, so the executor launches the CUDA block (exec/backend.h)
             common.append("activation_dtype=bf16")
 
         def run(out, extra=(), kill_after=None):

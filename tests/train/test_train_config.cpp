@@ -63,6 +63,17 @@ void expect_error(const std::string& yaml, const std::vector<std::string>& overr
   }
 }
 
+// `plan` is the key; `policy` (the CLI's older --policy) is read as it, and the config records `plan`.
+TEST(TrainConfig, PolicyIsAnotherSpellingOfPlan) {
+  TrainConfig c = load_train_config(write_yaml("policy.yaml", kGood), {"policy=host:2"});
+  EXPECT_EQ(c.plan, "host:2");
+  EXPECT_EQ(c.to_json()["plan"], "host:2");
+  EXPECT_FALSE(c.to_json().contains("policy"));
+  std::string text = kGood;
+  text.replace(text.find("plan: every:2"), 13, "policy: every:3");
+  EXPECT_EQ(load_train_config(write_yaml("policy2.yaml", text)).plan, "every:3");
+}
+
 TEST(TrainConfig, MistakesAreNamed) {
   std::string base = "model_name_or_path: m\ndataset: d\noutput_dir: o\n";
   expect_error(base + "learning_rat: 1e-4\n", {}, {"bad.yaml:4", "unknown key 'learning_rat'", "did you mean 'learning_rate'"});

@@ -7,7 +7,7 @@
 // The CPU block's rounding points are kept: every stored activation is rounded to bf16 where it is produced
 // and the next op computes on the rounded value. A kernel with bf16 output computes in f32 and rounds once
 // on store, so most steps are one launch; where the CPU block applies two ops in f32 before rounding (RoPE
-// after the projection or the q/k norm, the residual adds) the GPU block runs them in f32 scratch and rounds
+// after the projection or the q/k norm, the residual adds) the CUDA block runs them in f32 scratch and rounds
 // once after. GEMMs read bf16 operands (activation gradients are rounded first, as the CPU linear does) or
 // f32 ones in f32 mode, and write f32. Results agree with the CPU block to f32 rounding of the GEMMs' and
 // attention's sums, plus a rounding that may fall the other way near a bf16 boundary; with the kernels'
@@ -28,7 +28,7 @@
 // The MLP runs over token chunks of BlockShape::mlp_rows() (multiples of kTokenSlice), as the CPU block's, so
 // its scratch is O(chunk·I), not O(N·I), and every chunk size gives the same bits (the GEMMs' rows do not
 // depend on the call's M, and the weight gradients' token slices are the same). The executor's working set
-// counts this scratch ("block scratch", gpu_block_scratch_bytes) when the step runs the GPU block.
+// counts this scratch ("block scratch", cuda_block_scratch_bytes) when the step runs the CUDA block.
 #pragma once
 
 #include <algorithm>
@@ -49,7 +49,7 @@ namespace detail {
 // [N, QD]); a Gated DeltaNet layer its mixer's gradients and the workspaces of the conv, the gates and the delta
 // rule. Buffers whose lives do not overlap are shared (gated attention's gated output lives in dq; the mixer's
 // dy in p2, its dpre in p) so the largest layer's scratch stays within what the planner can fit.
-struct BlockScratchGpu {
+struct BlockScratchCuda {
   float *x32, *p, *p2, *pm;                   // [N, C], [max(N·W, R·I)], [N, W], [R, I]
   float *dh, *dgate, *dup;                    // [R, I]: one MLP chunk (R = mlp_rows)
   float *dn, *dtmp, *dx_mid;                  // [N, C]
@@ -62,14 +62,14 @@ struct BlockScratchGpu {
   bf16_t *gate_c, *up_c, *h_c;                // [R, I]: a recomputed layer's MLP internals, one chunk
   void *norm_ws, *attn_ws, *conv_ws, *gates_ws, *delta_ws;
   size_t bytes;
-  static BlockScratchGpu carve(void* base, const BlockShape& s) {
+  static BlockScratchCuda carve(void* base, const BlockShape& s) {
     const int64_t N = s.N(), C = s.C, QD = s.QD(), KVD = s.KVD(), I = s.I, R = s.mlp_rows();
     const DeltaMixerShape m = s.mixer();
     const int64_t W = s.linear() ? std::max({C, m.conv_dim(), m.value_dim()}) : std::max({C, s.QPD(), KVD});
     const int64_t W2 = s.linear() ? std::max(C, m.value_dim()) : std::max({C, QD, KVD});
     const int64_t wide = std::max(N * W, R * I);
     ScratchCarver c(base);
-    BlockScratchGpu b{};
+    BlockScratchCuda b{};
     b.x32 = c.take<float>(N * C), b.p = c.take<float>(wide), b.p2 = c.take<float>(N * W2);
     b.pm = c.take<float>(R * I);
     b.dh = c.take<float>(R * I), b.dgate = c.take<float>(R * I), b.dup = c.take<float>(R * I);
@@ -129,7 +129,7 @@ struct StoredView {
 // The norms' weights as the block applies them: w, or 1 + w made on the device (zero-centred norms).
 struct NormWeightsGpu {
   const float *ln1, *ln2, *q_norm, *k_norm;
-  static NormWeightsGpu make(Stream s, const BlockShape& sh, const BlockView& w, const BlockScratchGpu& b) {
+  static NormWeightsGpu make(Stream s, const BlockShape& sh, const BlockView& w, const BlockScratchCuda& b) {
     if (!sh.zero_centred) return {w.ln1, w.ln2, w.q_norm, w.k_norm};
     float* p = b.onew;  // [ln1 C | ln2 C | q_norm D | k_norm D]
     norm_weight_one_plus(s, p, w.ln1, sh.C);
@@ -218,7 +218,7 @@ namespace detail {
 
 // Gated DeltaNet's mixer forward (model/delta_mixer.cpp's order, bf16 storage): its output [N, C] (f32) into
 // `out`, its internals into the store.
-inline void mixer_forward(const GemmContext& g, Stream s, const GpuBlock& blk, const BlockScratchGpu& b,
+inline void mixer_forward(const GemmContext& g, Stream s, const CudaBlock& blk, const BlockScratchCuda& b,
                           const StoredView& st, float* out) {
   const DeltaMixerShape m = blk.shape.mixer();
   const DeltaMixerView& w = blk.weights.delta;
@@ -242,7 +242,7 @@ inline void mixer_forward(const GemmContext& g, Stream s, const GpuBlock& blk, c
 
 // Gated DeltaNet's mixer backward: dn1 [N, C] written from dout [N, C] (the mixer output's gradient), the
 // mixer's parameter gradients accumulated; n1's four projections' input gradients summed in the CPU's order.
-inline void mixer_backward(const GemmContext& g, Stream s, const GpuBlock& blk, const BlockScratchGpu& b,
+inline void mixer_backward(const GemmContext& g, Stream s, const CudaBlock& blk, const BlockScratchCuda& b,
                            const StoredView& st, BlockGrads& gr, float* dn1, const float* dout) {
   const DeltaMixerShape m = blk.shape.mixer();
   const DeltaMixerView& w = blk.weights.delta;
@@ -270,7 +270,7 @@ inline void mixer_backward(const GemmContext& g, Stream s, const GpuBlock& blk, 
 }
 
 // The attention half and n2 (everything before the MLP) into the stored internals, as the forward computes them.
-inline void forward_attention_half(const GemmContext& g, Stream s, const GpuBlock& blk, const BlockScratchGpu& b,
+inline void forward_attention_half(const GemmContext& g, Stream s, const CudaBlock& blk, const BlockScratchCuda& b,
                                    const StoredView& st, const bf16_t* x_in) {
   const BlockShape& sh = blk.shape;
   const BlockView& w = blk.weights;
@@ -324,7 +324,7 @@ inline void forward_attention_half(const GemmContext& g, Stream s, const GpuBloc
 }
 
 // gate, up (rounded) and h = silu(gate)·up of the n tokens whose n2 rows start at n2, into gate / up / h.
-inline void mlp_internals(const GemmContext& g, Stream s, const GpuBlock& blk, const BlockScratchGpu& b, bf16_t* gate,
+inline void mlp_internals(const GemmContext& g, Stream s, const CudaBlock& blk, const BlockScratchCuda& b, bf16_t* gate,
                           bf16_t* up, bf16_t* h, const bf16_t* n2, int64_t n) {
   const BlockView& w = blk.weights;
   const int64_t C = blk.shape.C, I = blk.shape.I;
@@ -337,12 +337,12 @@ inline void mlp_internals(const GemmContext& g, Stream s, const GpuBlock& blk, c
 
 }  // namespace detail
 
-void block_forward(const GemmContext& g, Stream s, const GpuBlock& blk, bf16_t* x_out, void* stored,
+void block_forward(const GemmContext& g, Stream s, const CudaBlock& blk, bf16_t* x_out, void* stored,
                    const bf16_t* x_in) {
   const BlockShape& sh = blk.shape;
   const BlockView& w = blk.weights;
   const int64_t N = sh.N(), C = sh.C, I = sh.I;
-  const detail::BlockScratchGpu b = detail::BlockScratchGpu::carve(blk.scratch, sh);
+  const detail::BlockScratchCuda b = detail::BlockScratchCuda::carve(blk.scratch, sh);
   const detail::StoredView st = detail::StoredView::bind(stored, sh);
   detail::forward_attention_half(g, s, blk, b, st, x_in);
   // The MLP chunk by chunk: gate, up, h into the store, y = down(h) into p2's rows; then x_out = y + x_mid
@@ -358,20 +358,20 @@ void block_forward(const GemmContext& g, Stream s, const GpuBlock& blk, bf16_t* 
   convert(s, x_out, b.p2, N * C);
 }
 
-void block_recompute_internals(const GemmContext& g, Stream s, const GpuBlock& blk, void* stored,
+void block_recompute_internals(const GemmContext& g, Stream s, const CudaBlock& blk, void* stored,
                                const bf16_t* x_in) {
-  const detail::BlockScratchGpu b = detail::BlockScratchGpu::carve(blk.scratch, blk.shape);
+  const detail::BlockScratchCuda b = detail::BlockScratchCuda::carve(blk.scratch, blk.shape);
   detail::forward_attention_half(g, s, blk, b, detail::StoredView::bind(stored, blk.shape), x_in);
 }
 
-void block_backward_mlp(const GemmContext& g, Stream s, const GpuBlock& blk, BlockGrads& gr, const float* dx_out,
+void block_backward_mlp(const GemmContext& g, Stream s, const CudaBlock& blk, BlockGrads& gr, const float* dx_out,
                         const void* stored, Saved saved) {
   LT_CHECK(saved == Saved::stored || saved == Saved::recompute,
-           "GPU block backward: the internals are stored (kept) or recomputed, not in an f32 working copy");
+           "CUDA block backward: the internals are stored (kept) or recomputed, not in an f32 working copy");
   const BlockShape& sh = blk.shape;
   const BlockView& w = blk.weights;
   const int64_t N = sh.N(), C = sh.C, I = sh.I;
-  const detail::BlockScratchGpu b = detail::BlockScratchGpu::carve(blk.scratch, sh);
+  const detail::BlockScratchCuda b = detail::BlockScratchCuda::carve(blk.scratch, sh);
   const detail::StoredView st = detail::StoredView::bind(const_cast<void*>(stored), sh);
   float* wide = b.p;  // f32 widening of stored operands in f32 GEMM mode
   // Chunk by chunk as the forward: x_out = x_mid + down(h).
@@ -397,12 +397,12 @@ void block_backward_mlp(const GemmContext& g, Stream s, const GpuBlock& blk, Blo
   accumulate(s, b.dx_mid, dx_out, N * C);
 }
 
-void block_backward_attention(const GemmContext& g, Stream s, const GpuBlock& blk, float* dx_in, BlockGrads& gr,
+void block_backward_attention(const GemmContext& g, Stream s, const CudaBlock& blk, float* dx_in, BlockGrads& gr,
                               const bf16_t* x_in, const void* stored) {
   const BlockShape& sh = blk.shape;
   const BlockView& w = blk.weights;
   const int64_t N = sh.N(), C = sh.C, QD = sh.QD(), KVD = sh.KVD(), R = sh.rotary;
-  const detail::BlockScratchGpu b = detail::BlockScratchGpu::carve(blk.scratch, sh);
+  const detail::BlockScratchCuda b = detail::BlockScratchCuda::carve(blk.scratch, sh);
   const detail::StoredView st = detail::StoredView::bind(const_cast<void*>(stored), sh);
   const detail::NormWeightsGpu nw = detail::NormWeightsGpu::make(s, sh, w, b);
   float* wide = b.p;
@@ -451,7 +451,7 @@ void block_backward_attention(const GemmContext& g, Stream s, const GpuBlock& bl
   accumulate(s, dx_in, b.dx_mid, N * C);
 }
 
-void block_backward(const GemmContext& g, Stream s, const GpuBlock& blk, float* dx_in, BlockGrads& gr,
+void block_backward(const GemmContext& g, Stream s, const CudaBlock& blk, float* dx_in, BlockGrads& gr,
                     const float* dx_out, const bf16_t* x_in, const void* stored, Saved saved) {
   block_backward_mlp(g, s, blk, gr, dx_out, stored, saved);
   block_backward_attention(g, s, blk, dx_in, gr, x_in, stored);

@@ -3,7 +3,7 @@
 // enqueues on the CUDA device's compute stream and the GEMMs go through one cuBLASLt handle; under cuda-sim the
 // calls run to completion where the launch runs them (the CPU device's compute stream).
 //
-// The GPU block stores bf16 activations: a kept layer's internals go into its kept buffer; a layer that does
+// The CUDA block stores bf16 activations: a kept layer's internals go into its kept buffer; a layer that does
 // not keep them writes its forward's into the step's "recompute internals" buffer (overwritten layer by layer:
 // only the output matters then), where its backward recomputes them (block_recompute_internals, then the MLP per
 // chunk with Saved::recompute), which gives the kept layer's bits.
@@ -20,9 +20,9 @@
 namespace lt::cuda::LT_KERNELS_NS {
 namespace detail {
 
-class GpuLayerCompute final : public LayerCompute {
+class CudaLayerCompute final : public LayerCompute {
  public:
-  explicit GpuLayerCompute(Stream stream) : s_(stream) {
+  explicit CudaLayerCompute(Stream stream) : s_(stream) {
 #if LT_LAYERS_NATIVE
     cublas_ = std::make_unique<CublasLt>(kGemmWorkspaceBytes);
     gemm_.cublas = cublas_.get();
@@ -32,13 +32,13 @@ class GpuLayerCompute final : public LayerCompute {
 
   void bind(const ComputeBinding& b) override {
     LT_CHECK(b.shape.act == DType::bf16,
-             "the GPU block stores bf16 activations; {} activation storage is the CPU block's (activation_dtype)",
+             "the CUDA block stores bf16 activations; {} activation storage is the CPU block's (activation_dtype)",
              dtype_name(b.shape.act));
     LT_CHECK(b.block_scratch && b.head_workspace && b.rope_cos && b.rope_sin && (b.gemm_workspace || !LT_LAYERS_NATIVE),
              "GPU layer compute: the step's binding lacks the block scratch, head workspace, RoPE table or GEMM "
              "workspace");
     b_ = b;
-    blk_ = GpuBlock{b.shape, BlockView{}, b.tok, b.rope_cos, b.rope_sin, b.block_scratch};
+    blk_ = CudaBlock{b.shape, BlockView{}, b.tok, b.rope_cos, b.rope_sin, b.block_scratch};
     gemm_.workspace = b.gemm_workspace;
   }
 
@@ -69,7 +69,7 @@ class GpuLayerCompute final : public LayerCompute {
     a.norm_w = h.norm_w, a.lm_w = h.lm_w.data, a.lm_type = h.lm_w.dtype, a.grad_scale = h.grad_scale;
     if (b_.shape.zero_centred) {  // Qwen3.5's final norm multiplies by 1 + w (its gradient is w's), made in the
       // block scratch's norm-weight space, which no layer holds across the head
-      float* shifted = BlockScratchGpu::carve(b_.block_scratch, b_.shape.for_layer(LayerKind::full_attention)).onew;
+      float* shifted = BlockScratchCuda::carve(b_.block_scratch, b_.shape.for_layer(LayerKind::full_attention)).onew;
       norm_weight_one_plus(s_, shifted, h.norm_w, h.shape.C);
       a.norm_w = shifted;
     }
@@ -78,8 +78,8 @@ class GpuLayerCompute final : public LayerCompute {
   }
 
  private:
-  GpuBlock with(const BlockView& w) const {
-    GpuBlock blk = blk_;
+  CudaBlock with(const BlockView& w) const {
+    CudaBlock blk = blk_;
     blk.shape = b_.shape.for_layer(w.kind);  // a Qwen3.5 / Qwen3.6 layer's own kind
     blk.weights = w;
     return blk;
@@ -89,7 +89,7 @@ class GpuLayerCompute final : public LayerCompute {
   Stream s_;
   GemmContext gemm_;
   ComputeBinding b_;
-  GpuBlock blk_;
+  CudaBlock blk_;
 #if LT_LAYERS_NATIVE
   std::unique_ptr<CublasLt> cublas_;
 #endif
@@ -98,7 +98,7 @@ class GpuLayerCompute final : public LayerCompute {
 }  // namespace detail
 
 std::unique_ptr<LayerCompute> make_layer_compute(Stream compute) {
-  return std::make_unique<detail::GpuLayerCompute>(compute);
+  return std::make_unique<detail::CudaLayerCompute>(compute);
 }
 
 }  // namespace lt::cuda::LT_KERNELS_NS

@@ -43,7 +43,7 @@ GpuRun run_gpu(const ModelConfig& cfg, const ModelSlabs& params, const ModelSlab
   return r;
 }
 
-TEST(GpuExecutor, EveryPolicyGivesTheKeepAllBitsAndTheCpuBlockToBf16Rounding) {
+TEST(CudaExecutor, EveryPolicyGivesTheKeepAllBitsAndTheCpuBlockToBf16Rounding) {
   for (uint64_t seed = 301; seed <= 306; ++seed) {
     Rng rng(seed);
     ModelConfig cfg = testing::random_config(rng, int(seed % 3));  // qwen2, qwen3, llama in turn
@@ -61,7 +61,7 @@ TEST(GpuExecutor, EveryPolicyGivesTheKeepAllBitsAndTheCpuBlockToBf16Rounding) {
     const GpuRun ref = run_gpu(cfg, params, *weights, batch, Plan::keep_all(L), o, {}, 1.0);
     if (HasFailure()) return;
 
-    // The CPU block at the same precision: the GPU block rounds where it does but sums its GEMMs and attention
+    // The CPU block at the same precision: the CUDA block rounds where it does but sums its GEMMs and attention
     // in another f32 order, so values differ by f32 rounding and, rarely, a bf16 rounding falls the other way
     // (2^-8 of one element) and carries on. Measured on these seeds: loss within 1e-8, gradients within 7e-7
     // relative; the bounds leave room for a few such flips, not for a wrong op.
@@ -87,8 +87,8 @@ TEST(GpuExecutor, EveryPolicyGivesTheKeepAllBitsAndTheCpuBlockToBf16Rounding) {
   }
 }
 
-// The GPU block's MLP in token chunks (BlockShape::mlp_rows): the one-chunk keep-all bits under every kind of plan.
-TEST(GpuExecutor, ChunkedMlpGivesTheOneChunkBits) {
+// The CUDA block's MLP in token chunks (BlockShape::mlp_rows): the one-chunk keep-all bits under every kind of plan.
+TEST(CudaExecutor, ChunkedMlpGivesTheOneChunkBits) {
   Rng rng(401);
   ModelConfig cfg = testing::random_config(rng, 1);
   cfg.num_layers = 3;
@@ -116,7 +116,7 @@ TEST(GpuExecutor, ChunkedMlpGivesTheOneChunkBits) {
             plan_working_set(cfg, batch.B, batch.T, Plan::keep_all(L), whole).buffer("block scratch").bytes);
 }
 
-TEST(GpuExecutor, RefusesF32ActivationsAndBadTokensWithTheReason) {
+TEST(CudaExecutor, RefusesF32ActivationsAndBadTokensWithTheReason) {
   Rng rng(501);
   ModelConfig cfg = testing::random_config(rng, 0);
   ModelSlabs params = testing::random_params(cfg, 501);
@@ -129,9 +129,9 @@ TEST(GpuExecutor, RefusesF32ActivationsAndBadTokensWithTheReason) {
     StreamingExecutor ex(cfg, *dev, f32_storage);
     ModelSlabs grads(cfg);
     ex.step(grads, params, params, batch, plan);
-    FAIL() << "f32 activation storage on the GPU block was accepted";
+    FAIL() << "f32 activation storage on the CUDA block was accepted";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("the GPU block stores bf16 activations"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("the CUDA block stores bf16 activations"), std::string::npos) << e.what();
   }
   Batch bad = batch;
   bad.labels[1] = int32_t(cfg.vocab_size);  // the kernels would read past the logits row
