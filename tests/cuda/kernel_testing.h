@@ -114,7 +114,10 @@ inline double rel_l2(const std::vector<float>& a, const std::vector<float>& b) {
 // "rows=7 C=5"-style trace text for a shape.
 inline std::string shape_name(std::initializer_list<int64_t> dims) {
   std::string s = "shape";
-  for (int64_t d : dims) s += " " + std::to_string(d);
+  for (int64_t d : dims) {
+    s += ' ';
+    s += std::to_string(d);
+  }
   return s;
 }
 

@@ -1,8 +1,8 @@
 // The layer kernels (RMSNorm, RoPE, SwiGLU, residual add, accumulation, conversions, embedding) under
-// cuda-sim against the CPU ops: on f32 storage bit for bit (the kernels perform the CPU ops' operations in
-// their order), on bf16 storage equal to the CPU op on the widened inputs rounded once to bf16 — in every
-// thread order, on odd shapes, with sentinel guards around every output; the backward kernels also against
-// central finite differences of the forward kernels.
+// cuda-sim against the CPU ops, where the op table (tests/ops/test_op_harness.cpp: f32, through the ops' own entry
+// points, bit for bit in every thread order) does not reach: bf16 storage, equal to the CPU op on the widened inputs
+// rounded once to bf16; the kernels' own workspaces; the backward kernels against central finite differences of the
+// forward kernels — in every thread order, on odd shapes, with sentinel guards around every output.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -40,22 +40,8 @@ struct NormShape {
 // dweight chunks (rmsnorm_dweight_chunk_rows: 32 rows per chunk up to 2048 rows).
 const NormShape kNormShapes[] = {{1, 1}, {7, 5}, {9, 33}, {37, 100}, {130, 17}};
 
-TEST(CudaSimKernels, RmsnormForwardF32MatchesCpuBitwise) {
-  for (const auto [rows, C] : kNormShapes) {
-    SCOPED_TRACE(testing::shape_name({rows, C}));
-    const auto x = random_floats(size_t(rows * C), 1 + rows),
-               w = random_floats(static_cast<size_t>(C), 2 + C, 0.5f, 1.5f);
-    std::vector<float> want(x.size()), want_rstd(static_cast<size_t>(rows));
-    rmsnorm_forward(want.data(), want_rstd.data(), x.data(), w.data(), rows, C, 1e-6f);
-    for_each_order([&] {
-      Guarded<float> out(x.size()), rstd(static_cast<size_t>(rows));
-      sim::rmsnorm_forward(kStream, out.data(), rstd.data(), x.data(), w.data(), rows, C, 1e-6f);
-      EXPECT_BITWISE_EQ(out.values(), want);
-      EXPECT_BITWISE_EQ(rstd.values(), want_rstd);
-      EXPECT_TRUE(out.guards_intact() && rstd.guards_intact());
-    });
-  }
-}
+// RMSNorm's f32 forward on the kernel, bit for bit the CPU op's in every thread order: the op table
+// (tests/ops/test_op_harness.cpp). Here: bf16 storage, the backward with its workspace, finite differences.
 
 TEST(CudaSimKernels, RmsnormForwardBf16IsTheCpuOpRoundedOnce) {
   for (const auto [rows, C] : kNormShapes) {
@@ -142,29 +128,22 @@ std::vector<int32_t> packed_positions(int64_t N, uint64_t seed) {  // not monoto
   return pos;
 }
 
-TEST(CudaSimKernels, RopeMatchesCpuBitwiseForwardAndBackward) {
+// RoPE in f32, forward and backward, bit for bit the CPU op's: the op table (tests/ops/test_op_harness.cpp). Here the
+// kernel on a bf16 row: the CPU op's result on the widened row, rounded once.
+TEST(CudaSimKernels, RopeBf16IsTheCpuOpRoundedOnce) {
   for (const auto [N, H, D] : kRopeCases) {
     SCOPED_TRACE(testing::shape_name({N, H, D}));
     std::vector<float> cos(size_t(kPositions * D / 2)), sin(cos.size());
     rope_table(cos.data(), sin.data(), kPositions, D, 1e6);
     const auto pos = packed_positions(N, uint64_t(N + D));
-    const auto x = random_floats(size_t(N * H * D), 31 + D);
-    std::vector<float> want_fwd = x, want_bwd = x;
-    rope_forward(want_fwd.data(), pos.data(), N, H, D, 1e6);
-    rope_backward(want_bwd.data(), pos.data(), N, H, D, 1e6);
-    const auto xb = to_bf16(x);
+    const auto xb = to_bf16(random_floats(size_t(N * H * D), 31 + D));
     std::vector<float> want_fwd_bf16 = to_f32(xb);
     rope_forward(want_fwd_bf16.data(), pos.data(), N, H, D, 1e6);
     for_each_order([&] {
-      Guarded<float> fwd(x), bwd(x);
       Guarded<bf16_t> fwd_bf16(xb);
-      sim::rope_forward(kStream, fwd.data(), pos.data(), cos.data(), sin.data(), N, H, D);
-      sim::rope_backward(kStream, bwd.data(), pos.data(), cos.data(), sin.data(), N, H, D);
       sim::rope_forward(kStream, fwd_bf16.data(), pos.data(), cos.data(), sin.data(), N, H, D);
-      EXPECT_BITWISE_EQ(fwd.values(), want_fwd);
-      EXPECT_BITWISE_EQ(bwd.values(), want_bwd);
       EXPECT_BITWISE_EQ(fwd_bf16.values(), to_bf16(want_fwd_bf16));
-      EXPECT_TRUE(fwd.guards_intact() && bwd.guards_intact() && fwd_bf16.guards_intact());
+      EXPECT_TRUE(fwd_bf16.guards_intact());
     });
   }
 }
@@ -186,37 +165,29 @@ TEST(CudaSimKernels, RopeBackwardIsTheTransposeOfTheForward) {
 
 const int64_t kElementCounts[] = {1, 31, 257, 3001};
 
-TEST(CudaSimKernels, SwigluMatchesCpuBitwise) {
+// SwiGLU in f32, forward and backward, bit for bit the CPU op's: the op table (tests/ops/test_op_harness.cpp). Here
+// the kernels on bf16 gate and up: the CPU op on the widened inputs (the forward's output rounded once).
+TEST(CudaSimKernels, SwigluBf16IsTheCpuOpOnTheWidenedInputs) {
   for (const int64_t n : kElementCounts) {
     SCOPED_TRACE("n=" + std::to_string(n));
     // Gates across the whole range the stable sigmoid handles differently (|g| > 87.3, large negative).
     auto gate = random_floats(static_cast<size_t>(n), 51 + n, -12.0f, 12.0f);
     if (n > 2) gate[1] = -100.0f, gate[2] = 95.0f;
     const auto up = random_floats(static_cast<size_t>(n), 52 + n), dout = random_floats(static_cast<size_t>(n), 53 + n);
-    std::vector<float> want(static_cast<size_t>(n)), want_dg(static_cast<size_t>(n)), want_du(static_cast<size_t>(n));
-    swiglu_forward(want.data(), gate.data(), up.data(), n);
-    swiglu_backward(want_dg.data(), want_du.data(), dout.data(), gate.data(), up.data(), n);
     const auto gb = to_bf16(gate), ub = to_bf16(up);
     std::vector<float> want_b(static_cast<size_t>(n)), want_dg_b(static_cast<size_t>(n)),
         want_du_b(static_cast<size_t>(n));
     swiglu_forward(want_b.data(), to_f32(gb).data(), to_f32(ub).data(), n);
     swiglu_backward(want_dg_b.data(), want_du_b.data(), dout.data(), to_f32(gb).data(), to_f32(ub).data(), n);
     for_each_order([&] {
-      Guarded<float> out(static_cast<size_t>(n)), dg(static_cast<size_t>(n)), du(static_cast<size_t>(n)),
-          dg_b(static_cast<size_t>(n)), du_b(static_cast<size_t>(n));
+      Guarded<float> dg_b(static_cast<size_t>(n)), du_b(static_cast<size_t>(n));
       Guarded<bf16_t> out_b(static_cast<size_t>(n));
-      sim::swiglu_forward(kStream, out.data(), gate.data(), up.data(), n);
-      sim::swiglu_backward(kStream, dg.data(), du.data(), dout.data(), gate.data(), up.data(), n);
       sim::swiglu_forward(kStream, out_b.data(), gb.data(), ub.data(), n);
       sim::swiglu_backward(kStream, dg_b.data(), du_b.data(), dout.data(), gb.data(), ub.data(), n);
-      EXPECT_BITWISE_EQ(out.values(), want);
-      EXPECT_BITWISE_EQ(dg.values(), want_dg);
-      EXPECT_BITWISE_EQ(du.values(), want_du);
       EXPECT_BITWISE_EQ(out_b.values(), to_bf16(want_b));
       EXPECT_BITWISE_EQ(dg_b.values(), want_dg_b);
       EXPECT_BITWISE_EQ(du_b.values(), want_du_b);
-      EXPECT_TRUE(out.guards_intact() && dg.guards_intact() && du.guards_intact() && out_b.guards_intact() &&
-                  dg_b.guards_intact() && du_b.guards_intact());
+      EXPECT_TRUE(out_b.guards_intact() && dg_b.guards_intact() && du_b.guards_intact());
     });
   }
 }
@@ -278,7 +249,9 @@ TEST(CudaSimKernels, AddAccumulateZeroAndConvertAreExact) {
 
 // ---- embedding ----
 
-TEST(CudaSimKernels, EmbeddingMatchesCpuBitwise) {
+// The embedding in f32, forward and backward, bit for bit the CPU op's: the op table (tests/ops/test_op_harness.cpp).
+// Here the forward into bf16 storage: the CPU op's rows rounded once.
+TEST(CudaSimKernels, EmbeddingBf16IsTheCpuRowsRoundedOnce) {
   const int64_t V = 23;
   for (const auto [N, C] : {std::pair<int64_t, int64_t>{1, 3}, {17, 37}, {64, 129}}) {
     SCOPED_TRACE(testing::shape_name({N, C}));
@@ -286,23 +259,14 @@ TEST(CudaSimKernels, EmbeddingMatchesCpuBitwise) {
     std::vector<int32_t> ids(static_cast<size_t>(N));
     for (auto& id : ids) id = int32_t(rng.below(uint64_t(V / 2)));  // repeats, and ids seen once
     if (N > 1) ids[0] = int32_t(V - 1);
-    const auto table = random_floats(size_t(V * C), 81 + N), dout = random_floats(size_t(N * C), 82 + N);
-    std::vector<float> want(size_t(N * C)), want_dtable = random_floats(size_t(V * C), 83);
-    const std::vector<float> dtable0 = want_dtable;
+    const auto table = random_floats(size_t(V * C), 81 + N);
+    std::vector<float> want(size_t(N * C));
     embedding_forward(want.data(), ids.data(), table.data(), N, C, V);
-    embedding_backward(want_dtable.data(), dout.data(), ids.data(), N, C, V);
-    const TokenGroups groups = group_tokens_by_id(ids.data(), N, V);
     for_each_order([&] {
-      Guarded<float> out(size_t(N * C)), dtable(dtable0);
       Guarded<bf16_t> out_b(size_t(N * C));
-      sim::embedding_forward(kStream, out.data(), ids.data(), table.data(), N, C);
       sim::embedding_forward(kStream, out_b.data(), ids.data(), table.data(), N, C);
-      sim::embedding_backward(kStream, dtable.data(), dout.data(), groups.present.data(), groups.start.data(),
-                              groups.order.data(), int64_t(groups.present.size()), C);
-      EXPECT_BITWISE_EQ(out.values(), want);
       EXPECT_BITWISE_EQ(out_b.values(), to_bf16(want));
-      EXPECT_BITWISE_EQ(dtable.values(), want_dtable);
-      EXPECT_TRUE(out.guards_intact() && out_b.guards_intact() && dtable.guards_intact());
+      EXPECT_TRUE(out_b.guards_intact());
     });
   }
 }

@@ -463,33 +463,7 @@ TEST(SwiGLU, GradsAreWrittenNotAccumulated) {
   EXPECT_TRUE(bits_equal(du, du1));
 }
 
-// Every build this CPU runs (AVX-512; AVX2 with FMA) against the baseline one.
-TEST(SwiGLU, VectorPathsMatchPlainPathBitwise) {
-  const int64_t n = kSwiN + 13;  // a ragged tail for the 8- and 16-wide loops
-  Vec g = gate_values(n, 65), u = random_vector(size_t(n), 66), d = random_vector(size_t(n), 67);
-  auto run = [&] {
-    Vec out(static_cast<size_t>(n)), dg(static_cast<size_t>(n)), du(static_cast<size_t>(n));
-    swiglu_forward(out.data(), g.data(), u.data(), n);
-    swiglu_backward(dg.data(), du.data(), d.data(), g.data(), u.data(), n);
-    out.insert(out.end(), dg.begin(), dg.end());
-    out.insert(out.end(), du.begin(), du.end());
-    return out;
-  };
-  const CpuFeatures probed = cpu_features();
-  std::vector<CpuFeatures> vector_paths;
-  if (probed.avx512f) vector_paths.push_back(probed);
-  if (probed.avx2 && probed.fma) vector_paths.push_back(cap_features(probed, IsaLevel::avx2));
-  const CpuFeatures plain{};  // everything off: the baseline build
-  cpu_features_override(&plain);
-  const Vec a = run();
-  for (const CpuFeatures& f : vector_paths) {
-    SCOPED_TRACE(std::string(isa_name(isa_level(f))) + " path");
-    cpu_features_override(&f);
-    // Same loop bodies, FMA contraction off in the vector builds: the same bits, not just close.
-    EXPECT_TRUE(bits_equal(a, run()));
-  }
-  cpu_features_override(nullptr);
-}
+// SwiGLU's vector paths against the plain loops: the op table (tests/ops/test_op_harness.cpp).
 
 TEST(SwiGLU, BitsIndependentOfThreadCount) {
   const int64_t n = (int64_t(1) << 17) + 37;  // several chunks and a ragged tail

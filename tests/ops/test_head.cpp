@@ -333,35 +333,7 @@ TEST_P(Head, BitsIndependentOfThreadCount) {
   set_num_threads(saved);
 }
 
-// The AVX-512 and AVX2 softmax passes perform the scalar ones' operations lane for lane, so the bits agree:
-// every vector path this CPU has (AVX-512; AVX2 with FMA) against the scalar one.
-TEST_P(Head, VectorPathsMatchScalarBitwise) {
-  Problem p = problem();
-  const CpuFeatures probed = cpu_features();
-  struct Restore {
-    ~Restore() { cpu_features_override(nullptr); }
-  } restore;
-  std::vector<CpuFeatures> vector_paths;
-  if (probed.avx512f) vector_paths.push_back(probed);
-  if (probed.avx2 && probed.fma) vector_paths.push_back(cap_features(probed, IsaLevel::avx2));
-  for (DType dt : {DType::f32, DType::bf16}) {
-    const CpuFeatures scalar{};
-    cpu_features_override(&scalar);
-    const Result sca = run(p, dt);
-    for (const CpuFeatures& f : vector_paths) {
-      SCOPED_TRACE(std::string(isa_name(isa_level(f))) + " path, " + std::string(dtype_name(dt)));
-      cpu_features_override(&f);
-      const Result vec = run(p, dt);
-      // head_forward's pass skips storing the exps (row_expsum with no output).
-      const double fwd = head_forward(p.x.data(), p.targets.data(), p.norm_w.data(), p.weight(dt), p.s);
-      EXPECT_TRUE(same_bits(fwd, sca.loss));
-      EXPECT_TRUE(same_bits(vec.loss, sca.loss));
-      EXPECT_TRUE(same_bits(vec.dx, sca.dx));
-      EXPECT_TRUE(same_bits(vec.dnorm_w, sca.dnorm_w));
-      EXPECT_TRUE(same_bits(vec.dlm_w, sca.dlm_w));
-    }
-  }
-}
+// The vector softmax passes against the scalar ones, bit for bit: the op table (tests/ops/test_op_harness.cpp).
 
 // dx is written (a NaN prefill disappears, bits equal a fresh run); dnorm_w and dlm_w accumulate onto
 // what is there. Sentinels after every output catch writes past the end.
