@@ -378,34 +378,22 @@ struct StreamingExecutor::Step {
     dev.copy_h2d(at(op.aux), table, size_t(2 * half) * sizeof(float), k, "h2d rope table");
   }
 
-  // The fused head's call: norm and lm_head from the head's weights (lm_head is the embedding after the head
-  // slab when tied), their gradients likewise.
+  // The fused head's call, on the head's weight and gradient buffers (bind_head_buffers' layout).
   HeadCall head_call(const StepOp& op) {
-    const SlabLayout& hwl = weights.layout(SlabKind::head);
-    const SlabLayout& hgl = grads.layout(SlabKind::head);
-    auto entry = [&](uint8_t* base, const SlabLayout& head_layout, const SlabLayout& emb_layout,
-                     const char* name) -> std::pair<uint8_t*, DType> {
-      if (std::string(name) == "lm_head.weight" && cfg.tie_word_embeddings) {
-        const SlabEntry& e = emb_layout.entry("embed_tokens.weight");
-        return {base + head_layout.bytes() + e.offset, e.dtype};
-      }
-      const SlabEntry& e = head_layout.entry(name);
-      return {base + e.offset, e.dtype};
-    };
-    uint8_t *head_w = at(op.weights), *head_g = at(op.grads);
-    // Vectors and gradients are f32 in every layout; only lm_head's dtype follows the compute copy.
-    const auto [lm_w, lm_dt] = entry(head_w, hwl, weights.layout(SlabKind::embedding), "lm_head.weight");
+    const HeadBuffers hb = bind_head_buffers(cfg, weights.layout(SlabKind::head), weights.layout(SlabKind::embedding),
+                                             grads.layout(SlabKind::head), grads.layout(SlabKind::embedding),
+                                             at(op.weights), at(op.grads));
     HeadCall call;
     call.dx = at<float>(op.out);
-    call.grads = head_g;
-    call.grads_bytes = hgl.bytes() + (cfg.tie_word_embeddings ? grads.layout(SlabKind::embedding).bytes() : 0);
-    call.dnorm_w = reinterpret_cast<float*>(entry(head_g, hgl, grads.layout(SlabKind::embedding), "norm.weight").first);
-    call.dlm_w = reinterpret_cast<float*>(entry(head_g, hgl, grads.layout(SlabKind::embedding), "lm_head.weight").first);
+    call.grads = at(op.grads);
+    call.grads_bytes = hb.grads_bytes;
+    call.dnorm_w = hb.dnorm_w;
+    call.dlm_w = hb.dlm_w;
     call.x = at(op.in);
     call.x32 = at<float>(op.aux);
     call.targets = tokens() + N;
-    call.norm_w = reinterpret_cast<const float*>(entry(head_w, hwl, weights.layout(SlabKind::embedding), "norm.weight").first);
-    call.lm_w = WeightRef{lm_w, lm_dt};
+    call.norm_w = hb.norm_w;
+    call.lm_w = hb.lm_w;
     call.grad_scale = float(1.0 / double(target.tokens_in_step > 0 ? target.tokens_in_step : tok.count));
     call.shape = HeadShape{N, C, cfg.vocab_size, float(cfg.rms_norm_eps)};
     call.loss = loss_dev;

@@ -77,6 +77,28 @@ std::vector<ComputeBuffer> cpu_compute_buffers(const ModelConfig& cfg, const Blo
           {ComputeBufferRole::backward_scratch, "backward scratch", scratch, ComputeSpan::backward}};
 }
 
+HeadBuffers bind_head_buffers(const ModelConfig& cfg, const SlabLayout& head_w, const SlabLayout& embed_w,
+                              const SlabLayout& head_g, const SlabLayout& embed_g, const void* weights, void* grads) {
+  const bool tied = cfg.tie_word_embeddings;
+  const auto* w = static_cast<const uint8_t*>(weights);
+  auto* g = static_cast<uint8_t*>(grads);
+  HeadBuffers h;
+  h.weights_bytes = head_w.bytes() + (tied ? embed_w.bytes() : 0);
+  h.grads_bytes = head_g.bytes() + (tied ? embed_g.bytes() : 0);
+  h.norm_w = reinterpret_cast<const float*>(w + head_w.entry("norm.weight").offset);
+  h.dnorm_w = reinterpret_cast<float*>(g + head_g.entry("norm.weight").offset);
+  if (tied) {
+    const SlabEntry& e = embed_w.entry("embed_tokens.weight");
+    h.lm_w = WeightRef{w + head_w.bytes() + e.offset, e.dtype};
+    h.dlm_w = reinterpret_cast<float*>(g + head_g.bytes() + embed_g.entry("embed_tokens.weight").offset);
+  } else {
+    const SlabEntry& e = head_w.entry("lm_head.weight");
+    h.lm_w = WeightRef{w + e.offset, e.dtype};
+    h.dlm_w = reinterpret_cast<float*>(g + head_g.entry("lm_head.weight").offset);
+  }
+  return h;
+}
+
 void bind_compute_buffers(ComputeBinding& b, const std::vector<ComputeBuffer>& buffers, const std::vector<void*>& ptrs) {
   for (size_t i = 0; i < buffers.size(); ++i) {
     void* p = ptrs[i];

@@ -16,6 +16,7 @@
 
 #include "model/block.h"
 #include "model/config.h"
+#include "model/layout.h"
 #include "ops/head.h"
 #include "ops/linear.h"
 
@@ -87,6 +88,20 @@ std::vector<ComputeBuffer> cpu_compute_buffers(const ModelConfig& cfg, const Blo
 // The binding's pointers for `buffers` at the device addresses `ptrs` (parallel to it; null: not allocated).
 void bind_compute_buffers(ComputeBinding& binding, const std::vector<ComputeBuffer>& buffers,
                           const std::vector<void*>& ptrs);
+
+// Where a HeadCall's norm, lm_head and their gradients are in the head's device buffers: the weights one buffer
+// laid out as the head slab (compute copy) followed, with tied embeddings, by the embedding slab (lm_head is the
+// embedding matrix); the gradients likewise in f32. Vectors and gradients are f32 in every layout; lm_head's dtype
+// follows the compute copy.
+struct HeadBuffers {
+  const float* norm_w = nullptr;  // [C]
+  WeightRef lm_w{};               // [V, C]
+  float* dnorm_w = nullptr;       // [C]
+  float* dlm_w = nullptr;         // [V, C]
+  size_t weights_bytes = 0, grads_bytes = 0;  // of the two buffers
+};
+HeadBuffers bind_head_buffers(const ModelConfig& cfg, const SlabLayout& head_w, const SlabLayout& embed_w,
+                              const SlabLayout& head_g, const SlabLayout& embed_g, const void* weights, void* grads);
 
 class LayerCompute {
  public:

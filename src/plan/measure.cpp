@@ -248,47 +248,30 @@ void measure_layers(Rig& rig, const Prototypes& pt, const MeasureOptions& o, Pro
 void measure_head(Rig& rig, const Prototypes& pt, const MeasureOptions& o, Profile& p) {
   const ModelConfig& cfg = rig.cfg_;
   const ModelSlabs &copy = pt.copy, &params = pt.params;
-  const DType mdt = rig.mdt;
   const int64_t N = rig.N;
   constexpr StreamKind kH = StreamKind::h2d;
   const SlabLayout& hwl = copy.layout(SlabKind::head);
   const bool tied = cfg.tie_word_embeddings;
-  size_t hw_bytes = hwl.bytes(), hg_bytes = params.layout(SlabKind::head).bytes();
-  if (tied) {
-    hw_bytes += copy.layout(SlabKind::embedding).bytes();
-    hg_bytes += params.layout(SlabKind::embedding).bytes();
-  }
-  auto* hw = rig.alloc<uint8_t>(hw_bytes, "head weights");
-  auto* hg = rig.alloc<uint8_t>(hg_bytes, "head grads");
+  const SlabLayout &ewl = copy.layout(SlabKind::embedding), &hgl = params.layout(SlabKind::head),
+                   &egl = params.layout(SlabKind::embedding);
+  auto* hw = rig.alloc<uint8_t>(hwl.bytes() + (tied ? ewl.bytes() : 0), "head weights");
+  auto* hg = rig.alloc<uint8_t>(hgl.bytes() + (tied ? egl.bytes() : 0), "head grads");
   rig.dev->copy_h2d(hw, copy.slab(SlabKind::head), hwl.bytes(), kH, "setup head");
-  if (tied) rig.dev->copy_h2d(hw + hwl.bytes(), copy.slab(SlabKind::embedding), copy.layout(SlabKind::embedding).bytes(), kH,
-                          "setup head tied");
+  if (tied) rig.dev->copy_h2d(hw + hwl.bytes(), copy.slab(SlabKind::embedding), ewl.bytes(), kH, "setup head tied");
   rig.dev->synchronize();
-  const SlabEntry& ne = hwl.entry("norm.weight");
-  const float* norm_w = reinterpret_cast<const float*>(hw + ne.offset);
-  WeightRef lm;
-  float* dnorm = reinterpret_cast<float*>(hg + params.layout(SlabKind::head).entry("norm.weight").offset);
-  float* dlm;
-  if (tied) {
-    lm = WeightRef{hw + hwl.bytes() + copy.layout(SlabKind::embedding).entry("embed_tokens.weight").offset, mdt};
-    dlm = reinterpret_cast<float*>(hg + params.layout(SlabKind::head).bytes() +
-                                   params.layout(SlabKind::embedding).entry("embed_tokens.weight").offset);
-  } else {
-    lm = WeightRef{hw + hwl.entry("lm_head.weight").offset, mdt};
-    dlm = reinterpret_cast<float*>(hg + params.layout(SlabKind::head).entry("lm_head.weight").offset);
-  }
   // The executor's head call (at bf16 storage it widens its input first).
+  const HeadBuffers hb = bind_head_buffers(cfg, hwl, ewl, hgl, egl, hw, hg);
   HeadCall call;
   call.dx = rig.dx_in;
   call.grads = hg;
-  call.grads_bytes = hg_bytes;
-  call.dnorm_w = dnorm;
-  call.dlm_w = dlm;
+  call.grads_bytes = hb.grads_bytes;
+  call.dnorm_w = hb.dnorm_w;
+  call.dlm_w = hb.dlm_w;
   call.x = rig.x_out;
   call.x32 = rig.alloc<float>(size_t(N * cfg.hidden_size) * 4, "head input");
   call.targets = rig.targets;
-  call.norm_w = norm_w;
-  call.lm_w = lm;
+  call.norm_w = hb.norm_w;
+  call.lm_w = hb.lm_w;
   call.grad_scale = 1.0f / float(N);
   call.shape = HeadShape{N, cfg.hidden_size, cfg.vocab_size, float(cfg.rms_norm_eps)};
   call.loss = rig.loss;
