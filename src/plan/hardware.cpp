@@ -146,7 +146,7 @@ Profile hardware_profile(const Hardware& hw, const ModelConfig& cfg, int64_t B, 
   p.seq = T;
   p.compute = "bf16";
   p.activations = "bf16";
-  p.layer_kernels = "cuda";  // a GPU runs the CUDA block (bf16 activations)
+  p.layer_kernels = LayerKernels::cuda;  // a GPU runs the CUDA block (bf16 activations)
   const double rate = hw.sustained_tflops * 1e12;
   // Recomputing a layer's internals runs its forward but the down projection (model/block.h).
   const double down = 2.0 * double(B) * double(T) * double(cfg.hidden_size) * double(cfg.intermediate_size) / rate;

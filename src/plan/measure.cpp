@@ -423,7 +423,7 @@ Profile measure_profile(const ModelConfig& cfg, int64_t B, int64_t T, const Meas
   p.seq = T;
   p.compute = o.compute == ComputeType::bf16 ? "bf16" : "f32";
   p.activations = dtype_name(rig.s.act);
-  p.layer_kernels = rig.kernels == LayerKernels::cuda ? "cuda" : "cpu";
+  p.layer_kernels = rig.kernels;
   p.device_memory_bytes = o.device_memory;
   p.source = fmt::format("measured by `lazytrain profile` on {} with {} threads, best of {}", rig.dev->name(),
                          num_threads(), o.reps);

@@ -23,7 +23,7 @@ nlohmann::json Profile::to_json() const {
           {"seq", seq},
           {"compute", compute},
           {"activations", activations},
-          {"layer_kernels", layer_kernels},
+          {"layer_kernels", layer_kernels == LayerKernels::cuda ? "cuda" : "cpu"},
           {"forward_s", forward_s},
           {"backward_s", backward_s},
           {"recompute_s", recompute_s},
@@ -67,10 +67,10 @@ Profile Profile::from_json(const nlohmann::json& j, const std::string& src) {
   p.seq = int64_t(num("seq", 0));
   p.compute = j.value("compute", std::string("f32"));
   p.activations = j.value("activations", std::string("f32"));
-  p.layer_kernels = j.value("layer_kernels", std::string("cpu"));
-  if (p.layer_kernels == "gpu") p.layer_kernels = "cuda";  // the name before it was settled
-  LT_CHECK(p.layer_kernels == "cpu" || p.layer_kernels == "cuda",
-           "{}: \"layer_kernels\" is '{}' (expected cpu or cuda)", src, p.layer_kernels);
+  const std::string kernels = j.value("layer_kernels", std::string("cpu"));
+  LT_CHECK(kernels == "cpu" || kernels == "cuda" || kernels == "gpu",  // "gpu": the name before it was settled
+           "{}: \"layer_kernels\" is '{}' (expected cpu or cuda)", src, kernels);
+  p.layer_kernels = kernels == "cpu" ? LayerKernels::cpu : LayerKernels::cuda;
   p.forward_s = arr("forward_s");
   p.backward_s = arr("backward_s");
   p.recompute_s = j.contains("recompute_s") ? arr("recompute_s") : p.forward_s;
@@ -105,7 +105,7 @@ Profile Profile::load(const std::string& path) {
 void Profile::save(const std::string& path) const { write_json_file(path, to_json(), 2); }
 
 void Profile::apply_to(ExecOptions& e, const std::string& activation_dtype, const std::string& what) const {
-  if (layer_kernels != "cuda") {
+  if (layer_kernels == LayerKernels::cpu) {
     e.kernels = LayerKernels::cpu;
     e.activations = activation_storage(activation_dtype, e.compute, what);
     return;

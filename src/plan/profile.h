@@ -44,7 +44,7 @@ struct Profile {
   // The layer compute the times are of ("cpu": the CPU block, "cuda": the CUDA block, ExecOptions::kernels), so the
   // executor's working set a plan is checked against is that compute's. Built-in GPU machines: "cuda". Files
   // written before the name was settled say "gpu", read as "cuda".
-  std::string layer_kernels = "cpu";
+  LayerKernels layer_kernels = LayerKernels::cpu;
   std::vector<double> forward_s;         // [L] block_forward on the device
   std::vector<double> backward_s;        // [L] block_backward (parameter-gradient zeroing included)
   std::vector<double> recompute_s;       // [L] what recomputing internals adds to a backward (the forward but

@@ -214,8 +214,9 @@ TEST(Hardware, FlopsAndProfileFromThem) {
 TEST(Hardware, ProfilesCarryTheirLayerCompute) {
   ModelConfig cfg = load_model_config(std::string(LT_SOURCE_DIR) + "/examples/bench-25m/config.json");
   Profile gpu = hardware_profile(*find_hardware("h200"), cfg, 2, 128);
-  EXPECT_EQ(gpu.layer_kernels, "cuda");
-  EXPECT_EQ(Profile::from_json(gpu.to_json(), "test").layer_kernels, "cuda");
+  EXPECT_EQ(gpu.layer_kernels, LayerKernels::cuda);
+  EXPECT_EQ(gpu.to_json()["layer_kernels"], "cuda");
+  EXPECT_EQ(Profile::from_json(gpu.to_json(), "test").layer_kernels, LayerKernels::cuda);
   ExecOptions e;
   e.compute = ComputeType::bf16;
   gpu.apply_to(e, "auto", "--activation-dtype");
@@ -228,16 +229,16 @@ TEST(Hardware, ProfilesCarryTheirLayerCompute) {
     EXPECT_NE(std::string(err.what()).find("stores bf16 activations"), std::string::npos) << err.what();
   }
   Profile cpu = gpu;
-  cpu.layer_kernels = "cpu";
+  cpu.layer_kernels = LayerKernels::cpu;
   e.compute = ComputeType::f32;
   cpu.apply_to(e, "auto", "--activation-dtype");
   EXPECT_EQ(e.kernels, LayerKernels::cpu);
   EXPECT_EQ(e.activations, DType::f32);
   nlohmann::json j = cpu.to_json();
   j.erase("layer_kernels");  // profiles from before the field: the CPU block's
-  EXPECT_EQ(Profile::from_json(j, "old").layer_kernels, "cpu");
+  EXPECT_EQ(Profile::from_json(j, "old").layer_kernels, LayerKernels::cpu);
   j["layer_kernels"] = "gpu";  // the spelling before "cuda" was settled
-  EXPECT_EQ(Profile::from_json(j, "old").layer_kernels, "cuda");
+  EXPECT_EQ(Profile::from_json(j, "old").layer_kernels, LayerKernels::cuda);
   j["layer_kernels"] = "tpu";
   EXPECT_THROW(Profile::from_json(j, "bad"), Error);
   // The CUDA block's working set differs from the CPU block's: its own scratch, no f32 working copy.
