@@ -12,10 +12,11 @@ cd "$(dirname "$0")/.."
 DIR=${1:-.gpu}
 BUILD=${BUILD:-build-gpu}
 ARCHS=${CUDA_ARCHS:-90}
-PROGRAMS=(lazytrain test_kernels_native test_cuda_device bench/bench_cuda_layer)
+PROGRAMS=(lazytrain test_kernels_native test_cuda_device test_op_harness bench/bench_cuda_layer)
 
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLT_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$ARCHS" >/dev/null
-cmake --build "$BUILD" -j "$(nproc)" --target lazytrain test_kernels_native test_cuda_device bench_cuda_layer
+cmake --build "$BUILD" -j "$(nproc)" --target lazytrain test_kernels_native test_cuda_device test_op_harness \
+  bench_cuda_layer
 
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT

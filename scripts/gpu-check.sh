@@ -42,7 +42,7 @@ else
   cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLT_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$archs" >/dev/null
   cmake --build "$BUILD" -j "$(nproc)" --target lazytrain test_kernels_native test_cuda_device test_kernels_layer \
     test_kernels_attention test_kernels_head test_gemm_emulation test_simt test_simt_warp test_simt_errors \
-    test_executor_cuda bench_cuda_layer
+    test_executor_cuda test_op_harness bench_cuda_layer
   BIN=$BUILD BENCH=$BUILD/bench
 fi
 "$BIN/lazytrain" devices --json | tee "$OUT/devices.json"
@@ -54,6 +54,8 @@ if check tests; then
   timeout 300 "$BIN/test_kernels_native" --gtest_repeat=2 --gtest_output="json:$OUT/native.json" || status=1
   echo "== gpu-check: the CUDA device"
   timeout 120 "$BIN/test_cuda_device" --gtest_output="json:$OUT/device.json" || status=1
+  echo "== gpu-check: the op table's native rows (every op against the plain CPU loops)"
+  timeout 300 "$BIN/test_op_harness" --gtest_filter='*_cuda_f32:*_cuda_bf16' --gtest_output="json:$OUT/op_table.json" || status=1
 fi
 if ! check tests; then
   echo "the cuda-sim suite: not asked for (GPU_CHECKS)" >"$OUT/cuda-sim.log"

@@ -206,6 +206,15 @@ const OpsOverride kCudaSimOps{"cuda-sim",
 }  // namespace
 
 void use_cuda_sim_kernels(bool on) { set_ops_override(on ? &kCudaSimOps : nullptr); }
+
+#if !LT_WITH_CUDA
+// Without CUDA there are no native kernels (cuda/native/native_ops.cpp has them in a CUDA build).
+bool cuda_native_available() { return false; }
+void use_cuda_native_kernels(bool on) {
+  LT_CHECK(!on, "the native CUDA kernels are not in this build (configured without CUDA)");
+  set_ops_override(nullptr);
+}
+#endif
 bool using_cuda_sim_kernels() { return ops_override() == &kCudaSimOps; }
 
 }  // namespace lt::cuda

@@ -15,4 +15,10 @@ namespace lt::cuda {
 void use_cuda_sim_kernels(bool on);
 bool using_cuda_sim_kernels();
 
+// The same routing to the native kernels on GPU 0, each call copying its operands to the device and its results back
+// (cuda/native/native_ops.cpp): the op table's native rows. Only with a GPU (cuda_native_available) in a CUDA
+// build; without CUDA, use_cuda_native_kernels(true) is an lt::Error.
+bool cuda_native_available();
+void use_cuda_native_kernels(bool on);
+
 }  // namespace lt::cuda

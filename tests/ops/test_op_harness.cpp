@@ -1,5 +1,6 @@
 // The op table (tests/testing/op_harness.h): every op below on every backend this host has — plain, AVX2,
-// AVX-512, and the CUDA kernels under cuda-sim in four thread orders — against the plain backend's outputs, on odd
+// AVX-512, the CUDA kernels under cuda-sim in four thread orders, and natively on a GPU where there is one — against
+// the plain backend's outputs, on odd
 // shapes with sentinels around every output. One gtest per (op, backend, dtype): its name says which, and a failure
 // inside it names the shape and the output. cuda-sim rows must also repeat the forward order's bits in every order.
 //
@@ -153,7 +154,7 @@ OpCase head_case() {
             // The vector passes are the scalar ones lane for lane. cuda-sim's chunked GEMMs sum in their own order:
             // f32 2e-6 of the largest value; bf16 GEMMs round xn and dlogits to bf16 in both, and one near a rounding
             // boundary may round the other way after an f32-level difference: 2^-8 diluted over C or V terms, 2e-3.
-            if (!is_cuda_sim(b)) return Tolerance::bitwise();
+            if (!is_cuda(b)) return Tolerance::bitwise();
             return Tolerance::of(dt == DType::bf16 ? 2e-3 : 2e-6);
           }};
 }
@@ -293,7 +294,7 @@ std::vector<Row> rows() {
   std::vector<Row> r;
   for (size_t i = 0; i < ops().size(); ++i)
     for (OpBackend b : kAllBackends) {
-      if (b == OpBackend::plain || (is_cuda_sim(b) && !ops()[i].on_cuda_sim)) continue;
+      if (b == OpBackend::plain || (is_cuda(b) && !ops()[i].on_cuda_sim)) continue;
       for (DType dt : ops()[i].dtypes) r.push_back({i, b, dt});
     }
   return r;

@@ -1,13 +1,14 @@
 // The op harness (after ggml's test-backend-ops): one table of ops × backends × dtypes × odd shapes. Every row runs
 // the op's host entry point (ops/*.h) on a backend — the plain loops, the AVX2 or AVX-512 paths (the CPU features
-// capped in-process), or the CUDA kernels under cuda-sim in each thread order (the ops routed there, ops/override.h)
+// capped in-process), the CUDA kernels under cuda-sim in each thread order, or natively on a GPU (the ops routed
+// there, ops/override.h)
 // — on seeded inputs (never all zero), into outputs with sentinels on both sides, and compares with the plain
 // backend's outputs: bit for bit, or within a tolerance derived from the dtype and the length of the sums the op
 // reorders. A failing row names the op, the backend, the dtype and the shape. Adding an op is one registration:
 // shapes, dtypes, a run function and its tolerances (tests/ops/test_op_harness.cpp).
 //
-// Native CUDA is not a row here: the ops take host pointers, and the native kernels are held against their
-// cuda-sim runs by tests/cuda/test_kernels_native.cpp on a GPU.
+// Native CUDA is a row where a GPU is present (skipped elsewhere): the ops routed to nvcc's kernels and cuBLASLt on
+// GPU 0, each call copying its operands there and its results back (cuda/native/native_ops.cpp).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -26,11 +27,10 @@
 
 namespace lt::testing {
 
-enum class OpBackend { plain, avx2, avx512, cuda_sim_forward, cuda_sim_reverse, cuda_sim_warps, cuda_sim_random };
-constexpr OpBackend kAllBackends[] = {OpBackend::plain,           OpBackend::avx2,
-                                      OpBackend::avx512,          OpBackend::cuda_sim_forward,
-                                      OpBackend::cuda_sim_reverse, OpBackend::cuda_sim_warps,
-                                      OpBackend::cuda_sim_random};
+enum class OpBackend { plain, avx2, avx512, cuda_sim_forward, cuda_sim_reverse, cuda_sim_warps, cuda_sim_random, cuda };
+constexpr OpBackend kAllBackends[] = {OpBackend::plain,           OpBackend::avx2,           OpBackend::avx512,
+                                      OpBackend::cuda_sim_forward, OpBackend::cuda_sim_reverse, OpBackend::cuda_sim_warps,
+                                      OpBackend::cuda_sim_random,  OpBackend::cuda};
 
 inline const char* backend_name(OpBackend b) {
   switch (b) {
@@ -41,24 +41,34 @@ inline const char* backend_name(OpBackend b) {
     case OpBackend::cuda_sim_reverse: return "cuda_sim_reverse";
     case OpBackend::cuda_sim_warps: return "cuda_sim_warps";
     case OpBackend::cuda_sim_random: return "cuda_sim_random";
+    case OpBackend::cuda: return "cuda";
   }
   return "?";
 }
-inline bool is_cuda_sim(OpBackend b) { return b >= OpBackend::cuda_sim_forward; }
+inline bool is_cuda_sim(OpBackend b) { return b >= OpBackend::cuda_sim_forward && b <= OpBackend::cuda_sim_random; }
+// The CUDA kernels: under cuda-sim, or natively on a GPU.
+inline bool is_cuda(OpBackend b) { return is_cuda_sim(b) || b == OpBackend::cuda; }
 
 // Whether this host can run the backend's path (the probed features, as LT_MAX_ISA caps them).
 inline bool backend_available(OpBackend b) {
   const IsaLevel level = isa_level(cpu_features());
   if (b == OpBackend::avx512) return level >= IsaLevel::avx512;
   if (b == OpBackend::avx2) return level >= IsaLevel::avx2;
+  if (b == OpBackend::cuda) return cuda::cuda_native_available();
   return true;
 }
 
-// While it lives, the host ops run on the backend's path: the CPU features capped to it, or — cuda-sim — the ops
-// routed to the CUDA kernels in the thread order it names. Everything goes back when it ends.
+// While it lives, the host ops run on the backend's path: the CPU features capped to it, the ops routed to the CUDA
+// kernels under cuda-sim in the thread order it names, or to the native kernels on GPU 0. Everything goes back when
+// it ends.
 class BackendScope {
  public:
   explicit BackendScope(OpBackend b) {
+    if (b == OpBackend::cuda) {
+      cuda::use_cuda_native_kernels(true);
+      native_ = true;
+      return;
+    }
     if (is_cuda_sim(b)) {
       using cuda_sim::Order;
       const cuda_sim::OrderSetting order = b == OpBackend::cuda_sim_forward   ? cuda_sim::OrderSetting{Order::forward, 0}
@@ -76,7 +86,9 @@ class BackendScope {
     cpu_features_override(&features_);
   }
   ~BackendScope() {
-    if (sim_) {
+    if (native_) {
+      cuda::use_cuda_native_kernels(false);
+    } else if (sim_) {
       cuda::use_cuda_sim_kernels(false);
       cuda_sim::clear_default_order();
     } else {
@@ -88,7 +100,7 @@ class BackendScope {
 
  private:
   CpuFeatures features_{};
-  bool sim_ = false;
+  bool sim_ = false, native_ = false;
 };
 
 // An op's outputs in one run: each in a buffer with sentinel elements on both sides (a write past either end shows
@@ -176,7 +188,7 @@ struct OpCase {
   std::string name;                // "rmsnorm_forward"
   std::vector<Shape> shapes;       // odd shapes: partial vector tails, partial blocks, one row, many
   std::vector<DType> dtypes;       // the operand dtype the op is run with (f32; bf16 where it takes bf16 weights)
-  bool on_cuda_sim = true;         // the cuda-sim routing has a kernel for it (ops/override.h)
+  bool on_cuda_sim = true;         // the CUDA routing (cuda-sim and native) has a kernel for it (ops/override.h)
   // Runs the op once at (shape, dtype) on seeded inputs (the same every call), its outputs into `out`.
   std::function<void(OpOutputs& out, const Shape& shape, DType dtype)> run;
   // The row's tolerance against the plain reference.
