@@ -32,6 +32,7 @@ demo: deps
 bench: deps
 	$(MAKE) build
 	bash bench/run_layer.sh $(BUILD)
+	$(BUILD)/bench/bench_moe_layer 3
 	bash bench/run_exec.sh $(BUILD)
 	bash bench/run_optimizer.sh $(BUILD)
 	bash bench/run_tokenizer.sh $(BUILD)

@@ -9,6 +9,7 @@ Writes into OUT (default examples/arith/generated):
       digits are never merged (Qwen's pre-tokenizer isolates them) and the responses stay close to one token
       per character. The examples are about half as long as byte-level ones, and the demo about twice as fast.
   model_qwen35/: the same tokenizer with a Qwen3.5 hybrid config.json (examples/arith/config_qwen35.yaml)
+  model_moe/: the same tokenizer with a Qwen3-MoE config.json (examples/arith/config_moe.yaml)
   data/arith_train.jsonl, data/arith_test.jsonl, data/dataset_info.json
       MetaMathQA-style records {"query", "response", "type"}: two-operand arithmetic word problems (sums and
       differences of two-digit numbers, products of a two-digit number and a digit) whose responses work
@@ -131,6 +132,12 @@ HYBRID_CONFIG = {
     "bos_token_id": 256, "eos_token_id": 258,
 }
 
+# The same size as a Qwen3-MoE (examples/arith/config_moe.yaml): every layer's MLP 8 experts of 352, 2 per token —
+# the dense demo's 704 routed per token, 4x its MLP weights in all.
+MOE_CONFIG = dict(CONFIG, architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", num_experts=8,
+                  num_experts_per_tok=2, moe_intermediate_size=352, norm_topk_prob=True, decoder_sparse_step=1,
+                  mlp_only_layers=[], router_aux_loss_coef=0.001, output_router_logits=False)
+
 NAMES = ["Ava", "Ben", "Chen", "Dana", "Eli", "Fatima", "Gus", "Hana", "Ivan", "Jo", "Kofi", "Lena", "Mo", "Nia"]
 ITEMS = ["apples", "books", "coins", "marbles", "pencils", "shells", "stamps", "cards", "stickers", "beads"]
 
@@ -244,7 +251,7 @@ def main():
     rendered = [f"<|im_start|>user\n{r['query']}<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
                 for r in train_records]
     merges = learn_merges(rendered, CONFIG["vocab_size"] - 256 - len(SPECIALS))
-    for model, config in (("model", CONFIG), ("model_qwen35", HYBRID_CONFIG)):
+    for model, config in (("model", CONFIG), ("model_qwen35", HYBRID_CONFIG), ("model_moe", MOE_CONFIG)):
         os.makedirs(os.path.join(a.out, model), exist_ok=True)
         with open(os.path.join(a.out, model, "config.json"), "w") as f:
             json.dump(config, f, indent=2)

@@ -24,13 +24,20 @@ size_t cuda_block_scratch_bytes(const BlockShape& s) {
 
 std::vector<ComputeBuffer> cuda_compute_buffers(const ModelConfig& cfg, const BlockShape& s, DType matrices) {
   // A layer that does not keep its internals writes them (forward) and recomputes them (backward) in one
-  // stored-internals buffer of the largest layer kind.
-  size_t recompute = block_stored_bytes(s.for_layer(LayerKind::full_attention));
-  if (cfg.is_hybrid()) recompute = std::max(recompute, block_stored_bytes(s.for_layer(LayerKind::linear_attention)));
+  // stored-internals buffer of the largest layer (a sparse layer's: its tokens' k grouped rows, whatever the split).
+  size_t recompute = 0;
+  for (int64_t l = 0; l < cfg.num_layers; ++l) recompute = std::max(recompute, block_stored_bytes(s.for_layer(cfg, l)));
+  // Sparse layers: the CUDA block has no MoE layer yet (compute.inl refuses one); the planner counts its routing and
+  // grouped rows' scratch as the CPU block's route slices hold them (model/moe_ffn.h), on top of the dense scratch.
+  size_t scratch = cuda_block_scratch_bytes(s);
+  if (cfg.is_moe()) {
+    const BlockShape sparse = s.for_layer(LayerKind::full_attention, true);
+    scratch += (MoeRouting::floats(sparse) + MoeScratch::floats(sparse)) * sizeof(float);
+  }
   const HeadShape head{s.N(), s.C, cfg.vocab_size, float(cfg.rms_norm_eps)};
   const size_t rope = size_t(2 * s.T * (s.D / 2)) * sizeof(float);
   return {{ComputeBufferRole::recompute_internals, "recompute internals", recompute, ComputeSpan::step, true},
-          {ComputeBufferRole::block_scratch, "block scratch", cuda_block_scratch_bytes(s), ComputeSpan::step},
+          {ComputeBufferRole::block_scratch, "block scratch", scratch, ComputeSpan::step},
           {ComputeBufferRole::head_workspace, "head workspace", head_workspace_bytes(head, matrices), ComputeSpan::head},
           {ComputeBufferRole::loss, "loss", sizeof(double), ComputeSpan::head},
           {ComputeBufferRole::rope_table, "rope table", rope, ComputeSpan::step},

@@ -175,7 +175,7 @@ class Builder {
       recomputes |= !kept;
       internals_[size_t(l)] =
           declare(fmt::format("internals {}", l), Memory::device,
-                  block_stored_bytes(shape_.for_layer(cfg_.layer_kind(l))), PlanTerm::internals, l, kept);
+                  block_stored_bytes(shape_.for_layer(cfg_, l)), PlanTerm::internals, l, kept);
     }
     // The layer compute's own buffers, as it declares them.
     s_.compute = layer_compute_buffers(o_.kernels, cfg_, shape_, mdt_);

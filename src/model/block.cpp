@@ -5,6 +5,8 @@
 #include <cstring>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "core/error.h"
 #include "core/parallel.h"
 #include "ops/ops.h"
@@ -92,6 +94,10 @@ BlockShape BlockShape::make(const ModelConfig& cfg, int64_t B, int64_t T, DType 
     const DeltaMixerShape m = DeltaMixerShape::make(cfg, B, T);
     s.Hk = m.Hk, s.Hv = m.Hv, s.dk = m.dk, s.dv = m.dv, s.K = m.K;
   }
+  if (cfg.is_moe()) {
+    s.E = cfg.num_experts, s.k = cfg.num_experts_per_tok, s.Ie = cfg.moe_intermediate_size;
+    s.renorm_topk = cfg.norm_topk_prob;
+  }
   return s;
 }
 
@@ -124,6 +130,17 @@ BlockView BlockView::bind(const SlabLayout& layout, const void* base_ptr) {
     w.k_norm = f32_or_null(layout, base, "self_attn.k_norm.weight");
   }
   w.ln2 = f32_required(layout, base, "post_attention_layernorm.weight");
+  if (layout.find("mlp.gate.weight")) {  // a sparse layer: the router and its experts
+    w.moe.router = matrix(layout, base, "mlp.gate.weight");
+    for (int64_t e = 0;; ++e) {
+      const std::string p = fmt::format("mlp.experts.{}.", e);
+      if (!layout.find(p + "gate_proj.weight")) break;
+      w.moe.experts.push_back({matrix(layout, base, (p + "gate_proj.weight").c_str()),
+                               matrix(layout, base, (p + "up_proj.weight").c_str()),
+                               matrix(layout, base, (p + "down_proj.weight").c_str())});
+    }
+    return w;
+  }
   w.wgate = matrix(layout, base, "mlp.gate_proj.weight");
   w.wup = matrix(layout, base, "mlp.up_proj.weight");
   w.wdown = matrix(layout, base, "mlp.down_proj.weight");
@@ -160,6 +177,17 @@ BlockGrads BlockGrads::bind(const SlabLayout& layout, void* base_ptr) {
     g.k_norm = grad_or_null(layout, base, "self_attn.k_norm.weight");
   }
   g.ln2 = grad_required(layout, base, "post_attention_layernorm.weight");
+  if (layout.find("mlp.gate.weight")) {
+    g.moe.router = grad_required(layout, base, "mlp.gate.weight");
+    for (int64_t e = 0;; ++e) {
+      const std::string p = fmt::format("mlp.experts.{}.", e);
+      if (!layout.find(p + "gate_proj.weight")) break;
+      g.moe.experts.push_back({grad_required(layout, base, (p + "gate_proj.weight").c_str()),
+                               grad_required(layout, base, (p + "up_proj.weight").c_str()),
+                               grad_required(layout, base, (p + "down_proj.weight").c_str())});
+    }
+    return g;
+  }
   g.wgate = grad_required(layout, base, "mlp.gate_proj.weight");
   g.wup = grad_required(layout, base, "mlp.up_proj.weight");
   g.wdown = grad_required(layout, base, "mlp.down_proj.weight");
@@ -208,10 +236,11 @@ WorkingCopy carve_acts(Carver& c, const BlockShape& s, int64_t mlp_rows, bool wi
   a.x_mid = c.take(N * s.C);
   a.n2 = c.take(N * s.C);
   a.rstd2 = c.take(N);
-  a.gate = c.take(mlp_rows * s.I);
-  a.up = c.take(mlp_rows * s.I);
-  a.h = c.take(mlp_rows * s.I);
+  a.gate = c.take(mlp_rows * s.mlp_width());
+  a.up = c.take(mlp_rows * s.mlp_width());
+  a.h = c.take(mlp_rows * s.mlp_width());
   if (with_x32) a.x32 = c.take(N * s.C);
+  if (s.sparse) a.moe = MoeRouting::bind(c.take(int64_t(MoeRouting::floats(s))), s);
   a.mlp_rows = mlp_rows;
   return a;
 }
@@ -221,9 +250,13 @@ BlockScratch carve_scratch(Carver& c, const BlockShape& s) {
   BlockScratch b{};
   b.dn = c.take(N * s.C);
   b.dtmp = c.take(N * s.C);
-  b.dh = c.take(R * s.I);
-  b.dgate = c.take(R * s.I);
-  b.dup = c.take(R * s.I);
+  if (s.sparse) {
+    b.moe = MoeScratch::bind(c.take(int64_t(MoeScratch::floats(s))), s);
+  } else {
+    b.dh = c.take(R * s.I);
+    b.dgate = c.take(R * s.I);
+    b.dup = c.take(R * s.I);
+  }
   b.dx_mid = c.take(N * s.C);
   if (s.linear()) {
     const DeltaMixerShape m = s.mixer();
@@ -360,8 +393,8 @@ std::vector<StoredField> stored_fields(const BlockShape& s) {
     f.push_back(StoredField{&WorkingCopy::lse, nullptr, s.B * s.Hq * s.T, 0, false, false});
   }
   for (StoredField x : {f_(&WorkingCopy::x_mid, s.C, true), f_(&WorkingCopy::n2, s.C, true),
-                        f_(&WorkingCopy::rstd2, 1, false), f_(&WorkingCopy::gate, s.I, true, true),
-                        f_(&WorkingCopy::up, s.I, true, true), f_(&WorkingCopy::h, s.I, true, true)})
+                        f_(&WorkingCopy::rstd2, 1, false), f_(&WorkingCopy::gate, s.mlp_width(), true, true),
+                        f_(&WorkingCopy::up, s.mlp_width(), true, true), f_(&WorkingCopy::h, s.mlp_width(), true, true)})
     f.push_back(x);
   size_t offset = 0;
   for (StoredField& x : f) {
@@ -509,21 +542,27 @@ const float* forward_attention_half(WorkingCopy& a, const void* x_in_ptr, const 
   return x_in;
 }
 
-// gate, up and h of tokens [t0, t0 + n) into gate / up / h (one chunk's rows), with the storage hooks.
-void mlp_internals(float* gate, float* up, float* h, const WorkingCopy& a, const BlockView& w, const BlockShape& s,
+// gate, up and h of tokens [t0, t0 + n) into gate / up / h (one chunk's rows), with the storage hooks. A sparse
+// layer routes the tokens first (a.moe) and computes its experts' grouped rows.
+void mlp_internals(float* gate, float* up, float* h, WorkingCopy& a, const BlockView& w, const BlockShape& s,
                    const Storage& st, int64_t t0, int64_t n) {
   const float* n2 = a.n2 + t0 * s.C;
-  linear_forward(gate, n2, w.wgate, w.bgate, n, s.C, s.I);
-  linear_forward(up, n2, w.wup, w.bup, n, s.C, s.I);
+  if (s.sparse) {
+    moe_route(a.moe, n2, w.moe, s, n);
+    moe_gate_up(gate, up, a.moe, w.moe, s, n);
+  } else {
+    linear_forward(gate, n2, w.wgate, w.bgate, n, s.C, s.I);
+    linear_forward(up, n2, w.wup, w.bup, n, s.C, s.I);
+  }
   st.keep(&WorkingCopy::gate, gate, t0, n);
   st.keep(&WorkingCopy::up, up, t0, n);
-  swiglu_forward(h, gate, up, n * s.I);
+  swiglu_forward(h, gate, up, n * s.mlp_width());
   st.keep(&WorkingCopy::h, h, t0, n);
 }
 
-// Rows [t0, t0 + n) of a gate / up / h field: at t0 in a full layout, at 0 in a one-chunk working copy.
+// Rows of tokens [t0, t0 + n) of a gate / up / h field: at t0 in a full layout, at 0 in a one-chunk working copy.
 float* mlp_row(float* field, const WorkingCopy& a, const BlockShape& s, int64_t t0) {
-  return a.mlp_rows == s.N() ? field + t0 * s.I : field;
+  return a.mlp_rows == s.N() ? field + t0 * s.mlp_width() : field;
 }
 
 }  // namespace
@@ -588,7 +627,8 @@ void forward_layer(void* x_out_ptr, WorkingCopy& a, const void* x_in_ptr, const 
     const int64_t n = std::min(R, N - t0);
     float* h = mlp_row(a.h, a, s, t0);
     mlp_internals(mlp_row(a.gate, a, s, t0), mlp_row(a.up, a, s, t0), h, a, w, s, st, t0, n);
-    linear_forward(y + t0 * C, h, w.wdown, w.bdown, n, I, C);
+    if (s.sparse) moe_down_combine(y + t0 * C, a.moe, h, w.moe, s, n);
+    else linear_forward(y + t0 * C, h, w.wdown, w.bdown, n, I, C);
   }
   add_inplace(y, a.x_mid, N * C);
   if (b16) parallel_convert_from_f32(x_out_ptr, DType::bf16, y, size_t(N * C));
@@ -637,6 +677,7 @@ void block_backward_mlp(BlockGrads& g, BlockScratch& b, const float* dx_out, con
   // rounded as the forward did), its dn rows and its share of the MLP's parameter gradients (token slices in
   // order, ops/linear.h).
   const Storage rounding(s, nullptr);
+  WorkingCopy& work = const_cast<WorkingCopy&>(a);  // a sparse layer routes again into its routing scratch
   for (int64_t t0 = 0; t0 < N; t0 += R) {
     const int64_t n = std::min(R, N - t0);
     float *gate = mlp_row(a.gate, a, s, t0), *up = mlp_row(a.up, a, s, t0), *h = mlp_row(a.h, a, s, t0);
@@ -645,9 +686,15 @@ void block_backward_mlp(BlockGrads& g, BlockScratch& b, const float* dx_out, con
       st.load(&WorkingCopy::up, up, t0, n);
       st.load(&WorkingCopy::h, h, t0, n);
     } else if (saved == Saved::recompute) {
-      mlp_internals(gate, up, h, a, w, s, rounding, t0, n);
+      mlp_internals(gate, up, h, work, w, s, rounding, t0, n);
     }
     const float* n2 = a.n2 + t0 * C;
+    if (s.sparse) {
+      if (saved != Saved::recompute) moe_route(work.moe, n2, w.moe, s, n);
+      moe_backward(b.dn + t0 * C, b.dtmp + t0 * C, g.moe, b.moe, a.moe, dx_out + t0 * C, n2, gate, up, h, w.moe, s, n,
+                   nullptr);
+      continue;
+    }
     linear_backward(b.dh, g.wdown, g.bdown, dx_out + t0 * C, h, w.wdown, n, I, C);
     swiglu_backward(b.dgate, b.dup, b.dh, gate, up, n * I);
     linear_backward(b.dn + t0 * C, g.wgate, g.bgate, b.dgate, n2, w.wgate, n, C, I);

@@ -21,6 +21,11 @@
 // recompute and the backward (which widens the stored values back) all see the same numbers: the bf16-activation
 // model is one function whatever is kept. Activation gradients and parameter gradients stay f32.
 //
+// Sparse layers (qwen3_moe; model/moe_ffn.h): the MLP is a router and E routed SwiGLU experts. Its gate, up and h
+// are the grouped rows of the tokens' k assignments ([rows·k, Ie]: mlp_width() per token in place of I), and it runs
+// over route slices of min(kTokenSlice, N) tokens whatever the MLP chunk (mlp_rows()), so its bits do not depend on
+// the chunk either.
+//
 // Bounded layer scratch (BlockShape::mlp_chunk). The MLP runs over token chunks: gate, up and h of a chunk
 // ([chunk, I] each, and their gradients in the backward) are all of the MLP a working copy holds, so a layer's
 // transient memory is O(chunk · I), not O(N · I); a kept layer's stored internals still hold them for every
@@ -30,6 +35,7 @@
 // the split: every chunk size gives the same bits.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -38,6 +44,7 @@
 #include "model/config.h"
 #include "model/delta_mixer.h"
 #include "model/layout.h"
+#include "model/moe_ffn.h"
 #include "ops/linear.h"
 
 namespace lt {
@@ -68,17 +75,30 @@ struct BlockShape {
   bool zero_centred = false;  // every norm scales by (1 + w), w as stored
   int64_t rotary = 0;         // RoPE on the first `rotary` dims of each head (D: all)
   int64_t Hk = 0, Hv = 0, dk = 0, dv = 0, K = 0;  // Gated DeltaNet sizes (0 without linear-attention layers)
+  // Mixture-of-Experts (qwen3_moe): whether this layer's MLP is sparse, and the model's expert sizes.
+  bool sparse = false;
+  int64_t E = 0, k = 0, Ie = 0;  // experts, experts per token, an expert's intermediate size
+  bool renorm_topk = false;      // norm_topk_prob
   int64_t N() const { return B * T; }
-  // Rows of gate / up / h a working copy holds: one chunk.
-  int64_t mlp_rows() const { return mlp_chunk > 0 && mlp_chunk < N() ? mlp_chunk : N(); }
+  // Tokens of gate / up / h a working copy holds: one chunk; a sparse layer's route slice.
+  int64_t mlp_rows() const {
+    if (sparse) return std::min(kTokenSlice, N());
+    return mlp_chunk > 0 && mlp_chunk < N() ? mlp_chunk : N();
+  }
+  // Elements of gate / up / h per token: I, or a sparse layer's k grouped rows of Ie.
+  int64_t mlp_width() const { return sparse ? k * Ie : I; }
   int64_t QD() const { return Hq * D; }
   int64_t QPD() const { return out_gate ? 2 * QD() : QD(); }  // q_proj's rows: [query | gate] per head
   int64_t KVD() const { return Hkv * D; }
   bool linear() const { return kind == LayerKind::linear_attention; }
-  BlockShape for_layer(LayerKind k) const {
+  BlockShape for_layer(LayerKind mixer, bool sparse_mlp = false) const {
     BlockShape s = *this;
-    s.kind = k;
+    s.kind = mixer;
+    s.sparse = sparse_mlp;
     return s;
+  }
+  BlockShape for_layer(const ModelConfig& cfg, int64_t layer) const {
+    return for_layer(cfg.layer_kind(layer), cfg.sparse_layer(layer));
   }
   DeltaMixerShape mixer() const { return DeltaMixerShape{B, T, C, Hk, Hv, dk, dv, K, eps}; }
   // Bytes of one layer boundary [N, C] in the storage dtype.
@@ -105,6 +125,8 @@ struct BlockView {
   const float* ln2;                  // [C]
   WeightRef wgate, wup, wdown;       // [I, C], [I, C], [C, I]
   const float *bgate, *bup, *bdown;  // [I], [I], [C]
+  MoeView moe;                       // a sparse layer's router and experts (wgate .. null there)
+  bool sparse() const { return !moe.experts.empty(); }
   // Binds to a slab laid out by `layout` starting at `base` (the layout's entries say the kind).
   static BlockView bind(const SlabLayout& layout, const void* base);
 };
@@ -119,6 +141,7 @@ struct BlockGrads {
   float* ln2;
   float *wgate, *wup, *wdown;
   float *bgate, *bup, *bdown;
+  MoeGrads moe;
   static BlockGrads bind(const SlabLayout& layout, void* base);
 };
 
@@ -148,7 +171,8 @@ struct WorkingCopy {
   float* up;          // [mlp_rows, I]
   float* h;           // [mlp_rows, I]  silu(gate) * up
   float* x32;         // [N, C]    bf16 storage only: the block input widened to f32, then x_out before rounding
-  int64_t mlp_rows;   // rows gate / up / h hold
+  MoeRouting moe;     // a sparse layer's routing of one slice (gate / up / h are then [mlp_rows·k, Ie])
+  int64_t mlp_rows;   // tokens gate / up / h hold
   static size_t floats(const BlockShape& s);
   static WorkingCopy bind(float* buffer, const BlockShape& s);
   static size_t full_floats(const BlockShape& s);
@@ -163,6 +187,7 @@ struct BlockScratch {
   float *datt, *dq, *dk, *dv, *dq_raw, *dk_raw;  // [N, QD], [N, QD], [N, KVD] x2, [N, QPD], [N, KVD]
   float* qtmp;               // [N, QD] out_gate only: the gated output, d att, the query before q_norm
   DeltaMixerScratch delta;   // a linear-attention layer's (the attention fields above are null there)
+  MoeScratch moe;            // a sparse layer's (dh, dgate, dup are null there)
   static size_t floats(const BlockShape& s);
   static BlockScratch bind(float* buffer, const BlockShape& s);
 };

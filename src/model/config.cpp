@@ -103,9 +103,10 @@ ModelType parse_model_type(const std::string& t, const std::string& source) {
   if (t == "qwen3") return ModelType::qwen3;
   if (t == "llama") return ModelType::llama;
   if (t == "qwen3_5" || t == "qwen3_5_text") return ModelType::qwen3_5;
+  if (t == "qwen3_moe") return ModelType::qwen3_moe;
   if (is_moe_model_type(t)) fail_moe(source, "model_type", t);
-  LT_FAIL("{}: model_type '{}' is not supported (expected qwen2, qwen3, llama, or qwen3_5 / qwen3_5_text for "
-          "Qwen3.5 and Qwen3.6)",
+  LT_FAIL("{}: model_type '{}' is not supported (expected qwen2, qwen3, llama, qwen3_moe, or qwen3_5 / qwen3_5_text "
+          "for Qwen3.5 and Qwen3.6)",
           source, t);
 }
 
@@ -289,7 +290,7 @@ std::optional<LayerKind> layer_kind_from(const std::string& s, ModelType type) {
     if (s == "linear_attention" || s == "mamba") return LayerKind::linear_attention;
     if (s == "attention") return LayerKind::full_attention;
   }
-  if ((type == ModelType::qwen2 || type == ModelType::qwen3) && s == "sliding_attention")
+  if ((type == ModelType::qwen2 || type == ModelType::qwen3 || type == ModelType::qwen3_moe) && s == "sliding_attention")
     return LayerKind::full_attention;
   return std::nullopt;
 }
@@ -351,6 +352,34 @@ void parse_qwen3_5_layers(const Keys& k, ModelConfig& c) {
   parse_mrope(k, c);
 }
 
+// qwen3_moe's experts and router, with Qwen3MoeConfig's defaults.
+void parse_qwen3_moe(const Keys& k, ModelConfig& c) {
+  c.qkv_bias = c.o_bias = k.boolean("attention_bias", false);
+  c.qk_norm = true;
+  c.num_experts = k.positive_int("num_experts", 128);
+  c.num_experts_per_tok = k.positive_int("num_experts_per_tok", 8);
+  LT_CHECK(c.num_experts_per_tok <= c.num_experts, "{}: '{}' {} exceeds '{}' {}", k.source(),
+           k.name("num_experts_per_tok"), c.num_experts_per_tok, k.name("num_experts"), c.num_experts);
+  c.moe_intermediate_size = k.positive_int("moe_intermediate_size", 768);
+  c.norm_topk_prob = k.boolean("norm_topk_prob", false);
+  c.decoder_sparse_step = k.positive_int("decoder_sparse_step", 1);
+  if (const json* v = k.find("mlp_only_layers")) {
+    const std::string key = k.name("mlp_only_layers");
+    LT_CHECK(v->is_array(), "{}: '{}' is {} {}, expected a list of layer indices", k.source(), key, v->type_name(),
+             v->dump());
+    for (const json& e : *v) {
+      LT_CHECK(e.is_number_integer() && e.get<int64_t>() >= 0 && e.get<int64_t>() < c.num_layers,
+               "{}: '{}' holds {}, expected layer indices in [0, {})", k.source(), key, e.dump(), c.num_layers);
+      c.mlp_only_layers.push_back(e.get<int64_t>());
+    }
+  }
+  if (const json* v = k.find("router_aux_loss_coef")) {
+    LT_CHECK(v->is_number() && v->get<double>() >= 0, "{}: '{}' is {}, expected a number >= 0", k.source(),
+             k.name("router_aux_loss_coef"), v->dump());
+    c.router_aux_loss_coef = v->get<double>();
+  }
+}
+
 // The text model's keys of one config object (the whole file, or qwen3_5's text_config), except the ones the
 // vision-language form takes from the outer object: tie_word_embeddings, the dtype and the token ids.
 ModelConfig parse_text_model(const Keys& k, ModelType type) {
@@ -358,7 +387,9 @@ ModelConfig parse_text_model(const Keys& k, ModelType type) {
   c.type = type;
   c.vocab_size = k.positive_int("vocab_size");
   c.hidden_size = k.positive_int("hidden_size");
-  c.intermediate_size = k.positive_int("intermediate_size");
+  // Qwen3MoeConfig declares intermediate_size = 6144 (its dense layers'); the others require it.
+  c.intermediate_size = type == ModelType::qwen3_moe ? k.positive_int("intermediate_size", 6144)
+                                                     : k.positive_int("intermediate_size");
   c.num_layers = k.positive_int("num_hidden_layers");
   c.num_heads = k.positive_int("num_attention_heads");
   // Qwen3_5TextConfig declares num_key_value_heads = 4; the others default to multi-head attention.
@@ -389,6 +420,9 @@ ModelConfig parse_text_model(const Keys& k, ModelType type) {
       break;
     case ModelType::qwen3_5:
       parse_qwen3_5_layers(k, c);
+      break;
+    case ModelType::qwen3_moe:
+      parse_qwen3_moe(k, c);
       break;
   }
   c.layer_types = parse_layer_types(k, c.type, c.num_layers);
@@ -428,6 +462,7 @@ std::string_view architecture_name(const ModelConfig& c) {
     case ModelType::qwen3: return "Qwen3ForCausalLM";
     case ModelType::llama: return "LlamaForCausalLM";
     case ModelType::qwen3_5: return c.vision_language ? "Qwen3_5ForConditionalGeneration" : "Qwen3_5ForCausalLM";
+    case ModelType::qwen3_moe: return "Qwen3MoeForCausalLM";
   }
   LT_FAIL("unknown model type {}", int(c.type));
 }
@@ -454,8 +489,9 @@ void check_expressible(const ModelConfig& c) {
                "qwen2 config needs q,k,v biases, no o/mlp bias, no q/k norm and head_dim = hidden_size / heads");
       break;
     case ModelType::qwen3:
+    case ModelType::qwen3_moe:
       LT_CHECK(c.qk_norm && c.qkv_bias == c.o_bias && !c.mlp_bias,
-               "qwen3 config needs q/k norm, one attention_bias for q,k,v,o and no mlp bias");
+               "{} config needs q/k norm, one attention_bias for q,k,v,o and no mlp bias", model_type_name(c.type));
       break;
     case ModelType::llama:
       LT_CHECK(!c.qk_norm && c.qkv_bias == c.o_bias,
@@ -487,6 +523,15 @@ void check_expressible(const ModelConfig& c) {
              model_type_name(c.type));
     LT_CHECK(!c.vision_language && c.outer_json.empty(), "{} config has no vision-language form",
              model_type_name(c.type));
+  }
+  if (c.type == ModelType::qwen3_moe) {
+    LT_CHECK(c.num_experts > 0 && c.num_experts_per_tok > 0 && c.num_experts_per_tok <= c.num_experts &&
+                 c.moe_intermediate_size > 0 && c.decoder_sparse_step > 0,
+             "qwen3_moe config needs experts (E > 0, 0 < k <= E, moe_intermediate_size > 0, decoder_sparse_step > 0)");
+  } else {
+    LT_CHECK(c.num_experts == 0 && c.num_experts_per_tok == 0 && c.moe_intermediate_size == 0 &&
+                 c.mlp_only_layers.empty(),
+             "{} config cannot hold mixture-of-experts layers", model_type_name(c.type));
   }
   LT_CHECK(c.eos_token_id == (c.eos_token_ids.empty() ? std::nullopt : std::optional(c.eos_token_ids.front())),
            "eos_token_id must be the first of eos_token_ids");
@@ -568,6 +613,7 @@ std::string_view model_type_name(ModelType t) {
     case ModelType::qwen3: return "qwen3";
     case ModelType::llama: return "llama";
     case ModelType::qwen3_5: return "qwen3_5";
+    case ModelType::qwen3_moe: return "qwen3_moe";
   }
   LT_FAIL("unknown model type {}", int(t));
 }
@@ -599,6 +645,19 @@ int64_t ModelConfig::num_full_attention_layers() const {
   return num_layers - num_linear_attention_layers();
 }
 
+bool ModelConfig::sparse_layer(int64_t layer) const {
+  LT_CHECK(layer >= 0 && layer < num_layers, "layer {} out of range (model has {})", layer, num_layers);
+  if (num_experts == 0) return false;
+  if (std::find(mlp_only_layers.begin(), mlp_only_layers.end(), layer) != mlp_only_layers.end()) return false;
+  return (layer + 1) % decoder_sparse_step == 0;
+}
+
+int64_t ModelConfig::num_sparse_layers() const {
+  int64_t n = 0;
+  for (int64_t l = 0; l < num_layers; ++l) n += sparse_layer(l);
+  return n;
+}
+
 int64_t ModelConfig::num_linear_attention_layers() const {
   std::vector<LayerKind> kinds = layer_kinds();
   return int64_t(std::count(kinds.begin(), kinds.end(), LayerKind::linear_attention));
@@ -613,7 +672,9 @@ bool ModelConfig::operator==(const ModelConfig& o) const {
                     c.eos_token_id, c.eos_token_ids, c.attn_output_gate, c.zero_centred_norms,
                     c.partial_rotary_factor, c.mrope_section, c.mrope_interleaved, c.linear_num_key_heads,
                     c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim,
-                    c.linear_conv_kernel_dim, c.vision_language, c.outer_json);
+                    c.linear_conv_kernel_dim, c.vision_language, c.outer_json, c.num_experts,
+                    c.num_experts_per_tok, c.moe_intermediate_size, c.norm_topk_prob, c.decoder_sparse_step,
+                    c.mlp_only_layers, c.router_aux_loss_coef);
   };
   // A config built in code leaves layer_types empty for "all full attention"; the parser lists them.
   const bool same_layers = layer_types.empty()   ? all_full_attention(o.layer_types)
@@ -658,10 +719,16 @@ int64_t ModelConfig::num_parameters() const {
                          linear_value_dim() * C;
   int64_t mlp = 3 * C * I;  // gate, up, down
   if (mlp_bias) mlp += 2 * I + C;
-  const int64_t common = mlp + 2 * C;  // + input_layernorm, post_attention_layernorm
-  const int64_t n_linear = num_linear_attention_layers();
-  const int64_t layers = (num_layers - n_linear) * (attn + common) + n_linear * (linear + common);
+  const int64_t experts = num_experts * C + num_experts * 3 * C * moe_intermediate_size;  // router + experts
+  const int64_t n_linear = num_linear_attention_layers(), n_sparse = num_sparse_layers();
+  const int64_t layers = (num_layers - n_linear) * attn + n_linear * linear + (num_layers - n_sparse) * mlp +
+                         n_sparse * experts + num_layers * 2 * C;  // + input_layernorm, post_attention_layernorm
   return V * C + layers + C + (tie_word_embeddings ? 0 : V * C);
+}
+
+int64_t ModelConfig::num_active_parameters() const {
+  const int64_t idle = num_experts - num_experts_per_tok;  // experts a token does not route through
+  return num_parameters() - num_sparse_layers() * idle * 3 * hidden_size * moe_intermediate_size;
 }
 
 json model_config_to_json(const ModelConfig& c) {
@@ -693,6 +760,16 @@ json model_config_to_json(const ModelConfig& c) {
     j["attention_bias"] = c.qkv_bias;
   }
   if (c.type == ModelType::llama) j["mlp_bias"] = c.mlp_bias;
+  if (c.type == ModelType::qwen3_moe) {
+    j["num_experts"] = c.num_experts;
+    j["num_experts_per_tok"] = c.num_experts_per_tok;
+    j["moe_intermediate_size"] = c.moe_intermediate_size;
+    j["norm_topk_prob"] = c.norm_topk_prob;
+    j["decoder_sparse_step"] = c.decoder_sparse_step;
+    j["mlp_only_layers"] = c.mlp_only_layers;
+    j["router_aux_loss_coef"] = c.router_aux_loss_coef;
+    j["output_router_logits"] = false;
+  }
   if (c.type != ModelType::llama) {
     j["use_sliding_window"] = false;
     j["sliding_window"] = nullptr;

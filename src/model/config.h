@@ -1,10 +1,11 @@
 // model/config.h — the model a HF config.json describes, with transformers' semantics and defaults.
 //
-// Supported: Qwen2 (Qwen2.5), Qwen3 and Llama decoders with plain RoPE, RMSNorm, SwiGLU MLP and GQA; and the
+// Supported: Qwen2 (Qwen2.5), Qwen3 and Llama decoders with plain RoPE, RMSNorm, SwiGLU MLP and GQA; the
 // Qwen3.5 / Qwen3.6 hybrid text model (model_type qwen3_5 or qwen3_5_text), whose layers are either Gated
-// DeltaNet (linear attention) or gated full attention. Anything we do not implement (other model types, MoE,
-// scaled RoPE, sliding-window attention, activations other than SiLU) is refused with the file, the key and
-// the value, never silently approximated.
+// DeltaNet (linear attention) or gated full attention; and Qwen3-MoE (qwen3_moe: Qwen3 attention, sparse layers
+// of routed SwiGLU experts). Anything we do not implement (other model types, the other MoE families, scaled
+// RoPE, sliding-window attention, activations other than SiLU) is refused with the file, the key and the value,
+// never silently approximated.
 //
 // Where each flag comes from (transformers' modeling code):
 //   qwen2: q,k,v biases always; o bias never; no q/k norm; head_dim = hidden / heads.
@@ -12,6 +13,11 @@
 //          head_dim key (default hidden / heads).
 //   llama: attention_bias (default false) on q,k,v,o; mlp_bias (default false) on gate,up,down;
 //          head_dim key (default hidden / heads).
+//   qwen3_moe: qwen3's attention; layer l's MLP is sparse iff l ∉ mlp_only_layers and (l + 1) % decoder_sparse_step
+//          == 0 (num_experts > 0): a router mlp.gate.weight [E, C] and E SwiGLU experts of moe_intermediate_size
+//          (mlp.experts.{e}.{gate,up,down}_proj.weight [Ie, C], [Ie, C], [C, Ie]; or fused in transformers 5.x
+//          checkpoints: mlp.experts.gate_up_proj [E, 2·Ie, C], mlp.experts.down_proj [E, C, Ie], model/weights.h);
+//          dense layers keep intermediate_size. norm_topk_prob (default false) renormalises the top-k weights.
 //   qwen3_5: attention_bias (default false) on q,k,v,o of the full-attention layers; q/k norm always; q_proj
 //          doubled for the output gate; zero-centred RMSNorms; RoPE on the first int(D · partial_rotary_factor)
 //          dims (factor default 0.25); head_dim default 256, num_key_value_heads default 4 (Qwen3_5TextConfig).
@@ -63,7 +69,7 @@
 
 namespace lt {
 
-enum class ModelType { qwen2, qwen3, llama, qwen3_5 };
+enum class ModelType { qwen2, qwen3, llama, qwen3_5, qwen3_moe };
 
 // The token mixer of one decoder layer: softmax attention, or Gated DeltaNet (qwen3_5's linear attention).
 enum class LayerKind : uint8_t { full_attention, linear_attention };
@@ -114,6 +120,15 @@ struct ModelConfig {
   // vision_config and the rest unchanged.
   bool vision_language = false;
   std::string outer_json;
+  // Mixture-of-Experts (qwen3_moe; 0 / empty in dense models). Letters: E experts, k per token, Ie an expert's
+  // intermediate size.
+  int64_t num_experts = 0;            // E
+  int64_t num_experts_per_tok = 0;    // k
+  int64_t moe_intermediate_size = 0;  // Ie
+  bool norm_topk_prob = false;        // the k routing weights divided by their sum
+  int64_t decoder_sparse_step = 1;    // layer l sparse iff (l + 1) % step == 0 and l ∉ mlp_only_layers
+  std::vector<int64_t> mlp_only_layers;
+  double router_aux_loss_coef = 0.001;  // written back; training takes its coefficient from the settings
 
   int64_t q_dim() const { return num_heads * head_dim; }      // Hq*D: attention output, o_proj input
   int64_t kv_dim() const { return num_kv_heads * head_dim; }  // Hkv*D
@@ -128,16 +143,22 @@ struct ModelConfig {
   int64_t num_full_attention_layers() const;
   int64_t num_linear_attention_layers() const;
   bool is_hybrid() const { return num_linear_attention_layers() > 0; }
+  bool is_moe() const { return num_experts > 0; }
+  bool sparse_layer(int64_t layer) const;  // its MLP is the routed experts (error when out of range)
+  int64_t num_sparse_layers() const;
 
   // Exact parameter count of the trained text model: embeddings, every layer's weights (per its kind), norms and
   // biases, the final norm, and lm_head when it is not tied to the embeddings. Vision and MTP tensors excluded.
   int64_t num_parameters() const;
+  // The parameters one token computes through: num_parameters() with a sparse layer's experts counted k, not E, times
+  // (the MoE convention for 6·N·D FLOPs: Qwen3-30B-A3B has 3.3B active of 30.5B).
+  int64_t num_active_parameters() const;
 
   // Field by field, except that an empty layer_types equals the all-full_attention list it stands for.
   bool operator==(const ModelConfig& other) const;
 };
 
-std::string_view model_type_name(ModelType t);  // "qwen2", "qwen3", "llama", "qwen3_5"
+std::string_view model_type_name(ModelType t);  // "qwen2", "qwen3", "llama", "qwen3_5", "qwen3_moe"
 std::string_view layer_kind_name(LayerKind k);  // "full_attention", "linear_attention"
 
 // Builds a ModelConfig from a parsed config.json; `source` (the path) names it in errors. Throws lt::Error.

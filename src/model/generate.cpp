@@ -146,10 +146,10 @@ std::vector<float> prefill(const ModelSlabs& params, const std::vector<int32_t>&
   embedding_forward(x.data(), padded.data(), params.tensor(SlabKind::embedding, 0, "embed_tokens.weight").ptr<float>(),
                     Pp, C, cfg.vocab_size);
   size_t working = 0;
-  for (int64_t l = 0; l < L; ++l) working = std::max(working, WorkingCopy::floats(sp.for_layer(cfg.layer_kind(l))));
+  for (int64_t l = 0; l < L; ++l) working = std::max(working, WorkingCopy::floats(sp.for_layer(cfg, l)));
   AlignedBuffer<float> working_copy(working, 64, Fill::none);
   for (int64_t l = 0; l < L; ++l) {
-    const BlockShape sl = sp.for_layer(cfg.layer_kind(l));
+    const BlockShape sl = sp.for_layer(cfg, l);
     WorkingCopy a = WorkingCopy::bind(working_copy.data(), sl);
     block_forward(y.data(), a, x.data(), BlockView::bind(params.layout(SlabKind::layer, l), params.layer(l)),
                   TokenInfo{pos.data(), nullptr}, sl);
@@ -185,7 +185,7 @@ std::vector<int32_t> generate_greedy(const ModelSlabs& params, const std::vector
   // Decode: one token at a time, each layer the block's own composition on one row with its mixer on the cache.
   const BlockShape s1 = BlockShape::make(cfg, 1, 1);
   size_t working = 0;
-  for (int64_t l = 0; l < L; ++l) working = std::max(working, WorkingCopy::floats(s1.for_layer(cfg.layer_kind(l))));
+  for (int64_t l = 0; l < L; ++l) working = std::max(working, WorkingCopy::floats(s1.for_layer(cfg, l)));
   AlignedBuffer<float> working_copy(working, 64, Fill::none);
   std::vector<float> h(static_cast<size_t>(C)), h_next(static_cast<size_t>(C));
   for (int64_t t = P;; ++t) {
@@ -196,7 +196,7 @@ std::vector<int32_t> generate_greedy(const ModelSlabs& params, const std::vector
     embedding_forward(h.data(), &tok, table, 1, C, cfg.vocab_size);
     const int32_t p = int32_t(t);
     for (int64_t l = 0; l < L; ++l) {
-      const BlockShape sl = s1.for_layer(cfg.layer_kind(l));
+      const BlockShape sl = s1.for_layer(cfg, l);
       const BlockView w = BlockView::bind(params.layout(SlabKind::layer, l), params.layer(l));
       LayerCache& c = cache[size_t(l)];
       MixerOverride mixer;

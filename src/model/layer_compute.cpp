@@ -20,23 +20,23 @@ class CpuLayerCompute final : public LayerCompute {
 
   // Each layer computes with its own kind's shape (hybrid models: the view says which mixer it has).
   void forward(void* x_out, void* kept, const void* x_in, const BlockView& w) override {
-    const BlockShape s = b_.shape.for_layer(w.kind);
+    const BlockShape s = b_.shape.for_layer(w.kind, w.sparse());
     LayerInternals li = bind_internals(kept, b_.working_copy, s);
     block_forward(x_out, li.working, x_in, w, b_.tok, s, li.stored);
   }
   void recompute_internals(const void* x_in, const BlockView& w) override {
-    const BlockShape s = b_.shape.for_layer(w.kind);
+    const BlockShape s = b_.shape.for_layer(w.kind, w.sparse());
     LayerInternals li = bind_internals(nullptr, b_.working_copy, s);
     block_recompute_internals(li.working, x_in, w, b_.tok, s);
   }
   void backward_mlp(BlockGrads& g, const float* dx_out, void* kept, const BlockView& w) override {
-    const BlockShape s = b_.shape.for_layer(w.kind);
+    const BlockShape s = b_.shape.for_layer(w.kind, w.sparse());
     LayerInternals li = bind_internals(kept, b_.working_copy, s);
     BlockScratch sc = BlockScratch::bind(b_.backward_scratch, s);
     block_backward_mlp(g, sc, dx_out, li.working, w, s, li.saved, li.stored);
   }
   void backward_attention(float* dx_in, BlockGrads& g, const void* x_in, void* kept, const BlockView& w) override {
-    const BlockShape s = b_.shape.for_layer(w.kind);
+    const BlockShape s = b_.shape.for_layer(w.kind, w.sparse());
     LayerInternals li = bind_internals(kept, b_.working_copy, s);
     BlockScratch sc = BlockScratch::bind(b_.backward_scratch, s);
     block_backward_attention(dx_in, g, sc, x_in, li.working, w, b_.tok, s);
@@ -69,7 +69,7 @@ std::unique_ptr<LayerCompute> make_cpu_layer_compute() { return std::make_unique
 std::vector<ComputeBuffer> cpu_compute_buffers(const ModelConfig& cfg, const BlockShape& s) {
   size_t working = 0, scratch = 0;
   for (int64_t l = 0; l < cfg.num_layers; ++l) {
-    const BlockShape sl = s.for_layer(cfg.layer_kind(l));
+    const BlockShape sl = s.for_layer(cfg, l);
     working = std::max(working, WorkingCopy::floats(sl) * sizeof(float));
     scratch = std::max(scratch, BlockScratch::floats(sl) * sizeof(float));
   }

@@ -28,7 +28,8 @@ class Builder {
 
 }  // namespace
 
-SlabLayout SlabLayout::make(const ModelConfig& cfg, SlabKind kind, DType matrix_dtype, LayerKind layer_kind) {
+SlabLayout SlabLayout::make(const ModelConfig& cfg, SlabKind kind, DType matrix_dtype, LayerKind layer_kind,
+                            bool sparse) {
   LT_CHECK(matrix_dtype == DType::f32 || matrix_dtype == DType::bf16,
            "slab matrices are f32 or bf16, not {}", dtype_name(matrix_dtype));
   const int64_t C = cfg.hidden_size, I = cfg.intermediate_size, V = cfg.vocab_size, D = cfg.head_dim;
@@ -75,6 +76,19 @@ SlabLayout SlabLayout::make(const ModelConfig& cfg, SlabKind kind, DType matrix_
         if (cfg.o_bias) b.add("self_attn.o_proj.bias", {C});
       }
       b.add("post_attention_layernorm.weight", {C});
+      if (sparse) {
+        // The router, then each expert's three matrices together (mlp.experts.{e}.*, the per-expert checkpoint
+        // names; fused checkpoints map onto them on load and save, model/weights.cpp).
+        LT_CHECK(cfg.is_moe(), "model '{}' has no experts: no sparse layer layout", model_type_name(cfg.type));
+        const int64_t E = cfg.num_experts, Ie = cfg.moe_intermediate_size;
+        b.add("mlp.gate.weight", {E, C});
+        for (int64_t e = 0; e < E; ++e) {
+          b.add(fmt::format("mlp.experts.{}.gate_proj.weight", e), {Ie, C});
+          b.add(fmt::format("mlp.experts.{}.up_proj.weight", e), {Ie, C});
+          b.add(fmt::format("mlp.experts.{}.down_proj.weight", e), {C, Ie});
+        }
+        break;
+      }
       b.add("mlp.gate_proj.weight", {I, C});
       if (cfg.mlp_bias) b.add("mlp.gate_proj.bias", {I});
       b.add("mlp.up_proj.weight", {I, C});
@@ -87,13 +101,13 @@ SlabLayout SlabLayout::make(const ModelConfig& cfg, SlabKind kind, DType matrix_
   layout.kind_ = kind;
   layout.entries_ = std::move(b.entries);
   layout.bytes_ = b.bytes();
+  for (size_t i = 0; i < layout.entries_.size(); ++i) layout.index_.emplace(layout.entries_[i].name, i);
   return layout;
 }
 
 const SlabEntry* SlabLayout::find(const std::string& name) const {
-  for (const auto& e : entries_)
-    if (e.name == name) return &e;
-  return nullptr;
+  const auto it = index_.find(name);
+  return it == index_.end() ? nullptr : &entries_[it->second];
 }
 
 const SlabEntry& SlabLayout::entry(const std::string& name) const {
@@ -109,7 +123,7 @@ int64_t SlabLayout::num_parameters() const {
 }
 
 SlabLayout SlabLayout::make_layer(const ModelConfig& cfg, int64_t layer, DType matrix_dtype) {
-  return make(cfg, SlabKind::layer, matrix_dtype, cfg.layer_kind(layer));
+  return make(cfg, SlabKind::layer, matrix_dtype, cfg.layer_kind(layer), cfg.sparse_layer(layer));
 }
 
 std::string hf_prefix(const ModelConfig& cfg) { return cfg.vision_language ? "model.language_model." : "model."; }

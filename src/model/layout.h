@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "core/dtype.h"
@@ -33,10 +34,10 @@ struct SlabEntry {
 class SlabLayout {
  public:
   // matrix_dtype: f32 for master/grad/optimizer slabs; bf16 for the bf16 compute copy. A layer slab's entries
-  // depend on its token mixer (hybrid models: model/config.h lists both kinds' tensors); make_layer takes layer
-  // `layer`'s kind from the config.
+  // depend on its token mixer (hybrid models: model/config.h lists both kinds' tensors) and on whether its MLP is
+  // sparse (MoE: the router and every expert's matrices); make_layer takes layer `layer`'s from the config.
   static SlabLayout make(const ModelConfig& cfg, SlabKind kind, DType matrix_dtype = DType::f32,
-                         LayerKind layer_kind = LayerKind::full_attention);
+                         LayerKind layer_kind = LayerKind::full_attention, bool sparse = false);
   static SlabLayout make_layer(const ModelConfig& cfg, int64_t layer, DType matrix_dtype = DType::f32);
 
   SlabKind kind() const { return kind_; }
@@ -55,6 +56,7 @@ class SlabLayout {
  private:
   SlabKind kind_ = SlabKind::layer;
   std::vector<SlabEntry> entries_;
+  std::unordered_map<std::string, size_t> index_;  // entry by name (a sparse layer has 3·E + 3 of them)
   size_t bytes_ = 0;
 };
 

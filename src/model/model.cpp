@@ -83,7 +83,7 @@ void run_forward(ForwardState& st, const ModelSlabs& params, const ModelSlabs& c
   // Each layer's internals by its kind (hybrid models: linear-attention layers hold the mixer's instead).
   size_t internals_bytes = 0, work_floats = 0;
   for (int64_t l = 0; l < L; ++l) {
-    const BlockShape sl = st.shape.for_layer(cfg.layer_kind(l));
+    const BlockShape sl = st.shape.for_layer(cfg, l);
     st.offsets.push_back(internals_bytes);
     internals_bytes += align_up(block_stored_bytes(sl), 64);
     work_floats = std::max(work_floats, WorkingCopy::floats(sl));
@@ -98,7 +98,7 @@ void run_forward(ForwardState& st, const ModelSlabs& params, const ModelSlabs& c
                     N, C, cfg.vocab_size);
   if (activations != DType::f32) parallel_convert_from_f32(st.boundary(0), activations, x0, size_t(N * C));
   for (int64_t l = 0; l < L; ++l) {
-    const BlockShape sl = st.shape.for_layer(cfg.layer_kind(l));
+    const BlockShape sl = st.shape.for_layer(cfg, l);
     st.layers.push_back(bind_internals(st.stored(l), st.work, sl));
     LayerInternals& li = st.layers.back();
     BlockView w = BlockView::bind(cw.layout(SlabKind::layer, l), cw.layer(l));
@@ -146,10 +146,10 @@ LossResult model_forward_backward(ModelSlabs& grads, const ModelSlabs& params, c
 
   size_t scratch_floats = 0;
   for (int64_t l = 0; l < L; ++l)
-    scratch_floats = std::max(scratch_floats, BlockScratch::floats(st.shape.for_layer(cfg.layer_kind(l))));
+    scratch_floats = std::max(scratch_floats, BlockScratch::floats(st.shape.for_layer(cfg, l)));
   float* scratch_buffer = w.get<float>("scratch", scratch_floats);
   for (int64_t l = L - 1; l >= 0; --l) {
-    const BlockShape sl = st.shape.for_layer(cfg.layer_kind(l));
+    const BlockShape sl = st.shape.for_layer(cfg, l);
     BlockScratch scratch = BlockScratch::bind(scratch_buffer, sl);
     BlockView w = BlockView::bind(cw.w->layout(SlabKind::layer, l), cw.w->layer(l));
     BlockGrads g = BlockGrads::bind(grads.layout(SlabKind::layer, l), grads.layer(l));

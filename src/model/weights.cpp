@@ -24,9 +24,9 @@ ModelSlabs::ModelSlabs(const ModelConfig& cfg, DType matrix_dtype, Fill fill)
       head_layout_(SlabLayout::make(cfg, SlabKind::head, matrix_dtype)),
       embed_(embed_layout_.bytes(), kPageAlign, fill),
       head_(head_layout_.bytes(), kPageAlign, fill) {
-  for (LayerKind k : {LayerKind::full_attention, LayerKind::linear_attention}) {
-    if (k == LayerKind::full_attention || cfg.num_linear_attention_layers() > 0)
-      layer_layouts_[size_t(k)] = SlabLayout::make(cfg, SlabKind::layer, matrix_dtype, k);
+  for (int64_t l = 0; l < cfg.num_layers; ++l) {
+    SlabLayout& layout = layer_layouts_[size_t(cfg.layer_kind(l))][cfg.sparse_layer(l)];
+    if (layout.entries().empty()) layout = SlabLayout::make_layer(cfg, l, matrix_dtype);
   }
   layers_.reserve(size_t(cfg.num_layers));
   for (int64_t i = 0; i < cfg.num_layers; ++i) layers_.emplace_back(layout(SlabKind::layer, i).bytes(), kPageAlign, fill);
@@ -35,7 +35,7 @@ ModelSlabs::ModelSlabs(const ModelConfig& cfg, DType matrix_dtype, Fill fill)
 const SlabLayout& ModelSlabs::layout(SlabKind kind, int64_t layer) const {
   switch (kind) {
     case SlabKind::embedding: return embed_layout_;
-    case SlabKind::layer: return layer_layouts_[size_t(cfg_.layer_kind(layer))];
+    case SlabKind::layer: return layer_layouts_[size_t(cfg_.layer_kind(layer))][cfg_.sparse_layer(layer)];
     case SlabKind::head: return head_layout_;
   }
   LT_FAIL("unknown slab kind");
@@ -101,6 +101,63 @@ ElementRange range_of(const TensorRanges* only, const std::string& name) {
   return it == only->end() ? ElementRange{} : it->second;
 }
 
+std::pair<std::string, std::string> fused_expert_names(const ModelConfig& cfg, int64_t layer) {
+  const std::string p = fmt::format("{}layers.{}.mlp.experts.", hf_prefix(cfg), layer);
+  return {p + "gate_up_proj", p + "down_proj"};
+}
+
+namespace {
+
+// The first sparse layer's experts decide the checkpoint's layout: fused when its gate_up_proj is there.
+bool checkpoint_has_fused_experts(const ModelConfig& cfg, const SafetensorsModel& files) {
+  for (int64_t l = 0; l < cfg.num_layers; ++l)
+    if (cfg.sparse_layer(l)) return files.contains(fused_expert_names(cfg, l).first);
+  return false;
+}
+
+// Reads a fused checkpoint's experts into the per-expert slab entries: expert e's gate rows, up rows and down
+// matrix are each one contiguous run of the fused tensors. `expected` gets the fused names.
+void read_fused_experts(ModelSlabs& params, const SafetensorsModel& files, const TensorRanges* only,
+                        std::set<std::string>& expected, std::vector<std::string>& missing) {
+  const ModelConfig& cfg = params.config();
+  const int64_t E = cfg.num_experts, Ie = cfg.moe_intermediate_size, C = cfg.hidden_size;
+  const std::string prefix = hf_prefix(cfg);
+  for (int64_t l = 0; l < cfg.num_layers; ++l) {
+    if (!cfg.sparse_layer(l)) continue;
+    const auto [gate_up, down] = fused_expert_names(cfg, l);
+    const std::pair<const std::string*, Shape> fused[] = {{&gate_up, {E, 2 * Ie, C}}, {&down, {E, C, Ie}}};
+    for (const auto& [name, shape] : fused) {
+      expected.insert(*name);
+      if (!files.contains(*name)) {
+        missing.push_back(*name);
+        continue;
+      }
+      const TensorView v = files.view(*name);
+      LT_CHECK(v.shape == shape, "{}: tensor '{}' has shape {}, expected {}", files.file_of(*name).path(), *name,
+               shape_str(v.shape), shape_str(shape));
+      const size_t es = dtype_size(v.dtype);
+      const int64_t part = Ie * C;  // elements of one expert's gate, up or down
+      for (int64_t e = 0; e < E; ++e) {
+        const char* parts[2] = {"gate_proj", "up_proj"};
+        for (int i = 0; i < (name == &gate_up ? 2 : 1); ++i) {
+          const std::string entry = fmt::format("mlp.experts.{}.{}.weight", e, name == &gate_up ? parts[i] : "down_proj");
+          const TensorView dst = params.tensor(SlabKind::layer, l, entry);
+          const int64_t first = name == &gate_up ? (2 * e + i) * part : e * part;
+          const TensorView src =
+              TensorView::contiguous(static_cast<uint8_t*>(const_cast<void*>(v.data)) + size_t(first) * es, v.dtype,
+                                     dst.shape);
+          copy_tensor_to_f32(dst.ptr<float>(), src, dst.shape, *name, files.file_of(*name).path(),
+                             range_of(only, SlabLayout::hf_name(SlabKind::layer, l, entry, prefix)));
+        }
+      }
+    }
+  }
+}
+
+bool is_expert_entry(const std::string& hf_name) { return hf_name.find(".mlp.experts.") != std::string::npos; }
+
+}  // namespace
+
 LoadedModel load_hf_model(const std::string& dir, const TensorRanges* only) {
   LoadedModel m{load_model_config(dir), {}, {}};
   // The files first: a directory without weights (or with a bad header) fails before the slabs, which for a
@@ -111,7 +168,10 @@ LoadedModel load_hf_model(const std::string& dir, const TensorRanges* only) {
 
   std::set<std::string> expected;
   std::vector<std::string> missing;
+  m.extras.fused_experts = checkpoint_has_fused_experts(m.config, files);
+  if (m.extras.fused_experts) read_fused_experts(m.params, files, only, expected, missing);
   for (const auto& t : m.params.named_tensors()) {
+    if (m.extras.fused_experts && is_expert_entry(t.hf_name)) continue;
     expected.insert(t.hf_name);
     if (!files.contains(t.hf_name)) {
       missing.push_back(t.hf_name);
@@ -249,6 +309,35 @@ NamedTensors export_tensors(const ModelSlabs& slabs, DType dtype, std::vector<st
   return out;
 }
 
+// Replaces each sparse layer's per-expert tensors in `tensors` by the fused pair (SavedExtras::fused_experts),
+// its bytes in `storage`.
+void fuse_experts(const ModelConfig& cfg, NamedTensors& tensors, std::vector<std::vector<uint8_t>>& storage) {
+  const int64_t E = cfg.num_experts, Ie = cfg.moe_intermediate_size, C = cfg.hidden_size;
+  const std::string prefix = hf_prefix(cfg);
+  for (int64_t l = 0; l < cfg.num_layers; ++l) {
+    if (!cfg.sparse_layer(l)) continue;
+    const auto [gate_up, down] = fused_expert_names(cfg, l);
+    const std::pair<std::string, std::vector<const char*>> fused[] = {{gate_up, {"gate_proj", "up_proj"}},
+                                                                      {down, {"down_proj"}}};
+    for (const auto& [name, parts] : fused) {
+      std::vector<uint8_t> bytes;
+      DType dtype = DType::f32;
+      for (int64_t e = 0; e < E; ++e)
+        for (const char* part : parts) {
+          const std::string n = SlabLayout::hf_name(SlabKind::layer, l, fmt::format("mlp.experts.{}.{}.weight", e, part), prefix);
+          const TensorView v = tensors.at(n);
+          dtype = v.dtype;
+          const auto* p = static_cast<const uint8_t*>(v.data);
+          bytes.insert(bytes.end(), p, p + v.bytes());
+          tensors.erase(n);
+        }
+      storage.push_back(std::move(bytes));
+      const Shape shape = parts.size() == 2 ? Shape{E, 2 * Ie, C} : Shape{E, C, Ie};
+      tensors[name] = TensorView::contiguous(storage.back().data(), dtype, shape);
+    }
+  }
+}
+
 }  // namespace
 
 void save_safetensors(const ModelSlabs& slabs, const std::string& path, DType dtype) {
@@ -267,6 +356,7 @@ void save_hf_model(const ModelSlabs& params, const std::string& dir, DType dtype
                 "carried tensor {}: its bytes do not match its dtype and shape", r.name);
     tensors[r.name] = TensorView::contiguous(const_cast<uint8_t*>(r.bytes.data()), r.dtype, r.shape);
   }
+  if (extras.fused_experts) fuse_experts(params.config(), tensors, storage);
   write_safetensors_model(dir, tensors, max_shard_bytes);
   ModelConfig cfg = params.config();
   cfg.torch_dtype = dtype;

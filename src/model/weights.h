@@ -55,7 +55,7 @@ class ModelSlabs {
   ModelConfig cfg_;
   DType matrix_dtype_ = DType::f32;
   SlabLayout embed_layout_, head_layout_;
-  SlabLayout layer_layouts_[2];  // by LayerKind (linear_attention's only in hybrid models)
+  SlabLayout layer_layouts_[2][2];  // by LayerKind, then sparse (MoE) or dense MLP; only the kinds the model has
   AlignedBuffer<uint8_t> embed_, head_;
   std::vector<AlignedBuffer<uint8_t>> layers_;
 };
@@ -78,7 +78,14 @@ struct SavedExtras {
   // Trained tensors the checkpoint stores as F32 although its torch_dtype is bf16 or f16 (qwen3_5's A_log and
   // gated norm): a half-precision save keeps them F32.
   std::set<std::string> keep_f32;
+  // The checkpoint held a sparse layer's experts fused (transformers 5.x: mlp.experts.gate_up_proj [E, 2·Ie, C],
+  // gate rows first, and mlp.experts.down_proj [E, C, Ie]) rather than one tensor per expert: a save writes them
+  // fused again. The slabs hold them per expert either way (model/layout.h).
+  bool fused_experts = false;
 };
+
+// The fused names of layer `layer`'s experts (hf_prefix included): {gate_up_proj, down_proj}.
+std::pair<std::string, std::string> fused_expert_names(const ModelConfig& cfg, int64_t layer);
 
 // Loads an HF model directory (config.json + model.safetensors or a sharded index) into f32 slabs.
 // Weights on disk may be f32, bf16 or f16. Missing and unexpected tensors are errors naming them; untrained

@@ -36,4 +36,8 @@ void linear_backward(float* din, float* dW, float* dbias,
                      const float* dout, const float* in, WeightRef W,
                      int64_t N, int64_t in_f, int64_t out_f);
 
+// din[N, in_f] = dout · W (written): linear_backward's input gradient alone, for a caller whose weight gradient
+// takes another dout (the Mixture-of-Experts combine's backward, model/moe_ffn.cpp). Same GEMM, same bits.
+void linear_backward_input(float* din, const float* dout, WeightRef W, int64_t N, int64_t in_f, int64_t out_f);
+
 }  // namespace lt

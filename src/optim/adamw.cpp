@@ -244,9 +244,11 @@ void AdamWSlab::restore_state(const SafetensorsFile& file) {
 
 std::vector<OptimTensor> optim_tensors(const ModelConfig& model, SlabKind kind, int64_t layer,
                                        const AdamWConfig& cfg) {
-  const LayerKind lk = kind == SlabKind::layer ? model.layer_kind(layer) : LayerKind::full_attention;
-  const SlabLayout master = SlabLayout::make(model, kind, DType::f32, lk);
-  const SlabLayout copy = SlabLayout::make(model, kind, DType::bf16, lk);
+  auto layout = [&](DType d) {
+    return kind == SlabKind::layer ? SlabLayout::make_layer(model, layer, d) : SlabLayout::make(model, kind, d);
+  };
+  const SlabLayout master = layout(DType::f32);
+  const SlabLayout copy = layout(DType::bf16);
   const std::string prefix = hf_prefix(model);
   std::vector<OptimTensor> out;
   for (size_t i = 0; i < master.entries().size(); ++i) {

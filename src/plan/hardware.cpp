@@ -109,27 +109,67 @@ int64_t layer_parameters(const ModelConfig& cfg, LayerKind kind) {
   return SlabLayout::make(cfg, SlabKind::layer, DType::f32, kind).num_parameters();
 }
 
+int64_t layer_parameters(const ModelConfig& cfg, int64_t layer) {
+  return SlabLayout::make_layer(cfg, layer).num_parameters();
+}
+
+namespace {
+
+// A layer's MLP forward FLOPs per token: 2 per weight of the matrices a token multiplies — the dense MLP's three,
+// or a sparse layer's router and its k routed experts' (not all E).
+double mlp_flops_per_token(const ModelConfig& cfg, bool sparse) {
+  const double C = double(cfg.hidden_size);
+  if (!sparse) return 6.0 * C * double(cfg.intermediate_size);
+  return 2.0 * C * double(cfg.num_experts) + 6.0 * C * double(cfg.moe_intermediate_size) * double(cfg.num_experts_per_tok);
+}
+
+}  // namespace
+
 double delta_rule_flops(const ModelConfig& cfg, int64_t B, int64_t T) {
   const double c = double(kDeltaChunk), dk = double(cfg.linear_key_head_dim), dv = double(cfg.linear_value_head_dim);
   const double per_head_token = 2.0 * (3.0 * c * dk + 2.0 * c * dv + 3.0 * dk * dv);
   return double(B) * double(T) * double(cfg.linear_num_value_heads) * per_head_token;
 }
 
-double layer_forward_flops(const ModelConfig& cfg, int64_t B, int64_t T, LayerKind kind) {
+namespace {
+
+double forward_flops(const ModelConfig& cfg, int64_t B, int64_t T, LayerKind kind, bool sparse) {
   const double N = double(B) * double(T);
-  double weights = 0;  // matrices and convolution kernels: one multiply-add per weight and token
+  double weights = 0;  // the token mixer's matrices and convolution kernels: one multiply-add per weight and token
   const SlabLayout layout = SlabLayout::make(cfg, SlabKind::layer, DType::f32, kind);
   for (const SlabEntry& e : layout.entries())
-    if (e.shape.size() >= 2) weights += double(e.numel());
-  if (kind == LayerKind::linear_attention) return 2.0 * N * weights + delta_rule_flops(cfg, B, T);
-  // Causal attention: Q·Kᵀ and P·V each 2·T·T·D per head and row, half of it under the mask.
-  const double attention = 2.0 * double(B) * double(cfg.num_heads) * double(T) * double(T) * double(cfg.head_dim);
-  return 2.0 * N * weights + attention;
+    if (e.shape.size() >= 2 && !e.name.starts_with("mlp.")) weights += double(e.numel());
+  const double mixer = kind == LayerKind::linear_attention
+                           ? delta_rule_flops(cfg, B, T)
+                           // Causal attention: Q·Kᵀ and P·V each 2·T·T·D per head and row, half under the mask.
+                           : 2.0 * double(B) * double(cfg.num_heads) * double(T) * double(T) * double(cfg.head_dim);
+  return 2.0 * N * weights + mixer + N * mlp_flops_per_token(cfg, sparse);
+}
+
+}  // namespace
+
+double layer_forward_flops(const ModelConfig& cfg, int64_t B, int64_t T, LayerKind kind) {
+  return forward_flops(cfg, B, T, kind, false);
+}
+
+double layer_forward_flops(const ModelConfig& cfg, int64_t B, int64_t T, int64_t layer) {
+  return forward_flops(cfg, B, T, cfg.layer_kind(layer), cfg.sparse_layer(layer));
 }
 
 double mlp_flops_share(const ModelConfig& cfg, int64_t B, int64_t T, LayerKind kind) {
-  const double mlp = 6.0 * double(B) * double(T) * double(cfg.hidden_size) * double(cfg.intermediate_size);
-  return mlp / layer_forward_flops(cfg, B, T, kind);
+  return double(B) * double(T) * mlp_flops_per_token(cfg, false) / layer_forward_flops(cfg, B, T, kind);
+}
+
+double mlp_flops_share(const ModelConfig& cfg, int64_t B, int64_t T, int64_t layer) {
+  return double(B) * double(T) * mlp_flops_per_token(cfg, cfg.sparse_layer(layer)) /
+         layer_forward_flops(cfg, B, T, layer);
+}
+
+double down_projection_flops(const ModelConfig& cfg, int64_t B, int64_t T, int64_t layer) {
+  const double per_token = cfg.sparse_layer(layer)
+                               ? double(cfg.moe_intermediate_size) * double(cfg.num_experts_per_tok)
+                               : double(cfg.intermediate_size);
+  return 2.0 * double(B) * double(T) * double(cfg.hidden_size) * per_token;
 }
 
 double head_flops(const ModelConfig& cfg, int64_t B, int64_t T) {
@@ -149,11 +189,10 @@ Profile hardware_profile(const Hardware& hw, const ModelConfig& cfg, int64_t B, 
   p.layer_kernels = LayerKernels::cuda;  // a GPU runs the CUDA block (bf16 activations)
   const double rate = hw.sustained_tflops * 1e12;
   // Recomputing a layer's internals runs its forward but the down projection (model/block.h).
-  const double down = 2.0 * double(B) * double(T) * double(cfg.hidden_size) * double(cfg.intermediate_size) / rate;
   for (int64_t l = 0; l < cfg.num_layers; ++l) {
-    const double fwd = layer_forward_flops(cfg, B, T, cfg.layer_kind(l)) / rate;
+    const double fwd = layer_forward_flops(cfg, B, T, l) / rate;
     p.forward_s.push_back(fwd);
-    p.recompute_s.push_back(fwd - down);
+    p.recompute_s.push_back(fwd - down_projection_flops(cfg, B, T, l) / rate);
     p.backward_s.push_back(2.0 * fwd);
   }
   p.head_s = head_flops(cfg, B, T) / rate;

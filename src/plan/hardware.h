@@ -42,7 +42,11 @@ std::string hardware_names();
 // is one multiply-add per token), plus its token mixer's own work — causal attention: half of the T x T scores
 // and their product with V; Gated DeltaNet: the chunked delta rule's (delta_rule_flops). Backward = 2 x forward.
 // `kind` picks the layer's token mixer (hybrid models); uniform models have full attention only.
+// A Mixture-of-Experts layer's MLP counts the FLOPs a token routes through: its router and k experts, not all E.
 double layer_forward_flops(const ModelConfig& cfg, int64_t B, int64_t T, LayerKind kind = LayerKind::full_attention);
+double layer_forward_flops(const ModelConfig& cfg, int64_t B, int64_t T, int64_t layer);  // layer `layer`'s
+// The down projections' share of that (what a recompute of the internals does not run): 2·N·C·I, or ·Ie·k.
+double down_projection_flops(const ModelConfig& cfg, int64_t B, int64_t T, int64_t layer);
 // The chunked gated delta rule's forward FLOPs (ops/gated_delta.h, chunks of c = kDeltaChunk tokens), per value
 // head and token: K·Kᵀ, Q·Kᵀ and the WY product W = A·K (c·dk each), U = A·V and the in-chunk output (c·dv each),
 // and the state's three products Q·S, W·S, Kᵀ·V' (dk·dv each) — 2 FLOPs per multiply-add.
@@ -52,8 +56,11 @@ double head_flops(const ModelConfig& cfg, int64_t B, int64_t T);
 // The MLP's share of a layer's FLOPs: how much of its backward runs before the MLP gradients can go down
 // (block_backward_mlp comes first).
 double mlp_flops_share(const ModelConfig& cfg, int64_t B, int64_t T, LayerKind kind = LayerKind::full_attention);
-// Parameters of one decoder layer of `kind` (the paper's 6·N·tokens convention sums these, embeddings and head).
+double mlp_flops_share(const ModelConfig& cfg, int64_t B, int64_t T, int64_t layer);
+// Parameters of one decoder layer of `kind` with a dense MLP (the paper's 6·N·tokens convention sums these,
+// embeddings and head), or of layer `layer` — a sparse layer's all E experts (the bytes it streams and updates).
 int64_t layer_parameters(const ModelConfig& cfg, LayerKind kind = LayerKind::full_attention);
+int64_t layer_parameters(const ModelConfig& cfg, int64_t layer);
 
 // The machine's profile for `cfg` at B x T with compute `compute` ("bf16" for the real machines).
 Profile hardware_profile(const Hardware& hw, const ModelConfig& cfg, int64_t B, int64_t T);

@@ -89,7 +89,7 @@ void add_data_parallel(Instance& in, const ModelConfig& cfg, int64_t N, const In
   };
   const double streamed = bf16 ? 2 : 4;
   for (int64_t l = 0; l < in.L; ++l)
-    sharded(in.opt_layer[size_t(l)], double(layer_parameters(cfg, cfg.layer_kind(l))), streamed);
+    sharded(in.opt_layer[size_t(l)], double(layer_parameters(cfg, l)), streamed);
   sharded(in.opt_embed, double(cfg.vocab_size) * C, bf16 ? 4 + 2 : 4);
   sharded(in.opt_head, C + (cfg.tie_word_embeddings ? 0 : double(cfg.vocab_size) * C), streamed);
   in.exchange_step_bytes = step;
@@ -155,11 +155,11 @@ Instance make_instance(const ModelConfig& cfg, int64_t B, int64_t T, const Profi
   in.bw_nvme_w = profile.nvme_write_gbps * 1e9;
   if (o.include_optimizer && !o.restricted && profile.optimizer_params_per_s > 0) {
     const double rate = profile.optimizer_params_per_s;
-    for (int64_t l = 0; l < in.L; ++l) in.opt_layer.push_back(double(layer_parameters(cfg, cfg.layer_kind(l))) / rate);
+    for (int64_t l = 0; l < in.L; ++l) in.opt_layer.push_back(double(layer_parameters(cfg, l)) / rate);
     in.opt_embed = double(cfg.vocab_size * C) / rate;
     in.opt_head = double(C + (cfg.tie_word_embeddings ? 0 : cfg.vocab_size * C)) / rate;
   }
-  in.parameters = cfg.num_parameters();
+  in.parameters = cfg.num_active_parameters();
   in.head_fence = true;  // what-if sizes: assume the executor's usual packing
   if (in.L >= 1) {
     const WorkingSet ws = plan_working_set(cfg, B, T, Plan::every(in.L, 1), o.exec);
@@ -169,8 +169,8 @@ Instance make_instance(const ModelConfig& cfg, int64_t B, int64_t T, const Profi
       if (f.writer == StreamKind::compute && f.on == StreamKind::d2h) in.head_fence = true;
   }
   for (int64_t l = 0; l < in.L; ++l) {
-    in.layer_flops.push_back(layer_forward_flops(cfg, B, T, cfg.layer_kind(l)));
-    in.mlp_share.push_back(mlp_flops_share(cfg, B, T, cfg.layer_kind(l)));
+    in.layer_flops.push_back(layer_forward_flops(cfg, B, T, l));
+    in.mlp_share.push_back(mlp_flops_share(cfg, B, T, l));
   }
   in.opt_layer.resize(size_t(in.L), 0.0);
   in.head_flops = head_flops(cfg, B, T);

@@ -117,7 +117,7 @@ struct Instance {
   // buffer the d2h stream read used (the head's gradients), B(L-1)'s compute waits for the head gradients'
   // download (WorkingSet::fence_waits; cost_model.h: the fence term).
   bool head_fence = false;
-  int64_t parameters = 0;
+  int64_t parameters = 0;  // active per token (ModelConfig::num_active_parameters): the 6·N·D convention's N
   // Data parallel: bytes each rank sends (and receives) per micro-batch and per optimizer step.
   double exchange_micro_bytes = 0, exchange_step_bytes = 0;
   std::vector<double> layer_flops;           // [L] forward FLOPs of layer l

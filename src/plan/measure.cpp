@@ -54,14 +54,22 @@ struct Prototypes {
   ModelSlabs params, copy;     // f32 masters and the compute copy of `one`
 
   static ModelConfig layers_of_each_kind(const ModelConfig& cfg, std::vector<int64_t>* proto) {
+    // One prototype per (token mixer, dense or sparse MLP) the model has; the prototypes' dense ones are its
+    // mlp_only_layers.
     ModelConfig one = cfg;
     proto->assign(size_t(cfg.num_layers), 0);
     one.layer_types.clear();
+    one.mlp_only_layers.clear();
+    one.decoder_sparse_step = 1;
+    std::vector<std::pair<LayerKind, bool>> kinds;
     for (int64_t l = 0; l < cfg.num_layers; ++l) {
-      const LayerKind k = cfg.layer_kind(l);
-      const auto it = std::find(one.layer_types.begin(), one.layer_types.end(), k);
-      (*proto)[size_t(l)] = int64_t(it - one.layer_types.begin());
-      if (it == one.layer_types.end()) one.layer_types.push_back(k);
+      const std::pair<LayerKind, bool> k{cfg.layer_kind(l), cfg.sparse_layer(l)};
+      const auto it = std::find(kinds.begin(), kinds.end(), k);
+      (*proto)[size_t(l)] = int64_t(it - kinds.begin());
+      if (it != kinds.end()) continue;
+      if (!k.second && cfg.is_moe()) one.mlp_only_layers.push_back(int64_t(kinds.size()));
+      kinds.push_back(k);
+      one.layer_types.push_back(k.first);
     }
     one.num_layers = int64_t(one.layer_types.size());
     if (!cfg.is_hybrid()) one.layer_types.clear();  // uniform models keep their implicit full attention
@@ -89,7 +97,7 @@ class Rig {
     for (int64_t l = 0; l < cfg.num_layers; ++l) {
       weight_bytes = std::max(weight_bytes, SlabLayout::make_layer(cfg, l, mdt).bytes());
       grad_bytes = std::max(grad_bytes, SlabLayout::make_layer(cfg, l, DType::f32).bytes());
-      stored_bytes = std::max(stored_bytes, block_stored_bytes(s.for_layer(cfg.layer_kind(l))));
+      stored_bytes = std::max(stored_bytes, block_stored_bytes(s.for_layer(cfg, l)));
     }
     const size_t xbytes = s.boundary_bytes(), dxbytes = size_t(N * cfg.hidden_size) * 4;
     w = alloc<uint8_t>(weight_bytes, "weights");

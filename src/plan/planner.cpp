@@ -352,6 +352,13 @@ std::string PlanReport::table() const {
                          ? fmt::format("the bf16 compute copy, 1/{} of the f32 masters but the embedding's whole",
                                        in.opt.ranks)
                          : std::string("the f32 masters whole, the streamed weights"));
+  if (in.opt.ranks == 1)
+    s += fmt::format("\nhost memory for the parameters: {} ({} parameters{}: f32 masters and gradients{}, {}-bit optimizer "
+                     "states), plus host activations and the data\n",
+                     gb(host_bytes_per_rank(in)), in.cfg.num_parameters(),
+                     in.cfg.is_moe() ? fmt::format(", {} active per token", in.cfg.num_active_parameters()) : "",
+                     in.opt.exec.compute == ComputeType::bf16 ? ", the bf16 compute copy" : "",
+                     in.opt.optimizer_state_bits);
   if (found && executor_device_bytes)
     s += fmt::format("\nexecutor's memory function for the plan: {} (budget {})\n", gb(double(executor_device_bytes)),
                      gb(double(in.budget.device_bytes)));

@@ -53,39 +53,8 @@ void every_policy_matches(uint64_t first, uint64_t last, DType activations) {
     const ModelSlabs params = random_params(cfg, seed * 7);
     const Batch batch = long_batch(cfg, rng, seed % 2 == 0);
     const ComputeType ct = seed % 3 == 0 ? ComputeType::bf16 : ComputeType::f32;
-    const Precision precision(ct, activations);
-    ModelSlabs bf16(cfg, DType::bf16);
-    const ModelSlabs* weights = &params;
-    if (ct == ComputeType::bf16) {
-      make_compute_copy(bf16, params);
-      weights = &bf16;
-    }
-    ModelSlabs ref_grads(cfg);
-    const LossResult ref = model_forward_backward(ref_grads, params, batch, precision);
-    const int64_t L = cfg.num_layers;
-    const std::vector<Plan> plans = {Plan::keep_all(L), Plan::every(L, 1), Plan::every(L, 2),
-                                     Plan::every(L, 2, Tier::host), Plan::every(L, 1, Tier::nvme),
-                                     random_plan(L, rng), random_plan(L, rng),
-                                     with_random_windows(random_host_plan(L, rng), rng)};
-    for (const Plan& plan : plans) {
-      const std::string what = "seed " + std::to_string(seed) + " activations " + std::string(dtype_name(activations)) +
-                               " plan " + plan.to_json().dump();
-      ExecOptions o;
-      o.compute = ct;
-      o.activations = activations;
-      const size_t predicted = predict_peak_device_bytes(cfg, batch.B, batch.T, plan, o);
-      // Just the predicted bytes: a buffer sized for the wrong layer kind would overflow or be refused.
-      auto dev = make_cpu_device(predicted + 4096, seed % 2 ? LinkSpec{2.0, 2.0, 20e-6} : LinkSpec{});
-      std::unique_ptr<NvmeStore> nvme = nvme_store_for(cfg, batch, plan, o);
-      StreamingExecutor ex(cfg, *dev, o, nvme.get());
-      ModelSlabs grads(cfg);
-      const StepStats st = ex.step(grads, params, *weights, batch, plan);
-      EXPECT_EQ(st.loss_sum, ref.loss_sum) << what;
-      EXPECT_EQ(st.tokens, ref.tokens) << what;
-      expect_bitwise_equal(grads, ref_grads, what);
-      EXPECT_EQ(st.peak_device_bytes, predicted) << what;
-      if (::testing::Test::HasFailure()) return;
-    }
+    testing::expect_every_plan_matches(cfg, params, batch, Precision(ct, activations), rng, seed);
+    if (::testing::Test::HasFailure()) return;
   }
 }
 

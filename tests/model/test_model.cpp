@@ -22,6 +22,15 @@ ModelConfig tiny_config(ModelType type, bool tied) {
              .head_dim = type == ModelType::qwen3 ? 16 : 8, .tied = tied, .max_positions = 128});
   c.qkv_bias = type == ModelType::qwen2 || type == ModelType::llama;
   c.o_bias = c.mlp_bias = type == ModelType::llama;
+  if (type == ModelType::qwen3_moe) {  // a dense layer (0) before a sparse one: 5 experts of 11, 2 per token
+    c.qk_norm = true;
+    c.head_dim = 16;
+    c.num_experts = 5;
+    c.num_experts_per_tok = 2;
+    c.moe_intermediate_size = 11;
+    c.norm_topk_prob = tied;  // the tied case renormalises
+    c.mlp_only_layers = {0};
+  }
   return c;
 }
 
@@ -167,7 +176,8 @@ TEST_P(Model, HfDirectoryRoundTrip) {
 
 INSTANTIATE_TEST_SUITE_P(Arch, Model,
                          ::testing::Values(ModelCase{ModelType::qwen2, false}, ModelCase{ModelType::qwen3, false},
-                                           ModelCase{ModelType::qwen3, true}, ModelCase{ModelType::llama, false}),
+                                           ModelCase{ModelType::qwen3, true}, ModelCase{ModelType::llama, false},
+                                           ModelCase{ModelType::qwen3_moe, false}, ModelCase{ModelType::qwen3_moe, true}),
                          [](const auto& info) {
                            return std::string(model_type_name(info.param.type)) + (info.param.tied ? "_tied" : "");
                          });

@@ -22,6 +22,7 @@
 #include "ops/head.h"
 #include "ops/l2norm.h"
 #include "ops/linear.h"
+#include "ops/moe.h"
 #include "ops/rmsnorm.h"
 #include "ops/rope.h"
 #include "ops/short_conv.h"
@@ -273,12 +274,133 @@ OpCase gated_rmsnorm_case() {
           bitwise};
 }
 
+// MoE routing and its row shuffles (ops/moe.h): CPU-only, no CUDA kernel yet. Plain scalar loops with no ISA paths,
+// so every CPU row must give the plain row's bits. Integer outputs (ids, offsets, order, row_of) as exact floats.
+float* add_ints(OpOutputs& out, const std::string& name, const int32_t* v, size_t n) {
+  float* p = out.add(name, n);
+  for (size_t i = 0; i < n; ++i) p[i] = float(v[i]);
+  return p;
+}
+
+// Shape {N, E, k, kind (0 softmax_topk, 1 topk_softmax), renormalize}: one token and expert, a partial top-k, k = E,
+// k = 1, and 130 tokens (three router tasks) over 64 experts.
+std::vector<Shape> router_shapes() {
+  return {{1, 1, 1, 0, 0},  {7, 5, 2, 0, 0}, {33, 16, 8, 0, 1}, {33, 16, 8, 1, 0},
+                                          {6, 6, 6, 0, 1},  {9, 8, 1, 1, 0}, {130, 64, 8, 0, 1}, {130, 64, 4, 1, 0}};
+}
+RouterShape router_shape(const Shape& s) {
+  return {s[0], s[1], s[2], s[3] ? RouterKind::topk_softmax : RouterKind::softmax_topk, s[4] != 0};
+}
+
+struct Routing {
+  std::vector<int32_t> ids;  // [N, k]
+  std::vector<float> w, p;   // [N, k], [N, E]
+};
+Routing routing(const RouterShape& rs, uint64_t seed) {
+  Routing r{std::vector<int32_t>(size_t(rs.N * rs.k)), std::vector<float>(size_t(rs.N * rs.k)),
+            std::vector<float>(size_t(rs.N * rs.E))};
+  const auto logits = values(size_t(rs.N * rs.E), seed, -3.0f, 3.0f);
+  router_forward(r.ids.data(), r.w.data(), r.p.data(), logits.data(), rs);
+  return r;
+}
+
+OpCase router_forward_case() {
+  return {"router_forward", router_shapes(), {DType::f32}, false,
+          [](OpOutputs& out, const Shape& s, DType) {
+            const RouterShape rs = router_shape(s);
+            const Routing r = routing(rs, 201 + s[0] + s[1]);
+            add_ints(out, "ids", r.ids.data(), r.ids.size());
+            std::copy(r.w.begin(), r.w.end(), out.add("weights", r.w.size()));
+            std::copy(r.p.begin(), r.p.end(), out.add("probs", r.p.size()));
+          },
+          bitwise};
+}
+
+OpCase router_backward_case() {
+  return {"router_backward", router_shapes(), {DType::f32}, false,
+          [](OpOutputs& out, const Shape& s, DType) {
+            const RouterShape rs = router_shape(s);
+            const Routing r = routing(rs, 211 + s[0] + s[1]);
+            const auto dw = values(r.w.size(), 212), extra = values(size_t(rs.E), 213);
+            router_backward(out.add("dlogits", r.p.size()), dw.data(), nullptr, r.ids.data(), r.w.data(), r.p.data(),
+                            rs);
+            router_backward(out.add("dlogits (with dprobs_extra)", r.p.size()), dw.data(), extra.data(), r.ids.data(),
+                            r.w.data(), r.p.data(), rs);
+          },
+          bitwise};
+}
+
+// Shape {N, E, k, C}: an expert with no rows (E > A), rows spanning several copy tasks.
+std::vector<Shape> moe_row_shapes() {
+  return {{1, 1, 1, 1}, {7, 5, 2, 3}, {3, 16, 2, 5}, {33, 16, 8, 37}, {130, 64, 8, 300}};
+}
+
+struct Grouped {
+  Routing r;
+  std::vector<int64_t> offsets;       // [E + 1]
+  std::vector<int32_t> order, row_of;  // [A], [A]
+};
+Grouped grouped(const Shape& s, uint64_t seed) {
+  const int64_t N = s[0], E = s[1], k = s[2];
+  Grouped g{routing({N, E, k, RouterKind::softmax_topk, true}, seed), std::vector<int64_t>(size_t(E + 1)),
+            std::vector<int32_t>(size_t(N * k)), std::vector<int32_t>(size_t(N * k))};
+  moe_permute(g.offsets.data(), g.order.data(), g.row_of.data(), g.r.ids.data(), N, k, E);
+  return g;
+}
+
+OpCase moe_permute_gather_case() {
+  return {"moe_permute_gather", moe_row_shapes(), {DType::f32}, false,
+          [](OpOutputs& out, const Shape& s, DType) {
+            const int64_t N = s[0], E = s[1], k = s[2], C = s[3], A = N * k;
+            const Grouped g = grouped(s, 221 + N);
+            float* off = out.add("offsets", size_t(E + 1));
+            for (int64_t e = 0; e <= E; ++e) off[e] = float(g.offsets[size_t(e)]);
+            add_ints(out, "order", g.order.data(), g.order.size());
+            add_ints(out, "row_of", g.row_of.data(), g.row_of.size());
+            const auto x = values(size_t(N * C), 222), dxp = values(size_t(A * C), 223);
+            moe_gather(out.add("xp", size_t(A * C)), x.data(), g.order.data(), A, k, C);
+            moe_scatter_add(out.add("dx", size_t(N * C)), dxp.data(), g.row_of.data(), N, k, C);
+          },
+          bitwise};
+}
+
+OpCase moe_combine_case() {
+  return {"moe_combine", moe_row_shapes(), {DType::f32}, false,
+          [](OpOutputs& out, const Shape& s, DType) {
+            const int64_t N = s[0], k = s[2], C = s[3], A = N * k;
+            const Grouped g = grouped(s, 231 + N);
+            const auto yp = values(size_t(A * C), 232), dout = values(size_t(N * C), 233);
+            moe_combine_forward(out.add("out", size_t(N * C)), yp.data(), g.r.w.data(), g.row_of.data(), N, k, C);
+            moe_combine_backward(out.add("dyp", size_t(A * C)), out.add("dweights", size_t(A)), dout.data(), yp.data(),
+                                 g.r.w.data(), g.row_of.data(), N, k, C);
+          },
+          bitwise};
+}
+
+// Shape {N, E, k, I, C, bias}: GPT-OSS's down projections carry a bias, Qwen's do not.
+OpCase moe_weight_grads_case() {
+  return {"moe_weight_grads", {{1, 1, 1, 1, 1, 1}, {7, 5, 2, 13, 3, 0}, {7, 5, 2, 13, 3, 1}, {33, 16, 8, 37, 19, 1},
+                               {130, 64, 8, 129, 17, 0}},
+          {DType::f32}, false,
+          [](OpOutputs& out, const Shape& s, DType) {
+            const int64_t N = s[0], E = s[1], k = s[2], I = s[3], C = s[4], A = N * k;
+            const Grouped g = grouped({N, E, k}, 241 + N);
+            const auto h = values(size_t(A * I), 242), dout = values(size_t(N * C), 243);
+            const auto bias = values(size_t(E * C), 244);
+            float* gr = out.add("g (scaled in place)", size_t(A * I), values(size_t(A * I), 245));
+            moe_weight_grads(out.add("dweights", size_t(A)), gr, h.data(), g.r.w.data(), g.order.data(), g.r.ids.data(),
+                             dout.data(), s[5] ? bias.data() : nullptr, A, k, I, C);
+          },
+          bitwise};
+}
+
 const std::vector<OpCase>& ops() {
   static const std::vector<OpCase> all = {rmsnorm_forward_case(), rmsnorm_backward_case(), rope_case(),
                                           swiglu_case(),          embedding_case(),        head_case(),
                                           linear_case(),          attention_case(),        l2norm_case(),
                                           sigmoid_gate_case(),    short_conv_case(),       delta_gates_case(),
-                                          gated_rmsnorm_case()};
+                                          gated_rmsnorm_case(),   router_forward_case(),   router_backward_case(),
+                                          moe_permute_gather_case(), moe_combine_case(),   moe_weight_grads_case()};
   return all;
 }
 

@@ -185,6 +185,26 @@ TEST(Hardware, HybridLayersHaveTheirOwnFlops) {
   EXPECT_EQ(p.forward_s[0], p.forward_s[1]);
 }
 
+// Qwen3-30B-A3B: a sparse layer streams and updates all 128 experts, but a token computes through its router and 8.
+TEST(Hardware, SparseLayersCountEveryExpertsWeightsAndTheRoutedFlops) {
+  const ModelConfig cfg = load_model_config(std::string(LT_SOURCE_DIR) + "/examples/qwen3-30b-a3b/config.json");
+  ASSERT_EQ(cfg.num_sparse_layers(), 48);
+  const int64_t B = 2, T = 1024;
+  const double C = 2048, E = 128, k = 8, Ie = 768, QD = 32 * 128, KVD = 4 * 128;
+  const double attention_weights = C * QD + 2 * C * KVD + QD * C;
+  const double attention = 2.0 * B * 32 * double(T) * T * 128;
+  EXPECT_DOUBLE_EQ(layer_forward_flops(cfg, B, T, int64_t(0)),
+                   2.0 * B * T * (attention_weights + C * E + 3 * C * Ie * k) + attention);
+  EXPECT_DOUBLE_EQ(down_projection_flops(cfg, B, T, 0), 2.0 * B * T * C * Ie * k);
+  EXPECT_EQ(layer_parameters(cfg, int64_t(0)), int64_t(attention_weights + 2 * 128 + 2 * C + C * E + 3 * C * Ie * E));
+  // 30.5B in all (the model card's figure), 3.3B of them active per token.
+  EXPECT_NEAR(double(cfg.num_parameters()), 30.53e9, 0.01e9);
+  EXPECT_NEAR(double(cfg.num_active_parameters()), 3.35e9, 0.01e9);
+  const Profile p = hardware_profile(*find_hardware("h800"), cfg, B, T);
+  EXPECT_NEAR(p.forward_s[0], layer_forward_flops(cfg, B, T, int64_t(0)) / (find_hardware("h800")->sustained_tflops * 1e12),
+              1e-15);
+}
+
 TEST(Hardware, FlopsAndProfileFromThem) {
   ModelConfig cfg = load_model_config(std::string(LT_SOURCE_DIR) + "/examples/bench-25m/config.json");
   const int64_t B = 2, T = 128;

@@ -99,6 +99,39 @@ CASES = {
                                 "--linear-key-heads", "1", "--linear-value-heads", "3", "--linear-key-dim", "8",
                                 "--linear-value-dim", "6", "--batch", "2", "--seq", "37", "--dtype", "bfloat16",
                                 "--shards", "2"],
+    # Qwen3-MoE: Qwen3 attention, routed SwiGLU experts. A dense layer (mlp_only_layers) between two sparse ones,
+    # per-expert tensors, top-2 of 6 without renormalisation. make draws tokens again where a routing is within 1e-3
+    # of a tie (f32 and float64 could then pick different experts) and prints the smallest margin.
+    "qwen3_moe": ["--arch", "qwen3_moe", "--layers", "3", "--mlp-only-layers", "1", "--hidden", "40", "--heads", "4",
+                  "--kv-heads", "2", "--head-dim", "12", "--intermediate", "56", "--vocab", "101", "--no-tie",
+                  "--experts", "6", "--experts-per-tok", "2", "--moe-intermediate", "20", "--batch", "2",
+                  "--seq", "37"],
+    # transformers 5.x's fused expert tensors (gate_up_proj [E, 2·Ie, C], down_proj [E, C, Ie]), top-3 of 5
+    # renormalised (norm_topk_prob), bf16 weights, tied. The gradients are compared under per-expert names.
+    "qwen3_moe_fused_renorm": ["--arch", "qwen3_moe", "--layers", "2", "--fused-experts", "--norm-topk-prob",
+                               "--experts", "5", "--experts-per-tok", "3", "--moe-intermediate", "18", "--hidden", "32",
+                               "--heads", "4", "--kv-heads", "2", "--head-dim", "8", "--vocab", "89", "--tie",
+                               "--batch", "2", "--seq", "23", "--dtype", "bfloat16"],
+    # Qwen3.5 / Qwen3.6 MoE: the qwen3_5 hybrid layers with a sparse block in every layer (routed experts, top-k
+    # always renormalised, plus a shared SwiGLU expert scaled by sigmoid(x · shared_expert_gateᵀ)). Text form as
+    # qwen3_5_text (T = 70 across the delta rule's chunk, three packed documents), per-expert tensors, top-2 of 5.
+    # make draws tokens again where a routing is within 1e-3 of a tie, as for qwen3_moe.
+    "qwen3_5_moe_text": ["--arch", "qwen3_5_moe_text", "--layers", "3", "--layer-types", "linear,full,linear",
+                         "--hidden", "40", "--heads", "4", "--kv-heads", "2", "--head-dim", "12",
+                         "--partial-rotary-factor", "0.5", "--vocab", "101", "--linear-key-heads", "2",
+                         "--linear-value-heads", "4", "--linear-key-dim", "12", "--linear-value-dim", "10",
+                         "--experts", "5", "--experts-per-tok", "2", "--moe-intermediate", "18",
+                         "--shared-intermediate", "14", "--batch", "2", "--seq", "70", "--docs", "3"],
+    # The released vision-language form (model.language_model. beside vision and MTP tensors, the MTP layer with
+    # its own MoE block) as qwen3_5_vl_bf16_weights: bf16 with A_log and the gated norm in f32, tied, sharded, layer
+    # types from full_attention_interval 2; fused expert tensors, top-3 of 6.
+    "qwen3_5_moe_vl_fused_bf16": ["--arch", "qwen3_5_moe_vl", "--layers", "4", "--full-attention-interval", "2",
+                                  "--omit-layer-types", "--hidden", "32", "--heads", "4", "--kv-heads", "1",
+                                  "--head-dim", "16", "--vocab", "89", "--tie", "--linear-key-heads", "1",
+                                  "--linear-value-heads", "3", "--linear-key-dim", "8", "--linear-value-dim", "6",
+                                  "--experts", "6", "--experts-per-tok", "3", "--moe-intermediate", "12",
+                                  "--shared-intermediate", "20", "--fused-experts", "--batch", "2", "--seq", "37",
+                                  "--dtype", "bfloat16", "--shards", "2"],
 }
 
 BOUNDS = {"f32": (1e-5, 1e-4), "bf16": (1e-2, 5e-2)}

@@ -2,9 +2,11 @@
 """LazyTrain's independent PyTorch reference for whole-model correctness tests.
 
 Runs with Debian's PyTorch (/usr/bin/python3; torch 1.13, numpy). No transformers, no safetensors package: the
-Qwen2 / Qwen3 / Llama decoder forward and the Qwen3.5 hybrid (Gated DeltaNet + gated attention) text model are
-written here in plain torch following transformers' modeling code (modeling_qwen2.py, modeling_qwen3.py,
-modeling_llama.py, modeling_qwen3_5.py), and autograd gives the gradients.
+Qwen2 / Qwen3 / Llama decoder forward, the Qwen3-MoE decoder (Qwen3 attention, routed SwiGLU experts), the
+Qwen3.5 hybrid (Gated DeltaNet + gated attention) text model and its MoE variant (Qwen3.5 / Qwen3.6 MoE: a sparse
+block with routed experts and a gated shared expert in every layer) are written here in plain torch following
+transformers' modeling code (modeling_qwen2.py, modeling_qwen3.py, modeling_llama.py, modeling_qwen3_moe.py,
+modeling_qwen3_5.py, modeling_qwen3_5_moe.py / qwen3_next's sparse block), and autograd gives the gradients.
 
 Subcommands (see tests/reference/README.md):
   make             write a tiny random Hugging Face model directory (config.json + safetensors) and a batch.json
@@ -12,6 +14,9 @@ Subcommands (see tests/reference/README.md):
   compare          relative-L2 comparison of two gradient files (and optionally two losses)
   selfcheck-delta  the chunked gated delta rule against the step-by-step recurrence (float64), prints PASS
   fdcheck          whole-model autograd gradients against central finite differences (float64)
+  selfcheck-moe    qwen3_moe and qwen3_5_moe: the routed experts (+ the shared expert) against a dense all-experts
+                   formulation, per-expert against fused checkpoints (and qwen3_5_moe's text-only against its
+                   vision-language form), the bf16 down/combine emulation against autograd (float64), prints PASS
 """
 
 import argparse
@@ -35,6 +40,7 @@ ARCHS = {
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "llama": "LlamaForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
 }
 
 ST_DTYPE = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
@@ -49,10 +55,11 @@ class RefError(Exception):
 
 
 def make_config(arch, layers, hidden, heads, kv_heads, head_dim, inter, vocab, tie, dtype,
-                rms_eps, rope_theta, max_pos, attention_bias, mlp_bias, style):
+                rms_eps, rope_theta, max_pos, attention_bias, mlp_bias, style, moe=None):
     """config.json as transformers (4.4x/4.5x) writes it for the model_type (json sort_keys, indent 2).
     style "v5" writes the newer layout: "dtype" instead of "torch_dtype" and rope_theta inside
-    "rope_parameters" (what transformers >= 4.56 / 5 writes)."""
+    "rope_parameters" (what transformers >= 4.56 / 5 writes). moe (qwen3_moe): {num_experts, num_experts_per_tok,
+    moe_intermediate_size, norm_topk_prob, decoder_sparse_step, mlp_only_layers}."""
     c = {
         "architectures": [ARCHS[arch]],
         "attention_dropout": 0.0,
@@ -80,10 +87,19 @@ def make_config(arch, layers, hidden, heads, kv_heads, head_dim, inter, vocab, t
                   "mlp_bias": mlp_bias, "pretraining_tp": 1})
     else:
         # Real Qwen ids (151643...) do not fit a tiny vocabulary: use the last ids.
-        c.update({"bos_token_id": vocab - 2 if arch == "qwen3" else vocab - 1, "eos_token_id": vocab - 1,
-                  "max_window_layers": layers, "sliding_window": None, "use_sliding_window": False})
-        if arch == "qwen3":
+        c.update({"bos_token_id": vocab - 2 if arch in ("qwen3", "qwen3_moe") else vocab - 1,
+                  "eos_token_id": vocab - 1, "max_window_layers": layers, "sliding_window": None,
+                  "use_sliding_window": False})
+        if arch in ("qwen3", "qwen3_moe"):
             c.update({"head_dim": head_dim, "attention_bias": attention_bias})
+        if arch == "qwen3_moe":
+            # As the released Qwen3-30B-A3B config.json has them (router_aux_loss_coef 0.001; no aux loss while
+            # output_router_logits is false).
+            c.update({"num_experts": moe["num_experts"], "num_experts_per_tok": moe["num_experts_per_tok"],
+                      "moe_intermediate_size": moe["moe_intermediate_size"], "norm_topk_prob": moe["norm_topk_prob"],
+                      "decoder_sparse_step": moe["decoder_sparse_step"],
+                      "mlp_only_layers": list(moe["mlp_only_layers"]), "output_router_logits": False,
+                      "router_aux_loss_coef": 0.001})
     if style == "v5":
         c["dtype"] = c.pop("torch_dtype")
         c["rope_parameters"] = {"rope_theta": c.pop("rope_theta"), "rope_type": "default"}
@@ -95,11 +111,11 @@ def make_config(arch, layers, hidden, heads, kv_heads, head_dim, inter, vocab, t
 class Cfg:
     """What the forward needs, parsed from a config.json with transformers' defaults for missing keys."""
 
-    def __init__(self, c):
+    def __init__(self, c, fused_experts=False):
         self.raw = c
         mt = c.get("model_type")
         if mt not in ARCHS:
-            raise RefError(f"model_type {mt!r} not supported (qwen2, qwen3, llama)")
+            raise RefError(f"model_type {mt!r} not supported (qwen2, qwen3, llama, qwen3_moe)")
         self.arch = mt
         self.vocab = int(c["vocab_size"])
         self.hidden = int(c["hidden_size"])
@@ -129,13 +145,45 @@ class Cfg:
             raise RefError("use_sliding_window true is not supported by the reference")
         if mt == "qwen2":
             self.qkv_bias, self.o_bias, self.mlp_bias = True, False, False
-        elif mt == "qwen3":
+        elif mt in ("qwen3", "qwen3_moe"):
             ab = bool(c.get("attention_bias", False))
             self.qkv_bias, self.o_bias, self.mlp_bias = ab, ab, False
         else:
             ab = bool(c.get("attention_bias", False))
             self.qkv_bias, self.o_bias, self.mlp_bias = ab, ab, bool(c.get("mlp_bias", False))
-        self.qk_norm = mt == "qwen3"
+        self.qk_norm = mt in ("qwen3", "qwen3_moe")
+        # qwen3_moe (Qwen3MoeConfig's defaults). fused_experts: the checkpoint holds the transformers 5.x fused
+        # expert tensors (load_model_dir detects it from the tensor names).
+        self.fused_experts = bool(fused_experts)
+        self.sparse = [False] * self.layers
+        if mt == "qwen3_moe":
+            self.experts = int(c.get("num_experts", 128))
+            self.top_k = int(c.get("num_experts_per_tok", 8))
+            self.moe_inter = int(c.get("moe_intermediate_size", 768))
+            self.norm_topk_prob = bool(c.get("norm_topk_prob", False))
+            self.sparse_step = int(c.get("decoder_sparse_step", 1))
+            self.mlp_only_layers = [int(x) for x in (c.get("mlp_only_layers") or [])]
+            if self.sparse_step < 1:
+                raise RefError("decoder_sparse_step must be >= 1")
+            if self.experts > 0 and not (1 <= self.top_k <= self.experts and self.moe_inter >= 1):
+                raise RefError("qwen3_moe needs 1 <= num_experts_per_tok <= num_experts and moe_intermediate_size >= 1")
+            if c.get("output_router_logits", False) and float(c.get("router_aux_loss_coef", 0.001)) != 0.0:
+                raise RefError("output_router_logits true (the router auxiliary loss) is not supported by the "
+                               "reference")
+            # transformers: layer l is sparse iff l not in mlp_only_layers, num_experts > 0, (l+1) % step == 0.
+            self.sparse = [i not in self.mlp_only_layers and self.experts > 0 and (i + 1) % self.sparse_step == 0
+                           for i in range(self.layers)]
+        elif fused_experts:
+            raise RefError(f"fused experts in a {mt} model")
+
+    def with_layout(self, fused):
+        """The same config with the per-expert (fused=False) or fused expert tensor layout."""
+        return Cfg(self.raw, fused_experts=fused)
+
+    def detect_layout(self, names):
+        """qwen3_moe: fused iff the checkpoint has transformers 5.x's mlp.experts.gate_up_proj tensors."""
+        if self.arch == "qwen3_moe":
+            self.fused_experts = any(n.endswith(".mlp.experts.gate_up_proj") for n in names)
 
     def param_shapes(self):
         """Ordered {HF name: shape} of every parameter (model order)."""
@@ -160,6 +208,19 @@ class Cfg:
                 s[p + "self_attn.q_norm.weight"] = (D,)
                 s[p + "self_attn.k_norm.weight"] = (D,)
             s[p + "post_attention_layernorm.weight"] = (C,)
+            if self.sparse[i]:
+                E, Ie = self.experts, self.moe_inter
+                if self.fused_experts:  # transformers 5.x: Qwen3MoeExperts (gate rows first) before the router
+                    s[p + "mlp.experts.gate_up_proj"] = (E, 2 * Ie, C)
+                    s[p + "mlp.experts.down_proj"] = (E, C, Ie)
+                    s[p + "mlp.gate.weight"] = (E, C)
+                else:  # the released checkpoints / transformers 4.x: the router, then one SwiGLU per expert
+                    s[p + "mlp.gate.weight"] = (E, C)
+                    for e in range(E):
+                        s[p + f"mlp.experts.{e}.gate_proj.weight"] = (Ie, C)
+                        s[p + f"mlp.experts.{e}.up_proj.weight"] = (Ie, C)
+                        s[p + f"mlp.experts.{e}.down_proj.weight"] = (C, Ie)
+                continue
             s[p + "mlp.gate_proj.weight"] = (I, C)
             if self.mlp_bias:
                 s[p + "mlp.gate_proj.bias"] = (I,)
@@ -252,6 +313,8 @@ def load_model_dir(d):
         if not os.path.exists(single):
             raise RefError(f"{d}: neither model.safetensors nor model.safetensors.index.json")
         tensors, dtypes, _ = read_safetensors(single)
+    if hasattr(cfg, "detect_layout"):
+        cfg.detect_layout(tensors)
     shapes = cfg.param_shapes()
     ignored = getattr(cfg, "is_ignored", None)
     extra = sorted(n for n in set(tensors) - set(shapes) if not (ignored and ignored(n)))
@@ -448,9 +511,86 @@ def linear(x, P, name, has_bias, lin=F.linear):
     return lin(x, P[name + ".weight"], P[name + ".bias"] if has_bias else None)
 
 
-def forward(cfg, P, input_ids, position_ids, packed, rope_precision="hf", lin=F.linear, keep=keep_f32):
+class _ExpertDown(torch.autograd.Function):
+    """One expert's down projection and its routing weight, as LazyTrain's bf16 GEMM mode computes them
+    (model/moe_ffn.cpp moe_down_combine / moe_backward): for the expert's routed rows h [n, Ie], W_down [C, Ie],
+    their routing weights w [n]:
+      forward   y = w · (bf16(h) · bf16(W_down)ᵀ)           (the combine adds y into its tokens' rows)
+      backward  from dz [n, C] (each row's token's dout):   g = bf16(dz) · bf16(W_down)  (linear_backward_input)
+                dw = g · h (over Ie, h as stored);  dh = w · g;  dW_down = bf16(w · dz)ᵀ · bf16(h)
+    Autograd on the plain formula would round w · dz for dh and read dout · y for dw; LazyTrain never forms
+    the expert outputs in the backward, so the rounding points differ and this Function mirrors its. rnd: the
+    rounding (bf16_round; selfcheck-moe passes the identity to compare it with autograd)."""
+
+    @staticmethod
+    def forward(ctx, h, wd, w, rnd):
+        hr, wr = rnd(h), rnd(wd)
+        ctx.save_for_backward(h, hr, wr, w)
+        ctx.rnd = rnd
+        return torch.matmul(hr, wr.t()) * w[:, None]
+
+    @staticmethod
+    def backward(ctx, dz):
+        h, hr, wr, w = ctx.saved_tensors
+        g = torch.matmul(ctx.rnd(dz), wr)
+        dh = g * w[:, None]
+        dwd = ctx.rnd(dz * w[:, None]).t() @ hr
+        dw = (g * h).sum(-1)
+        return dh, dwd, dw, None
+
+
+def expert_weights(cfg, P, p, e):
+    """(gate [Ie, C], up [Ie, C], down [C, Ie]) of expert e of layer prefix p, per-expert or fused (transformers
+    5.x: gate_up_proj [E, 2·Ie, C], gate rows [0, Ie), up rows [Ie, 2·Ie); down_proj [E, C, Ie]); views, so
+    autograd's gradients land in the fused tensors."""
+    if cfg.fused_experts:
+        gu = P[p + "mlp.experts.gate_up_proj"][e]
+        return gu[: cfg.moe_inter], gu[cfg.moe_inter:], P[p + "mlp.experts.down_proj"][e]
+    q = p + f"mlp.experts.{e}."
+    return P[q + "gate_proj.weight"], P[q + "up_proj.weight"], P[q + "down_proj.weight"]
+
+
+def moe_route(cfg, logits):
+    """Qwen3MoeSparseMoeBlock's router: p = softmax(logits) (in the compute dtype; f32 or wider), the k largest p
+    (best first), w = p_sel (÷ Σ p_sel when norm_topk_prob). Returns (probs [N, E], ids [N, k], w [N, k])."""
+    probs = F.softmax(logits, dim=-1, dtype=torch.promote_types(logits.dtype, torch.float32))
+    top_p, ids = torch.topk(probs, cfg.top_k, dim=-1, largest=True, sorted=True)
+    if cfg.norm_topk_prob:
+        top_p = top_p / top_p.sum(-1, keepdim=True)
+    return probs, ids, top_p.to(logits.dtype)
+
+
+def moe_mlp(cfg, P, p, h, lin=F.linear, keep=keep_f32, routes=None):
+    """A qwen3_moe sparse layer's MLP (qwen3_5_moe: its routed part) on h [B, T, C] (the kept post-attention norm
+    output): the router (a linear layer: bf16 GEMM emulation applies, its logits / probs / weights are never
+    rounded), then for each expert its routed rows: gate, up kept, h = silu(gate)·up kept (the dense MLP's storage
+    points), the down projection times the routing weight, added into the token's row. routes: a list that gets
+    (layer prefix, probs) per call."""
+    B, T, C = h.shape
+    x = h.reshape(B * T, C)
+    logits = lin(x, P[p + "mlp.gate.weight"])
+    probs, ids, w = moe_route(cfg, logits)
+    if routes is not None:
+        routes.append((p, probs.detach()))
+    out = torch.zeros_like(x)
+    for e in range(cfg.experts):
+        tok, slot = (ids == e).nonzero(as_tuple=True)
+        if tok.numel() == 0:
+            continue
+        wg, wu, wd = expert_weights(cfg, P, p, e)
+        xe = x[tok]
+        g = keep(lin(xe, wg))
+        u = keep(lin(xe, wu))
+        he = keep(F.silu(g) * u)
+        we = w[tok, slot]
+        y = _ExpertDown.apply(he, wd, we, bf16_round) if lin is bf16_linear else F.linear(he, wd) * we[:, None]
+        out = out.index_add(0, tok, y)
+    return out.view(B, T, C)
+
+
+def forward(cfg, P, input_ids, position_ids, packed, rope_precision="hf", lin=F.linear, keep=keep_f32, routes=None):
     """Logits [B, T, V] in the compute dtype of P. lin: the linear layers' (and lm_head's) function; keep: the
-    activation storage's (keep_for)."""
+    activation storage's (keep_for); routes (qwen3_moe): a list that gets each sparse layer's router probs."""
     dt = P["model.embed_tokens.weight"].dtype
     B, T = input_ids.shape
     H, K, D = cfg.heads, cfg.kv_heads, cfg.head_dim
@@ -479,6 +619,9 @@ def forward(cfg, P, input_ids, position_ids, packed, rope_precision="hf", lin=F.
         x = keep(residual + linear(o, P, p + "self_attn.o_proj", cfg.o_bias, lin))
         residual = x
         h = keep(rms_norm(x, P[p + "post_attention_layernorm.weight"], cfg.eps))
+        if cfg.sparse[i]:
+            x = keep(residual + moe_mlp(cfg, P, p, h, lin, keep, routes))
+            continue
         g = keep(linear(h, P, p + "mlp.gate_proj", cfg.mlp_bias, lin))
         u = keep(linear(h, P, p + "mlp.up_proj", cfg.mlp_bias, lin))
         x = keep(residual + linear(keep(F.silu(g) * u), P, p + "mlp.down_proj", cfg.mlp_bias, lin))
@@ -560,9 +703,132 @@ def make_batch(gen, B, T, V, docs):
     return out
 
 
+def fuse_experts(cfg, T):
+    """Per-expert tensors (cfg per-expert, names as its param_shapes) -> the fused layout's dict, in its order:
+    gate_up_proj[e] = cat(gate_proj[e], up_proj[e]) [E, 2·Ie, C]; down_proj[e] = down_proj[e] [E, C, Ie]."""
+    fc = cfg.with_layout(True)
+    out = {}
+    for n in fc.param_shapes():
+        if n.endswith(".mlp.experts.gate_up_proj"):
+            p = n[: -len("experts.gate_up_proj")]
+            out[n] = torch.stack([torch.cat((T[p + f"experts.{e}.gate_proj.weight"],
+                                             T[p + f"experts.{e}.up_proj.weight"])) for e in range(cfg.experts)])
+        elif n.endswith(".mlp.experts.down_proj"):
+            p = n[: -len("experts.down_proj")]
+            out[n] = torch.stack([T[p + f"experts.{e}.down_proj.weight"] for e in range(cfg.experts)]).contiguous()
+        else:
+            out[n] = T[n]
+    return out
+
+
+def unfuse_experts(cfg, T):
+    """The fused layout's tensors (names as the fused cfg's param_shapes; e.g. gradients) -> per-expert names in
+    the per-expert order: gate_proj = gate_up_proj[e, :Ie], up_proj = gate_up_proj[e, Ie:], down_proj = down_proj[e]."""
+    pc = cfg.with_layout(False)
+    Ie = cfg.moe_inter
+    out = {}
+    for n in pc.param_shapes():
+        if ".mlp.experts." in n:
+            p, rest = n.split(".mlp.experts.")
+            e, kind = rest.split(".")[:2]
+            e = int(e)
+            if kind == "down_proj":
+                out[n] = T[p + ".mlp.experts.down_proj"][e].contiguous()
+            else:
+                gu = T[p + ".mlp.experts.gate_up_proj"][e]
+                out[n] = (gu[:Ie] if kind == "gate_proj" else gu[Ie:]).contiguous()
+        else:
+            out[n] = T[n]
+    return out
+
+
+def route_margins(cfg, P, batch, st_dtype):
+    """qwen3_moe, qwen3_5_moe forms: each token's routing distance from a tie, p_(k) − p_(k+1) (the k-th and
+    (k+1)-th largest router probs), min over the sparse layers, for each reference variant check_model.py runs
+    (float64; with the bf16 GEMM emulation, the bf16 storage emulation, both), on the weights as stored (rounded to
+    the stored dtype). A tie closer than LazyTrain's f32 error could route a token to other experts than the
+    reference does. None when k >= E (nothing is ever left out) or no layer is sparse. Returns {variant: (margins
+    [B, T], the chosen experts [sparse layers, B, T, k] in ascending order)}. st_dtype: one safetensors dtype, or a
+    dict name -> dtype."""
+    if cfg.top_k >= cfg.experts or not any(cfg.sparse):
+        return None
+    tdts = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
+    X = {n: t.to(tdts[st_dtype[n] if isinstance(st_dtype, dict) else st_dtype]).to(torch.float64)
+         for n, t in P.items()}
+    ids = torch.tensor(batch["input_ids"], dtype=torch.int64)
+    if "position_ids" in batch:
+        pos, packed = torch.tensor(batch["position_ids"], dtype=torch.int64), True
+    else:
+        pos, packed = torch.arange(ids.shape[1], dtype=torch.int64)[None].expand_as(ids), False
+    out = {}
+    for name, gemm, storage in (("float64", False, False), ("emulate-bf16", True, False),
+                                ("emulate-bf16-storage", False, True), ("emulate-both", True, True)):
+        routes = []
+        with torch.no_grad():
+            model_forward(cfg, X, ids, pos, packed, emulate_bf16=gemm, emulate_storage=storage, routes=routes)
+        m = torch.full(ids.shape, float("inf"), dtype=torch.float64)
+        chosen = []
+        for _, probs in routes:
+            top, idx = torch.topk(probs, cfg.top_k + 1, dim=-1)
+            m = torch.minimum(m, (top[:, cfg.top_k - 1] - top[:, cfg.top_k]).view(ids.shape))
+            chosen.append(idx[:, : cfg.top_k].sort(-1).values.view(*ids.shape, cfg.top_k))
+        out[name] = (m, torch.stack(chosen))
+    return out
+
+
+def fix_route_ties(cfg, P, batch, st_dtype, gen, max_resamples):
+    """Resamples input tokens until no token's routing is within ROUTE_MARGIN_MIN of a tie in any variant
+    (route_margins) and every variant routes every token to the same experts as float64 (the bf16 roundings could
+    otherwise move a token to another expert, a difference of O(1) in that expert's gradient that would dominate
+    the case's bf16 noise and so loosen the emulated comparison's bound). Causal: token t's routing depends on
+    tokens <= t only, so each row's first offending token is drawn again (its label follows, unless masked) and the
+    later ones are looked at after. Returns ({variant: margins [B, T]} or None, tokens resampled, ok)."""
+    V = cfg.vocab
+    n = 0
+    while True:
+        stats = route_margins(cfg, P, batch, st_dtype)
+        if stats is None:
+            return None, n, True
+        margins = {k: v[0] for k, v in stats.items()}
+        worst = torch.stack(list(margins.values())).amin(0)  # [B, T]
+        bad = worst < ROUTE_MARGIN_MIN
+        ref = stats["float64"][1]
+        for _, chosen in stats.values():
+            bad |= (chosen != ref).any(-1).any(0)
+        if not bool(bad.any()):
+            return margins, n, True
+        if n >= max_resamples:
+            return margins, n, False
+        for b in range(worst.shape[0]):
+            if not bool(bad[b].any()):
+                continue
+            t = int(bad[b].nonzero()[0])
+            old = batch["input_ids"][b][t]
+            new = (old + 1 + int(torch.randint(0, V - 1, (1,), generator=gen))) % V  # another id, uniformly
+            batch["input_ids"][b][t] = new
+            if batch["labels"][b][t] != IGNORE_INDEX:
+                batch["labels"][b][t] = new
+            n += 1
+
+
+ROUTE_MARGIN_MIN = 1e-3
+ROUTE_ATTEMPTS = 50
+
+
+def parse_int_list(s):
+    s = (s or "").strip()
+    try:
+        return [int(x) for x in s.split(",") if x.strip()] if s else []
+    except ValueError:
+        raise RefError(f"expected a comma list of integers, got {s!r}")
+
+
 def cmd_make(a):
     if a.arch in QWEN35_FORMS:
         return cmd_make_qwen35(a)
+    moe = a.arch == "qwen3_moe"
+    if not moe and (a.fused_experts or a.norm_topk_prob or a.mlp_only_layers):
+        raise RefError("--fused-experts / --norm-topk-prob / --mlp-only-layers: qwen3_moe only")
     if a.vocab < 3:
         raise RefError("--vocab must be >= 3")
     if a.seq < 2 or a.batch < 1:
@@ -578,23 +844,68 @@ def cmd_make(a):
         raise RefError("qwen2 has no head_dim key: head_dim must be hidden / heads")
     if a.arch == "qwen2" and (a.attention_bias or a.mlp_bias):
         raise RefError("qwen2 biases are fixed (q/k/v yes, o no, mlp no)")
-    if a.arch == "qwen3" and a.mlp_bias:
-        raise RefError("qwen3 has no mlp_bias")
+    if a.arch in ("qwen3", "qwen3_moe") and a.mlp_bias:
+        raise RefError(f"{a.arch} has no mlp_bias")
+    moe_conf = None
+    if moe:
+        mlp_only = parse_int_list(a.mlp_only_layers)
+        if any(not 0 <= l < a.layers for l in mlp_only):
+            raise RefError(f"--mlp-only-layers {mlp_only}: layers are 0 .. {a.layers - 1}")
+        if a.experts < 1 or not 1 <= a.experts_per_tok <= a.experts or a.moe_intermediate < 1:
+            raise RefError("need --experts >= 1, 1 <= --experts-per-tok <= --experts, --moe-intermediate >= 1")
+        if a.decoder_sparse_step < 1:
+            raise RefError("--decoder-sparse-step must be >= 1")
+        moe_conf = {"num_experts": a.experts, "num_experts_per_tok": a.experts_per_tok,
+                    "moe_intermediate_size": a.moe_intermediate, "norm_topk_prob": bool(a.norm_topk_prob),
+                    "decoder_sparse_step": a.decoder_sparse_step, "mlp_only_layers": mlp_only}
     kv = a.kv_heads if a.kv_heads is not None else a.heads
     eps = a.rms_norm_eps if a.rms_norm_eps is not None else (1e-5 if a.arch == "llama" else 1e-6)
     theta = a.rope_theta if a.rope_theta is not None else (500000.0 if a.arch == "llama" else 1000000.0)
     conf = make_config(a.arch, a.layers, a.hidden, a.heads, kv, hd, a.intermediate, a.vocab, a.tie, a.dtype,
-                       eps, theta, a.max_position_embeddings, a.attention_bias, a.mlp_bias, a.config_style)
-    cfg = Cfg(conf)
-    gen = torch.Generator().manual_seed(a.seed)
-    P = random_params(cfg, gen)
+                       eps, theta, a.max_position_embeddings, a.attention_bias, a.mlp_bias, a.config_style, moe_conf)
+    cfg = Cfg(conf)  # per-expert layout: the draw is the same for --fused-experts
+    extra = {}
+    seed = a.seed
+    for attempt in range(ROUTE_ATTEMPTS if moe else 1):
+        # qwen3_moe: where a token's routing is within ROUTE_MARGIN_MIN of a tie (f32 and float64 might choose
+        # different experts) the token is drawn again (fix_route_ties); should that not settle it, parameters and
+        # batch are drawn again from a derived seed.
+        seed = a.seed + 7919 * attempt
+        gen = torch.Generator().manual_seed(seed)
+        P = random_params(cfg, gen)
+        batch = make_batch(gen, a.batch, a.seq, a.vocab, a.docs)
+        if not moe:
+            break
+        margins, resampled, ok = fix_route_ties(cfg, P, batch, ST_DTYPE[a.dtype], gen, 8 * a.batch * a.seq)
+        if ok:
+            break
+        print(f"make: seed {seed}: a routing tie (margin {min(float(m.min()) for m in margins.values()):.3e}, "
+              f"bound {ROUTE_MARGIN_MIN:.0e}) or variants routing apart after {resampled} tokens drawn again; "
+              f"drawing all again", file=sys.stderr)
+    else:
+        raise RefError(f"no draw in {ROUTE_ATTEMPTS} (seeds {a.seed} + 7919·i) keeps every token's routing "
+                       f"{ROUTE_MARGIN_MIN:.0e} away from a tie; use fewer tokens, experts or another --seed")
+    if moe:
+        extra = {"seed_used": seed, "attempts": attempt + 1, "tokens_resampled": resampled,
+                 "sparse_layers": [i for i in range(cfg.layers) if cfg.sparse[i]],
+                 "fused_experts": bool(a.fused_experts)}
+        if margins is not None:
+            mins = {k: float(v.min()) for k, v in margins.items()}
+            extra["min_route_margin"] = min(mins.values())
+            extra["route_margins"] = {k: float(f"{v:.6g}") for k, v in mins.items()}
+    n_params = sum(t.numel() for t in P.values())
+    n_tensors = len(P)
+    if moe and a.fused_experts:
+        P = fuse_experts(cfg, P)
     save_model_dir(a.out, conf, P, ST_DTYPE[a.dtype], a.shards)
-    batch = make_batch(gen, a.batch, a.seq, a.vocab, a.docs)
     with open(os.path.join(a.out, "batch.json"), "w") as f:
         f.write(json.dumps(batch, separators=(",", ":")) + "\n")
-    n_params = sum(t.numel() for t in P.values())
-    print(json.dumps({"out": a.out, "arch": a.arch, "params": n_params, "tensors": len(P),
-                      "counted": sum(1 for r in batch["labels"] for l in r[1:] if l != IGNORE_INDEX)}))
+    out = {"out": a.out, "arch": a.arch, "params": n_params, "tensors": len(P),
+           "counted": sum(1 for r in batch["labels"] for l in r[1:] if l != IGNORE_INDEX)}
+    if moe:
+        out["per_expert_tensors"] = n_tensors
+    out.update(extra)
+    print(json.dumps(out))
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -636,6 +947,8 @@ def cmd_grad(a):
     for name, t in P.items():
         g = t.grad if t.grad is not None else torch.zeros_like(t)
         grads[name] = g.detach().to(torch.float32)
+    if getattr(cfg, "fused_experts", False):  # LazyTrain's gradient dumps name experts one by one
+        grads = unfuse_experts(cfg, grads)
     d = os.path.dirname(os.path.abspath(a.out))
     os.makedirs(d, exist_ok=True)
     write_safetensors(a.out, grads, dtype="F32")
@@ -650,11 +963,21 @@ def cmd_grad(a):
 #   qwen3_5     text-only: model_type qwen3_5_text, Qwen3_5ForCausalLM, weights under model.
 #   qwen3_5_vl  released:  model_type qwen3_5 (text in text_config), Qwen3_5ForConditionalGeneration, text weights
 #               under model.language_model., plus model.visual.* and mtp.* that the text model never uses.
+# The Mixture-of-Experts variant (transformers models/qwen3_5_moe, Qwen3.5 / Qwen3.6 35B-A3B ...; its sparse block is
+# qwen3_next's) has the same hybrid layers and the same two forms, with a sparse MLP in every layer: the qwen3_moe
+# router and routed SwiGLU experts with the top-k always renormalised, plus a shared SwiGLU expert scaled by
+# sigmoid(x · shared_expert_gateᵀ) (qwen35_moe_mlp):
+#   qwen3_5_moe_text  text-only: model_type qwen3_5_moe_text, Qwen3_5MoeForCausalLM, weights under model.
+#   qwen3_5_moe_vl    released:  model_type qwen3_5_moe (text_config qwen3_5_moe_text),
+#                     Qwen3_5MoeForConditionalGeneration, weights under model.language_model. (+ visual, mtp)
 
 QWEN35_FORMS = {
     "qwen3_5": ("qwen3_5_text", "Qwen3_5ForCausalLM", "model."),
     "qwen3_5_vl": ("qwen3_5", "Qwen3_5ForConditionalGeneration", "model.language_model."),
+    "qwen3_5_moe_text": ("qwen3_5_moe_text", "Qwen3_5MoeForCausalLM", "model."),
+    "qwen3_5_moe_vl": ("qwen3_5_moe", "Qwen3_5MoeForConditionalGeneration", "model.language_model."),
 }
+QWEN35_MOE_FORMS = ("qwen3_5_moe_text", "qwen3_5_moe_vl")
 LINEAR_ATTN, FULL_ATTN = "linear_attention", "full_attention"
 # Tensors that stay float32 in a half-precision Qwen3.5 checkpoint (as the released ones store them).
 QWEN35_F32_SUFFIXES = (".linear_attn.A_log", ".linear_attn.norm.weight")
@@ -672,36 +995,69 @@ def qwen35_mrope_section(rotary_dim):
 
 
 class Qwen35Cfg:
-    """A Qwen3.5 text model parsed from config.json (either form), with Qwen3_5TextConfig's defaults."""
+    """A Qwen3.5 text model parsed from config.json (any of the four forms), with Qwen3_5TextConfig's defaults
+    (Qwen3_5MoeTextConfig's for the MoE forms). fused_experts (MoE forms): the checkpoint holds transformers 5.x's
+    fused expert tensors (load_model_dir detects it from the tensor names)."""
 
-    def __init__(self, c):
+    def __init__(self, c, fused_experts=False):
         self.raw = c
         mt = c.get("model_type")
-        if mt == "qwen3_5":
+        outer = {"qwen3_5": ("qwen3_5_text", "qwen3_5_vl"), "qwen3_5_moe": ("qwen3_5_moe_text", "qwen3_5_moe_vl")}
+        if mt in outer:
+            inner, form = outer[mt]
             t = c.get("text_config")
             if not isinstance(t, dict):
-                raise RefError("model_type qwen3_5 without a text_config object")
-            if t.get("model_type", "qwen3_5_text") != "qwen3_5_text":
-                raise RefError(f"text_config.model_type {t.get('model_type')!r}, expected qwen3_5_text")
-            self.form, self.prefix = "qwen3_5_vl", "model.language_model."
+                raise RefError(f"model_type {mt} without a text_config object")
+            if t.get("model_type", inner) != inner:
+                raise RefError(f"text_config.model_type {t.get('model_type')!r}, expected {inner}")
+            self.form, self.prefix = form, "model.language_model."
             # The outer config owns tie_word_embeddings for Qwen3_5ForConditionalGeneration; fall back to
             # text_config's (make writes the same value in both).
             self.tie = bool(c.get("tie_word_embeddings", t.get("tie_word_embeddings", False)))
-        elif mt == "qwen3_5_text":
+        elif mt in ("qwen3_5_text", "qwen3_5_moe_text"):
             t = c
-            self.form, self.prefix = "qwen3_5", "model."
+            self.form, self.prefix = ("qwen3_5" if mt == "qwen3_5_text" else "qwen3_5_moe_text"), "model."
             self.tie = bool(t.get("tie_word_embeddings", False))
         else:
             raise RefError(f"model_type {mt!r} is not a Qwen3.5 model")
         self.arch = self.form
         self.text = t
-        self.vocab = int(t.get("vocab_size", 248320))
-        self.hidden = int(t.get("hidden_size", 4096))
-        self.inter = int(t.get("intermediate_size", 12288))
-        self.layers = int(t.get("num_hidden_layers", 32))
-        self.heads = int(t.get("num_attention_heads", 16))
-        self.kv_heads = int(t.get("num_key_value_heads") or 4)
-        self.head_dim = int(t.get("head_dim") or 256)
+        self.moe = self.form in QWEN35_MOE_FORMS
+        self.fused_experts = bool(fused_experts)
+        if self.fused_experts and not self.moe:
+            raise RefError(f"fused experts in a {self.form} model")
+        if self.moe:  # Qwen3_5MoeTextConfig's defaults (Qwen3.5-35B-A3B)
+            self.vocab = int(t.get("vocab_size", 248320))
+            self.hidden = int(t.get("hidden_size", 2048))
+            self.inter = None  # no dense MLP: every layer is sparse
+            self.layers = int(t.get("num_hidden_layers", 40))
+            self.heads = int(t.get("num_attention_heads", 16))
+            self.kv_heads = int(t.get("num_key_value_heads") or 2)
+            self.head_dim = int(t.get("head_dim") or 256)
+            self.experts = int(t.get("num_experts", 256))
+            self.top_k = int(t.get("num_experts_per_tok", 8))
+            self.moe_inter = int(t.get("moe_intermediate_size", 512))
+            self.shared_inter = int(t.get("shared_expert_intermediate_size", 512))
+            # No norm_topk_prob key: Qwen3_5MoeTopKRouter always divides the top-k probabilities by their sum.
+            # (intermediate_size, decoder_sparse_step, mlp_only_layers and norm_topk_prob are not attributes of
+            # Qwen3_5MoeTextConfig; the model ignores them if a config.json carries them.)
+            self.norm_topk_prob = True
+            if not (self.experts >= 1 and 1 <= self.top_k <= self.experts and self.moe_inter >= 1
+                    and self.shared_inter >= 1):
+                raise RefError("qwen3_5_moe needs num_experts >= 1, 1 <= num_experts_per_tok <= num_experts, "
+                               "moe_intermediate_size >= 1 and shared_expert_intermediate_size >= 1")
+            if t.get("output_router_logits", False) and float(t.get("router_aux_loss_coef", 0.001)) != 0.0:
+                raise RefError("output_router_logits true (the router auxiliary loss) is not supported by the "
+                               "reference")
+        else:
+            self.vocab = int(t.get("vocab_size", 248320))
+            self.hidden = int(t.get("hidden_size", 4096))
+            self.inter = int(t.get("intermediate_size", 12288))
+            self.layers = int(t.get("num_hidden_layers", 32))
+            self.heads = int(t.get("num_attention_heads", 16))
+            self.kv_heads = int(t.get("num_key_value_heads") or 4)
+            self.head_dim = int(t.get("head_dim") or 256)
+        self.sparse = [self.moe] * self.layers
         self.lin_k_heads = int(t.get("linear_num_key_heads", 16))
         self.lin_v_heads = int(t.get("linear_num_value_heads", 32))
         self.lin_k_dim = int(t.get("linear_key_head_dim", 128))
@@ -742,6 +1098,37 @@ class Qwen35Cfg:
         """Checkpoint tensors the text model does not use (transformers: _keys_to_ignore_on_load_unexpected)."""
         return name.startswith("mtp.") or name.startswith("model.visual.")
 
+    def with_layout(self, fused):
+        """The same config with the per-expert (fused=False) or fused expert tensor layout (MoE forms)."""
+        return Qwen35Cfg(self.raw, fused_experts=fused)
+
+    def detect_layout(self, names):
+        """MoE forms: fused iff the text model's tensors include transformers 5.x's mlp.experts.gate_up_proj."""
+        if self.moe:
+            self.fused_experts = any(n.startswith(self.prefix) and n.endswith(".mlp.experts.gate_up_proj")
+                                     for n in names)
+
+    def moe_mlp_shapes(self, p, fused):
+        """A sparse MoE block's tensors under layer prefix p, in module order (Qwen3NextSparseMoeBlock: the router
+        gate, the experts, the shared expert, its gate): per-expert (the released per-expert / FP8 checkpoints,
+        transformers 4.x) or fused (transformers 5.x: gate_up_proj [E, 2·Ie, C], gate rows first; down_proj
+        [E, C, Ie])."""
+        C, E, Ie, Is = self.hidden, self.experts, self.moe_inter, self.shared_inter
+        s = {p + "mlp.gate.weight": (E, C)}
+        if fused:
+            s[p + "mlp.experts.gate_up_proj"] = (E, 2 * Ie, C)
+            s[p + "mlp.experts.down_proj"] = (E, C, Ie)
+        else:
+            for e in range(E):
+                s[p + f"mlp.experts.{e}.gate_proj.weight"] = (Ie, C)
+                s[p + f"mlp.experts.{e}.up_proj.weight"] = (Ie, C)
+                s[p + f"mlp.experts.{e}.down_proj.weight"] = (C, Ie)
+        s[p + "mlp.shared_expert.gate_proj.weight"] = (Is, C)
+        s[p + "mlp.shared_expert.up_proj.weight"] = (Is, C)
+        s[p + "mlp.shared_expert.down_proj.weight"] = (C, Is)
+        s[p + "mlp.shared_expert_gate.weight"] = (1, C)
+        return s
+
     def param_shapes(self):
         C, D, H, K, I, V = self.hidden, self.head_dim, self.heads, self.kv_heads, self.inter, self.vocab
         Hk, Hv, dk, dv, ck = self.lin_k_heads, self.lin_v_heads, self.lin_k_dim, self.lin_v_dim, self.conv_kernel
@@ -779,6 +1166,9 @@ class Qwen35Cfg:
                 s[a + "q_norm.weight"] = (D,)
                 s[a + "k_norm.weight"] = (D,)
             s[p + "post_attention_layernorm.weight"] = (C,)
+            if self.moe:
+                s.update(self.moe_mlp_shapes(p, self.fused_experts))
+                continue
             s[p + "mlp.gate_proj.weight"] = (I, C)
             s[p + "mlp.up_proj.weight"] = (I, C)
             s[p + "mlp.down_proj.weight"] = (C, I)
@@ -788,17 +1178,20 @@ class Qwen35Cfg:
         return s
 
 
-def qwen35_vision_config(text_hidden):
-    """A tiny vision_config in the released layout (the released one has depth 27 / 24, hidden 1152 / 1024 ...)."""
+def qwen35_vision_config(text_hidden, model_type="qwen3_5"):
+    """A tiny vision_config in the released layout (the released one has depth 27 / 24, hidden 1152 / 1024 ...).
+    model_type as the released checkpoints write it (the outer one: qwen3_5, qwen3_5_moe)."""
     return {"deepstack_visual_indexes": [], "depth": 1, "hidden_act": "gelu_pytorch_tanh", "hidden_size": 16,
-            "in_channels": 3, "initializer_range": 0.02, "intermediate_size": 32, "model_type": "qwen3_5",
+            "in_channels": 3, "initializer_range": 0.02, "intermediate_size": 32, "model_type": model_type,
             "num_heads": 2, "num_position_embeddings": 16, "out_hidden_size": text_hidden, "patch_size": 4,
             "spatial_merge_size": 2, "temporal_patch_size": 2}
 
 
 def qwen35_extra_shapes(cfg, vis):
     """model.visual.* (Qwen3_5VisionModel) and mtp.* (the multi-token-prediction head of the released
-    checkpoints: one full-attention layer) tensor shapes; stored, never used by the text model."""
+    checkpoints: one full-attention layer; for the MoE forms with a sparse MoE block, its experts one tensor each
+    here -- make fuses them with the text model's for --fused-experts) tensor shapes; stored, never used by the
+    text model."""
     vh, vi, ps, tp, ch = vis["hidden_size"], vis["intermediate_size"], vis["patch_size"], vis["temporal_patch_size"], \
         vis["in_channels"]
     mh = vh * vis["spatial_merge_size"] ** 2
@@ -822,8 +1215,12 @@ def qwen35_extra_shapes(cfg, vis):
     s.update({p + "input_layernorm.weight": (C,), p + "self_attn.q_proj.weight": (2 * H * D, C),
               p + "self_attn.k_proj.weight": (K * D, C), p + "self_attn.v_proj.weight": (K * D, C),
               p + "self_attn.o_proj.weight": (C, H * D), p + "self_attn.q_norm.weight": (D,),
-              p + "self_attn.k_norm.weight": (D,), p + "post_attention_layernorm.weight": (C,),
-              p + "mlp.gate_proj.weight": (I, C), p + "mlp.up_proj.weight": (I, C), p + "mlp.down_proj.weight": (C, I)})
+              p + "self_attn.k_norm.weight": (D,), p + "post_attention_layernorm.weight": (C,)})
+    if cfg.moe:
+        s.update(cfg.moe_mlp_shapes(p, False))
+    else:
+        s.update({p + "mlp.gate_proj.weight": (I, C), p + "mlp.up_proj.weight": (I, C),
+                  p + "mlp.down_proj.weight": (C, I)})
     s["mtp.norm.weight"] = (C,)
     return s
 
@@ -872,22 +1269,30 @@ def qwen35_make_config(form, a, layer_types, write_layer_types):
     }
     if write_layer_types:
         t["layer_types"] = list(layer_types)
+    if form in QWEN35_MOE_FORMS:
+        # As the released Qwen3.5-35B-A3B text_config: no intermediate_size (every layer sparse), no norm_topk_prob
+        # (always renormalised); router_aux_loss_coef 0.001, no aux loss while output_router_logits is false.
+        del t["intermediate_size"]
+        t.update({"model_type": "qwen3_5_moe_text", "moe_intermediate_size": a.moe_intermediate,
+                  "num_experts": a.experts, "num_experts_per_tok": a.experts_per_tok, "output_router_logits": False,
+                  "router_aux_loss_coef": 0.001, "shared_expert_intermediate_size": a.shared_intermediate})
+    outer_type, arch, _ = QWEN35_FORMS[form]
     version = "4.57.0.dev0"
-    if form == "qwen3_5":
-        t["architectures"] = ["Qwen3_5ForCausalLM"]
+    if form in ("qwen3_5", "qwen3_5_moe_text"):
+        t["architectures"] = [arch]
         t["transformers_version"] = version
         return t
     t["mtp_num_hidden_layers"] = 1
     t["mtp_use_dedicated_embeddings"] = False
     return {
-        "architectures": ["Qwen3_5ForConditionalGeneration"],
+        "architectures": [arch],
         "image_token_id": V - 4,
-        "model_type": "qwen3_5",
+        "model_type": outer_type,
         "text_config": t,
         "tie_word_embeddings": a.tie,
         "transformers_version": version,
         "video_token_id": V - 3,
-        "vision_config": qwen35_vision_config(a.hidden),
+        "vision_config": qwen35_vision_config(a.hidden, outer_type),
         "vision_end_token_id": V - 5,
         "vision_start_token_id": V - 6,
     }
@@ -1084,10 +1489,27 @@ def gated_attention(cfg, P, a, h, cos, sin, mask, lin=F.linear, keep=keep_f32):
     return linear(o, P, a + "o_proj", ab, lin)
 
 
+def qwen35_moe_mlp(cfg, P, p, h, lin=F.linear, keep=keep_f32, routes=None):
+    """The Qwen3.5-MoE sparse block (Qwen3NextSparseMoeBlock) on h [B, T, C] (the kept post-attention norm output):
+    routed = the qwen3_moe routed experts (moe_mlp; cfg.norm_topk_prob is always true here: the top-k
+    probabilities renormalised); shared = down_s(silu(gate_s h) · up_s h), with gate_s, up_s and their product
+    kept as the dense MLP keeps them (the down projection's output is not stored); the shared expert's gate
+    logit l = h · shared_expert_gateᵀ [B, T, 1] (a linear layer: the bf16 GEMM emulation applies; never rounded
+    by the storage emulation, a gate stays f32). Output routed + sigmoid(l) · shared, in that order."""
+    routed = moe_mlp(cfg, P, p, h, lin, keep, routes)
+    q = p + "mlp.shared_expert."
+    gs = keep(lin(h, P[q + "gate_proj.weight"]))
+    us = keep(lin(h, P[q + "up_proj.weight"]))
+    shared = lin(keep(F.silu(gs) * us), P[q + "down_proj.weight"])
+    logit = lin(h, P[p + "mlp.shared_expert_gate.weight"])
+    return routed + torch.sigmoid(logit) * shared
+
+
 def qwen35_forward(cfg, P, input_ids, position_ids, packed, rope_precision="hf", delta_impl="recurrent",
-                   lin=F.linear, keep=keep_f32):
+                   lin=F.linear, keep=keep_f32, routes=None):
     """Logits [B, T, V] of the Qwen3.5 text model in the compute dtype of P. lin: the linear layers' (and
-    lm_head's) function; keep: the activation storage's (keep_for)."""
+    lm_head's) function; keep: the activation storage's (keep_for); routes (MoE forms): a list that gets
+    (layer prefix, router probs [B·T, E]) per layer."""
     m = cfg.prefix
     dt = P[m + "embed_tokens.weight"].dtype
     x = keep(F.embedding(input_ids, P[m + "embed_tokens.weight"]))
@@ -1103,6 +1525,9 @@ def qwen35_forward(cfg, P, input_ids, position_ids, packed, rope_precision="hf",
         else:
             x = keep(x + gated_attention(cfg, P, p + "self_attn.", h, cos, sin, mask, lin, keep))
         h = keep(zc_rms_norm(x, P[p + "post_attention_layernorm.weight"], cfg.eps))
+        if cfg.moe:
+            x = keep(x + qwen35_moe_mlp(cfg, P, p, h, lin, keep, routes))
+            continue
         gt = keep(lin(h, P[p + "mlp.gate_proj.weight"]))
         u = keep(lin(h, P[p + "mlp.up_proj.weight"]))
         x = keep(x + lin(keep(F.silu(gt) * u), P[p + "mlp.down_proj.weight"]))
@@ -1169,10 +1594,31 @@ def parse_layer_types(s, layers):
     return out
 
 
+def fuse_named_experts(T, experts):
+    """Any dict's per-expert tensors (X.mlp.experts.{e}.{gate,up,down}_proj.weight, e < experts) -> the fused
+    X.mlp.experts.gate_up_proj / down_proj (as fuse_experts), put where expert 0's gate_proj was; the rest as is.
+    For tensors outside a config's param_shapes (the qwen3_5_moe_vl form's mtp.* layer)."""
+    out = {}
+    for n, t in T.items():
+        if ".mlp.experts." not in n:
+            out[n] = t
+            continue
+        p, rest = n.split(".mlp.experts.")
+        if rest != "0.gate_proj.weight":
+            continue
+        q = p + ".mlp.experts."
+        out[q + "gate_up_proj"] = torch.stack([torch.cat((T[q + f"{e}.gate_proj.weight"], T[q + f"{e}.up_proj.weight"]))
+                                               for e in range(experts)])
+        out[q + "down_proj"] = torch.stack([T[q + f"{e}.down_proj.weight"] for e in range(experts)]).contiguous()
+    return out
+
+
 def cmd_make_qwen35(a):
     form = a.arch
-    if a.vocab < (8 if form == "qwen3_5_vl" else 3):
-        raise RefError("--vocab must be >= 3 (qwen3_5_vl: >= 8, for the special token ids)")
+    vl = form in ("qwen3_5_vl", "qwen3_5_moe_vl")
+    moe = form in QWEN35_MOE_FORMS
+    if a.vocab < (8 if vl else 3):
+        raise RefError("--vocab must be >= 3 (qwen3_5_vl, qwen3_5_moe_vl: >= 8, for the special token ids)")
     if a.seq < 2 or a.batch < 1:
         raise RefError("--seq must be >= 2 and --batch >= 1")
     if not 1 <= a.docs <= a.seq:
@@ -1185,47 +1631,88 @@ def cmd_make_qwen35(a):
         raise RefError("--hidden not divisible by --heads: give --head-dim")
     if a.full_attention_interval < 1:
         raise RefError("--full-attention-interval must be >= 1")
+    if not moe and a.fused_experts:
+        raise RefError("--fused-experts: qwen3_moe, qwen3_5_moe_text, qwen3_5_moe_vl only")
+    if moe:
+        if a.norm_topk_prob or a.mlp_only_layers or a.decoder_sparse_step != 1:
+            raise RefError("qwen3_5_moe has no norm_topk_prob (always renormalised), mlp_only_layers or "
+                           "decoder_sparse_step (every layer sparse)")
+        if a.experts < 1 or not 1 <= a.experts_per_tok <= a.experts or a.moe_intermediate < 1 \
+                or a.shared_intermediate < 1:
+            raise RefError("need --experts >= 1, 1 <= --experts-per-tok <= --experts, --moe-intermediate >= 1, "
+                           "--shared-intermediate >= 1")
     derived = qwen35_layer_types_from_interval(a.layers, a.full_attention_interval)
     layer_types = parse_layer_types(a.layer_types, a.layers) if a.layer_types else derived
     if a.omit_layer_types and layer_types != derived:
         raise RefError("--omit-layer-types: the layer types must then be the --full-attention-interval pattern")
     conf = qwen35_make_config(form, a, layer_types, not a.omit_layer_types)
-    cfg = Qwen35Cfg(conf)  # validates (head multiples, even rotary dims ...)
-    assert cfg.layer_types == layer_types
-    gen = torch.Generator().manual_seed(a.seed)
-    P = qwen35_random_params(cfg, gen)
-    extras = {}
-    if form == "qwen3_5_vl":
-        extras = qwen35_random_extras(qwen35_extra_shapes(cfg, conf["vision_config"]), gen)
-    allp = dict(P)
-    allp.update(extras)
+    cfg = Qwen35Cfg(conf)  # validates (head multiples, even rotary dims ...); per-expert layout: the draw is the
+    assert cfg.layer_types == layer_types  # same for --fused-experts
     st = ST_DTYPE[a.dtype]
-    dtypes = {n: ("F32" if st != "F32" and n.endswith(QWEN35_F32_SUFFIXES) else st) for n in allp}
+    for attempt in range(ROUTE_ATTEMPTS if moe else 1):
+        # MoE forms: tokens routed within ROUTE_MARGIN_MIN of a tie are drawn again (fix_route_ties), and should
+        # that not settle it, everything is drawn again from a derived seed (as for qwen3_moe).
+        seed = a.seed + 7919 * attempt
+        gen = torch.Generator().manual_seed(seed)
+        P = qwen35_random_params(cfg, gen)
+        extras = {}
+        if vl:
+            extras = qwen35_random_extras(qwen35_extra_shapes(cfg, conf["vision_config"]), gen)
+        allp = dict(P)
+        allp.update(extras)
+        dtypes = {n: ("F32" if st != "F32" and n.endswith(QWEN35_F32_SUFFIXES) else st) for n in allp}
+        batch = make_batch(gen, a.batch, a.seq, a.vocab, a.docs)
+        if not moe:
+            break
+        margins, resampled, ok = fix_route_ties(cfg, P, batch, dtypes, gen, 8 * a.batch * a.seq)
+        if ok:
+            break
+        print(f"make: seed {seed}: a routing tie (margin {min(float(m.min()) for m in margins.values()):.3e}, "
+              f"bound {ROUTE_MARGIN_MIN:.0e}) or variants routing apart after {resampled} tokens drawn again; "
+              f"drawing all again", file=sys.stderr)
+    else:
+        raise RefError(f"no draw in {ROUTE_ATTEMPTS} (seeds {a.seed} + 7919·i) keeps every token's routing "
+                       f"{ROUTE_MARGIN_MIN:.0e} away from a tie; use fewer tokens, experts or another --seed")
+    n_params, n_tensors = sum(t.numel() for t in P.values()), len(P)
+    if moe and a.fused_experts:
+        P = fuse_experts(cfg, P)
+        extras = fuse_named_experts(extras, cfg.experts)
+        allp = dict(P)
+        allp.update(extras)
+        dtypes = {n: ("F32" if st != "F32" and n.endswith(QWEN35_F32_SUFFIXES) else st) for n in allp}
     save_model_dir(a.out, conf, allp, dtypes, a.shards)
-    batch = make_batch(gen, a.batch, a.seq, a.vocab, a.docs)
     with open(os.path.join(a.out, "batch.json"), "w") as f:
         f.write(json.dumps(batch, separators=(",", ":")) + "\n")
-    print(json.dumps({"out": a.out, "arch": form, "params": sum(t.numel() for t in P.values()), "tensors": len(P),
-                      "ignored_tensors": len(extras), "layer_types": layer_types,
-                      "counted": sum(1 for r in batch["labels"] for l in r[1:] if l != IGNORE_INDEX)}))
+    out = {"out": a.out, "arch": form, "params": n_params, "tensors": len(P), "ignored_tensors": len(extras),
+           "layer_types": layer_types, "counted": sum(1 for r in batch["labels"] for l in r[1:] if l != IGNORE_INDEX)}
+    if moe:
+        out.update({"per_expert_tensors": n_tensors, "seed_used": seed, "attempts": attempt + 1,
+                    "tokens_resampled": resampled, "fused_experts": bool(a.fused_experts)})
+        if margins is not None:
+            mins = {k: float(v.min()) for k, v in margins.items()}
+            out["min_route_margin"] = min(mins.values())
+            out["route_margins"] = {k: float(f"{v:.6g}") for k, v in mins.items()}
+    print(json.dumps(out))
 
 
 def parse_config(c):
-    """Cfg (qwen2 / qwen3 / llama) or Qwen35Cfg (qwen3_5_text / qwen3_5) from a config.json dict."""
-    if c.get("model_type") in ("qwen3_5", "qwen3_5_text"):
+    """Cfg (qwen2 / qwen3 / llama / qwen3_moe) or Qwen35Cfg (qwen3_5_text / qwen3_5 / qwen3_5_moe_text /
+    qwen3_5_moe) from a config.json dict."""
+    if c.get("model_type") in ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"):
         return Qwen35Cfg(c)
     return Cfg(c)
 
 
 def model_forward(cfg, P, ids, pos, packed, rope_precision="hf", delta_impl="recurrent", emulate_bf16=False,
-                  emulate_storage=False):
+                  emulate_storage=False, routes=None):
     """Logits [B, T, V]. emulate_bf16: every linear layer and the lm_head with LazyTrain's bf16 GEMM rounding
     (bf16_linear); emulate_storage: its bf16 activation storage (keep_bf16); everything else in the compute
-    dtype of P."""
+    dtype of P. routes (qwen3_moe, qwen3_5_moe forms): a list that gets (layer prefix, router probs [B·T, E]) per
+    sparse layer."""
     lin, keep = gemm_for(emulate_bf16), keep_for(emulate_storage)
     if isinstance(cfg, Qwen35Cfg):
-        return qwen35_forward(cfg, P, ids, pos, packed, rope_precision, delta_impl, lin, keep)
-    return forward(cfg, P, ids, pos, packed, rope_precision, lin, keep)
+        return qwen35_forward(cfg, P, ids, pos, packed, rope_precision, delta_impl, lin, keep, routes)
+    return forward(cfg, P, ids, pos, packed, rope_precision, lin, keep, routes)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -1348,6 +1835,226 @@ def cmd_fdcheck(a):
           f"worst rel err {worst:.2e} (entries |g| > {10 * a.atol:.0e}); loss {float(loss):.12g}; "
           f"criterion |fd - ad| <= {a.atol:.0e} + {a.rtol:.0e}·|g|, h = {a.h:.0e}")
     return 1 if fails else 0
+
+
+def moe_mlp_dense(cfg, P, p, h, keep=keep_f32):
+    """moe_mlp written the other way round (selfcheck-moe): every expert on every token, the routing as a dense
+    [N, E] weight matrix (zero where not chosen). Same router; float64 only (no GEMM emulation)."""
+    B, T, C = h.shape
+    x = h.reshape(B * T, C)
+    _, ids, w = moe_route(cfg, F.linear(x, P[p + "mlp.gate.weight"]))
+    M = torch.zeros(B * T, cfg.experts, dtype=x.dtype).scatter(1, ids, w)
+    out = torch.zeros_like(x)
+    for e in range(cfg.experts):
+        wg, wu, wd = expert_weights(cfg, P, p, e)
+        he = keep(F.silu(keep(x @ wg.t())) * keep(x @ wu.t()))
+        out = out + M[:, e:e + 1] * (he @ wd.t())
+    return out.view(B, T, C)
+
+
+def _loss_grads(cfg, W, ids, labels, pos, packed, gemm, storage):
+    P = {n: t.to(torch.float64).clone().requires_grad_(True) for n, t in W.items()}
+    loss, _ = causal_lm_loss(model_forward(cfg, P, ids, pos, packed, emulate_bf16=gemm, emulate_storage=storage),
+                             labels)
+    loss.backward()
+    G = {n: (t.grad if t.grad is not None else torch.zeros_like(t)).detach() for n, t in P.items()}
+    return float(loss), G
+
+
+def cmd_selfcheck_moe(a):
+    """qwen3_moe self-checks, float64, independent of LazyTrain:
+      1. moe_mlp (routed rows gathered per expert, index_add) == moe_mlp_dense (all experts on all tokens, a dense
+         routing matrix): outputs and gradients (input, router, experts), f32 and bf16 storage;
+      2. _ExpertDown with the identity for its rounding == autograd of w · (h W_downᵀ);
+      3. a per-expert and a fused checkpoint of the same parameters (written and read back) give the same loss and,
+         after splitting the fused gradients, the same per-expert gradients, for the float64 reference and each
+         emulation (bf16 GEMMs, bf16 storage, both);
+      4. the same for qwen3_5_moe (_selfcheck_qwen35_moe): routed + shared expert vs the dense formulation,
+         per-expert vs fused and text-only vs vision-language checkpoints."""
+    import tempfile
+    torch.manual_seed(a.seed)
+    dt = torch.float64
+    worst = 0.0
+    lines = []
+    for renorm in (False, True):
+        conf = make_config("qwen3_moe", 3, 24, 4, 2, 8, 30, 53, False, "float32", 1e-6, 1e6, 4096, False, False,
+                           "classic", {"num_experts": 5, "num_experts_per_tok": 2, "moe_intermediate_size": 10,
+                                       "norm_topk_prob": renorm, "decoder_sparse_step": 1, "mlp_only_layers": [1]})
+        cfg = Cfg(conf)
+        gen = torch.Generator().manual_seed(a.seed + renorm)
+        P = random_params(cfg, gen)
+        # 1. routed vs dense, on a random normed input of layer 0
+        p = "model.layers.0."
+        for keep in (keep_f32, keep_bf16):
+            h0 = torch.randn(2, 19, cfg.hidden, dtype=dt)
+            outs, grads = [], []
+            for fn in (moe_mlp, moe_mlp_dense):
+                X = {n: t.to(dt).clone().requires_grad_(True) for n, t in P.items() if n.startswith(p + "mlp.")}
+                h = h0.clone().requires_grad_(True)
+                o = fn(cfg, X, p, h, keep=keep)
+                r = torch.randn(o.shape, generator=torch.Generator().manual_seed(5), dtype=dt)
+                (o * r).sum().backward()
+                outs.append(o.detach())
+                grads.append([h.grad] + [X[n].grad for n in sorted(X)])
+            e_out = _max_rel(outs[0], outs[1])
+            e_grad = max(_max_rel(x, y) for x, y in zip(grads[0], grads[1]))
+            worst = max(worst, e_out, e_grad)
+            lines.append(f"routed vs dense experts (norm_topk_prob={renorm}, storage "
+                         f"{'bf16' if keep is keep_bf16 else 'f32'}): out max rel {e_out:.2e}, "
+                         f"grad max rel {e_grad:.2e}")
+        # 2. the down/combine Function without rounding vs autograd
+        hh = torch.randn(13, 10, dtype=dt)
+        wd = torch.randn(24, 10, dtype=dt)
+        ww = torch.rand(13, dtype=dt)
+        dz = torch.randn(13, 24, dtype=dt)
+        res = []
+        for use_fn in (True, False):
+            L = [t.clone().requires_grad_(True) for t in (hh, wd, ww)]
+            y = _ExpertDown.apply(L[0], L[1], L[2], lambda t: t) if use_fn else F.linear(L[0], L[1]) * L[2][:, None]
+            (y * dz).sum().backward()
+            res.append([y.detach()] + [t.grad for t in L])
+        e_fn = max(_max_rel(x, y) for x, y in zip(res[0], res[1]))
+        worst = max(worst, e_fn)
+        lines.append(f"_ExpertDown (no rounding) vs autograd (norm_topk_prob={renorm}): max rel {e_fn:.2e}")
+        # 3. per-expert vs fused checkpoints
+        batch = make_batch(gen, 2, 17, cfg.vocab, 1)
+        with tempfile.TemporaryDirectory(prefix="lt_moe_selfcheck_") as tmp:
+            dirs = {}
+            for fused in (False, True):
+                d = os.path.join(tmp, "fused" if fused else "per_expert")
+                save_model_dir(d, conf, fuse_experts(cfg, P) if fused else P, "F32", 2)
+                dirs[fused] = d
+            ids = torch.tensor(batch["input_ids"])
+            labels = torch.tensor(batch["labels"])
+            pos = torch.arange(ids.shape[1])[None].expand_as(ids)
+            for gemm, storage in ((False, False), (True, False), (False, True), (True, True)):
+                res = {}
+                for fused, d in dirs.items():
+                    c2, W2, _ = load_model_dir(d)
+                    assert c2.fused_experts == fused
+                    loss, G = _loss_grads(c2, W2, ids, labels, pos, False, gemm, storage)
+                    res[fused] = (loss, unfuse_experts(c2, G) if fused else G)
+                (l0, G0), (l1, G1) = res[False], res[True]
+                if sorted(G0) != sorted(G1):
+                    raise RefError("per-expert and split fused gradients have different names")
+                e_loss = abs(l0 - l1) / abs(l0)
+                e_g = max(rel_l2(G1[n], G0[n]) for n in G0)
+                e_max = max(_max_rel(G1[n], G0[n]) for n in G0 if float(G0[n].abs().max()) > 0)
+                worst = max(worst, e_loss, e_g)
+                lines.append(f"per-expert vs fused checkpoint (norm_topk_prob={renorm}, gemm "
+                             f"{'bf16' if gemm else 'f64'}, storage {'bf16' if storage else 'f64'}): loss {l0:.15g} vs "
+                             f"{l1:.15g} (rel {e_loss:.2e}), grads worst rel-L2 {e_g:.2e}, max rel {e_max:.2e} "
+                             f"over {len(G0)} tensors")
+    worst = max(worst, _selfcheck_qwen35_moe(a, lines))
+    for ln in lines:
+        print(ln)
+    ok = worst <= a.tol
+    print(f"{'PASS' if ok else 'FAIL'}: qwen3_moe and qwen3_5_moe self-checks, worst {worst:.2e} (tol {a.tol:.0e})")
+    return 0 if ok else 1
+
+
+def qwen35_moe_mlp_dense(cfg, P, p, h, keep=keep_f32):
+    """qwen35_moe_mlp written the other way round (selfcheck-moe): moe_mlp_dense for the routed experts, the shared
+    expert as plain matmuls and its gate as an elementwise product summed over C. float64 only."""
+    q = p + "mlp.shared_expert."
+    gs = keep(h @ P[q + "gate_proj.weight"].t())
+    us = keep(h @ P[q + "up_proj.weight"].t())
+    shared = keep(F.silu(gs) * us) @ P[q + "down_proj.weight"].t()
+    gate = torch.sigmoid((h * P[p + "mlp.shared_expert_gate.weight"][0]).sum(-1, keepdim=True))
+    return moe_mlp_dense(cfg, P, p, h, keep) + gate * shared
+
+
+def qwen35_moe_test_args(form, **kw):
+    """The make options qwen35_make_config reads, for a tiny qwen3_5_moe model (selfcheck-moe)."""
+    import types
+    d = dict(arch=form, layers=3, hidden=24, heads=4, kv_heads=2, head_dim=8, intermediate=0, vocab=53, tie=False,
+             attention_bias=False, rms_norm_eps=None, rope_theta=None, max_position_embeddings=4096,
+             dtype="float32", full_attention_interval=2, linear_key_heads=1, linear_value_heads=2,
+             linear_key_dim=8, linear_value_dim=6, conv_kernel=4, partial_rotary_factor=0.5, experts=5,
+             experts_per_tok=2, moe_intermediate=10, shared_intermediate=12)
+    d.update(kw)
+    return types.SimpleNamespace(**d)
+
+
+def _selfcheck_qwen35_moe(a, lines):
+    """selfcheck-moe's qwen3_5_moe part, float64 (returns the worst difference, appends its lines):
+      1. qwen35_moe_mlp (routed rows + the shared expert) == qwen35_moe_mlp_dense: outputs and gradients (input,
+         router, experts, shared expert, its gate), f32 and bf16 storage;
+      2. per-expert and fused checkpoints (written and read back; the vision-language form with its visual and
+         mtp tensors) of the same parameters, and the text-only and vision-language forms (the same parameters
+         under model. and model.language_model.), give the same loss and, after splitting the fused gradients and
+         renaming, the same gradients: the float64 reference and each emulation (bf16 GEMMs, bf16 storage, both)."""
+    import tempfile
+    dt = torch.float64
+    worst = 0.0
+    layer_types = [LINEAR_ATTN, FULL_ATTN, LINEAR_ATTN]
+    conf_t = qwen35_make_config("qwen3_5_moe_text", qwen35_moe_test_args("qwen3_5_moe_text"), layer_types, True)
+    cfg = Qwen35Cfg(conf_t)
+    gen = torch.Generator().manual_seed(a.seed + 2)
+    P = qwen35_random_params(cfg, gen)
+    # 1. routed + shared vs dense, on a random normed input of layers 0 (Gated DeltaNet) and 1 (attention)
+    for p in ("model.layers.0.", "model.layers.1."):
+        for keep in (keep_f32, keep_bf16):
+            h0 = torch.randn(2, 19, cfg.hidden, dtype=dt)
+            outs, grads = [], []
+            for fn in (qwen35_moe_mlp, qwen35_moe_mlp_dense):
+                X = {n: t.to(dt).clone().requires_grad_(True) for n, t in P.items() if n.startswith(p + "mlp.")}
+                h = h0.clone().requires_grad_(True)
+                o = fn(cfg, X, p, h, keep=keep)
+                r = torch.randn(o.shape, generator=torch.Generator().manual_seed(5), dtype=dt)
+                (o * r).sum().backward()
+                outs.append(o.detach())
+                grads.append([h.grad] + [X[n].grad for n in sorted(X)])
+            e_out = _max_rel(outs[0], outs[1])
+            e_grad = max(_max_rel(x, y) for x, y in zip(grads[0], grads[1]))
+            worst = max(worst, e_out, e_grad)
+            lines.append(f"qwen3_5_moe {p}mlp routed + shared vs dense experts (storage "
+                         f"{'bf16' if keep is keep_bf16 else 'f32'}): out max rel {e_out:.2e}, grad max rel "
+                         f"{e_grad:.2e} over {len(grads[0])} tensors")
+    # 2. per-expert vs fused checkpoints, text-only vs vision-language form
+    batch = make_batch(gen, 2, 17, cfg.vocab, 2)
+    ids = torch.tensor(batch["input_ids"])
+    labels = torch.tensor(batch["labels"])
+    pos = torch.tensor(batch["position_ids"])
+    conf_v = qwen35_make_config("qwen3_5_moe_vl", qwen35_moe_test_args("qwen3_5_moe_vl"), layer_types, True)
+    cfg_v = Qwen35Cfg(conf_v)
+    Pv = {("model.language_model." + n[len("model."):] if n.startswith("model.") else n): t for n, t in P.items()}
+    extras = qwen35_random_extras(qwen35_extra_shapes(cfg_v, conf_v["vision_config"]), gen)
+    with tempfile.TemporaryDirectory(prefix="lt_moe35_selfcheck_") as tmp:
+        dirs = {}
+        for form, c, conf, W in (("text", cfg, conf_t, P), ("vl", cfg_v, conf_v, Pv)):
+            for fused in (False, True):
+                d = os.path.join(tmp, f"{form}_{'fused' if fused else 'per_expert'}")
+                T = dict(fuse_experts(c, W) if fused else W)
+                if form == "vl":
+                    T.update(fuse_named_experts(extras, c.experts) if fused else extras)
+                save_model_dir(d, conf, T, "F32", 2)
+                dirs[(form, fused)] = d
+        for gemm, storage in ((False, False), (True, False), (False, True), (True, True)):
+            res = {}
+            for key, d in dirs.items():
+                c2, W2, _ = load_model_dir(d)
+                assert c2.fused_experts == key[1] and c2.form == "qwen3_5_moe_" + key[0]
+                loss, G = _loss_grads(c2, W2, ids, labels, pos, True, gemm, storage)
+                G = unfuse_experts(c2, G) if key[1] else G
+                res[key] = (loss, {("model." + n[len("model.language_model."):]
+                                    if n.startswith("model.language_model.") else n): g for n, g in G.items()})
+            l0, G0 = res[("text", False)]
+            for key in dirs:
+                if key == ("text", False):
+                    continue
+                l1, G1 = res[key]
+                if sorted(G0) != sorted(G1):
+                    raise RefError(f"qwen3_5_moe {key}: gradient names differ from the text-only per-expert ones")
+                e_loss = abs(l0 - l1) / abs(l0)
+                e_g = max(rel_l2(G1[n], G0[n]) for n in G0)
+                e_max = max(_max_rel(G1[n], G0[n]) for n in G0 if float(G0[n].abs().max()) > 0)
+                worst = max(worst, e_loss, e_g, e_max)
+                lines.append(f"qwen3_5_moe text per-expert vs {key[0]} {'fused' if key[1] else 'per-expert'} "
+                             f"checkpoint (gemm {'bf16' if gemm else 'f64'}, storage {'bf16' if storage else 'f64'}): "
+                             f"loss {l0:.15g} vs {l1:.15g} (rel {e_loss:.2e}), grads worst rel-L2 {e_g:.2e}, max rel "
+                             f"{e_max:.2e} over {len(G0)} tensors")
+    return worst
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -1479,7 +2186,22 @@ def main(argv=None):
     m.add_argument("--shards", type=int, default=1)
     m.add_argument("--config-style", choices=["classic", "v5"], default="classic",
                    help="v5: 'dtype' and 'rope_parameters' keys (newer transformers); qwen3_5 always v5")
-    q5 = m.add_argument_group("qwen3_5 / qwen3_5_vl (hybrid Gated DeltaNet + gated attention)")
+    mo = m.add_argument_group("qwen3_moe (routed experts; layers sparse as decoder_sparse_step / mlp_only_layers say) "
+                              "and qwen3_5_moe_text / qwen3_5_moe_vl (every layer sparse, top-k renormalised, plus "
+                              "a shared expert)")
+    mo.add_argument("--experts", type=int, default=8, help="num_experts (default 8)")
+    mo.add_argument("--experts-per-tok", type=int, default=2, help="num_experts_per_tok (default 2)")
+    mo.add_argument("--moe-intermediate", type=int, default=32, help="moe_intermediate_size (default 32)")
+    mo.add_argument("--norm-topk-prob", action="store_true", help="norm_topk_prob true (default false)")
+    mo.add_argument("--decoder-sparse-step", type=int, default=1, help="decoder_sparse_step (default 1)")
+    mo.add_argument("--mlp-only-layers", default="", help="comma list of dense layers (default none)")
+    mo.add_argument("--fused-experts", action="store_true",
+                    help="write transformers 5.x's fused mlp.experts.gate_up_proj / down_proj instead of one tensor "
+                         "per expert (the same parameter values)")
+    mo.add_argument("--shared-intermediate", type=int, default=32,
+                    help="qwen3_5_moe forms: shared_expert_intermediate_size (default 32)")
+    q5 = m.add_argument_group("qwen3_5 / qwen3_5_vl / qwen3_5_moe_text / qwen3_5_moe_vl (hybrid Gated DeltaNet + "
+                              "gated attention)")
     q5.add_argument("--layer-types", default=None,
                     help="comma list of linear_attention|full_attention (or linear|full), one per layer; "
                          "default: the --full-attention-interval pattern")
@@ -1528,6 +2250,12 @@ def main(argv=None):
     sc.add_argument("--seed", type=int, default=0)
     sc.add_argument("--tol", type=float, default=1e-10, help="max relative difference (outputs and gradients)")
 
+    sm = sub.add_parser("selfcheck-moe", help="qwen3_moe, qwen3_5_moe: routed vs dense experts, per-expert vs fused "
+                                              "checkpoints, the bf16 down/combine Function vs autograd (float64), "
+                                              "prints PASS")
+    sm.add_argument("--seed", type=int, default=0)
+    sm.add_argument("--tol", type=float, default=1e-12, help="max relative difference")
+
     fd = sub.add_parser("fdcheck", help="whole-model gradients vs central finite differences (float64)")
     fd.add_argument("--model", required=True)
     fd.add_argument("--batch", required=True)
@@ -1548,6 +2276,8 @@ def main(argv=None):
             return cmd_grad(a) or 0
         if a.cmd == "selfcheck-delta":
             return cmd_selfcheck_delta(a)
+        if a.cmd == "selfcheck-moe":
+            return cmd_selfcheck_moe(a)
         if a.cmd == "fdcheck":
             return cmd_fdcheck(a)
         return cmd_compare(a)

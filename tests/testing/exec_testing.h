@@ -11,9 +11,11 @@
 #include <gtest/gtest.h>
 
 #include "core/rng.h"
+#include "device/device.h"
 #include "exec/executor.h"
 #include "io/nvme.h"
 #include "model/batch.h"
+#include "model/model.h"
 #include "model/weights.h"
 #include "ops/head.h"
 #include "testing/model_testing.h"
@@ -76,6 +78,19 @@ inline ModelConfig random_hybrid_config(Rng& rng) {
   c.layer_types[size_t(linear)] = LayerKind::linear_attention;
   c.tie_word_embeddings = rng.below(2) == 0;
   c.max_position_embeddings = 256;
+  return c;
+}
+
+// A small random Qwen3-MoE: sparse layers of 3..8 experts (1..3 per token, odd intermediate sizes), and, one time in
+// two, a dense layer among them (mlp_only_layers).
+inline ModelConfig random_moe_config(Rng& rng) {
+  ModelConfig c = random_config(rng, 1);
+  c.type = ModelType::qwen3_moe;
+  c.num_experts = 3 + int64_t(rng.below(6));
+  c.num_experts_per_tok = 1 + int64_t(rng.below(uint64_t(std::min<int64_t>(3, c.num_experts))));
+  c.moe_intermediate_size = 7 + int64_t(rng.below(12));
+  c.norm_topk_prob = rng.below(2) == 0;
+  if (rng.below(2) == 0) c.mlp_only_layers = {int64_t(rng.below(uint64_t(c.num_layers)))};
   return c;
 }
 
@@ -170,6 +185,48 @@ inline void expect_bitwise_equal(const ModelSlabs& a, const ModelSlabs& b, const
   auto A = a.named_tensors(), B = b.named_tensors();
   for (size_t t = 0; t < A.size(); ++t)
     ASSERT_EQ(0, std::memcmp(A[t].view.data, B[t].view.data, A[t].view.bytes())) << what << ": " << A[t].hf_name;
+}
+
+inline std::unique_ptr<NvmeStore> nvme_store_for(const ModelConfig& cfg, const Batch& batch, const Plan& plan,
+                                                 const ExecOptions& o);
+
+// Runs `batch` through the streaming executor under a list of plans (keep-all, every 1 and 2, host and NVMe tiers,
+// random plans with transfer windows), on a device of just the predicted peak, through a slow link for odd seeds:
+// each must give the in-memory path's loss and gradients bit for bit and measure the predicted peak.
+inline void expect_every_plan_matches(const ModelConfig& cfg, const ModelSlabs& params, const Batch& batch,
+                                      const Precision& precision, Rng& rng, uint64_t seed) {
+  ModelSlabs bf16(cfg, DType::bf16);
+  const ModelSlabs* weights = &params;
+  if (precision.compute == ComputeType::bf16) {
+    make_compute_copy(bf16, params);
+    weights = &bf16;
+  }
+  ModelSlabs ref_grads(cfg);
+  const LossResult ref = model_forward_backward(ref_grads, params, batch, precision);
+  const int64_t L = cfg.num_layers;
+  const std::vector<Plan> plans = {Plan::keep_all(L), Plan::every(L, 1), Plan::every(L, 2),
+                                   Plan::every(L, 2, Tier::host), Plan::every(L, 1, Tier::nvme),
+                                   random_plan(L, rng), random_plan(L, rng),
+                                   with_random_windows(random_host_plan(L, rng), rng)};
+  for (const Plan& plan : plans) {
+    const std::string what = "seed " + std::to_string(seed) + " activations " +
+                             std::string(dtype_name(precision.activations)) + " plan " + plan.to_json().dump();
+    ExecOptions o;
+    o.compute = precision.compute;
+    o.activations = precision.activations;
+    const size_t predicted = predict_peak_device_bytes(cfg, batch.B, batch.T, plan, o);
+    // Just the predicted bytes: a buffer sized for the wrong layer kind would overflow or be refused.
+    auto dev = make_cpu_device(predicted + 4096, seed % 2 ? LinkSpec{2.0, 2.0, 20e-6} : LinkSpec{});
+    std::unique_ptr<NvmeStore> nvme = nvme_store_for(cfg, batch, plan, o);
+    StreamingExecutor ex(cfg, *dev, o, nvme.get());
+    ModelSlabs grads(cfg);
+    const StepStats st = ex.step(grads, params, *weights, batch, plan);
+    EXPECT_EQ(st.loss_sum, ref.loss_sum) << what;
+    EXPECT_EQ(st.tokens, ref.tokens) << what;
+    expect_bitwise_equal(grads, ref_grads, what);
+    EXPECT_EQ(st.peak_device_bytes, predicted) << what;
+    if (::testing::Test::HasFailure()) return;
+  }
 }
 
 // The NVMe store a plan needs (null when it uses no NVMe tier), in the test's temporary directory.

@@ -3,7 +3,7 @@
 resumed with resume_from_checkpoint=true until it finishes must end with model files byte-identical to
 an uninterrupted run of the same config.
 
-Usage: check_resume_kill.py --lazytrain BIN [--kills N] [--seed S] [--steps N] [--device cpu|cuda-sim]"""
+Usage: check_resume_kill.py --lazytrain BIN [--kills N] [--seed S] [--steps N] [--device cpu|cuda-sim] [--model moe]"""
 import argparse
 import os
 import random
@@ -23,10 +23,14 @@ def main():
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda-sim"],
                     help="cuda-sim: the CUDA block and head under cuda-sim (bf16 activations), what --device cuda runs")
+    ap.add_argument("--model", default="dense", choices=["dense", "moe"],
+                    help="moe: the demo's Qwen3-MoE (make_data.py's model_moe: 8 experts, 2 per token)")
     a = ap.parse_args()
     rng = random.Random(a.seed)
     with arith_work("lt_resume_kill_", 400, 10) as (work, paths):
         config = CONFIG
+        if a.model == "moe":
+            paths = [f"model_name_or_path={work}/model_moe/config.json"] + paths[1:]
         common = paths + ["eval_dataset=",
                   "per_device_train_batch_size=4", f"max_steps={a.steps}", "save_steps=2", "save_total_limit=2",
                   "logging_steps=4", "plan=every:2", "cutoff_len=160", "device_memory=256MiB", f"device={a.device}"]

@@ -79,6 +79,8 @@ class CudaLayerCompute final : public LayerCompute {
 
  private:
   CudaBlock with(const BlockView& w) const {
+    LT_CHECK(!w.sparse(), "the CUDA block has no mixture-of-experts layer yet: run MoE models on device cpu (or "
+                          "cuda-sim with f32 activations, whose layers run on the CPU's block)");
     CudaBlock blk = blk_;
     blk.shape = b_.shape.for_layer(w.kind);  // a Qwen3.5 / Qwen3.6 layer's own kind
     blk.weights = w;

@@ -112,4 +112,13 @@ void linear_backward(float* din, float* dW, float* dbias, const float* dout, con
   });
 }
 
+void linear_backward_input(float* din, const float* dout, WeightRef W, int64_t N, int64_t in_f, int64_t out_f) {
+  check_sizes(W.data, N, in_f, out_f);
+  if (W.dtype == DType::bf16)
+    gemm_bf16(Trans::no, Trans::no, N, in_f, out_f, to_bf16_scratch(dout, N * out_f, 0), out_f, W.bf16(), in_f, din,
+              in_f, Accumulate::no);
+  else
+    gemm_f32(Trans::no, Trans::no, N, in_f, out_f, dout, out_f, W.f32(), in_f, din, in_f, Accumulate::no);
+}
+
 }  // namespace lt

@@ -1,0 +1,92 @@
+// model/moe_ffn.h — a sparse layer's MLP (qwen3_moe): the router, the routed SwiGLU experts and their weighted
+// combine, forward and backward, on the ops of ops/moe.h and ops/linear.h.
+//
+//   logits = n2 · W_routerᵀ [n, E];  ids, w = route(logits) (ops/moe.h: softmax, top-k, renormalised or not)
+//   y[t] = Σ_j w[t, j] · down_e(silu(gate_e(n2[t])) · up_e(n2[t])),  e = ids[t, j]
+//
+// Route slices. The block runs a sparse layer's MLP over slices of S = min(kTokenSlice, N) tokens
+// (BlockShape::mlp_rows). Each slice is routed, its n·k assignments grouped by expert in a stable order
+// (moe_permute), and each expert's grouped rows multiplied by one GEMM per matrix (linear_forward / linear_backward
+// on oneDNN: the CPU's grouped GEMM is one GEMM per expert). An expert's weight gradients add one GEMM per slice,
+// slices in order, so neither the plan's MLP chunk nor the thread count changes a bit; experts no token chose add
+// nothing (their gradient stays zero, and AdamW still updates them, as PyTorch does the fused expert tensors).
+//
+// What the backward keeps: like the dense MLP's gate / up / h, the grouped rows' gate, up and h [n·k, Ie] per slice
+// (token t's k rows lie within its slice's, so "rows of tokens [t0, t0 + n)" is rows [t0·k, (t0 + n)·k)). The
+// routing is not kept: the backward routes the slice again from n2, whose bits the forward, a recompute and the
+// backward share (model/block.h), so it gets the same ids and weights — the router is a deterministic function of
+// n2. The experts' outputs are not kept either: the combine's weight gradient is (dout·W_down)·h (moe_weight_grads),
+// and dout·W_down is the GEMM the down projection's input gradient needs anyway.
+//
+// Legend: n tokens of the slice (≤ S), C hidden, E experts, k per token, Ie an expert's intermediate size.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "ops/linear.h"
+#include "ops/moe.h"
+
+namespace lt {
+
+struct BlockShape;
+
+struct ExpertView {
+  WeightRef gate, up, down;  // [Ie, C], [Ie, C], [C, Ie]
+};
+struct MoeView {
+  WeightRef router;                 // [E, C] (mlp.gate.weight)
+  std::vector<ExpertView> experts;  // [E]
+};
+struct ExpertGrads {
+  float *gate, *up, *down;
+};
+struct MoeGrads {
+  float* router;
+  std::vector<ExpertGrads> experts;
+};
+
+// One slice's routing and grouped rows (in the layer's working copy; a forward temporary, rebuilt by the backward).
+struct MoeRouting {
+  float* logits;     // [S, E]
+  float* probs;      // [S, E]
+  float* weights;    // [S, k]
+  int32_t* ids;      // [S, k]
+  int32_t* order;    // [S·k]  the assignment at each grouped row
+  int32_t* row_of;   // [S·k]  the grouped row of each assignment
+  int64_t* offsets;  // [E + 1] expert e's grouped rows
+  float* xp;         // [S·k, C] the grouped rows' input (n2 of their tokens)
+  float* yp;         // [S·k, C] the experts' outputs (forward)
+  static size_t floats(const BlockShape& s);
+  static MoeRouting bind(float* buffer, const BlockShape& s);
+};
+
+// The backward's temporaries of one slice (in the layer's BlockScratch).
+struct MoeScratch {
+  float *dh, *dgate, *dup;  // [S·k, Ie]
+  float *dyp, *dxp, *dxp2;  // [S·k, C]
+  float* dlogits;           // [S, E]
+  float* dweights;          // [S, k]
+  static size_t floats(const BlockShape& s);
+  static MoeScratch bind(float* buffer, const BlockShape& s);
+};
+
+RouterShape router_shape(const BlockShape& s, int64_t n);
+
+// Routes the slice's n2 rows [n, C]: r's logits .. xp.
+void moe_route(MoeRouting& r, const float* n2, const MoeView& w, const BlockShape& s, int64_t n);
+// gate, up [n·k, Ie] of the grouped rows from r.xp (the caller computes h = silu(gate)·up between, with its
+// storage hooks).
+void moe_gate_up(float* gate, float* up, const MoeRouting& r, const MoeView& w, const BlockShape& s, int64_t n);
+// y[n, C] (written): each expert's down projection of its rows of h [n·k, Ie] into r.yp, then the weighted combine.
+void moe_down_combine(float* y, MoeRouting& r, const float* h, const MoeView& w, const BlockShape& s, int64_t n);
+
+// The slice's backward from dout[n, C], with r routed again (moe_route) and gate, up, h [n·k, Ie] as the forward
+// had them: dn2[n, C] (written) the experts' input gradient, dn_router[n, C] (written) the router's; the parameter
+// gradients accumulated. dprobs_extra[E] or null: the auxiliary loss's gradient (router_backward).
+void moe_backward(float* dn2, float* dn_router, MoeGrads& g, MoeScratch& b, const MoeRouting& r, const float* dout,
+                  const float* n2, const float* gate, const float* up, const float* h, const MoeView& w,
+                  const BlockShape& s, int64_t n, const float* dprobs_extra);
+
+}  // namespace lt

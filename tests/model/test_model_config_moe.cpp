@@ -1,0 +1,95 @@
+// Tests for model/config.h's Mixture-of-Experts models (qwen3_moe): the released Qwen3-30B-A3B config.json, which layers
+// are sparse, Qwen3MoeConfig's defaults, the round trip through model_config_to_json, and the refusals.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "io/json_file.h"
+#include "model/config.h"
+#include "testing/error_testing.h"
+
+namespace lt {
+namespace {
+
+using nlohmann::json;
+using testing::expect_error;
+
+json qwen3_30b_a3b() { return read_json_file(std::string(LT_SOURCE_DIR) + "/examples/qwen3-30b-a3b/config.json"); }
+ModelConfig parse(const json& j) { return parse_model_config(j, "config.json"); }
+json with(json j, const json& changes) {
+  for (auto& [k, v] : changes.items()) j[k] = v;
+  return j;
+}
+
+TEST(ModelConfigMoe, ParsesQwen3_30B_A3B) {
+  const ModelConfig c = parse(qwen3_30b_a3b());
+  EXPECT_EQ(c.type, ModelType::qwen3_moe);
+  EXPECT_TRUE(c.qk_norm);
+  EXPECT_FALSE(c.qkv_bias || c.o_bias || c.mlp_bias);
+  EXPECT_EQ(c.num_experts, 128);
+  EXPECT_EQ(c.num_experts_per_tok, 8);
+  EXPECT_EQ(c.moe_intermediate_size, 768);
+  EXPECT_EQ(c.intermediate_size, 6144);
+  EXPECT_TRUE(c.norm_topk_prob);
+  EXPECT_EQ(c.num_sparse_layers(), 48);
+  EXPECT_EQ(c.head_dim, 128);
+  EXPECT_EQ(c.num_kv_heads, 4);
+  EXPECT_EQ(c.torch_dtype, DType::bf16);
+}
+
+// transformers: sparse iff not in mlp_only_layers and (l + 1) % decoder_sparse_step == 0.
+TEST(ModelConfigMoe, SparseLayersByStepAndMlpOnlyLayers) {
+  const ModelConfig c = parse(with(qwen3_30b_a3b(), {{"num_hidden_layers", 6}, {"decoder_sparse_step", 2},
+                                                     {"mlp_only_layers", {3, 4}}}));
+  const bool sparse[] = {false, true, false, false, false, true};
+  for (int64_t l = 0; l < 6; ++l) EXPECT_EQ(c.sparse_layer(l), sparse[l]) << "layer " << l;
+  EXPECT_EQ(c.num_sparse_layers(), 2);
+}
+
+TEST(ModelConfigMoe, AppliesQwen3MoeConfigDefaults) {
+  json j = qwen3_30b_a3b();
+  for (const char* key : {"num_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob",
+                          "decoder_sparse_step", "mlp_only_layers", "intermediate_size", "router_aux_loss_coef"})
+    j.erase(key);
+  const ModelConfig c = parse(j);
+  EXPECT_EQ(c.num_experts, 128);
+  EXPECT_EQ(c.num_experts_per_tok, 8);
+  EXPECT_EQ(c.moe_intermediate_size, 768);
+  EXPECT_FALSE(c.norm_topk_prob);  // the class default; the released 30B-A3B sets true
+  EXPECT_EQ(c.intermediate_size, 6144);
+  EXPECT_EQ(c.router_aux_loss_coef, 0.001);
+  EXPECT_EQ(c.num_sparse_layers(), 48);
+}
+
+TEST(ModelConfigMoe, RoundTripsThroughJson) {
+  for (const json& j : {qwen3_30b_a3b(), with(qwen3_30b_a3b(), {{"mlp_only_layers", {0, 7}}, {"decoder_sparse_step", 3},
+                                                                {"norm_topk_prob", false}, {"router_aux_loss_coef", 0.02}})}) {
+    const ModelConfig c = parse(j);
+    const json out = model_config_to_json(c);
+    EXPECT_EQ(out["model_type"], "qwen3_moe");
+    EXPECT_EQ(out["architectures"][0], "Qwen3MoeForCausalLM");
+    EXPECT_EQ(parse(out), c);
+  }
+}
+
+TEST(ModelConfigMoe, RefusesWhatItCannotRun) {
+  expect_error([] { parse(with(qwen3_30b_a3b(), {{"num_experts_per_tok", 200}})); },
+               {"config.json", "'num_experts_per_tok' 200 exceeds 'num_experts' 128"});
+  expect_error([] { parse(with(qwen3_30b_a3b(), {{"mlp_only_layers", {48}}})); },
+               {"config.json", "'mlp_only_layers' holds 48", "[0, 48)"});
+  expect_error([] { parse(with(qwen3_30b_a3b(), {{"mlp_only_layers", "all"}})); },
+               {"config.json", "'mlp_only_layers'", "expected a list"});
+  expect_error([] { parse(with(qwen3_30b_a3b(), {{"num_experts", 0}})); },
+               {"config.json", "'num_experts' is 0, expected a positive integer"});
+  expect_error([] { parse(with(qwen3_30b_a3b(), {{"router_aux_loss_coef", -1}})); },
+               {"config.json", "'router_aux_loss_coef'", ">= 0"});
+  expect_error([] { parse(with(qwen3_30b_a3b(), {{"use_sliding_window", true}})); },
+               {"config.json", "sliding-window attention is not supported"});
+  // A dense model cannot carry experts into its config.json.
+  ModelConfig dense = parse(with(qwen3_30b_a3b(), {{"model_type", "qwen3"}}));
+  dense.num_experts = 4;
+  expect_error([&] { model_config_to_json(dense); }, {"qwen3 config cannot hold mixture-of-experts layers"});
+}
+
+}  // namespace
+}  // namespace lt
