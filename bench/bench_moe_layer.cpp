@@ -148,8 +148,8 @@ std::pair<double, std::vector<Gemm3>> grouped_gemm_gflops(Layer& m) {
   double best = 1e30;
   for (int rep = 0; rep < 6; ++rep) {
     Timer t;
-    moe_gate_up(m.acts.gate, m.acts.up, r, m.w.moe, s, n);
-    moe_down_combine(m.y.data(), r, m.acts.h, m.w.moe, s, n);
+    moe_gate_up(m.acts.gate, m.acts.up, r, m.acts.n2, m.w.moe, s, n);
+    moe_down_combine(m.y.data(), r, m.acts.h, m.acts.n2, m.w.moe, s, n);
     if (rep > 0) best = std::min(best, t.seconds());
   }
   return {flops / best / 1e9, shapes};

@@ -97,6 +97,7 @@ BlockShape BlockShape::make(const ModelConfig& cfg, int64_t B, int64_t T, DType 
   if (cfg.is_moe()) {
     s.E = cfg.num_experts, s.k = cfg.num_experts_per_tok, s.Ie = cfg.moe_intermediate_size;
     s.renorm_topk = cfg.norm_topk_prob;
+    s.Is = cfg.shared_expert_intermediate_size;
   }
   return s;
 }
@@ -138,6 +139,12 @@ BlockView BlockView::bind(const SlabLayout& layout, const void* base_ptr) {
       w.moe.experts.push_back({matrix(layout, base, (p + "gate_proj.weight").c_str()),
                                matrix(layout, base, (p + "up_proj.weight").c_str()),
                                matrix(layout, base, (p + "down_proj.weight").c_str())});
+    }
+    if (layout.find("mlp.shared_expert_gate.weight")) {
+      w.moe.shared = {matrix(layout, base, "mlp.shared_expert.gate_proj.weight"),
+                      matrix(layout, base, "mlp.shared_expert.up_proj.weight"),
+                      matrix(layout, base, "mlp.shared_expert.down_proj.weight")};
+      w.moe.shared_gate = matrix(layout, base, "mlp.shared_expert_gate.weight");
     }
     return w;
   }
@@ -186,6 +193,10 @@ BlockGrads BlockGrads::bind(const SlabLayout& layout, void* base_ptr) {
                                grad_required(layout, base, (p + "up_proj.weight").c_str()),
                                grad_required(layout, base, (p + "down_proj.weight").c_str())});
     }
+    g.moe.shared = {grad_or_null(layout, base, "mlp.shared_expert.gate_proj.weight"),
+                    grad_or_null(layout, base, "mlp.shared_expert.up_proj.weight"),
+                    grad_or_null(layout, base, "mlp.shared_expert.down_proj.weight")};
+    g.moe.shared_gate = grad_or_null(layout, base, "mlp.shared_expert_gate.weight");
     return g;
   }
   g.wgate = grad_required(layout, base, "mlp.gate_proj.weight");
@@ -549,7 +560,7 @@ void mlp_internals(float* gate, float* up, float* h, WorkingCopy& a, const Block
   const float* n2 = a.n2 + t0 * s.C;
   if (s.sparse) {
     moe_route(a.moe, n2, w.moe, s, n);
-    moe_gate_up(gate, up, a.moe, w.moe, s, n);
+    moe_gate_up(gate, up, a.moe, n2, w.moe, s, n);
   } else {
     linear_forward(gate, n2, w.wgate, w.bgate, n, s.C, s.I);
     linear_forward(up, n2, w.wup, w.bup, n, s.C, s.I);
@@ -627,7 +638,7 @@ void forward_layer(void* x_out_ptr, WorkingCopy& a, const void* x_in_ptr, const 
     const int64_t n = std::min(R, N - t0);
     float* h = mlp_row(a.h, a, s, t0);
     mlp_internals(mlp_row(a.gate, a, s, t0), mlp_row(a.up, a, s, t0), h, a, w, s, st, t0, n);
-    if (s.sparse) moe_down_combine(y + t0 * C, a.moe, h, w.moe, s, n);
+    if (s.sparse) moe_down_combine(y + t0 * C, a.moe, h, a.n2 + t0 * C, w.moe, s, n);
     else linear_forward(y + t0 * C, h, w.wdown, w.bdown, n, I, C);
   }
   add_inplace(y, a.x_mid, N * C);

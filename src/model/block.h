@@ -78,6 +78,7 @@ struct BlockShape {
   // Mixture-of-Experts (qwen3_moe): whether this layer's MLP is sparse, and the model's expert sizes.
   bool sparse = false;
   int64_t E = 0, k = 0, Ie = 0;  // experts, experts per token, an expert's intermediate size
+  int64_t Is = 0;                // the shared expert's intermediate size (qwen3_5_moe; 0: none)
   bool renorm_topk = false;      // norm_topk_prob
   int64_t N() const { return B * T; }
   // Tokens of gate / up / h a working copy holds: one chunk; a sparse layer's route slice.
@@ -85,8 +86,8 @@ struct BlockShape {
     if (sparse) return std::min(kTokenSlice, N());
     return mlp_chunk > 0 && mlp_chunk < N() ? mlp_chunk : N();
   }
-  // Elements of gate / up / h per token: I, or a sparse layer's k grouped rows of Ie.
-  int64_t mlp_width() const { return sparse ? k * Ie : I; }
+  // Elements of gate / up / h per token: I, or a sparse layer's k grouped rows of Ie and its shared expert's Is.
+  int64_t mlp_width() const { return sparse ? k * Ie + Is : I; }
   int64_t QD() const { return Hq * D; }
   int64_t QPD() const { return out_gate ? 2 * QD() : QD(); }  // q_proj's rows: [query | gate] per head
   int64_t KVD() const { return Hkv * D; }

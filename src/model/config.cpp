@@ -89,24 +89,15 @@ class Keys {
 constexpr const char* kOuterKeysHeld[] = {"text_config", "model_type",   "architectures", "tie_word_embeddings",
                                           "dtype",       "torch_dtype", "bos_token_id",  "eos_token_id"};
 
-// Qwen3.5's mixture-of-experts variants (Qwen3.5-397B-A17B, ...): transformers' qwen3_5_moe.
-bool is_moe_model_type(const std::string& t) { return t == "qwen3_5_moe" || t == "qwen3_5_moe_text"; }
-
-[[noreturn]] void fail_moe(const std::string& source, const std::string& key, const std::string& type) {
-  LT_FAIL("{}: {} '{}' is a mixture-of-experts model (Qwen3.5/3.6 MoE): not supported, only the dense qwen3_5 "
-          "models are",
-          source, key, type);
-}
-
 ModelType parse_model_type(const std::string& t, const std::string& source) {
   if (t == "qwen2") return ModelType::qwen2;
   if (t == "qwen3") return ModelType::qwen3;
   if (t == "llama") return ModelType::llama;
   if (t == "qwen3_5" || t == "qwen3_5_text") return ModelType::qwen3_5;
   if (t == "qwen3_moe") return ModelType::qwen3_moe;
-  if (is_moe_model_type(t)) fail_moe(source, "model_type", t);
+  if (t == "qwen3_5_moe_text") return ModelType::qwen3_5;  // with experts (parse_text_model's moe)
   LT_FAIL("{}: model_type '{}' is not supported (expected qwen2, qwen3, llama, qwen3_moe, or qwen3_5 / qwen3_5_text "
-          "for Qwen3.5 and Qwen3.6)",
+          "/ qwen3_5_moe / qwen3_5_moe_text for Qwen3.5 and Qwen3.6)",
           source, t);
 }
 
@@ -323,13 +314,34 @@ std::vector<LayerKind> parse_layer_types(const Keys& k, ModelType type, int64_t 
   return kinds;
 }
 
-// qwen3_5's gated attention and Gated DeltaNet settings, with Qwen3_5TextConfig's defaults.
-void parse_qwen3_5_layers(const Keys& k, ModelConfig& c) {
-  for (const char* key : {"num_experts", "num_local_experts", "moe_intermediate_size"}) {
-    const json* v = k.find(key);
-    LT_CHECK(!v || (v->is_number_integer() && v->get<int64_t>() == 0),
-             "{}: '{}' is {}: mixture-of-experts layers are not supported (dense qwen3_5 models only)", k.source(),
-             k.name(key), v ? v->dump() : "");
+// qwen3_5_moe's experts (Qwen3_5MoeTextConfig's defaults): every layer sparse, top-k renormalised, a shared expert.
+void parse_qwen3_5_experts(const Keys& k, ModelConfig& c) {
+  c.num_experts = k.positive_int("num_experts", 256);
+  c.num_experts_per_tok = k.positive_int("num_experts_per_tok", 8);
+  LT_CHECK(c.num_experts_per_tok <= c.num_experts, "{}: '{}' {} exceeds '{}' {}", k.source(),
+           k.name("num_experts_per_tok"), c.num_experts_per_tok, k.name("num_experts"), c.num_experts);
+  c.moe_intermediate_size = k.positive_int("moe_intermediate_size", 512);
+  c.shared_expert_intermediate_size = k.positive_int("shared_expert_intermediate_size", 512);
+  c.norm_topk_prob = true;
+  if (const json* v = k.find("router_aux_loss_coef")) {
+    LT_CHECK(v->is_number() && v->get<double>() >= 0, "{}: '{}' is {}, expected a number >= 0", k.source(),
+             k.name("router_aux_loss_coef"), v->dump());
+    c.router_aux_loss_coef = v->get<double>();
+  }
+}
+
+// qwen3_5's gated attention and Gated DeltaNet settings, with Qwen3_5TextConfig's defaults; its experts when `moe`.
+void parse_qwen3_5_layers(const Keys& k, ModelConfig& c, bool moe) {
+  if (moe) {
+    parse_qwen3_5_experts(k, c);
+  } else {
+    for (const char* key : {"num_experts", "num_local_experts", "moe_intermediate_size"}) {
+      const json* v = k.find(key);
+      LT_CHECK(!v || (v->is_number_integer() && v->get<int64_t>() == 0),
+               "{}: '{}' is {}: a dense qwen3_5 model has no experts (model_type qwen3_5_moe / qwen3_5_moe_text "
+               "has)",
+               k.source(), k.name(key), v ? v->dump() : "");
+    }
   }
   // transformers' Qwen3_5Attention always doubles q_proj for the gate; a config saying otherwise is another model.
   LT_CHECK(k.boolean("attn_output_gate", true),
@@ -382,13 +394,15 @@ void parse_qwen3_moe(const Keys& k, ModelConfig& c) {
 
 // The text model's keys of one config object (the whole file, or qwen3_5's text_config), except the ones the
 // vision-language form takes from the outer object: tie_word_embeddings, the dtype and the token ids.
-ModelConfig parse_text_model(const Keys& k, ModelType type) {
+ModelConfig parse_text_model(const Keys& k, ModelType type, bool moe = false) {
   ModelConfig c;
   c.type = type;
   c.vocab_size = k.positive_int("vocab_size");
   c.hidden_size = k.positive_int("hidden_size");
-  // Qwen3MoeConfig declares intermediate_size = 6144 (its dense layers'); the others require it.
+  // Qwen3MoeConfig declares intermediate_size = 6144 (its dense layers'); qwen3_5_moe has no dense MLP; the others
+  // require it.
   c.intermediate_size = type == ModelType::qwen3_moe ? k.positive_int("intermediate_size", 6144)
+                        : moe                        ? 0
                                                      : k.positive_int("intermediate_size");
   c.num_layers = k.positive_int("num_hidden_layers");
   c.num_heads = k.positive_int("num_attention_heads");
@@ -419,7 +433,7 @@ ModelConfig parse_text_model(const Keys& k, ModelType type) {
       c.mlp_bias = k.boolean("mlp_bias", false);
       break;
     case ModelType::qwen3_5:
-      parse_qwen3_5_layers(k, c);
+      parse_qwen3_5_layers(k, c, moe);
       break;
     case ModelType::qwen3_moe:
       parse_qwen3_moe(k, c);
@@ -438,12 +452,12 @@ ModelConfig parse_vision_language(const json& j, const Keys& outer) {
            source);
   LT_CHECK(tc->is_object(), "{}: 'text_config' is {} {}, expected an object", source, tc->type_name(), tc->dump());
   Keys text(*tc, source, "text_config.");
-  if (std::optional<std::string> t = text.string("model_type")) {
-    if (is_moe_model_type(*t)) fail_moe(source, "text_config.model_type", *t);
-    LT_CHECK(*t == "qwen3_5_text", "{}: text_config.model_type '{}' is not supported (expected qwen3_5_text)", source,
-             *t);
-  }
-  ModelConfig c = parse_text_model(text, ModelType::qwen3_5);
+  const bool moe = outer.string("model_type") == "qwen3_5_moe";
+  const char* text_type = moe ? "qwen3_5_moe_text" : "qwen3_5_text";
+  if (std::optional<std::string> t = text.string("model_type"))
+    LT_CHECK(*t == text_type, "{}: text_config.model_type '{}' does not go with model_type '{}' (expected {})", source,
+             *t, moe ? "qwen3_5_moe" : "qwen3_5", text_type);
+  ModelConfig c = parse_text_model(text, ModelType::qwen3_5, moe);
   c.vision_language = true;
   // transformers ties lm_head by the outer config (Qwen3_5Config.tie_word_embeddings, default false) and ignores
   // text_config's flag for Qwen3_5ForConditionalGeneration.
@@ -461,7 +475,9 @@ std::string_view architecture_name(const ModelConfig& c) {
     case ModelType::qwen2: return "Qwen2ForCausalLM";
     case ModelType::qwen3: return "Qwen3ForCausalLM";
     case ModelType::llama: return "LlamaForCausalLM";
-    case ModelType::qwen3_5: return c.vision_language ? "Qwen3_5ForConditionalGeneration" : "Qwen3_5ForCausalLM";
+    case ModelType::qwen3_5:
+      if (c.is_moe()) return c.vision_language ? "Qwen3_5MoeForConditionalGeneration" : "Qwen3_5MoeForCausalLM";
+      return c.vision_language ? "Qwen3_5ForConditionalGeneration" : "Qwen3_5ForCausalLM";
     case ModelType::qwen3_moe: return "Qwen3MoeForCausalLM";
   }
   LT_FAIL("unknown model type {}", int(c.type));
@@ -526,12 +542,20 @@ void check_expressible(const ModelConfig& c) {
   }
   if (c.type == ModelType::qwen3_moe) {
     LT_CHECK(c.num_experts > 0 && c.num_experts_per_tok > 0 && c.num_experts_per_tok <= c.num_experts &&
-                 c.moe_intermediate_size > 0 && c.decoder_sparse_step > 0,
-             "qwen3_moe config needs experts (E > 0, 0 < k <= E, moe_intermediate_size > 0, decoder_sparse_step > 0)");
+                 c.moe_intermediate_size > 0 && c.decoder_sparse_step > 0 && c.shared_expert_intermediate_size == 0,
+             "qwen3_moe config needs experts (E > 0, 0 < k <= E, moe_intermediate_size > 0, decoder_sparse_step > 0) "
+             "and no shared expert");
+  } else if (c.type == ModelType::qwen3_5 && c.is_moe()) {
+    LT_CHECK(c.num_experts_per_tok > 0 && c.num_experts_per_tok <= c.num_experts && c.moe_intermediate_size > 0 &&
+                 c.shared_expert_intermediate_size > 0 && c.norm_topk_prob && c.decoder_sparse_step == 1 &&
+                 c.mlp_only_layers.empty() && c.intermediate_size == 0,
+             "qwen3_5_moe config needs every layer sparse with 0 < k <= E experts, renormalised top-k, a shared expert "
+             "and no dense intermediate_size");
   } else {
     LT_CHECK(c.num_experts == 0 && c.num_experts_per_tok == 0 && c.moe_intermediate_size == 0 &&
                  c.mlp_only_layers.empty(),
              "{} config cannot hold mixture-of-experts layers", model_type_name(c.type));
+    LT_CHECK(c.shared_expert_intermediate_size == 0, "{} config cannot hold a shared expert", model_type_name(c.type));
   }
   LT_CHECK(c.eos_token_id == (c.eos_token_ids.empty() ? std::nullopt : std::optional(c.eos_token_ids.front())),
            "eos_token_id must be the first of eos_token_ids");
@@ -553,8 +577,8 @@ json qwen3_5_text_json(const ModelConfig& c) {
   if (c.mrope_interleaved) rope["mrope_interleaved"] = true;
   json layer_types = json::array();
   for (LayerKind k : c.layer_kinds()) layer_types.push_back(layer_kind_name(k));
-  return {
-      {"model_type", "qwen3_5_text"},
+  json j = {
+      {"model_type", c.is_moe() ? "qwen3_5_moe_text" : "qwen3_5_text"},
       {"vocab_size", c.vocab_size},
       {"hidden_size", c.hidden_size},
       {"intermediate_size", c.intermediate_size},
@@ -580,6 +604,16 @@ json qwen3_5_text_json(const ModelConfig& c) {
       {"initializer_range", 0.02},
       {"use_cache", true},
   };
+  if (c.is_moe()) {  // Qwen3_5MoeTextConfig: no dense MLP
+    j.erase("intermediate_size");
+    j["num_experts"] = c.num_experts;
+    j["num_experts_per_tok"] = c.num_experts_per_tok;
+    j["moe_intermediate_size"] = c.moe_intermediate_size;
+    j["shared_expert_intermediate_size"] = c.shared_expert_intermediate_size;
+    j["router_aux_loss_coef"] = c.router_aux_loss_coef;
+    j["output_router_logits"] = false;
+  }
+  return j;
 }
 
 json qwen3_5_to_json(const ModelConfig& c) {
@@ -597,7 +631,7 @@ json qwen3_5_to_json(const ModelConfig& c) {
   for (const char* key : kOuterKeysHeld)
     LT_CHECK(!outer.contains(key), "qwen3_5 config: outer_json holds '{}', which ModelConfig holds itself", key);
   outer["architectures"] = {architecture_name(c)};
-  outer["model_type"] = "qwen3_5";
+  outer["model_type"] = c.is_moe() ? "qwen3_5_moe" : "qwen3_5";
   outer["tie_word_embeddings"] = c.tie_word_embeddings;
   outer["dtype"] = hf_dtype_name(c.torch_dtype);
   write_token_ids(c, outer);
@@ -674,7 +708,7 @@ bool ModelConfig::operator==(const ModelConfig& o) const {
                     c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim,
                     c.linear_conv_kernel_dim, c.vision_language, c.outer_json, c.num_experts,
                     c.num_experts_per_tok, c.moe_intermediate_size, c.norm_topk_prob, c.decoder_sparse_step,
-                    c.mlp_only_layers, c.router_aux_loss_coef);
+                    c.mlp_only_layers, c.router_aux_loss_coef, c.shared_expert_intermediate_size);
   };
   // A config built in code leaves layer_types empty for "all full attention"; the parser lists them.
   const bool same_layers = layer_types.empty()   ? all_full_attention(o.layer_types)
@@ -688,8 +722,8 @@ ModelConfig parse_model_config(const json& j, const std::string& source) {
   Keys k(j, source);
   std::optional<std::string> type = k.string("model_type");
   LT_CHECK(type, "{}: missing required key 'model_type'", source);
-  if (*type == "qwen3_5") return parse_vision_language(j, k);
-  ModelConfig c = parse_text_model(k, parse_model_type(*type, source));
+  if (*type == "qwen3_5" || *type == "qwen3_5_moe") return parse_vision_language(j, k);
+  ModelConfig c = parse_text_model(k, parse_model_type(*type, source), *type == "qwen3_5_moe_text");
   // Defaults of Qwen2Config, Qwen3Config, LlamaConfig and Qwen3_5TextConfig (all leave embeddings untied).
   c.tie_word_embeddings = k.boolean("tie_word_embeddings", false);
   c.torch_dtype = parse_torch_dtype({&k}).value_or(DType::f32);
@@ -719,7 +753,8 @@ int64_t ModelConfig::num_parameters() const {
                          linear_value_dim() * C;
   int64_t mlp = 3 * C * I;  // gate, up, down
   if (mlp_bias) mlp += 2 * I + C;
-  const int64_t experts = num_experts * C + num_experts * 3 * C * moe_intermediate_size;  // router + experts
+  const int64_t Is = shared_expert_intermediate_size;  // a shared expert and its [1, C] gate
+  const int64_t experts = num_experts * C + num_experts * 3 * C * moe_intermediate_size + (Is ? 3 * C * Is + C : 0);
   const int64_t n_linear = num_linear_attention_layers(), n_sparse = num_sparse_layers();
   const int64_t layers = (num_layers - n_linear) * attn + n_linear * linear + (num_layers - n_sparse) * mlp +
                          n_sparse * experts + num_layers * 2 * C;  // + input_layernorm, post_attention_layernorm

@@ -18,6 +18,10 @@
 //          (mlp.experts.{e}.{gate,up,down}_proj.weight [Ie, C], [Ie, C], [C, Ie]; or fused in transformers 5.x
 //          checkpoints: mlp.experts.gate_up_proj [E, 2·Ie, C], mlp.experts.down_proj [E, C, Ie], model/weights.h);
 //          dense layers keep intermediate_size. norm_topk_prob (default false) renormalises the top-k weights.
+//   qwen3_5 with experts (model_type qwen3_5_moe_text, or qwen3_5_moe for the vision-language form): every layer's
+//          MLP is sparse — qwen3_moe's router and experts (top-k always renormalised) plus a shared SwiGLU expert
+//          mlp.shared_expert.{gate,up,down}_proj.weight [Is, C], [Is, C], [C, Is] whose output is scaled by
+//          σ(x · mlp.shared_expert_gate.weightᵀ) ([1, C]); no intermediate_size.
 //   qwen3_5: attention_bias (default false) on q,k,v,o of the full-attention layers; q/k norm always; q_proj
 //          doubled for the output gate; zero-centred RMSNorms; RoPE on the first int(D · partial_rotary_factor)
 //          dims (factor default 0.25); head_dim default 256, num_key_value_heads default 4 (Qwen3_5TextConfig).
@@ -120,11 +124,13 @@ struct ModelConfig {
   // vision_config and the rest unchanged.
   bool vision_language = false;
   std::string outer_json;
-  // Mixture-of-Experts (qwen3_moe; 0 / empty in dense models). Letters: E experts, k per token, Ie an expert's
+  // Mixture-of-Experts (qwen3_moe, and qwen3_5 with experts: model_type qwen3_5_moe / qwen3_5_moe_text, every layer
+  // sparse, top-k renormalised, a shared expert; 0 / empty in dense models). Letters: E experts, k per token, Ie an expert's
   // intermediate size.
   int64_t num_experts = 0;            // E
   int64_t num_experts_per_tok = 0;    // k
   int64_t moe_intermediate_size = 0;  // Ie
+  int64_t shared_expert_intermediate_size = 0;  // Is: qwen3_5_moe's shared expert, gated by σ(x · shared_expert_gate)
   bool norm_topk_prob = false;        // the k routing weights divided by their sum
   int64_t decoder_sparse_step = 1;    // layer l sparse iff (l + 1) % step == 0 and l ∉ mlp_only_layers
   std::vector<int64_t> mlp_only_layers;

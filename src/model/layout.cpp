@@ -87,6 +87,12 @@ SlabLayout SlabLayout::make(const ModelConfig& cfg, SlabKind kind, DType matrix_
           b.add(fmt::format("mlp.experts.{}.up_proj.weight", e), {Ie, C});
           b.add(fmt::format("mlp.experts.{}.down_proj.weight", e), {C, Ie});
         }
+        if (const int64_t Is = cfg.shared_expert_intermediate_size) {  // qwen3_5_moe's shared expert and its gate
+          b.add("mlp.shared_expert.gate_proj.weight", {Is, C});
+          b.add("mlp.shared_expert.up_proj.weight", {Is, C});
+          b.add("mlp.shared_expert.down_proj.weight", {C, Is});
+          b.add("mlp.shared_expert_gate.weight", {1, C});
+        }
         break;
       }
       b.add("mlp.gate_proj.weight", {I, C});

@@ -1,6 +1,8 @@
 // model/moe_ffn.cpp — the sparse MLP of one route slice, forward and backward (model/moe_ffn.h says why so).
 #include "model/moe_ffn.h"
 
+#include <cmath>
+
 #include "core/error.h"
 #include "model/block.h"
 #include "ops/swiglu.h"
@@ -36,20 +38,25 @@ MoeRouting carve_routing(Carve& c, const BlockShape& s) {
   r.offsets = c.take_as<int64_t>(s.E + 1);
   r.xp = c.take(A * s.C);
   r.yp = c.take(A * s.C);
+  if (s.Is > 0) {
+    r.shared_gate = c.take(S);
+    r.identity = c.take_as<int32_t>(S);
+  }
   return r;
 }
 
 MoeScratch carve_scratch(Carve& c, const BlockShape& s) {
-  const int64_t S = s.mlp_rows(), A = S * s.k;
+  const int64_t S = s.mlp_rows(), A = S * s.k, width = S * s.mlp_width();  // the grouped rows', then the shared's
   MoeScratch b{};
-  b.dh = c.take(A * s.Ie);
-  b.dgate = c.take(A * s.Ie);
-  b.dup = c.take(A * s.Ie);
+  b.dh = c.take(width);
+  b.dgate = c.take(width);
+  b.dup = c.take(width);
   b.dyp = c.take(A * s.C);
   b.dxp = c.take(A * s.C);
   b.dxp2 = c.take(A * s.C);
   b.dlogits = c.take(S * s.E);
   b.dweights = c.take(A);
+  if (s.Is > 0) b.dshared = c.take(S);
   return b;
 }
 
@@ -60,6 +67,34 @@ void for_each_expert(const MoeRouting& r, const BlockShape& s, F&& f) {
     const int64_t first = r.offsets[e], rows = r.offsets[e + 1] - first;
     if (rows > 0) f(e, first, rows);
   }
+}
+
+float sigmoid(float x) { return float(1.0 / (1.0 + std::exp(-double(x)))); }
+
+// The shared expert (qwen3_5_moe) of one slice's n tokens: its gate [n] = σ(n2 · w_sg), into r.shared_gate.
+void shared_gate_forward(const MoeRouting& r, const float* n2, const MoeView& w, const BlockShape& s, int64_t n) {
+  linear_forward(r.shared_gate, n2, w.shared_gate, nullptr, n, s.C, 1);
+  for (int64_t t = 0; t < n; ++t) r.shared_gate[t] = sigmoid(r.shared_gate[t]);
+}
+
+// The shared expert's backward, after the routed experts' (their rows of dh and d h done, dyp free): d its h into
+// b.dh's shared rows, its down projection's and gate's weight gradients; the gate's logit gradient into b.dshared.
+void shared_down_backward(MoeGrads& g, MoeScratch& b, const MoeRouting& r, const float* dout, const float* hs,
+                          const MoeView& w, const BlockShape& s, int64_t n) {
+  const int64_t C = s.C, Is = s.Is;
+  float* gs = b.dh + n * s.k * s.Ie;
+  for (int64_t t = 0; t < n; ++t) r.identity[t] = int32_t(t);
+  // gs = dout·W_down_s; d σ = gs·hs (moe_weight_grads with one "assignment" per token, weight σ), gs ← σ·gs = d hs.
+  linear_backward_input(gs, dout, w.shared.down, n, Is, C);
+  moe_weight_grads(b.dshared, gs, hs, r.shared_gate, r.identity, r.identity, dout, nullptr, n, 1, Is, C);
+  for (int64_t t = 0; t < n; ++t) {
+    const float sg = r.shared_gate[t];
+    b.dshared[t] *= sg * (1.0f - sg);  // through σ to the logit
+    const float* d = dout + t * C;
+    float* o = b.dyp + t * C;
+    for (int64_t c = 0; c < C; ++c) o[c] = sg * d[c];
+  }
+  linear_backward(nullptr, g.shared.down, nullptr, b.dyp, hs, w.shared.down, n, Is, C);
 }
 
 }  // namespace
@@ -96,26 +131,41 @@ void moe_route(MoeRouting& r, const float* n2, const MoeView& w, const BlockShap
   moe_gather(r.xp, n2, r.order, n * s.k, s.k, s.C);
 }
 
-void moe_gate_up(float* gate, float* up, const MoeRouting& r, const MoeView& w, const BlockShape& s, int64_t n) {
-  (void)n;
+void moe_gate_up(float* gate, float* up, const MoeRouting& r, const float* n2, const MoeView& w, const BlockShape& s,
+                 int64_t n) {
   for_each_expert(r, s, [&](int64_t e, int64_t first, int64_t rows) {
     const ExpertView& x = w.experts[size_t(e)];
     linear_forward(gate + first * s.Ie, r.xp + first * s.C, x.gate, nullptr, rows, s.C, s.Ie);
     linear_forward(up + first * s.Ie, r.xp + first * s.C, x.up, nullptr, rows, s.C, s.Ie);
   });
+  if (s.Is == 0) return;
+  const int64_t shared = n * s.k * s.Ie;  // the shared expert's rows follow the grouped ones
+  linear_forward(gate + shared, n2, w.shared.gate, nullptr, n, s.C, s.Is);
+  linear_forward(up + shared, n2, w.shared.up, nullptr, n, s.C, s.Is);
 }
 
-void moe_down_combine(float* y, MoeRouting& r, const float* h, const MoeView& w, const BlockShape& s, int64_t n) {
+void moe_down_combine(float* y, MoeRouting& r, const float* h, const float* n2, const MoeView& w, const BlockShape& s,
+                      int64_t n) {
   for_each_expert(r, s, [&](int64_t e, int64_t first, int64_t rows) {
     linear_forward(r.yp + first * s.C, h + first * s.Ie, w.experts[size_t(e)].down, nullptr, rows, s.Ie, s.C);
   });
   moe_combine_forward(y, r.yp, r.weights, r.row_of, n, s.k, s.C);
+  if (s.Is == 0) return;
+  // The shared expert's output into yp's first n rows (free after the combine), times its gate, added.
+  linear_forward(r.yp, h + n * s.k * s.Ie, w.shared.down, nullptr, n, s.Is, s.C);
+  shared_gate_forward(r, n2, w, s, n);
+  for (int64_t t = 0; t < n; ++t) {
+    const float sg = r.shared_gate[t];
+    const float* ys = r.yp + t * s.C;
+    float* o = y + t * s.C;
+    for (int64_t c = 0; c < s.C; ++c) o[c] += sg * ys[c];
+  }
 }
 
 void moe_backward(float* dn2, float* dn_router, MoeGrads& g, MoeScratch& b, const MoeRouting& r, const float* dout,
                   const float* n2, const float* gate, const float* up, const float* h, const MoeView& w,
                   const BlockShape& s, int64_t n, const float* dprobs_extra) {
-  const int64_t A = n * s.k, C = s.C, Ie = s.Ie;
+  const int64_t A = n * s.k, C = s.C, Ie = s.Ie, shared = A * Ie;  // the shared expert's rows start at `shared`
   // g = dout·W_down per grouped row (dyp holds each row's token's dout for now), then the routing weights'
   // gradient g·h and dh = w·g (moe_weight_grads); then dyp = w·dout for W_down's gradient.
   moe_gather(b.dyp, dout, r.order, A, s.k, C);
@@ -128,16 +178,31 @@ void moe_backward(float* dn2, float* dn_router, MoeGrads& g, MoeScratch& b, cons
     float* d = b.dyp + row * C;
     for (int64_t c = 0; c < C; ++c) d[c] *= wt;
   }
-  swiglu_backward(b.dgate, b.dup, b.dh, gate, up, A * Ie);
+  for_each_expert(r, s, [&](int64_t e, int64_t first, int64_t rows) {
+    linear_backward(nullptr, g.experts[size_t(e)].down, nullptr, b.dyp + first * C, h + first * Ie,
+                    w.experts[size_t(e)].down, rows, Ie, C);
+  });
+  if (s.Is > 0) {
+    shared_gate_forward(r, n2, w, s, n);  // σ again from n2: the forward's bits
+    shared_down_backward(g, b, r, dout, h + shared, w, s, n);
+  }
+  swiglu_backward(b.dgate, b.dup, b.dh, gate, up, n * s.mlp_width());
   for_each_expert(r, s, [&](int64_t e, int64_t first, int64_t rows) {
     const ExpertView& x = w.experts[size_t(e)];
     ExpertGrads& gx = g.experts[size_t(e)];
-    linear_backward(nullptr, gx.down, nullptr, b.dyp + first * C, h + first * Ie, x.down, rows, Ie, C);
     linear_backward(b.dxp + first * C, gx.gate, nullptr, b.dgate + first * Ie, r.xp + first * C, x.gate, rows, C, Ie);
     linear_backward(b.dxp2 + first * C, gx.up, nullptr, b.dup + first * Ie, r.xp + first * C, x.up, rows, C, Ie);
   });
   for (int64_t i = 0; i < A * C; ++i) b.dxp[i] += b.dxp2[i];
   moe_scatter_add(dn2, b.dxp, r.row_of, n, s.k, C);
+  if (s.Is > 0) {
+    // The shared expert's input gradients (gate, up, then its gate's logit) into dxp's first n rows, added to dn2.
+    linear_backward(b.dxp, g.shared.gate, nullptr, b.dgate + shared, n2, w.shared.gate, n, C, s.Is);
+    linear_backward(b.dxp2, g.shared.up, nullptr, b.dup + shared, n2, w.shared.up, n, C, s.Is);
+    for (int64_t i = 0; i < n * C; ++i) b.dxp[i] += b.dxp2[i];
+    linear_backward(b.dxp2, g.shared_gate, nullptr, b.dshared, n2, w.shared_gate, n, C, 1);
+    for (int64_t i = 0; i < n * C; ++i) dn2[i] += b.dxp[i] + b.dxp2[i];
+  }
   // The router: its weights' gradient through top-k and softmax (plus the auxiliary loss's), then the linear.
   router_backward(b.dlogits, b.dweights, dprobs_extra, r.ids, r.weights, r.probs, router_shape(s, n));
   linear_backward(dn_router, g.router, nullptr, b.dlogits, n2, w.router, n, C, s.E);

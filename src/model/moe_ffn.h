@@ -3,6 +3,7 @@
 //
 //   logits = n2 · W_routerᵀ [n, E];  ids, w = route(logits) (ops/moe.h: softmax, top-k, renormalised or not)
 //   y[t] = Σ_j w[t, j] · down_e(silu(gate_e(n2[t])) · up_e(n2[t])),  e = ids[t, j]
+//   qwen3_5_moe adds a shared expert on every token: y[t] += σ(n2[t] · w_sg) · down_s(silu(gate_s(n2[t])) · up_s(n2[t]))
 //
 // Route slices. The block runs a sparse layer's MLP over slices of S = min(kTokenSlice, N) tokens
 // (BlockShape::mlp_rows). Each slice is routed, its n·k assignments grouped by expert in a stable order
@@ -11,12 +12,14 @@
 // slices in order, so neither the plan's MLP chunk nor the thread count changes a bit; experts no token chose add
 // nothing (their gradient stays zero, and AdamW still updates them, as PyTorch does the fused expert tensors).
 //
-// What the backward keeps: like the dense MLP's gate / up / h, the grouped rows' gate, up and h [n·k, Ie] per slice
-// (token t's k rows lie within its slice's, so "rows of tokens [t0, t0 + n)" is rows [t0·k, (t0 + n)·k)). The
+// What the backward keeps: like the dense MLP's gate / up / h, the grouped rows' gate, up and h [n·k, Ie] per slice,
+// then the shared expert's [n, Is] — n·(k·Ie + Is) elements per field and slice (BlockShape::mlp_width() per token;
+// token t's rows lie within its slice's, so "the rows of tokens [t0, t0 + n)" are elements [t0·width, (t0 + n)·width)). The
 // routing is not kept: the backward routes the slice again from n2, whose bits the forward, a recompute and the
 // backward share (model/block.h), so it gets the same ids and weights — the router is a deterministic function of
-// n2. The experts' outputs are not kept either: the combine's weight gradient is (dout·W_down)·h (moe_weight_grads),
-// and dout·W_down is the GEMM the down projection's input gradient needs anyway.
+// n2 (as is the shared expert's gate logit). The experts' outputs are not kept either: the combine's weight gradient
+// is (dout·W_down)·h (moe_weight_grads), and dout·W_down is the GEMM the down projection's input gradient needs anyway;
+// the shared expert's gate gradient likewise.
 //
 // Legend: n tokens of the slice (≤ S), C hidden, E experts, k per token, Ie an expert's intermediate size.
 #pragma once
@@ -38,6 +41,8 @@ struct ExpertView {
 struct MoeView {
   WeightRef router;                 // [E, C] (mlp.gate.weight)
   std::vector<ExpertView> experts;  // [E]
+  ExpertView shared;                // [Is, C], [Is, C], [C, Is] (qwen3_5_moe; null data: none)
+  WeightRef shared_gate;            // [1, C]
 };
 struct ExpertGrads {
   float *gate, *up, *down;
@@ -45,6 +50,8 @@ struct ExpertGrads {
 struct MoeGrads {
   float* router;
   std::vector<ExpertGrads> experts;
+  ExpertGrads shared;  // null without a shared expert
+  float* shared_gate;
 };
 
 // One slice's routing and grouped rows (in the layer's working copy; a forward temporary, rebuilt by the backward).
@@ -57,7 +64,9 @@ struct MoeRouting {
   int32_t* row_of;   // [S·k]  the grouped row of each assignment
   int64_t* offsets;  // [E + 1] expert e's grouped rows
   float* xp;         // [S·k, C] the grouped rows' input (n2 of their tokens)
-  float* yp;         // [S·k, C] the experts' outputs (forward)
+  float* yp;         // [S·k, C] the experts' outputs (forward), then the shared expert's [S, C]
+  float* shared_gate;       // [S] σ(n2 · w_sg) (shared expert only)
+  int32_t* identity;        // [S] 0, 1, ..: the shared expert's rows as moe_weight_grads' one assignment per token
   static size_t floats(const BlockShape& s);
   static MoeRouting bind(float* buffer, const BlockShape& s);
 };
@@ -68,6 +77,7 @@ struct MoeScratch {
   float *dyp, *dxp, *dxp2;  // [S·k, C]
   float* dlogits;           // [S, E]
   float* dweights;          // [S, k]
+  float* dshared;           // [S]  the shared gate's gradient (shared expert only)
   static size_t floats(const BlockShape& s);
   static MoeScratch bind(float* buffer, const BlockShape& s);
 };
@@ -76,14 +86,16 @@ RouterShape router_shape(const BlockShape& s, int64_t n);
 
 // Routes the slice's n2 rows [n, C]: r's logits .. xp.
 void moe_route(MoeRouting& r, const float* n2, const MoeView& w, const BlockShape& s, int64_t n);
-// gate, up [n·k, Ie] of the grouped rows from r.xp (the caller computes h = silu(gate)·up between, with its
-// storage hooks).
-void moe_gate_up(float* gate, float* up, const MoeRouting& r, const MoeView& w, const BlockShape& s, int64_t n);
-// y[n, C] (written): each expert's down projection of its rows of h [n·k, Ie] into r.yp, then the weighted combine.
-void moe_down_combine(float* y, MoeRouting& r, const float* h, const MoeView& w, const BlockShape& s, int64_t n);
+// gate, up [n·k, Ie] of the grouped rows from r.xp, then the shared expert's [n, Is] from n2 (the caller computes
+// h = silu(gate)·up between, with its storage hooks).
+void moe_gate_up(float* gate, float* up, const MoeRouting& r, const float* n2, const MoeView& w, const BlockShape& s,
+                 int64_t n);
+// y[n, C] (written): each expert's down projection of its rows of h into r.yp, the weighted combine, then the shared
+// expert's output times its gate.
+void moe_down_combine(float* y, MoeRouting& r, const float* h, const float* n2, const MoeView& w, const BlockShape& s,
+                      int64_t n);
 
-// The slice's backward from dout[n, C], with r routed again (moe_route) and gate, up, h [n·k, Ie] as the forward
-// had them: dn2[n, C] (written) the experts' input gradient, dn_router[n, C] (written) the router's; the parameter
+// The slice's backward from dout[n, C], with r routed again (moe_route) and gate, up, h as the forward had them: dn2[n, C] (written) the experts' input gradient, dn_router[n, C] (written) the router's; the parameter
 // gradients accumulated. dprobs_extra[E] or null: the auxiliary loss's gradient (router_backward).
 void moe_backward(float* dn2, float* dn_router, MoeGrads& g, MoeScratch& b, const MoeRouting& r, const float* dout,
                   const float* n2, const float* gate, const float* up, const float* h, const MoeView& w,

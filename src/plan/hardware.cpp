@@ -116,11 +116,14 @@ int64_t layer_parameters(const ModelConfig& cfg, int64_t layer) {
 namespace {
 
 // A layer's MLP forward FLOPs per token: 2 per weight of the matrices a token multiplies — the dense MLP's three,
-// or a sparse layer's router and its k routed experts' (not all E).
+// or a sparse layer's router, its k routed experts' (not all E) and the shared expert with its gate.
 double mlp_flops_per_token(const ModelConfig& cfg, bool sparse) {
   const double C = double(cfg.hidden_size);
   if (!sparse) return 6.0 * C * double(cfg.intermediate_size);
-  return 2.0 * C * double(cfg.num_experts) + 6.0 * C * double(cfg.moe_intermediate_size) * double(cfg.num_experts_per_tok);
+  const double Is = double(cfg.shared_expert_intermediate_size);
+  return 2.0 * C * double(cfg.num_experts) +
+         6.0 * C * double(cfg.moe_intermediate_size) * double(cfg.num_experts_per_tok) +
+         (Is > 0 ? 6.0 * C * Is + 2.0 * C : 0.0);
 }
 
 }  // namespace
@@ -166,9 +169,10 @@ double mlp_flops_share(const ModelConfig& cfg, int64_t B, int64_t T, int64_t lay
 }
 
 double down_projection_flops(const ModelConfig& cfg, int64_t B, int64_t T, int64_t layer) {
-  const double per_token = cfg.sparse_layer(layer)
-                               ? double(cfg.moe_intermediate_size) * double(cfg.num_experts_per_tok)
-                               : double(cfg.intermediate_size);
+  const double per_token = cfg.sparse_layer(layer) ? double(cfg.moe_intermediate_size) *
+                                                          double(cfg.num_experts_per_tok) +
+                                                      double(cfg.shared_expert_intermediate_size)
+                                                : double(cfg.intermediate_size);
   return 2.0 * double(B) * double(T) * double(cfg.hidden_size) * per_token;
 }
 

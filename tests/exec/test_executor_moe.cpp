@@ -11,11 +11,12 @@
 namespace lt {
 namespace {
 
-// Seeds [first, last]: a third with bf16 GEMMs, half packed, half through a slow link.
-void every_policy_matches(uint64_t first, uint64_t last, DType activations) {
+// Seeds [first, last]: a third with bf16 GEMMs, half packed, half through a slow link; Qwen3-MoE, or Qwen3.5-MoE
+// (hybrid layers, a shared expert) when `hybrid`.
+void every_policy_matches(uint64_t first, uint64_t last, DType activations, bool hybrid = false) {
   for (uint64_t seed = first; seed <= last; ++seed) {
     Rng rng(seed * 2003);
-    const ModelConfig cfg = testing::random_moe_config(rng);
+    const ModelConfig cfg = hybrid ? testing::random_hybrid_moe_config(rng) : testing::random_moe_config(rng);
     const ModelSlabs params = testing::random_params(cfg, seed * 13);
     const Batch batch = testing::random_batch(cfg, rng, seed % 2 == 0);
     const ComputeType ct = seed % 3 == 0 ? ComputeType::bf16 : ComputeType::f32;
@@ -29,6 +30,11 @@ TEST(ExecutorMoe, EveryPolicyMatchesInMemoryPathBitwise) { every_policy_matches(
 // bf16 storage: a sparse layer keeps its routed rows' gate, up and h in bf16 and routes again in the backward from
 // the stored n2 — the same ids and weights as its forward computed from the rounded n2.
 TEST(ExecutorMoe, EveryPolicyMatchesInMemoryPathBitwiseWithBf16Activations) { every_policy_matches(7, 12, DType::bf16); }
+
+TEST(ExecutorMoe, HybridWithSharedExpertEveryPolicyMatchesInMemoryPathBitwise) {
+  every_policy_matches(13, 16, DType::f32, true);
+  every_policy_matches(17, 20, DType::bf16, true);
+}
 
 // A sparse layer's slab holds the router and every expert (what it streams and updates), and the slabs together are
 // the config's parameter count.

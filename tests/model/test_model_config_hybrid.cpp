@@ -447,17 +447,18 @@ TEST(HybridConfigRefuses, LinearAttentionSizes) {
                {"config.json", "'text_config.linear_num_value_heads' 40", "'text_config.linear_num_key_heads' 16"});
 }
 
-TEST(HybridConfigRefuses, MixtureOfExperts) {
+// Experts belong to the qwen3_5_moe model types (tests/model/test_model_config_moe.cpp); the outer and text model
+// types must agree.
+TEST(HybridConfigRefuses, ExpertsOutsideTheMoeModelTypes) {
   expect_error([] { parse(with(qwen36_27b(), {{"model_type", "qwen3_5_moe"}})); },
-               {"config.json", "model_type 'qwen3_5_moe'", "mixture-of-experts"});
-  expect_error([] { parse(with(kTinyText, {{"model_type", "qwen3_5_moe_text"}})); },
-               {"config.json", "'qwen3_5_moe_text'", "mixture-of-experts"});
+               {"config.json", "text_config.model_type 'qwen3_5_text' does not go with model_type 'qwen3_5_moe'",
+                "expected qwen3_5_moe_text"});
   expect_error([] { parse(with_text(qwen36_27b(), {{"model_type", "qwen3_5_moe_text"}})); },
-               {"config.json", "text_config.model_type", "mixture-of-experts"});
+               {"config.json", "'qwen3_5_moe_text' does not go with model_type 'qwen3_5'"});
   expect_error([] { parse(with_text(qwen36_27b(), {{"num_experts", 512}})); },
-               {"config.json", "'text_config.num_experts' is 512", "mixture-of-experts"});
+               {"config.json", "'text_config.num_experts' is 512", "a dense qwen3_5 model has no experts"});
   expect_error([] { parse(with(kTinyText, {{"moe_intermediate_size", 64}})); },
-               {"config.json", "'moe_intermediate_size'", "mixture-of-experts"});
+               {"config.json", "'moe_intermediate_size'", "qwen3_5_moe_text"});
   EXPECT_NO_THROW(parse(with(kTinyText, {{"num_experts", 0}})));
 }
 

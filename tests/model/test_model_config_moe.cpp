@@ -91,5 +91,62 @@ TEST(ModelConfigMoe, RefusesWhatItCannotRun) {
   expect_error([&] { model_config_to_json(dense); }, {"qwen3 config cannot hold mixture-of-experts layers"});
 }
 
+json qwen35_35b_a3b() { return read_json_file(std::string(LT_SOURCE_DIR) + "/examples/qwen3.5-35b-a3b/config.json"); }
+
+// Qwen3.5-35B-A3B (Qwen3.6-35B-A3B has the same topology), the released vision-language form: 40 hybrid layers, every
+// MLP 256 experts of 512 (8 per token, renormalised) and a shared expert of 512.
+TEST(ModelConfigMoe, ParsesQwen35_35B_A3B) {
+  const ModelConfig c = parse(qwen35_35b_a3b());
+  EXPECT_EQ(c.type, ModelType::qwen3_5);
+  EXPECT_TRUE(c.vision_language);
+  EXPECT_TRUE(c.is_moe());
+  EXPECT_EQ(c.num_experts, 256);
+  EXPECT_EQ(c.num_experts_per_tok, 8);
+  EXPECT_EQ(c.moe_intermediate_size, 512);
+  EXPECT_EQ(c.shared_expert_intermediate_size, 512);
+  EXPECT_TRUE(c.norm_topk_prob);  // always, in transformers' Qwen3.5-MoE
+  EXPECT_EQ(c.intermediate_size, 0);
+  EXPECT_EQ(c.num_sparse_layers(), 40);
+  EXPECT_EQ(c.num_linear_attention_layers(), 30);
+  // 35B in all, 3B active per token (the model card's figures; the MTP layer is not trained).
+  EXPECT_NEAR(double(c.num_parameters()), 34.66e9, 0.01e9);
+  EXPECT_NEAR(double(c.num_active_parameters()), 3.45e9, 0.01e9);
+}
+
+TEST(ModelConfigMoe, Qwen35MoeRoundTripsInBothForms) {
+  const ModelConfig vl = parse(qwen35_35b_a3b());
+  json out = model_config_to_json(vl);
+  EXPECT_EQ(out["model_type"], "qwen3_5_moe");
+  EXPECT_EQ(out["architectures"][0], "Qwen3_5MoeForConditionalGeneration");
+  EXPECT_EQ(out["text_config"]["model_type"], "qwen3_5_moe_text");
+  EXPECT_FALSE(out["text_config"].contains("intermediate_size"));
+  EXPECT_EQ(parse(out), vl);
+  // The text-only form: the text config at the top.
+  json text = qwen35_35b_a3b()["text_config"];
+  text["architectures"] = {"Qwen3_5MoeForCausalLM"};
+  const ModelConfig t = parse(text);
+  EXPECT_FALSE(t.vision_language);
+  EXPECT_EQ(t.num_experts, 256);
+  out = model_config_to_json(t);
+  EXPECT_EQ(out["model_type"], "qwen3_5_moe_text");
+  EXPECT_EQ(out["architectures"][0], "Qwen3_5MoeForCausalLM");
+  EXPECT_EQ(parse(out), t);
+}
+
+TEST(ModelConfigMoe, Qwen35MoeDefaultsAndRefusals) {
+  json text = qwen35_35b_a3b()["text_config"];
+  for (const char* key : {"num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size"})
+    text.erase(key);
+  const ModelConfig c = parse(text);  // Qwen3_5MoeTextConfig's defaults
+  EXPECT_EQ(c.num_experts, 256);
+  EXPECT_EQ(c.num_experts_per_tok, 8);
+  EXPECT_EQ(c.moe_intermediate_size, 512);
+  EXPECT_EQ(c.shared_expert_intermediate_size, 512);
+  expect_error([] { parse(with(qwen35_35b_a3b()["text_config"], {{"num_experts_per_tok", 300}})); },
+               {"config.json", "'num_experts_per_tok' 300 exceeds 'num_experts' 256"});
+  expect_error([] { parse(with(qwen35_35b_a3b()["text_config"], {{"shared_expert_intermediate_size", 0}})); },
+               {"config.json", "'shared_expert_intermediate_size' is 0"});
+}
+
 }  // namespace
 }  // namespace lt

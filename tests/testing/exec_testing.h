@@ -94,6 +94,19 @@ inline ModelConfig random_moe_config(Rng& rng) {
   return c;
 }
 
+// A small random Qwen3.5-MoE: random_hybrid_config's layers, every MLP sparse (3..6 experts, 1..3 per token,
+// renormalised) with a shared expert.
+inline ModelConfig random_hybrid_moe_config(Rng& rng) {
+  ModelConfig c = random_hybrid_config(rng);
+  c.intermediate_size = 0;
+  c.num_experts = 3 + int64_t(rng.below(4));
+  c.num_experts_per_tok = 1 + int64_t(rng.below(3));
+  c.moe_intermediate_size = 5 + int64_t(rng.below(10));
+  c.shared_expert_intermediate_size = 6 + int64_t(rng.below(12));
+  c.norm_topk_prob = true;
+  return c;
+}
+
 inline ModelSlabs random_params(const ModelConfig& cfg, uint64_t seed) { return random_model_params(cfg, seed); }
 
 inline Batch random_batch(const ModelConfig& cfg, Rng& rng, bool packed) {
