@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "core/parallel.h"
+#include "model/carver.h"
 #include "ops/ops.h"
 
 namespace lt {
@@ -208,17 +209,7 @@ BlockGrads BlockGrads::bind(const SlabLayout& layout, void* base_ptr) {
   return g;
 }
 
-// Every sub-buffer starts 64-byte aligned (16 floats) so vector loads never straddle.
 namespace {
-struct Carver {
-  float* base;
-  size_t used = 0;
-  float* take(int64_t n) {
-    float* p = base ? base + used : nullptr;
-    used += (size_t(n) + 15) / 16 * 16;
-    return p;
-  }
-};
 
 // mlp_rows: the rows of gate / up / h (one chunk, or N for the full layout); x32 only in the working copy. A
 // linear-attention layer's mixer internals take the attention fields' place.

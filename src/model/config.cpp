@@ -314,6 +314,15 @@ std::vector<LayerKind> parse_layer_types(const Keys& k, ModelType type, int64_t 
   return kinds;
 }
 
+// router_aux_loss_coef: a number >= 0 (read and written back; training takes its coefficient from the settings).
+double parse_router_aux_loss_coef(const Keys& k, double fallback) {
+  const json* v = k.find("router_aux_loss_coef");
+  if (!v) return fallback;
+  LT_CHECK(v->is_number() && v->get<double>() >= 0, "{}: '{}' is {}, expected a number >= 0", k.source(),
+           k.name("router_aux_loss_coef"), v->dump());
+  return v->get<double>();
+}
+
 // qwen3_5_moe's experts (Qwen3_5MoeTextConfig's defaults): every layer sparse, top-k renormalised, a shared expert.
 void parse_qwen3_5_experts(const Keys& k, ModelConfig& c) {
   c.num_experts = k.positive_int("num_experts", 256);
@@ -323,11 +332,7 @@ void parse_qwen3_5_experts(const Keys& k, ModelConfig& c) {
   c.moe_intermediate_size = k.positive_int("moe_intermediate_size", 512);
   c.shared_expert_intermediate_size = k.positive_int("shared_expert_intermediate_size", 512);
   c.norm_topk_prob = true;
-  if (const json* v = k.find("router_aux_loss_coef")) {
-    LT_CHECK(v->is_number() && v->get<double>() >= 0, "{}: '{}' is {}, expected a number >= 0", k.source(),
-             k.name("router_aux_loss_coef"), v->dump());
-    c.router_aux_loss_coef = v->get<double>();
-  }
+  c.router_aux_loss_coef = parse_router_aux_loss_coef(k, c.router_aux_loss_coef);
 }
 
 // qwen3_5's gated attention and Gated DeltaNet settings, with Qwen3_5TextConfig's defaults; its experts when `moe`.
@@ -385,11 +390,7 @@ void parse_qwen3_moe(const Keys& k, ModelConfig& c) {
       c.mlp_only_layers.push_back(e.get<int64_t>());
     }
   }
-  if (const json* v = k.find("router_aux_loss_coef")) {
-    LT_CHECK(v->is_number() && v->get<double>() >= 0, "{}: '{}' is {}, expected a number >= 0", k.source(),
-             k.name("router_aux_loss_coef"), v->dump());
-    c.router_aux_loss_coef = v->get<double>();
-  }
+  c.router_aux_loss_coef = parse_router_aux_loss_coef(k, c.router_aux_loss_coef);
 }
 
 // The text model's keys of one config object (the whole file, or qwen3_5's text_config), except the ones the

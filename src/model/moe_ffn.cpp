@@ -5,28 +5,13 @@
 
 #include "core/error.h"
 #include "model/block.h"
+#include "model/carver.h"
 #include "ops/swiglu.h"
 
 namespace lt {
 namespace {
 
-// Sub-buffers 64-byte aligned (16 floats), as the block's (model/block.cpp); ints take a float's 4 bytes, the
-// int64 offsets two.
-struct Carve {
-  float* base;
-  size_t used = 0;
-  float* take(int64_t n) {
-    float* p = base ? base + used : nullptr;
-    used += (size_t(n) + 15) / 16 * 16;
-    return p;
-  }
-  template <class T>
-  T* take_as(int64_t n) {
-    return reinterpret_cast<T*>(take(n * int64_t(sizeof(T) / sizeof(float))));
-  }
-};
-
-MoeRouting carve_routing(Carve& c, const BlockShape& s) {
+MoeRouting carve_routing(Carver& c, const BlockShape& s) {
   const int64_t S = s.mlp_rows(), A = S * s.k;
   MoeRouting r{};
   r.logits = c.take(S * s.E);
@@ -45,7 +30,7 @@ MoeRouting carve_routing(Carve& c, const BlockShape& s) {
   return r;
 }
 
-MoeScratch carve_scratch(Carve& c, const BlockShape& s) {
+MoeScratch carve_scratch(Carver& c, const BlockShape& s) {
   const int64_t S = s.mlp_rows(), A = S * s.k, width = S * s.mlp_width();  // the grouped rows', then the shared's
   MoeScratch b{};
   b.dh = c.take(width);
@@ -100,21 +85,21 @@ void shared_down_backward(MoeGrads& g, MoeScratch& b, const MoeRouting& r, const
 }  // namespace
 
 size_t MoeRouting::floats(const BlockShape& s) {
-  Carve c{nullptr};
+  Carver c{nullptr};
   carve_routing(c, s);
   return c.used;
 }
 MoeRouting MoeRouting::bind(float* buffer, const BlockShape& s) {
-  Carve c{buffer};
+  Carver c{buffer};
   return carve_routing(c, s);
 }
 size_t MoeScratch::floats(const BlockShape& s) {
-  Carve c{nullptr};
+  Carver c{nullptr};
   carve_scratch(c, s);
   return c.used;
 }
 MoeScratch MoeScratch::bind(float* buffer, const BlockShape& s) {
-  Carve c{buffer};
+  Carver c{buffer};
   return carve_scratch(c, s);
 }
 
