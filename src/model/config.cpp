@@ -570,6 +570,15 @@ void write_token_ids(const ModelConfig& c, json& j) {
     j["eos_token_id"] = c.eos_token_id ? json(*c.eos_token_id) : json(nullptr);
 }
 
+// The expert keys qwen3_moe and qwen3_5_moe share.
+void write_expert_keys(const ModelConfig& c, json& j) {
+  j["num_experts"] = c.num_experts;
+  j["num_experts_per_tok"] = c.num_experts_per_tok;
+  j["moe_intermediate_size"] = c.moe_intermediate_size;
+  j["router_aux_loss_coef"] = c.router_aux_loss_coef;
+  j["output_router_logits"] = false;
+}
+
 // qwen3_5's text-model keys (Qwen3_5TextConfig), without the token ids.
 json qwen3_5_text_json(const ModelConfig& c) {
   json rope = {
@@ -607,12 +616,8 @@ json qwen3_5_text_json(const ModelConfig& c) {
   };
   if (c.is_moe()) {  // Qwen3_5MoeTextConfig: no dense MLP
     j.erase("intermediate_size");
-    j["num_experts"] = c.num_experts;
-    j["num_experts_per_tok"] = c.num_experts_per_tok;
-    j["moe_intermediate_size"] = c.moe_intermediate_size;
+    write_expert_keys(c, j);
     j["shared_expert_intermediate_size"] = c.shared_expert_intermediate_size;
-    j["router_aux_loss_coef"] = c.router_aux_loss_coef;
-    j["output_router_logits"] = false;
   }
   return j;
 }
@@ -797,14 +802,10 @@ json model_config_to_json(const ModelConfig& c) {
   }
   if (c.type == ModelType::llama) j["mlp_bias"] = c.mlp_bias;
   if (c.type == ModelType::qwen3_moe) {
-    j["num_experts"] = c.num_experts;
-    j["num_experts_per_tok"] = c.num_experts_per_tok;
-    j["moe_intermediate_size"] = c.moe_intermediate_size;
+    write_expert_keys(c, j);
     j["norm_topk_prob"] = c.norm_topk_prob;
     j["decoder_sparse_step"] = c.decoder_sparse_step;
     j["mlp_only_layers"] = c.mlp_only_layers;
-    j["router_aux_loss_coef"] = c.router_aux_loss_coef;
-    j["output_router_logits"] = false;
   }
   if (c.type != ModelType::llama) {
     j["use_sliding_window"] = false;
