@@ -51,6 +51,8 @@ Usage: check_model.py --lazytrain build/lazytrain --case qwen3_untied [--workdir
                       [--activation-dtype auto|f32|bf16] [--device cpu|cuda-sim] [--policy P]
 """
 import argparse
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -58,7 +60,11 @@ import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REFERENCE = os.path.join(HERE, "torch_reference.py")
+sys.path.insert(0, HERE)
+# The reference runs in this process: `import torch` costs ~2.5 s, and a case calls the reference three to five times
+# (make, grad, the emulated grad, one or two compares) -- as subprocesses that was most of a case's time.
+import torch_reference  # noqa: E402
+from safetensors_py import read_safetensors  # noqa: E402
 
 # Odd shapes on purpose: T=37, GQA 6:2, vocab 101 (not a multiple of 8), head_dim != hidden/heads.
 CASES = {
@@ -146,11 +152,29 @@ NOISE_FACTOR = 2.0
 
 
 def run(cmd):
+    """lazytrain as a subprocess; its stdout, or exit naming the command."""
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         sys.stderr.write(f"command failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stdout}\n{proc.stderr}\n")
         sys.exit(1)
     return proc.stdout
+
+
+def reference(argv):
+    """torch_reference.py ARGV in this process: (exit status, stdout)."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        status = torch_reference.main(argv)
+    return status, out.getvalue()
+
+
+def run_reference(argv):
+    """torch_reference.py ARGV, which must succeed; its stdout."""
+    status, out = reference(argv)
+    if status != 0:
+        sys.stderr.write(f"torch_reference.py {' '.join(argv)} failed ({status}):\n{out}\n")
+        sys.exit(1)
+    return out
 
 
 def last_json_line(text):
@@ -174,18 +198,17 @@ def main():
     work = args.workdir or tempfile.mkdtemp(prefix=f"lt_check_{args.case}_")
     model = os.path.join(work, "model")
     batch = os.path.join(model, "batch.json")
-    py = sys.executable
     storage = args.dtype if args.activation_dtype == "auto" else args.activation_dtype
     # Any bf16 rounding (GEMM operands, activation storage): the reference applies the same roundings too.
     emulate = "bf16" in (args.dtype, storage)
     emulate_flags = (["--emulate-bf16"] if args.dtype == "bf16" else []) + \
         (["--emulate-bf16-storage"] if storage == "bf16" else [])
-    run([py, REFERENCE, "make", "--out", model, "--seed", str(args.seed)] + CASES[args.case])
-    ref = last_json_line(run([py, REFERENCE, "grad", "--model", model, "--batch", batch,
-                              "--out", os.path.join(work, "ref.safetensors")]))
+    run_reference(["make", "--out", model, "--seed", str(args.seed)] + CASES[args.case])
+    ref = last_json_line(run_reference(["grad", "--model", model, "--batch", batch,
+                                        "--out", os.path.join(work, "ref.safetensors")]))
     if emulate:
-        ref_bf16 = last_json_line(run([py, REFERENCE, "grad", "--model", model, "--batch", batch] + emulate_flags +
-                                      ["--out", os.path.join(work, "ref_bf16.safetensors")]))
+        ref_bf16 = last_json_line(run_reference(["grad", "--model", model, "--batch", batch] + emulate_flags +
+                                                ["--out", os.path.join(work, "ref_bf16.safetensors")]))
     ours = last_json_line(run([args.lazytrain, "grad", "--model", model, "--batch", batch,
                                "--out", os.path.join(work, "ours.safetensors"),
                                "--dtype", args.dtype, "--activation-dtype", args.activation_dtype,
@@ -203,14 +226,14 @@ def main():
         print(f"== against the reference with LazyTrain's bf16 roundings (grad {' '.join(emulate_flags)}), rel-L2 "
               f"{e_grad:.2e} = max({EMULATED_GRAD_RTOL:.0e}, {EMULATED_NOISE_SHARE:g} x {noise:.2e}), "
               f"loss {EMULATED_LOSS_RTOL:.0e}")
-        if not compare(py, work, "ref_bf16.safetensors", e_grad, ours["loss"], ref_bf16["loss"], EMULATED_LOSS_RTOL):
+        if not compare(work, "ref_bf16.safetensors", e_grad, ours["loss"], ref_bf16["loss"], EMULATED_LOSS_RTOL):
             failed.append("emulated bf16")
         print(f"== against the float64 reference, rel-L2 {grad_rtol:.0e} or {NOISE_FACTOR:g} x the emulated "
               f"reference's own distance to it, loss {loss_rtol:.0e}")
         extra = ["--widen-by", os.path.join(work, "ref_bf16.safetensors"), "--widen-factor", repr(NOISE_FACTOR)]
-        if not compare(py, work, "ref.safetensors", grad_rtol, ours["loss"], ref["loss"], loss_rtol, extra):
+        if not compare(work, "ref.safetensors", grad_rtol, ours["loss"], ref["loss"], loss_rtol, extra):
             failed.append("float64")
-    elif not compare(py, work, "ref.safetensors", grad_rtol, ours["loss"], ref["loss"], loss_rtol):
+    elif not compare(work, "ref.safetensors", grad_rtol, ours["loss"], ref["loss"], loss_rtol):
         failed.append("float64")
     if failed:
         sys.exit(f"{args.case} [{args.dtype}, activations {storage}, {args.device}]: FAIL against the "
@@ -221,25 +244,22 @@ def main():
 
 def bf16_noise(work):
     """(worst rel-L2, its tensor) of the emulated-bf16 reference gradients against the float64 ones."""
-    sys.path.insert(0, HERE)
-    from safetensors_py import read_safetensors
-    from torch_reference import rel_l2
     emu = read_safetensors(os.path.join(work, "ref_bf16.safetensors"))[0]
     f64 = read_safetensors(os.path.join(work, "ref.safetensors"))[0]
-    return max((rel_l2(emu[n], f64[n]), n) for n in f64)
+    return max((torch_reference.rel_l2(emu[n], f64[n]), n) for n in f64)
 
 
-def compare(py, work, ref_name, grad_rtol, loss_ours, loss_ref, loss_rtol, extra=()):
+def compare(work, ref_name, grad_rtol, loss_ours, loss_ref, loss_rtol, extra=()):
     """torch_reference.py compare of ours.safetensors against work/ref_name; prints its table; True on a pass."""
-    proc = subprocess.run([py, REFERENCE, "compare", "--ours", os.path.join(work, "ours.safetensors"),
-                           "--ref", os.path.join(work, ref_name), "--rtol-l2", repr(grad_rtol),
-                           "--loss-ours", repr(loss_ours), "--loss-ref", repr(loss_ref),
-                           "--loss-rtol", repr(loss_rtol)] + list(extra), capture_output=True, text=True)
-    print(proc.stdout)
-    if proc.returncode not in (0, 1):
-        sys.stderr.write(proc.stderr)
-        sys.exit(f"compare failed ({proc.returncode})")
-    return proc.returncode == 0
+    status, out = reference(["compare", "--ours", os.path.join(work, "ours.safetensors"),
+                             "--ref", os.path.join(work, ref_name), "--rtol-l2", repr(grad_rtol),
+                             "--loss-ours", repr(loss_ours), "--loss-ref", repr(loss_ref),
+                             "--loss-rtol", repr(loss_rtol)] + list(extra))
+    print(out)
+    if status not in (0, 1):
+        sys.exit(f"compare failed ({status})")
+    return status == 0
+
 
 if __name__ == "__main__":
     main()

@@ -3,7 +3,8 @@
 resumed with resume_from_checkpoint=true until it finishes must end with model files byte-identical to
 an uninterrupted run of the same config.
 
-Usage: check_resume_kill.py --lazytrain BIN [--kills N] [--seed S] [--steps N] [--device cpu|cuda-sim] [--model moe]"""
+Usage: check_resume_kill.py --lazytrain BIN [--kills N] [--seed S] [--steps N] [--device cpu|cuda-sim] [--model moe]
+                     [--batch B]"""
 import argparse
 import os
 import random
@@ -25,6 +26,7 @@ def main():
                     help="cuda-sim: the CUDA block and head under cuda-sim (bf16 activations), what --device cuda runs")
     ap.add_argument("--model", default="dense", choices=["dense", "moe"],
                     help="moe: the demo's Qwen3-MoE (make_data.py's model_moe: 8 experts, 2 per token)")
+    ap.add_argument("--batch", type=int, default=4, help="per_device_train_batch_size")
     a = ap.parse_args()
     rng = random.Random(a.seed)
     with arith_work("lt_resume_kill_", 400, 10) as (work, paths):
@@ -32,7 +34,7 @@ def main():
         if a.model == "moe":
             paths = [f"model_name_or_path={work}/model_moe/config.json"] + paths[1:]
         common = paths + ["eval_dataset=",
-                  "per_device_train_batch_size=4", f"max_steps={a.steps}", "save_steps=2", "save_total_limit=2",
+                  f"per_device_train_batch_size={a.batch}", f"max_steps={a.steps}", "save_steps=2", "save_total_limit=2",
                   "logging_steps=4", "plan=every:2", "cutoff_len=160", "device_memory=256MiB", f"device={a.device}"]
         if a.device == "cuda-sim":  # the GPU's storage, so the executor launches the CUDA block (exec/backend.h)
             common.append("activation_dtype=bf16")
