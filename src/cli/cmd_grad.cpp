@@ -24,6 +24,7 @@ namespace {
 struct GradOptions {
   std::string model_dir, batch_path, out_path, dtype = "f32";
   int threads = 0;
+  double moe_aux_loss_coef = 0;
   DeviceOptions dev;
 };
 
@@ -34,12 +35,19 @@ void run_grad(const GradOptions& o) {
   ComputeType compute = o.dtype == "bf16" ? ComputeType::bf16 : ComputeType::f32;
   LoadedModel m = load_hf_model(o.model_dir);
   Batch batch = Batch::load(o.batch_path, m.config.vocab_size);
+  LT_CHECK(o.moe_aux_loss_coef == 0 || m.config.is_moe(),
+           "--moe-aux-loss-coef {}: {} is not a Mixture-of-Experts model (model_type {})", o.moe_aux_loss_coef,
+           o.model_dir, model_type_name(m.config.type));
   ModelSlabs grads(m.config, DType::f32);
   nlohmann::json line;
+  double ce = 0, aux = 0;
   if (o.dev.policy.empty() && backend.has_in_memory_path()) {
     Timer timer;
-    LossResult r = model_forward_backward(grads, m.params, batch, o.dev.precision(compute));
-    line = {{"loss", r.loss()}, {"tokens", r.tokens}, {"seconds", timer.seconds()}};
+    LossResult r = model_forward_backward(grads, m.params, batch, o.dev.precision(compute), nullptr,
+                                          o.moe_aux_loss_coef);
+    line = {{"tokens", r.tokens}, {"seconds", timer.seconds()}};
+    ce = r.loss();
+    aux = r.moe_aux;
   } else {
     Plan plan = Plan::parse(o.dev.policy.empty() ? backend.reference_policy() : o.dev.policy, m.config.num_layers);
     std::unique_ptr<Device> device = o.dev.make_device();
@@ -58,11 +66,24 @@ void run_grad(const GradOptions& o) {
     pins.pin(const_cast<ModelSlabs&>(*weights), "weights");
     pins.pin(grads, "gradients");
     TraceRecorder trace;
-    StepStats st = ex.step(grads, m.params, *weights, batch, plan, o.dev.trace_path.empty() ? nullptr : &trace);
+    GradTarget target;
+    target.moe_aux_weight = o.moe_aux_loss_coef;
+    StepStats st = ex.step(grads, m.params, *weights, batch, plan, o.dev.trace_path.empty() ? nullptr : &trace,
+                           nullptr, target);
     if (!o.dev.trace_path.empty()) trace.write_chrome_trace(o.dev.trace_path);
     line = st.to_json();
     line["seconds"] = st.step_s;
     line["policy"] = plan.name;
+    ce = st.loss();
+    aux = st.moe_aux_loss;
+  }
+  // The loss as transformers returns it: cross-entropy, plus coef · aux with output_router_logits (an MoE model's
+  // parts beside it).
+  line["loss"] = ce + o.moe_aux_loss_coef * aux;
+  if (m.config.is_moe()) {
+    line["ce_loss"] = ce;
+    line["aux_loss"] = aux;
+    line["moe_aux_loss_coef"] = o.moe_aux_loss_coef;
   }
   save_safetensors(grads, o.out_path, DType::f32);
   std::printf("%s\n", line.dump().c_str());
@@ -78,6 +99,10 @@ void register_grad(CLI::App& app) {
   cmd->add_option("--out", o->out_path, "where to write the f32 gradients (.safetensors)")->required();
   cmd->add_option("--dtype", o->dtype, "compute dtype of the GEMMs")->check(CLI::IsMember({"f32", "bf16"}));
   cmd->add_option("--threads", o->threads, "CPU threads (default: all cores)")->check(CLI::PositiveNumber);
+  cmd->add_option("--moe-aux-loss-coef", o->moe_aux_loss_coef,
+                  "MoE models: add this times the load-balancing loss to the loss and its gradient, as transformers "
+                  "does with output_router_logits (default 0: reported, not added)")
+      ->check(CLI::NonNegativeNumber);
   o->dev.add_to(*cmd);
   cmd->callback([o]() { run_grad(*o); });
 }

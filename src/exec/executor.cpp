@@ -95,6 +95,10 @@ struct StreamingExecutor::Step {
   double loss = 0;
   double* loss_dev = nullptr;  // where the head writes the loss: `loss` itself for the CPU compute, else device
                                // memory the d2h stream copies into `loss`
+  // MoE models: the batch's load-balancing loss (model/moe_ffn.h). The forward layers add to it on the compute
+  // stream, the head's launch finishes it there (after the last forward, before the first backward reads its
+  // gradient). Host memory: the CPU block computes sparse layers (the CUDA block refuses them).
+  std::optional<MoeAuxLoss> moe_aux;
 
   Step(StreamingExecutor& e, HostWorker& hw, ModelSlabs& g, const ModelSlabs& p, const ModelSlabs& w,
        const Batch& b, const StepSchedule& s)
@@ -165,6 +169,11 @@ struct StreamingExecutor::Step {
     ComputeBinding binding;
     binding.shape = BlockShape::make(cfg, batch.B, batch.T, ex.options_.activations, ex.options_.mlp_chunk_tokens);
     binding.tok = TokenInfo{tokens(), batch.doc_ids.empty() ? nullptr : tokens() + 2 * N};
+    if (cfg.is_moe()) {
+      moe_aux.emplace(cfg.num_experts, batch.attention_mask.empty() ? nullptr : batch.attention_mask.data(),
+                      target.moe_aux_weight);
+      binding.tok.moe_aux = &*moe_aux;
+    }
     std::vector<void*> compute_ptrs(sched.compute.size(), nullptr);
     for (size_t i = 0; i < sched.buffers.size(); ++i)
       if (sched.buffers[i].compute >= 0) compute_ptrs[size_t(sched.buffers[i].compute)] = ptr[i];
@@ -313,7 +322,7 @@ struct StreamingExecutor::Step {
         uint8_t* x_out = at(op.out);
         const uint8_t* x_in = at(op.in);
         const BlockView w = view(op);
-        dev.launch(k, [=] { c->forward(x_out, nullptr, x_in, w); }, op.name, layer);
+        dev.launch(k, [=] { c->recompute(x_out, x_in, w); }, op.name, layer);
         break;
       }
       case OpKind::recompute_internals: {
@@ -348,7 +357,11 @@ struct StreamingExecutor::Step {
       }
       case OpKind::head: {
         const HeadCall call = head_call(op);
-        dev.launch(k, [=] { c->head(call); }, op.name);
+        MoeAuxLoss* aux = moe_aux ? &*moe_aux : nullptr;
+        dev.launch(k, [=] {
+          if (aux) aux->finish();
+          c->head(call);
+        }, op.name);
         break;
       }
       default: LT_FAIL("step: '{}' is not a device operation", op.name);
@@ -571,6 +584,7 @@ StepStats StreamingExecutor::step(ModelSlabs& grads, const ModelSlabs& params, c
     if (nvme_lane) nvme_lane->drain();
     stats.loss_sum = st.loss;
     stats.tokens = st.tok.count;
+    stats.moe_aux_loss = st.moe_aux ? st.moe_aux->value() : 0.0;
     stats.predicted_device_bytes = sched.memory.device_bytes();
     carried_ = sched.weights_after;
     carried_head_ = options_.resident_head;

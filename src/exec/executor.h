@@ -35,6 +35,7 @@ class NvmeStore;
 struct StepStats {
   double loss_sum = 0;
   int64_t tokens = 0;
+  double moe_aux_loss = 0;  // MoE models: the batch's load-balancing loss (model/moe_ffn.h; 0 for dense models)
   double loss() const { return tokens ? loss_sum / double(tokens) : 0.0; }
   double step_s = 0;
   StepSummary summary;                 // measured from the trace
@@ -69,6 +70,9 @@ struct GradTarget {
   // loss is weighted by tokens across them); 0: this batch's own count.
   int64_t tokens_in_step = 0;
   GradReducer* reducer = nullptr;  // data parallel: the gradients go there (partials unset)
+  // MoE models: ∂objective/∂aux of this batch's load-balancing loss — the coefficient over the step's micro-batches
+  // (0: the loss is computed and reported, its gradient left out).
+  double moe_aux_weight = 0;
 };
 
 // The previous step's optimizer update, run slab by slab on the host worker while this step's forward

@@ -33,6 +33,28 @@ std::vector<int32_t> read_rows(const nlohmann::json& j, const char* key, const s
   return out;
 }
 
+// attention_mask [B, T]: 0 or 1, each row's 1s first (right padding only: our attention is causal, so a token
+// never reads the padding after it, as transformers' mask would hide it), no counted label on a padding position.
+void read_attention_mask(Batch& b, const nlohmann::json& j, const std::string& source) {
+  int64_t rows, cols;
+  const std::vector<int32_t> m = read_rows(j, "attention_mask", source, INT32_MAX, false, &rows, &cols);
+  LT_CHECK(rows == b.B && cols == b.T, "{}: attention_mask is {}x{} but input_ids are {}x{}", source, rows, cols,
+           b.B, b.T);
+  b.attention_mask.resize(m.size());
+  for (int64_t r = 0; r < b.B; ++r)
+    for (int64_t t = 0; t < b.T; ++t) {
+      const size_t n = size_t(r * b.T + t);
+      LT_CHECK(m[n] == 0 || m[n] == 1, "{}: attention_mask[{}][{}] = {} (expected 0 or 1)", source, r, t, m[n]);
+      LT_CHECK(t == 0 || m[n] <= m[n - 1],
+               "{}: attention_mask[{}][{}] is 1 after a 0: only right padding is supported (a row's tokens first)",
+               source, r, t);
+      LT_CHECK(m[n] == 1 || b.labels[n] == kIgnoreIndex,
+               "{}: labels[{}][{}] = {} is counted but attention_mask is 0 there (padding has label -100)", source, r,
+               t, b.labels[n]);
+      b.attention_mask[n] = uint8_t(m[n]);
+    }
+}
+
 }  // namespace
 
 Batch Batch::from_json(const nlohmann::json& j, const std::string& source, int64_t vocab) {
@@ -64,6 +86,7 @@ Batch Batch::from_json(const nlohmann::json& j, const std::string& source, int64
       }
     }
   }
+  if (j.contains("attention_mask")) read_attention_mask(b, j, source);
   return b;
 }
 

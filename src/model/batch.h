@@ -18,11 +18,16 @@ struct Batch {
   std::vector<int32_t> labels;     // [B, T], -100 = not counted
   std::vector<int32_t> doc_ids;    // [B, T] when rows pack several documents; empty otherwise
   std::vector<int32_t> positions;  // [B, T] RoPE positions when packing; empty = 0..T-1 per row
+  // [B, T] transformers' attention_mask: 1 = a token, 0 = padding, which only ever follows a row's tokens and
+  // has no counted label (so causal attention never reads it for a counted token). Only the MoE load-balancing
+  // loss reads it (padding is not routed into its counts); empty = every position a token.
+  std::vector<uint8_t> attention_mask;
 
   int64_t N() const { return B * T; }
   // {"input_ids": [[...], ...], "labels": [[...], ...], "position_ids": [[...], ...]} — rows of equal
   // length; labels default to input_ids; position_ids (optional) mark packed documents, each starting
-  // at position 0. Ids are checked against `vocab`; errors name the source, row, column and value.
+  // at position 0; attention_mask (optional) 1s then 0s in each row (right padding), the labels -100 at its 0s.
+  // Ids are checked against `vocab`; errors name the source, row, column and value.
   static Batch from_json(const nlohmann::json& j, const std::string& source, int64_t vocab);
   static Batch load(const std::string& path, int64_t vocab);
 };

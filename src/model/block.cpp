@@ -629,6 +629,7 @@ void forward_layer(void* x_out_ptr, WorkingCopy& a, const void* x_in_ptr, const 
     const int64_t n = std::min(R, N - t0);
     float* h = mlp_row(a.h, a, s, t0);
     mlp_internals(mlp_row(a.gate, a, s, t0), mlp_row(a.up, a, s, t0), h, a, w, s, st, t0, n);
+    if (s.sparse && tok.moe_aux) tok.moe_aux->add(a.moe, s, t0, n);
     if (s.sparse) moe_down_combine(y + t0 * C, a.moe, h, a.n2 + t0 * C, w.moe, s, n);
     else linear_forward(y + t0 * C, h, w.wdown, w.bdown, n, I, C);
   }
@@ -659,12 +660,12 @@ void block_recompute_internals(WorkingCopy& a, const void* x_in, const BlockView
 void block_backward(float* dx_in, BlockGrads& g, BlockScratch& b, const float* dx_out, const void* x_in,
                     const WorkingCopy& a, const BlockView& w, const TokenInfo& tok, const BlockShape& s, Saved saved,
                     const void* stored) {
-  block_backward_mlp(g, b, dx_out, a, w, s, saved, stored);
+  block_backward_mlp(g, b, dx_out, a, w, tok, s, saved, stored);
   block_backward_attention(dx_in, g, b, x_in, a, w, tok, s);
 }
 
 void block_backward_mlp(BlockGrads& g, BlockScratch& b, const float* dx_out, const WorkingCopy& a, const BlockView& w,
-                        const BlockShape& s, Saved saved, const void* stored) {
+                        const TokenInfo& tok, const BlockShape& s, Saved saved, const void* stored) {
   const int64_t N = s.N(), C = s.C, I = s.I, R = s.mlp_rows();
   const Storage st(s, saved == Saved::stored ? stored : nullptr);
   if (saved == Saved::stored) {
@@ -694,7 +695,7 @@ void block_backward_mlp(BlockGrads& g, BlockScratch& b, const float* dx_out, con
     if (s.sparse) {
       if (saved != Saved::recompute) moe_route(work.moe, n2, w.moe, s, n);
       moe_backward(b.dn + t0 * C, b.dtmp + t0 * C, g.moe, b.moe, a.moe, dx_out + t0 * C, n2, gate, up, h, w.moe, s, n,
-                   nullptr);
+                   tok.moe_aux, t0);
       continue;
     }
     linear_backward(b.dh, g.wdown, g.bdown, dx_out + t0 * C, h, w.wdown, n, I, C);

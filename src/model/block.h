@@ -112,6 +112,9 @@ struct BlockShape {
 struct TokenInfo {
   const int32_t* pos = nullptr;      // [N] RoPE position of each token
   const int32_t* doc_ids = nullptr;  // [B, T] document of each token when packing; nullptr = plain causal
+  // Mixture-of-Experts models: the batch's load-balancing loss (model/moe_ffn.h), or null. block_forward adds each
+  // sparse layer's routing to it; block_backward adds its gradient to the router's. Host memory: the CPU block only.
+  MoeAuxLoss* moe_aux = nullptr;
 };
 
 // Weights of one block. Matrices in f32 or the compute dtype; vectors always f32; absent biases null. A
@@ -265,8 +268,8 @@ void block_backward(float* dx_in, BlockGrads& g, BlockScratch& scratch, const fl
 inline constexpr const char* kMlpGradsFirst = "post_attention_layernorm.weight";
 // The MLP half finds the internals as `saved` says; the attention half widens a bf16 x_in into working.x32.
 void block_backward_mlp(BlockGrads& g, BlockScratch& scratch, const float* dx_out, const WorkingCopy& working,
-                        const BlockView& w, const BlockShape& s, Saved saved = Saved::in_working_copy,
-                        const void* stored = nullptr);
+                        const BlockView& w, const TokenInfo& tok, const BlockShape& s,
+                        Saved saved = Saved::in_working_copy, const void* stored = nullptr);
 void block_backward_attention(float* dx_in, BlockGrads& g, BlockScratch& scratch, const void* x_in,
                               const WorkingCopy& working, const BlockView& w, const TokenInfo& tok, const BlockShape& s);
 

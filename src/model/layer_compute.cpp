@@ -24,6 +24,13 @@ class CpuLayerCompute final : public LayerCompute {
     LayerInternals li = bind_internals(kept, b_.working_copy, s);
     block_forward(x_out, li.working, x_in, w, b_.tok, s, li.stored);
   }
+  void recompute(void* x_out, const void* x_in, const BlockView& w) override {
+    const BlockShape s = b_.shape.for_layer(w.kind, w.sparse());
+    LayerInternals li = bind_internals(nullptr, b_.working_copy, s);
+    TokenInfo tok = b_.tok;
+    tok.moe_aux = nullptr;
+    block_forward(x_out, li.working, x_in, w, tok, s, li.stored);
+  }
   void recompute_internals(const void* x_in, const BlockView& w) override {
     const BlockShape s = b_.shape.for_layer(w.kind, w.sparse());
     LayerInternals li = bind_internals(nullptr, b_.working_copy, s);
@@ -33,7 +40,7 @@ class CpuLayerCompute final : public LayerCompute {
     const BlockShape s = b_.shape.for_layer(w.kind, w.sparse());
     LayerInternals li = bind_internals(kept, b_.working_copy, s);
     BlockScratch sc = BlockScratch::bind(b_.backward_scratch, s);
-    block_backward_mlp(g, sc, dx_out, li.working, w, s, li.saved, li.stored);
+    block_backward_mlp(g, sc, dx_out, li.working, w, b_.tok, s, li.saved, li.stored);
   }
   void backward_attention(float* dx_in, BlockGrads& g, const void* x_in, void* kept, const BlockView& w) override {
     const BlockShape s = b_.shape.for_layer(w.kind, w.sparse());

@@ -25,7 +25,7 @@ namespace lt {
 // What a step hands the compute (device pointers into the step's working set; exec/working_set.h names them).
 struct ComputeBinding {
   BlockShape shape{};
-  TokenInfo tok{};                   // pos [N], doc_ids [B, T] or null
+  TokenInfo tok{};                   // pos [N], doc_ids [B, T] or null; the MoE auxiliary loss (CPU compute)
   // CPU compute: the f32 working copy of a layer's internals ("working copy", WorkingCopy::floats) and the
   // backward's scratch ("backward scratch", BlockScratch::floats).
   float* working_copy = nullptr;
@@ -115,6 +115,9 @@ class LayerCompute {
   // Layer forward: x_out from x_in (the activation storage dtype). `kept` is the layer's kept internals
   // (block_stored_bytes), or null when the plan recomputes them.
   virtual void forward(void* x_out, void* kept, const void* x_in, const BlockView& w) = 0;
+  // A layer's output again, for a recompute segment: forward's bits, nothing kept, and nothing added to the
+  // batch's per-step sums (the MoE auxiliary loss counts each layer's routing once, in the forward).
+  virtual void recompute(void* x_out, const void* x_in, const BlockView& w) = 0;
   // Before the backward of a layer that did not keep its internals: the attention half and n2 again.
   virtual void recompute_internals(const void* x_in, const BlockView& w) = 0;
   // The backward in the executor's two halves (model/block.h): the MLP half's gradients (the layer slab's tail

@@ -73,12 +73,12 @@ struct ForwardState {
 };
 
 void run_forward(ForwardState& st, const ModelSlabs& params, const ModelSlabs& cw, const Batch& batch,
-                 DType activations, Workspace& ws) {
+                 DType activations, Workspace& ws, MoeAuxLoss* aux = nullptr) {
   const ModelConfig& cfg = params.config();
   const int64_t L = cfg.num_layers, N = batch.N(), C = cfg.hidden_size;
   st.shape = BlockShape::make(cfg, batch.B, batch.T, activations);
   st.tok = StepTokens::make(batch);
-  st.info = TokenInfo{st.tok.pos.data(), batch.doc_ids.empty() ? nullptr : batch.doc_ids.data()};
+  st.info = TokenInfo{st.tok.pos.data(), batch.doc_ids.empty() ? nullptr : batch.doc_ids.data(), aux};
   st.boundaries = ws.get<uint8_t>("boundaries", size_t(L + 1) * st.shape.boundary_bytes());
   // Each layer's internals by its kind (hybrid models: linear-attention layers hold the mixer's instead).
   size_t internals_bytes = 0, work_floats = 0;
@@ -104,6 +104,7 @@ void run_forward(ForwardState& st, const ModelSlabs& params, const ModelSlabs& c
     BlockView w = BlockView::bind(cw.layout(SlabKind::layer, l), cw.layer(l));
     block_forward(st.boundary(l + 1), li.working, st.boundary(l), w, st.info, sl, li.stored);
   }
+  if (aux) aux->finish();
 }
 
 }  // namespace
@@ -122,7 +123,7 @@ LossResult model_forward(const ModelSlabs& params, const Batch& batch, Precision
 }
 
 LossResult model_forward_backward(ModelSlabs& grads, const ModelSlabs& params, const Batch& batch,
-                                  Precision precision, Workspace* ws) {
+                                  Precision precision, Workspace* ws, double moe_aux_coef) {
   Workspace local;
   Workspace& w = ws ? *ws : local;
   const ModelConfig& cfg = params.config();
@@ -130,7 +131,10 @@ LossResult model_forward_backward(ModelSlabs& grads, const ModelSlabs& params, c
            "gradient slabs must be f32 slabs of the same model");
   ComputeWeights cw(params, precision.compute);
   ForwardState st;
-  run_forward(st, params, *cw.w, batch, precision.activations, w);
+  std::optional<MoeAuxLoss> aux;
+  if (cfg.is_moe())
+    aux.emplace(cfg.num_experts, batch.attention_mask.empty() ? nullptr : batch.attention_mask.data(), moe_aux_coef);
+  run_forward(st, params, *cw.w, batch, precision.activations, w, aux ? &*aux : nullptr);
   LT_CHECK(st.tok.count > 0,
            "the batch has no counted token: every label after the first position of each row is -100");
 
@@ -159,7 +163,7 @@ LossResult model_forward_backward(ModelSlabs& grads, const ModelSlabs& params, c
   }
   embedding_backward(grads.tensor(SlabKind::embedding, 0, "embed_tokens.weight").ptr<float>(), dx,
                      batch.input_ids.data(), N, C, cfg.vocab_size);
-  return LossResult{loss, st.tok.count};
+  return LossResult{loss, st.tok.count, aux ? aux->value() : 0.0};
 }
 
 }  // namespace lt

@@ -15,6 +15,7 @@ namespace lt {
 struct LossResult {
   double loss_sum = 0;  // Σ cross-entropy over counted tokens
   int64_t tokens = 0;   // counted tokens
+  double moe_aux = 0;   // MoE models (model_forward_backward): the load-balancing loss (model/moe_ffn.h)
   double loss() const { return tokens ? loss_sum / double(tokens) : 0.0; }
 };
 
@@ -24,8 +25,10 @@ LossResult model_forward(const ModelSlabs& params, const Batch& batch, Precision
                          Workspace* ws = nullptr);
 
 // Loss and every parameter gradient, accumulated (+=) into `grads` (f32 slabs of the same config).
-// The gradient is of the mean loss over the batch's counted tokens. Errors if no token is counted.
+// The gradient is of the mean loss over the batch's counted tokens plus, for MoE models, moe_aux_coef times the
+// load-balancing loss (transformers' loss with output_router_logits; 0: its value alone). Errors if no token is
+// counted.
 LossResult model_forward_backward(ModelSlabs& grads, const ModelSlabs& params, const Batch& batch,
-                                  Precision precision, Workspace* ws = nullptr);
+                                  Precision precision, Workspace* ws = nullptr, double moe_aux_coef = 0);
 
 }  // namespace lt

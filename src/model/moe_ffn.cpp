@@ -147,9 +147,27 @@ void moe_down_combine(float* y, MoeRouting& r, const float* h, const float* n2, 
   }
 }
 
+MoeAuxLoss::MoeAuxLoss(int64_t E, const uint8_t* counted, double weight)
+    : counted_(counted), weight_(weight), counts_(size_t(E), 0.0), prob_sums_(size_t(E), 0.0), dprobs_(size_t(E), 0.0f) {
+  LT_CHECK(E >= 1 && std::isfinite(weight) && weight >= 0,
+           "the auxiliary loss needs experts and a finite weight >= 0 (E={}, weight={})", E, weight);
+}
+
+void MoeAuxLoss::add(const MoeRouting& r, const BlockShape& s, int64_t t0, int64_t n) {
+  rows_ += aux_loss_accumulate(counts_.data(), prob_sums_.data(), r.ids, r.probs, counted(t0), n, s.E, s.k);
+}
+
+double MoeAuxLoss::finish() {
+  const int64_t E = int64_t(counts_.size());
+  if (rows_ == 0) return value_ = 0;  // every token padding: no term, no gradient (dprobs stay 0)
+  value_ = aux_loss_value(counts_.data(), prob_sums_.data(), E, rows_);
+  aux_loss_dprobs(dprobs_.data(), counts_.data(), weight_, E, rows_);
+  return value_;
+}
+
 void moe_backward(float* dn2, float* dn_router, MoeGrads& g, MoeScratch& b, const MoeRouting& r, const float* dout,
                   const float* n2, const float* gate, const float* up, const float* h, const MoeView& w,
-                  const BlockShape& s, int64_t n, const float* dprobs_extra) {
+                  const BlockShape& s, int64_t n, const MoeAuxLoss* aux, int64_t t0) {
   const int64_t A = n * s.k, C = s.C, Ie = s.Ie, shared = A * Ie;  // the shared expert's rows start at `shared`
   // g = dout·W_down per grouped row (dyp holds each row's token's dout for now), then the routing weights'
   // gradient g·h and dh = w·g (moe_weight_grads); then dyp = w·dout for W_down's gradient.
@@ -189,7 +207,8 @@ void moe_backward(float* dn2, float* dn_router, MoeGrads& g, MoeScratch& b, cons
     for (int64_t i = 0; i < n * C; ++i) dn2[i] += b.dxp[i] + b.dxp2[i];
   }
   // The router: its weights' gradient through top-k and softmax (plus the auxiliary loss's), then the linear.
-  router_backward(b.dlogits, b.dweights, dprobs_extra, r.ids, r.weights, r.probs, router_shape(s, n));
+  router_backward(b.dlogits, b.dweights, aux ? aux->dprobs() : nullptr, aux ? aux->counted(t0) : nullptr, r.ids,
+                  r.weights, r.probs, router_shape(s, n));
   linear_backward(dn_router, g.router, nullptr, b.dlogits, n2, w.router, n, C, s.E);
 }
 

@@ -95,10 +95,41 @@ void moe_gate_up(float* gate, float* up, const MoeRouting& r, const float* n2, c
 void moe_down_combine(float* y, MoeRouting& r, const float* h, const float* n2, const MoeView& w, const BlockShape& s,
                       int64_t n);
 
-// The slice's backward from dout[n, C], with r routed again (moe_route) and gate, up, h as the forward had them: dn2[n, C] (written) the experts' input gradient, dn_router[n, C] (written) the router's; the parameter
-// gradients accumulated. dprobs_extra[E] or null: the auxiliary loss's gradient (router_backward).
+// The load-balancing auxiliary loss of one batch: transformers' load_balancing_loss_func (ops/moe.h) over the tokens
+// the batch's attention mask counts. The forward adds each sparse layer's routing, slice by slice; after the last
+// layer finish() gives the value and, for a weight > 0, the gradient of weight · aux that every counted token's
+// router probabilities receive in every sparse layer's backward. Only the forward adds: a recompute and the
+// backward's routing again see none of it (their routing is the forward's, bit for bit).
+class MoeAuxLoss {
+ public:
+  // E experts; counted[N] non-zero for the tokens the mask counts (null: every token; kept by pointer); weight
+  // = ∂objective/∂aux (0: the value alone, no gradient).
+  MoeAuxLoss(int64_t E, const uint8_t* counted, double weight);
+  // Slice [t0, t0 + n)'s routing (r as moe_route left it).
+  void add(const MoeRouting& r, const BlockShape& s, int64_t t0, int64_t n);
+  // After the forward's last layer: aux (0 when no row was counted) and the gradient dprobs.
+  double finish();
+  double value() const { return value_; }
+  double weight() const { return weight_; }
+  // [E] ∂(weight · aux)/∂p of any counted row, after finish(); null when weight is 0.
+  const float* dprobs() const { return weight_ > 0 ? dprobs_.data() : nullptr; }
+  // The mask from token t0 on (null: every token counted).
+  const uint8_t* counted(int64_t t0) const { return counted_ ? counted_ + t0 : nullptr; }
+
+ private:
+  const uint8_t* counted_;
+  double weight_;
+  std::vector<double> counts_, prob_sums_;  // [E]
+  int64_t rows_ = 0;                        // layers · counted tokens so far
+  std::vector<float> dprobs_;               // [E]
+  double value_ = 0;
+};
+
+// The slice's backward from dout[n, C], with r routed again (moe_route) and gate, up, h as the forward had them:
+// dn2[n, C] (written) the experts' input gradient, dn_router[n, C] (written) the router's; the parameter gradients
+// accumulated. aux (or null): the auxiliary loss's gradient on the counted tokens of the slice [t0, t0 + n).
 void moe_backward(float* dn2, float* dn_router, MoeGrads& g, MoeScratch& b, const MoeRouting& r, const float* dout,
                   const float* n2, const float* gate, const float* up, const float* h, const MoeView& w,
-                  const BlockShape& s, int64_t n, const float* dprobs_extra);
+                  const BlockShape& s, int64_t n, const MoeAuxLoss* aux, int64_t t0);
 
 }  // namespace lt

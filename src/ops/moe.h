@@ -34,12 +34,13 @@ struct RouterShape {
 // infinite logit is an error naming its token. N may be 0; 1 <= k <= E.
 void router_forward(int32_t* ids, float* weights, float* probs, const float* logits, const RouterShape& s);
 
-// dlogits[N, E] (written) from dweights[N, k]; dprobs_extra[E], or null, is added to every token's gradient of
-// probs (the auxiliary loss's, aux_loss_dprobs: one value per expert for all of a layer's tokens). ids, weights
-// and probs as router_forward wrote them (the renormalising Σ p_sel is recomputed from probs as the forward summed
-// it). Sums over E in double, rounded once; over k in f32.
-void router_backward(float* dlogits, const float* dweights, const float* dprobs_extra, const int32_t* ids,
-                     const float* weights, const float* probs, const RouterShape& s);
+// dlogits[N, E] (written) from dweights[N, k]; dprobs_extra[E], or null, is added to the gradient of probs of
+// every token that `counted[N]` marks non-zero (null: every token) — the auxiliary loss's, aux_loss_dprobs: one
+// value per expert for all of a step's counted tokens. ids, weights and probs as router_forward wrote them (the
+// renormalising Σ p_sel is recomputed from probs as the forward summed it). Sums over E in double, rounded once;
+// over k in f32.
+void router_backward(float* dlogits, const float* dweights, const float* dprobs_extra, const uint8_t* counted,
+                     const int32_t* ids, const float* weights, const float* probs, const RouterShape& s);
 
 // The assignments grouped by expert, stably: expert 0's rows first, each expert's in token order.
 // offsets[E + 1]: expert e's grouped rows are [offsets[e], offsets[e + 1]); order[A]: the assignment t·k + j at
@@ -71,17 +72,18 @@ void moe_weight_grads(float* dweights, float* g, const float* h, const float* we
                       const int32_t* ids, const float* dout, const float* down_bias, int64_t A, int64_t k, int64_t I,
                       int64_t C);
 
-// The load-balancing auxiliary loss as transformers' load_balancing_loss_func computes it with no attention mask:
-// every sparse layer's router probabilities over all tokens pooled (R = layers · N rows), f_e = the share of rows
-// that chose e among their k, P̄_e = the mean of p_e over the rows, aux = E · Σ_e f_e · P̄_e. Streamed layer by
-// layer: aux_loss_accumulate adds (+=; the caller zeroes both before the first layer) one layer's counts[E] (rows
-// that chose e; exact integers in double) and prob_sums[E] (Σ over its tokens of p_e, in token order) and returns
-// nothing else; the forward's value and the backward's per-expert gradient need only the totals.
-void aux_loss_accumulate(double* counts, double* prob_sums, const int32_t* ids, const float* probs, int64_t N,
-                         int64_t E, int64_t k);
-// aux = E · Σ_e (counts_e / R) · (prob_sums_e / R), R = rows (layers · N).
+// The load-balancing auxiliary loss as transformers' load_balancing_loss_func computes it: every sparse layer's
+// router probabilities over the tokens its attention mask counts pooled (R = layers · counted tokens rows; no mask:
+// every token), f_e = the share of rows that chose e among their k, P̄_e = the mean of p_e over the rows,
+// aux = E · Σ_e f_e · P̄_e. Streamed layer by layer: aux_loss_accumulate adds (+=; the caller zeroes both before the
+// first layer) the counted tokens' counts[E] (rows that chose e; exact integers in double) and prob_sums[E] (Σ over
+// them of p_e, in token order), and returns how many rows it counted (counted[N] non-zero, or null: all N); the
+// forward's value and the backward's per-expert gradient need only the totals.
+int64_t aux_loss_accumulate(double* counts, double* prob_sums, const int32_t* ids, const float* probs,
+                            const uint8_t* counted, int64_t N, int64_t E, int64_t k);
+// aux = E · Σ_e (counts_e / R) · (prob_sums_e / R), R = rows (layers · counted tokens).
 double aux_loss_value(const double* counts, const double* prob_sums, int64_t E, int64_t rows);
-// dprobs[E] (written): ∂(coef · aux)/∂p_e of any one row = coef · E · counts_e / R² (f32): router_backward's
+// dprobs[E] (written): ∂(coef · aux)/∂p_e of any one counted row = coef · E · counts_e / R² (f32): router_backward's
 // dprobs_extra for every sparse layer.
 void aux_loss_dprobs(float* dprobs, const double* counts, double coef, int64_t E, int64_t rows);
 

@@ -125,6 +125,7 @@ const std::map<std::string, Key>& keys() {
       {"adam_beta2", number(&TrainConfig::adam_beta2, 0.0)},
       {"adam_epsilon", number(&TrainConfig::adam_epsilon, 0.0)},
       {"seed", number(&TrainConfig::seed, int64_t(0))},
+      {"moe_aux_loss_coef", number(&TrainConfig::moe_aux_loss_coef, 0.0)},
       {"output_dir", text(&TrainConfig::output_dir)},
       {"logging_steps", number(&TrainConfig::logging_steps, int64_t(1))},
       {"save_steps", number(&TrainConfig::save_steps, int64_t(0))},

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,9 @@ struct TrainConfig {
   double weight_decay = 0.0;
   double adam_beta1 = 0.9, adam_beta2 = 0.999, adam_epsilon = 1e-8;
   int64_t seed = 42;
+  // Mixture-of-Experts models: the load-balancing loss's coefficient (LLaMA-Factory's moe_aux_loss_coef, which
+  // trains with output_router_logits on). Unset (NaN, written null): the model's router_aux_loss_coef; 0: none.
+  double moe_aux_loss_coef = std::numeric_limits<double>::quiet_NaN();
   // --- output ---
   std::string output_dir;
   int64_t logging_steps = 10;

@@ -212,6 +212,11 @@ Batch DataLoader::next() {
         b.positions[row + size_t(t)] = int32_t(t - t0);
       }
     }
+    if (t0 < T) {  // padding: the attention mask's 0s (the MoE load-balancing loss leaves them out)
+      if (b.attention_mask.empty()) b.attention_mask.assign(size_t(rows * T), 1);
+      std::fill(b.attention_mask.begin() + std::ptrdiff_t(row) + t0, b.attention_mask.begin() + std::ptrdiff_t(row) + T,
+                uint8_t(0));
+    }
   }
   return b;
 }

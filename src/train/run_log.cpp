@@ -62,8 +62,9 @@ void RunLog::log_step(const nlohmann::json& m) {
   for (const auto& [k, v] : m.items())
     if (v.is_number() && k != "step") tb_->add_scalar("train/" + k, step, v.get<double>());
   tb_->flush();
-  last_tail_ = fmt::format("loss {:.4f} lr {:.3g} {:.0f} tok/s", m.at("loss").get<double>(), m.at("lr").get<double>(),
-                           m.at("tokens_per_s").get<double>());
+  const std::string aux = m.contains("aux_loss") ? fmt::format(" aux {:.4f}", m.at("aux_loss").get<double>()) : "";
+  last_tail_ = fmt::format("loss {:.4f}{} lr {:.3g} {:.0f} tok/s", m.at("loss").get<double>(), aux,
+                           m.at("lr").get<double>(), m.at("tokens_per_s").get<double>());
   draw(step, m.value("elapsed_s", 0.0), last_tail_);
 }
 

@@ -28,11 +28,13 @@ namespace {
 // The keys whose values change a run's results, as saved with its checkpoints. Data parallel: what changes results
 // is the global number of micro-batches per step (ranks × gradient_accumulation_steps), not how they are dealt, so
 // that is saved instead and a run resumes on any number of ranks that keeps it.
-nlohmann::json result_config(const TrainConfig& c, int ranks) {
+// The MoE load-balancing loss's coefficient is saved as the one in effect (0 for dense models, whatever the key).
+nlohmann::json result_config(const TrainConfig& c, int ranks, double moe_aux_coef) {
   nlohmann::json all = c.to_json(), out;
   for (const auto& k : TrainConfig::result_keys())
     if (k != "gradient_accumulation_steps") out[k] = all[k];
   out["global_micro_batches"] = c.gradient_accumulation_steps * ranks;
+  out["moe_aux_loss_coef"] = moe_aux_coef;
   return out;
 }
 
@@ -114,6 +116,16 @@ void TrainingSession::load_data() {
   log_->message(fmt::format("model: {} ({}, {} layers, {:.1f}M parameters{})", c.model_name_or_path,
                             model_type_name(mc.type), mc.num_layers, double(mc.num_parameters()) / 1e6,
                             model_.from_scratch ? ", random init" : ""));
+  if (mc.is_moe()) {
+    const bool asked = !std::isnan(c.moe_aux_loss_coef);
+    moe_aux_coef_ = asked ? c.moe_aux_loss_coef : mc.router_aux_loss_coef;
+    log_->message(fmt::format("mixture of experts: {} of {} experts per token, {:.1f}M parameters active; "
+                              "load-balancing loss x {:g} ({})",
+                              mc.num_experts_per_tok, mc.num_experts, double(mc.num_active_parameters()) / 1e6,
+                              moe_aux_coef_, asked ? "moe_aux_loss_coef" : "the model's router_aux_loss_coef"));
+  } else if (!std::isnan(c.moe_aux_loss_coef) && c.moe_aux_loss_coef > 0) {
+    log_->message("moe_aux_loss_coef: ignored, the model has no experts");
+  }
   log_->message(loader_->data().summary());
   log_->message(fmt::format("compute: {} on {}{}; activations stored in {}", c.compute_dtype,
                             s_.backend.kind == DeviceKind::cpu ? std::string(isa_name(isa_level(cpu_features())))
@@ -246,9 +258,10 @@ void TrainingSession::resume() {
     const ResumeState st =
         parse_resume_state(load_checkpoint(dir, model_.params, *opt_, model_.only()), dir + "/resume/state.json");
     nlohmann::json saved = st.config;
-    const nlohmann::json now = result_config(s_.c, s_.ranks);
+    const nlohmann::json now = result_config(s_.c, s_.ranks, moe_aux_coef_);
     if (!saved.contains("global_micro_batches") && saved.contains("gradient_accumulation_steps"))
       saved["global_micro_batches"] = saved["gradient_accumulation_steps"];  // saved before data parallelism
+    if (!saved.contains("moe_aux_loss_coef")) saved["moe_aux_loss_coef"] = 0.0;  // saved before the loss was added
     std::string diff;
     for (const auto& [k, v] : now.items())
       if (!saved.contains(k) || saved[k] != v)
@@ -286,10 +299,13 @@ void TrainingSession::train_step() {
   LT_CHECK(counted > 0, "step {}: no trainable token in the batch (every label is -100)", step_);
   GradNormPartials partials(model_.config.num_layers);
   const ModelSlabs& weights = copy_ ? *copy_ : model_.params;
-  std::vector<double> my_loss;  // [A]: this rank's micro-batches' loss sums
+  std::vector<double> my_loss, my_aux;  // [A]: this rank's micro-batches' loss sums, load-balancing losses
   for (int64_t a = 0; a < s_.c.gradient_accumulation_steps; ++a) {
     const Batch& batch = micro[size_t(a * ranks + comm_.rank())];
     GradTarget target{dp_ ? nullptr : &partials, a == 0 ? GradMode::overwrite : GradMode::add, counted, dp_.get()};
+    // The step's objective adds the coefficient times the mean of its micro-batches' load-balancing losses (one
+    // micro-batch: transformers' loss; transformers with accumulation adds each micro-batch's undivided).
+    target.moe_aux_weight = moe_aux_coef_ / double(micro_per_step_);
     // The weights change with the first micro-batch's pending update; the others start on the layers the previous
     // micro-batch's backward left on the device.
     if (a == 0 && pending_) ++weights_version_;
@@ -297,26 +313,35 @@ void TrainingSession::train_step() {
                                    a == 0 && pending_ ? &*pending_ : nullptr, target, weights_version_);
     if (a == 0) pending_.reset();
     my_loss.push_back(st.loss_sum);
+    my_aux.push_back(st.moe_aux_loss);
     win_.add(st);
   }
-  double loss_sum = 0;  // in the global micro-batch order, as one process adds them
+  my_loss.insert(my_loss.end(), my_aux.begin(), my_aux.end());
+  const size_t A = my_aux.size();
+  double loss_sum = 0, aux_sum = 0;  // in the global micro-batch order, as one process adds them
   if (dp_) {
-    std::vector<double> losses(my_loss.size() * size_t(ranks));
-    comm_.allgather(my_loss.data(), my_loss.size() * sizeof(double), losses.data());
-    for (int64_t m = 0; m < micro_per_step_; ++m) loss_sum += losses[size_t(m % ranks) * my_loss.size() + size_t(m / ranks)];
+    std::vector<double> all(my_loss.size() * size_t(ranks));  // [rank][loss sums A, aux A]
+    comm_.allgather(my_loss.data(), my_loss.size() * sizeof(double), all.data());
+    for (int64_t m = 0; m < micro_per_step_; ++m) {
+      const size_t at = size_t(m % ranks) * 2 * A + size_t(m / ranks);
+      loss_sum += all[at];
+      aux_sum += all[at + A];
+    }
     dp_->finish_step(partials);
   } else {
-    for (double l : my_loss) loss_sum += l;
+    for (size_t a = 0; a < A; ++a) loss_sum += my_loss[a], aux_sum += my_aux[a];
   }
   StepPlan sp = opt_->plan_step(partials.sum_of_squares());
   if (sp.skip) log_->message(fmt::format("step {}: non-finite gradient norm, step skipped", step_ + 1));
   else pending_ = PendingUpdate{opt_.get(), StepArgs{sp.step, lr, sp.clip}, copy_ ? &*copy_ : nullptr};
   win_.loss_sum += loss_sum;
+  win_.moe_aux_sum += aux_sum;
+  win_.micro_batches += micro_per_step_;
   win_.counted += counted;
   win_.grad_norm = sp.grad_norm;
   win_.seconds += step_timer.seconds();
   win_.steps += 1;
-  last_loss_ = loss_sum / double(counted);
+  last_loss_ = loss_sum / double(counted) + moe_aux_coef_ * aux_sum / double(micro_per_step_);
   ++step_;
   log_progress(lr);
 }
@@ -327,26 +352,34 @@ void TrainingSession::log_progress(double lr) {
     return;
   }
   const double tps = double(win_.tokens) / win_.seconds;
-  log_->log_step({{"step", step_},
-                  {"epoch", double(step_) / double(steps_per_epoch_)},
-                  {"loss", win_.loss_sum / double(win_.counted)},
-                  {"lr", lr},
-                  {"grad_norm", win_.grad_norm},
-                  {"tokens_per_s", tps},
-                  {"tflops", 6.0 * double(model_.config.num_parameters()) * tps / 1e12},
-                  {"peak_device_bytes", device_->memory().peak},
-                  {"host_activation_bytes", ws_.host_activation_bytes},
-                  {"nvme_bytes", ws_.nvme_bytes},
-                  {"compute_s", win_.time.compute_s},
-                  {"h2d_s", win_.time.h2d_s},
-                  {"d2h_s", win_.time.d2h_s},
-                  {"nvme_s", win_.time.nvme_s},
-                  {"host_s", win_.time.host_s},
-                  {"optimizer_s", win_.time.optimizer_s},
-                  {"exposed_s", win_.time.exposed_s},
-                  {"step_s", win_.seconds / double(win_.steps)},
-                  {"elapsed_s", loop_timer_.seconds()}});
+  nlohmann::json line = {{"step", step_}, {"epoch", double(step_) / double(steps_per_epoch_)}};
+  line.update(window_loss());
+  line.update({{"lr", lr},
+               {"grad_norm", win_.grad_norm},
+               {"tokens_per_s", tps},
+               // MoE: the FLOPs each token costs are the routed ones (the active parameters)
+               {"tflops", 6.0 * double(model_.config.num_active_parameters()) * tps / 1e12},
+               {"peak_device_bytes", device_->memory().peak},
+               {"host_activation_bytes", ws_.host_activation_bytes},
+               {"nvme_bytes", ws_.nvme_bytes},
+               {"compute_s", win_.time.compute_s},
+               {"h2d_s", win_.time.h2d_s},
+               {"d2h_s", win_.time.d2h_s},
+               {"nvme_s", win_.time.nvme_s},
+               {"host_s", win_.time.host_s},
+               {"optimizer_s", win_.time.optimizer_s},
+               {"exposed_s", win_.time.exposed_s},
+               {"step_s", win_.seconds / double(win_.steps)},
+               {"elapsed_s", loop_timer_.seconds()}});
+  log_->log_step(line);
   win_ = Window{};
+}
+
+nlohmann::json TrainingSession::window_loss() const {
+  const double ce = win_.loss_sum / double(win_.counted);
+  if (!model_.config.is_moe()) return {{"loss", ce}};
+  const double aux = win_.moe_aux_sum / double(win_.micro_batches);
+  return {{"loss", ce + moe_aux_coef_ * aux}, {"ce_loss", ce}, {"aux_loss", aux}};
 }
 
 void TrainingSession::flush_update() {
@@ -363,7 +396,7 @@ std::string TrainingSession::save(int64_t at_step) {
   std::string path;
   if (dp_) dp_->gather_masters(model_.params);  // rank 0 writes them whole
   if (s_.lead()) {
-    nlohmann::json st = {{"cursor", loader_->cursor().to_json()}, {"config", result_config(s_.c, s_.ranks)},
+    nlohmann::json st = {{"cursor", loader_->cursor().to_json()}, {"config", result_config(s_.c, s_.ranks, moe_aux_coef_)},
                          {"world_size", s_.ranks}};
     path = save_checkpoint(*writer_, at_step, model_.params, *opt_, st, model_.extras);
     log_->message("saved " + path);

@@ -71,8 +71,8 @@ class TrainingSession {
  private:
   // Sum of the per-step measurements between two logging steps.
   struct Window {
-    double loss_sum = 0;
-    int64_t counted = 0, tokens = 0, steps = 0;
+    double loss_sum = 0, moe_aux_sum = 0;  // Σ CE over counted tokens; Σ the micro-batches' load-balancing loss
+    int64_t counted = 0, tokens = 0, steps = 0, micro_batches = 0;
     double seconds = 0, grad_norm = 0;
     StepSummary time;
     void add(const StepStats& st);
@@ -87,6 +87,9 @@ class TrainingSession {
   Plan solve_plan();
   void flush_update();  // the pending update now (before a save, an evaluation, the end)
   void log_progress(double lr);
+  // The loss as transformers reports it: the window's cross-entropy plus the coefficient times its mean
+  // load-balancing loss, and the two parts (MoE models).
+  nlohmann::json window_loss() const;
 
   const TrainSettings s_;
   const Comm& comm_;
@@ -116,6 +119,7 @@ class TrainingSession {
   nlohmann::json last_eval_;
   Window win_;
   double last_loss_ = 0;
+  double moe_aux_coef_ = 0;  // the load-balancing loss's coefficient in effect (0: dense, or none asked)
   int64_t tokens_total_ = 0;
   Timer loop_timer_;
 };

@@ -82,6 +82,20 @@ def case_bad_dtype(work, model):
     return model, batch(work, GOOD), ["--dtype", "f64"], ["--dtype"]
 
 
+def case_aux_loss_on_dense_model(work, model):
+    return model, batch(work, GOOD), ["--moe-aux-loss-coef", "0.01"], ["--moe-aux-loss-coef", "Mixture-of-Experts"]
+
+
+def case_attention_mask_left_padding(work, model):
+    b = {"input_ids": [[1, 2, 3, 4]], "labels": [[-100, -100, 3, 4]], "attention_mask": [[0, 1, 1, 1]]}
+    return model, batch(work, b), [], ["attention_mask[0][1]", "right padding"]
+
+
+def case_attention_mask_counted_padding(work, model):
+    b = {"input_ids": [[1, 2, 3, 4]], "labels": [[-100, 2, 3, 4]], "attention_mask": [[1, 1, 1, 0]]}
+    return model, batch(work, b), [], ["labels[0][3]", "attention_mask is 0"]
+
+
 CASES = {name[5:]: fn for name, fn in globals().items() if name.startswith("case_")}
 
 

@@ -12,15 +12,19 @@ namespace lt {
 namespace {
 
 // Seeds [first, last]: a third with bf16 GEMMs, half packed, half through a slow link; Qwen3-MoE, or Qwen3.5-MoE
-// (hybrid layers, a shared expert) when `hybrid`.
+// (hybrid layers, a shared expert) when `hybrid`. Half add the load-balancing loss (its gradient reaches every
+// sparse layer's router from the step's whole forward: a recompute must not count a layer twice), and of those
+// half have padded rows (attention_mask), which it leaves out.
 void every_policy_matches(uint64_t first, uint64_t last, DType activations, bool hybrid = false) {
   for (uint64_t seed = first; seed <= last; ++seed) {
     Rng rng(seed * 2003);
     const ModelConfig cfg = hybrid ? testing::random_hybrid_moe_config(rng) : testing::random_moe_config(rng);
     const ModelSlabs params = testing::random_params(cfg, seed * 13);
-    const Batch batch = testing::random_batch(cfg, rng, seed % 2 == 0);
+    Batch batch = testing::random_batch(cfg, rng, seed % 2 == 0);
+    const double aux = seed % 4 < 2 ? 0.0 : 0.37;
+    if (seed % 4 == 3) testing::add_random_padding(batch, rng);
     const ComputeType ct = seed % 3 == 0 ? ComputeType::bf16 : ComputeType::f32;
-    testing::expect_every_plan_matches(cfg, params, batch, Precision(ct, activations), rng, seed);
+    testing::expect_every_plan_matches(cfg, params, batch, Precision(ct, activations), rng, seed, aux);
     if (::testing::Test::HasFailure()) return;
   }
 }

@@ -187,8 +187,8 @@ TEST(MoeRouter, BackwardMatchesFiniteDifferences) {
       const Routed r = route(logits, s);
       const Vec dw = random_vector(size_t(s.N * s.k), ++seed), extra = random_vector(size_t(s.E), ++seed);
       Vec dz(size_t(s.N * s.E), NAN);
-      router_backward(dz.data(), dw.data(), with_extra ? extra.data() : nullptr, r.ids.data(), r.w.data(), r.p.data(),
-                      s);
+      router_backward(dz.data(), dw.data(), with_extra ? extra.data() : nullptr, nullptr, r.ids.data(), r.w.data(),
+                      r.p.data(), s);
       auto loss = [&] {
         double L = 0;
         for (int64_t t = 0; t < s.N; ++t) {
@@ -404,7 +404,8 @@ TEST(MoeAuxLoss, MatchesLoadBalancingLossFuncOverPooledLayers) {
       std::vector<Routed> routed;
       for (const Vec& z : logits) {
         routed.push_back(route(z, s));
-        aux_loss_accumulate(counts.data(), prob_sums.data(), routed.back().ids.data(), routed.back().p.data(), N, E, k);
+        aux_loss_accumulate(counts.data(), prob_sums.data(), routed.back().ids.data(), routed.back().p.data(), nullptr, N,
+                            E, k);
       }
       const double aux = aux_loss_value(counts.data(), prob_sums.data(), E, 2 * N);
       // The op's P is f32 (≤ 3u each, the router test); the counts are exact: 4u of the value.
@@ -421,11 +422,49 @@ TEST(MoeAuxLoss, MatchesLoadBalancingLossFuncOverPooledLayers) {
         Vec p0 = routed[0].p;
         std::copy(prow.begin(), prow.end(), p0.begin() + t0 * E);
         DVec c(size_t(E), 0.0), ps(size_t(E), 0.0);
-        aux_loss_accumulate(c.data(), ps.data(), routed[0].ids.data(), p0.data(), N, E, k);
-        aux_loss_accumulate(c.data(), ps.data(), routed[1].ids.data(), routed[1].p.data(), N, E, k);
+        aux_loss_accumulate(c.data(), ps.data(), routed[0].ids.data(), p0.data(), nullptr, N, E, k);
+        aux_loss_accumulate(c.data(), ps.data(), routed[1].ids.data(), routed[1].p.data(), nullptr, N, E, k);
         return coef * aux_loss_value(c.data(), ps.data(), E, 2 * N);
       };
       EXPECT_GRAD_OK(grad_check(prow, dprobs, loss, 601, size_t(E)), 1e-6, describe(s));
+    }
+}
+
+// With an attention mask, transformers' masked means are the unmasked ones over the counted tokens alone: the op
+// with a mask gives the bits of the op on those tokens' rows gathered; the router's backward adds the extra to the
+// counted tokens only (each token's row is the unmasked op's, with or without the extra, bit for bit).
+TEST(MoeAuxLoss, AttentionMaskCountsOnlyItsTokens) {
+  const int64_t N = 29, E = 12, k = 3;
+  const RouterShape s{N, E, k, RouterKind::softmax_topk, true};
+  const Routed r = route(random_vector(size_t(N * E), 650, -3.f, 3.f), s);
+  std::vector<uint8_t> counted(static_cast<size_t>(N));
+  for (int64_t t = 0; t < N; ++t) counted[size_t(t)] = (t * 7) % 5 != 2;  // padding scattered, first token counted
+  IVec ids;
+  Vec probs;
+  for (int64_t t = 0; t < N; ++t) {
+    if (!counted[size_t(t)]) continue;
+    ids.insert(ids.end(), r.ids.begin() + t * k, r.ids.begin() + (t + 1) * k);
+    probs.insert(probs.end(), r.p.begin() + t * E, r.p.begin() + (t + 1) * E);
+  }
+  const int64_t M = int64_t(ids.size()) / k;
+  ASSERT_LT(M, N);
+  DVec c1(size_t(E), 0.0), p1(size_t(E), 0.0), c2(size_t(E), 0.0), p2(size_t(E), 0.0);
+  EXPECT_EQ(aux_loss_accumulate(c1.data(), p1.data(), r.ids.data(), r.p.data(), counted.data(), N, E, k), M);
+  EXPECT_EQ(aux_loss_accumulate(c2.data(), p2.data(), ids.data(), probs.data(), nullptr, M, E, k), M);
+  for (int64_t e = 0; e < E; ++e) {
+    EXPECT_EQ(c1[size_t(e)], c2[size_t(e)]) << "expert " << e;
+    EXPECT_EQ(p1[size_t(e)], p2[size_t(e)]) << "expert " << e;
+  }
+
+  const Vec dw = random_vector(size_t(N * k), 651), extra = random_vector(size_t(E), 652);
+  Vec masked(size_t(N * E)), with(size_t(N * E)), without(size_t(N * E));
+  router_backward(masked.data(), dw.data(), extra.data(), counted.data(), r.ids.data(), r.w.data(), r.p.data(), s);
+  router_backward(with.data(), dw.data(), extra.data(), nullptr, r.ids.data(), r.w.data(), r.p.data(), s);
+  router_backward(without.data(), dw.data(), nullptr, nullptr, r.ids.data(), r.w.data(), r.p.data(), s);
+  for (int64_t t = 0; t < N; ++t)
+    for (int64_t e = 0; e < E; ++e) {
+      const size_t i = size_t(t * E + e);
+      EXPECT_EQ(masked[i], counted[size_t(t)] ? with[i] : without[i]) << "token " << t << " expert " << e;
     }
 }
 
@@ -438,7 +477,7 @@ Vec run_everything(int64_t N, int64_t E, int64_t k, int64_t C, int64_t I) {
   const Routed r = route(random_vector(size_t(N * E), 800, -3.f, 3.f), s);
   const Vec dwin = random_vector(size_t(A), 801), extra = random_vector(size_t(E), 802);
   Vec dz(size_t(N * E));
-  router_backward(dz.data(), dwin.data(), extra.data(), r.ids.data(), r.w.data(), r.p.data(), s);
+  router_backward(dz.data(), dwin.data(), extra.data(), nullptr, r.ids.data(), r.w.data(), r.p.data(), s);
   const Perm p = permute(r.ids, N, k, E);
   const Vec x = random_vector(size_t(N * C), 803), yp = random_vector(size_t(A * C), 804);
   const Vec h = random_vector(size_t(A * I), 805), bias = random_vector(size_t(E * C), 806);
@@ -452,7 +491,7 @@ Vec run_everything(int64_t N, int64_t E, int64_t k, int64_t C, int64_t I) {
   moe_weight_grads(dw2.data(), g.data(), h.data(), r.w.data(), p.order.data(), r.ids.data(), x.data(), bias.data(), A,
                    k, I, C);
   DVec counts(size_t(E), 0.0), prob_sums(size_t(E), 0.0);
-  aux_loss_accumulate(counts.data(), prob_sums.data(), r.ids.data(), r.p.data(), N, E, k);
+  aux_loss_accumulate(counts.data(), prob_sums.data(), r.ids.data(), r.p.data(), nullptr, N, E, k);
   Vec all;
   for (const Vec* v : std::initializer_list<const Vec*>{&r.w, &r.p, &dz, &xp, &dx, &out, &dyp, &dw, &dw2, &g})
     all.insert(all.end(), v->begin(), v->end());

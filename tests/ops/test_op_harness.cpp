@@ -322,10 +322,14 @@ OpCase router_backward_case() {
             const RouterShape rs = router_shape(s);
             const Routing r = routing(rs, 211 + s[0] + s[1]);
             const auto dw = values(r.w.size(), 212), extra = values(size_t(rs.E), 213);
-            router_backward(out.add("dlogits", r.p.size()), dw.data(), nullptr, r.ids.data(), r.w.data(), r.p.data(),
-                            rs);
-            router_backward(out.add("dlogits (with dprobs_extra)", r.p.size()), dw.data(), extra.data(), r.ids.data(),
-                            r.w.data(), r.p.data(), rs);
+            router_backward(out.add("dlogits", r.p.size()), dw.data(), nullptr, nullptr, r.ids.data(), r.w.data(),
+                            r.p.data(), rs);
+            router_backward(out.add("dlogits (with dprobs_extra)", r.p.size()), dw.data(), extra.data(), nullptr,
+                            r.ids.data(), r.w.data(), r.p.data(), rs);
+            std::vector<uint8_t> counted(size_t(rs.N));  // every third token padding (the attention mask's 0)
+            for (size_t t = 0; t < counted.size(); ++t) counted[t] = t % 3 != 1;
+            router_backward(out.add("dlogits (dprobs_extra on counted tokens)", r.p.size()), dw.data(), extra.data(),
+                            counted.data(), r.ids.data(), r.w.data(), r.p.data(), rs);
           },
           bitwise};
 }

@@ -139,6 +139,14 @@ CASES = {
                                   "--shared-intermediate", "20", "--fused-experts", "--batch", "2", "--seq", "37",
                                   "--dtype", "bfloat16", "--shards", "2"],
 }
+# The load-balancing loss (transformers' load_balancing_loss_func, output_router_logits): cases that add it with
+# this coefficient -- both sides get --moe-aux-loss-coef and compare the total loss -- on right-padded rows
+# (attention_mask 0 at the padding, which the loss leaves out). 1.0 and 20, not the configs' 0.001: the aux gradient
+# must be as large as the cross-entropy's in the router (checked: the reference with and without it differ there).
+CASES["qwen3_moe_aux_padded"] = CASES["qwen3_moe"] + ["--pad", "7"]
+# Qwen3.5-MoE text with unpacked rows (padding needs them) of 41 tokens.
+CASES["qwen3_5_moe_text_aux_padded"] = CASES["qwen3_5_moe_text"][:-6] + ["--batch", "2", "--seq", "41", "--pad", "9"]
+AUX_COEF = {"qwen3_moe_aux_padded": 1.0, "qwen3_5_moe_text_aux_padded": 20.0}
 
 BOUNDS = {"f32": (1e-5, 1e-4), "bf16": (1e-2, 5e-2)}
 # bf16 GEMMs or storage against the emulating reference (grad --emulate-bf16 / --emulate-bf16-storage); see above:
@@ -204,15 +212,21 @@ def main():
     emulate_flags = (["--emulate-bf16"] if args.dtype == "bf16" else []) + \
         (["--emulate-bf16-storage"] if storage == "bf16" else [])
     run_reference(["make", "--out", model, "--seed", str(args.seed)] + CASES[args.case])
+    aux = ["--moe-aux-loss-coef", repr(AUX_COEF[args.case])] if args.case in AUX_COEF else []
     ref = last_json_line(run_reference(["grad", "--model", model, "--batch", batch,
-                                        "--out", os.path.join(work, "ref.safetensors")]))
+                                        "--out", os.path.join(work, "ref.safetensors")] + aux))
+    if aux:
+        aux_matters(work, model, batch, ref)
     if emulate:
         ref_bf16 = last_json_line(run_reference(["grad", "--model", model, "--batch", batch] + emulate_flags +
-                                                ["--out", os.path.join(work, "ref_bf16.safetensors")]))
+                                                ["--out", os.path.join(work, "ref_bf16.safetensors")] + aux))
     ours = last_json_line(run([args.lazytrain, "grad", "--model", model, "--batch", batch,
                                "--out", os.path.join(work, "ours.safetensors"),
                                "--dtype", args.dtype, "--activation-dtype", args.activation_dtype,
-                               "--device", args.device] + (["--policy", args.policy] if args.policy else [])))
+                               "--device", args.device] + (["--policy", args.policy] if args.policy else []) + aux))
+    if aux:
+        print(f"load-balancing loss: lazytrain {ours['aux_loss']:.9g} torch {ref['aux_loss']:.9g}; cross-entropy "
+              f"lazytrain {ours['ce_loss']:.9g} torch {ref['ce_loss']:.9g}")
     if ours["tokens"] != ref["tokens"]:
         sys.exit(f"counted tokens differ: lazytrain {ours['tokens']} vs torch {ref['tokens']}")
     loss_rtol, grad_rtol = BOUNDS["bf16" if "bf16" in (args.dtype, storage) else "f32"]
@@ -240,6 +254,23 @@ def main():
                  f"{' and the '.join(failed)} reference (work directory {work})")
     print(f"{args.case} [{args.dtype}, activations {storage}, {args.device}]: loss lazytrain {ours['loss']:.9g} "
           f"torch {ref['loss']:.9g}" + (f" (emulated bf16 {ref_bf16['loss']:.9g})" if emulate else "") + ": pass")
+
+
+def aux_matters(work, model, batch, ref):
+    """A case with the load-balancing loss must be one where leaving it out shows: the float64 reference without it
+    differs from the one with it, in every sparse layer's router gradient, by 10x the loosest gradient bound."""
+    plain = os.path.join(work, "ref_no_aux.safetensors")
+    run_reference(["grad", "--model", model, "--batch", batch, "--out", plain])
+    with_aux = read_safetensors(os.path.join(work, "ref.safetensors"))[0]
+    without = read_safetensors(plain)[0]
+    routers = [n for n in with_aux if n.endswith("mlp.gate.weight")]
+    if not routers:
+        sys.exit("aux case without a router gradient")
+    least = min(torch_reference.rel_l2(with_aux[n], without[n]) for n in routers)
+    if least < 10 * BOUNDS["bf16"][1]:
+        sys.exit(f"the load-balancing loss changes the router gradients by only {least:.2e} rel-L2: the case cannot "
+                 f"tell it from its absence")
+    print(f"the load-balancing loss changes every router gradient by >= {least:.2e} rel-L2 (aux {ref['aux_loss']:.6g})")
 
 
 def bf16_noise(work):

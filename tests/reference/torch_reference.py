@@ -565,13 +565,13 @@ def moe_mlp(cfg, P, p, h, lin=F.linear, keep=keep_f32, routes=None):
     output): the router (a linear layer: bf16 GEMM emulation applies, its logits / probs / weights are never
     rounded), then for each expert its routed rows: gate, up kept, h = silu(gate)·up kept (the dense MLP's storage
     points), the down projection times the routing weight, added into the token's row. routes: a list that gets
-    (layer prefix, probs) per call."""
+    (layer prefix, probs detached, router logits) per call."""
     B, T, C = h.shape
     x = h.reshape(B * T, C)
     logits = lin(x, P[p + "mlp.gate.weight"])
     probs, ids, w = moe_route(cfg, logits)
     if routes is not None:
-        routes.append((p, probs.detach()))
+        routes.append((p, probs.detach(), logits))
     out = torch.zeros_like(x)
     for e in range(cfg.experts):
         tok, slot = (ids == e).nonzero(as_tuple=True)
@@ -668,7 +668,9 @@ def random_params(cfg, gen):
     return P
 
 
-def make_batch(gen, B, T, V, docs):
+def make_batch(gen, B, T, V, docs, pad=0):
+    """pad > 0: right padding as a data collator pads (attention_mask 0, label -100): the last row's last `pad`
+    positions, every other row's last pad // 2."""
     ids = torch.randint(0, V, (B, T), generator=gen, dtype=torch.int64)
     labels = ids.clone()
     # A masked "prompt": the first 3 tokens of each row (labels[:, 0] never counts anyway after the shift),
@@ -697,10 +699,42 @@ def make_batch(gen, B, T, V, docs):
                 if pids[b][t] == 0:
                     labels[b, t] = IGNORE_INDEX
         out["position_ids"] = pids
+    if pad:
+        if docs > 1 or not 0 < pad < T - 1:
+            raise RefError(f"--pad {pad}: needs unpacked rows (--docs 1) and 0 < pad < seq - 1")
+        mask = torch.ones(B, T, dtype=torch.int64)
+        for b in range(B):
+            n = pad if b == B - 1 else pad // 2
+            if n:
+                mask[b, T - n:] = 0
+                labels[b, T - n:] = IGNORE_INDEX
+        out["attention_mask"] = mask.tolist()
     if T >= 2 and int((labels[:, 1:] != IGNORE_INDEX).sum()) == 0:
-        labels[0, T - 1] = ids[0, T - 1]  # always at least one counted token
+        labels[0, 1] = ids[0, 1]  # always at least one counted token
     out["labels"] = labels.tolist()
     return out
+
+
+def load_balancing_loss_func(gate_logits, num_experts, top_k, attention_mask=None):
+    """transformers' load_balancing_loss_func (Switch Transformers eqs. 4-6, as models/qwen3_moe computes it):
+    every sparse layer's router logits [B·T, E] pooled; softmax, the top-k of it one-hot; with an attention mask
+    [B, T] both means only over its 1s. aux = E · Σ_{j,e} f_{j,e} · P̄_e."""
+    logits = torch.cat(list(gate_logits), dim=0)
+    routing_weights = F.softmax(logits, dim=-1)
+    _, selected = torch.topk(routing_weights, top_k, dim=-1)
+    expert_mask = F.one_hot(selected, num_experts)  # [R, k, E]
+    if attention_mask is None:
+        tokens_per_expert = expert_mask.to(logits.dtype).mean(0)
+        router_prob_per_expert = routing_weights.mean(0)
+    else:
+        B, T = attention_mask.shape
+        layers = logits.shape[0] // (B * T)
+        m = attention_mask.to(logits.dtype)
+        em = m[None, :, :, None, None].expand(layers, B, T, top_k, num_experts).reshape(-1, top_k, num_experts)
+        tokens_per_expert = (expert_mask.to(logits.dtype) * em).sum(0) / em.sum(0)
+        rm = m[None, :, :, None].expand(layers, B, T, num_experts).reshape(-1, num_experts)
+        router_prob_per_expert = (routing_weights * rm).sum(0) / rm.sum(0)
+    return (tokens_per_expert * router_prob_per_expert[None]).sum() * num_experts
 
 
 def fuse_experts(cfg, T):
@@ -768,7 +802,7 @@ def route_margins(cfg, P, batch, st_dtype):
             model_forward(cfg, X, ids, pos, packed, emulate_bf16=gemm, emulate_storage=storage, routes=routes)
         m = torch.full(ids.shape, float("inf"), dtype=torch.float64)
         chosen = []
-        for _, probs in routes:
+        for _, probs, _ in routes:
             top, idx = torch.topk(probs, cfg.top_k + 1, dim=-1)
             m = torch.minimum(m, (top[:, cfg.top_k - 1] - top[:, cfg.top_k]).view(ids.shape))
             chosen.append(idx[:, : cfg.top_k].sort(-1).values.view(*ids.shape, cfg.top_k))
@@ -873,7 +907,7 @@ def cmd_make(a):
         seed = a.seed + 7919 * attempt
         gen = torch.Generator().manual_seed(seed)
         P = random_params(cfg, gen)
-        batch = make_batch(gen, a.batch, a.seq, a.vocab, a.docs)
+        batch = make_batch(gen, a.batch, a.seq, a.vocab, a.docs, a.pad)
         if not moe:
             break
         margins, resampled, ok = fix_route_ties(cfg, P, batch, ST_DTYPE[a.dtype], gen, 8 * a.batch * a.seq)
@@ -931,17 +965,31 @@ def load_batch(path, V):
             raise RefError("batch: position_ids shape differs from input_ids")
     else:
         pos = torch.arange(ids.shape[1], dtype=torch.int64)[None].expand_as(ids)
-    return ids, labels, pos, packed
+    mask = None
+    if "attention_mask" in b:  # right padding: causal attention never reads it for a token before it
+        mask = torch.tensor(b["attention_mask"], dtype=torch.int64)
+        if mask.shape != ids.shape or not bool(((mask == 0) | (mask == 1)).all()):
+            raise RefError("batch: attention_mask must be 0/1 of input_ids' shape")
+        if bool((mask[:, 1:] > mask[:, :-1]).any()):
+            raise RefError("batch: attention_mask must be right padding (1s, then 0s)")
+    return ids, labels, pos, packed, mask
 
 
 def cmd_grad(a):
     cdt = {"float32": torch.float32, "float64": torch.float64}[a.dtype]
     cfg, W, _ = load_model_dir(a.model)
-    ids, labels, pos, packed = load_batch(a.batch, cfg.vocab)
+    ids, labels, pos, packed, mask = load_batch(a.batch, cfg.vocab)
     P = {n: t.to(cdt).clone().requires_grad_(True) for n, t in W.items()}
+    moe = getattr(cfg, "experts", 0) > 0 and any(getattr(cfg, "sparse", []))
+    if a.moe_aux_loss_coef and not moe:
+        raise RefError("--moe-aux-loss-coef: not a Mixture-of-Experts model")
+    routes = [] if moe else None
     logits = model_forward(cfg, P, ids, pos, packed, a.rope_precision, a.delta, a.emulate_bf16,
-                           a.emulate_bf16_storage)
-    loss, n = causal_lm_loss(logits, labels)
+                           a.emulate_bf16_storage, routes=routes)
+    ce, n = causal_lm_loss(logits, labels)
+    # As transformers' *MoeForCausalLM with output_router_logits: loss = CE + router_aux_loss_coef · aux.
+    aux = load_balancing_loss_func([r[2] for r in routes], cfg.experts, cfg.top_k, mask) if moe else None
+    loss = ce + a.moe_aux_loss_coef * aux if a.moe_aux_loss_coef else ce
     loss.backward()
     grads = {}
     for name, t in P.items():
@@ -954,7 +1002,10 @@ def cmd_grad(a):
     write_safetensors(a.out, grads, dtype="F32")
     if a.logits_out:
         write_safetensors(a.logits_out, {"logits": logits.detach().to(torch.float32)}, dtype="F32")
-    print(json.dumps({"loss": float(loss.item()), "tokens": n}))
+    line = {"loss": float(loss.item()), "tokens": n}
+    if moe:
+        line.update({"ce_loss": float(ce.item()), "aux_loss": float(aux.item())})
+    print(json.dumps(line))
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -1661,7 +1712,7 @@ def cmd_make_qwen35(a):
         allp = dict(P)
         allp.update(extras)
         dtypes = {n: ("F32" if st != "F32" and n.endswith(QWEN35_F32_SUFFIXES) else st) for n in allp}
-        batch = make_batch(gen, a.batch, a.seq, a.vocab, a.docs)
+        batch = make_batch(gen, a.batch, a.seq, a.vocab, a.docs, a.pad)
         if not moe:
             break
         margins, resampled, ok = fix_route_ties(cfg, P, batch, dtypes, gen, 8 * a.batch * a.seq)
@@ -1707,8 +1758,8 @@ def model_forward(cfg, P, ids, pos, packed, rope_precision="hf", delta_impl="rec
                   emulate_storage=False, routes=None):
     """Logits [B, T, V]. emulate_bf16: every linear layer and the lm_head with LazyTrain's bf16 GEMM rounding
     (bf16_linear); emulate_storage: its bf16 activation storage (keep_bf16); everything else in the compute
-    dtype of P. routes (qwen3_moe, qwen3_5_moe forms): a list that gets (layer prefix, router probs [B·T, E]) per
-    sparse layer."""
+    dtype of P. routes (qwen3_moe, qwen3_5_moe forms): a list that gets (layer prefix, router probs [B·T, E]
+    detached, router logits [B·T, E]) per sparse layer."""
     lin, keep = gemm_for(emulate_bf16), keep_for(emulate_storage)
     if isinstance(cfg, Qwen35Cfg):
         return qwen35_forward(cfg, P, ids, pos, packed, rope_precision, delta_impl, lin, keep, routes)
@@ -1789,7 +1840,7 @@ def cmd_selfcheck_delta(a):
 def cmd_fdcheck(a):
     """Autograd gradients of the whole model against central finite differences, float64."""
     cfg, W, _ = load_model_dir(a.model)
-    ids, labels, pos, packed = load_batch(a.batch, cfg.vocab)
+    ids, labels, pos, packed, _ = load_batch(a.batch, cfg.vocab)
     P = {n: t.to(torch.float64).clone().requires_grad_(True) for n, t in W.items()}
     loss, _ = causal_lm_loss(model_forward(cfg, P, ids, pos, packed, a.rope_precision, a.delta), labels)
     loss.backward()
@@ -2182,6 +2233,9 @@ def main(argv=None):
     m.add_argument("--batch", type=int, default=2)
     m.add_argument("--seq", type=int, default=37)
     m.add_argument("--docs", type=int, default=1, help=">1: packed rows, batch.json gets position_ids")
+    m.add_argument("--pad", type=int, default=0,
+                   help=">0: right padding, batch.json gets attention_mask (the last row's last N positions 0, the "
+                        "others' last N/2), their labels -100")
     m.add_argument("--dtype", choices=sorted(ST_DTYPE), default="float32", help="stored weight dtype")
     m.add_argument("--shards", type=int, default=1)
     m.add_argument("--config-style", choices=["classic", "v5"], default="classic",
@@ -2225,6 +2279,9 @@ def main(argv=None):
     g.add_argument("--rope-precision", choices=["hf", "exact"], default="hf",
                    help="hf: cos/sin in f32 as transformers (default); exact: float64")
     g.add_argument("--logits-out", default=None, help="also write logits [B, T, V] (F32) here")
+    g.add_argument("--moe-aux-loss-coef", type=float, default=0.0,
+                   help="MoE models: loss = CE + this x load_balancing_loss_func (transformers with "
+                        "output_router_logits; default 0: CE alone, the aux value still printed)")
     g.add_argument("--delta", choices=["recurrent", "chunked"], default="recurrent",
                    help="qwen3_5: gated delta rule step by step (default, the reference) or chunked (WY, 64)")
     g.add_argument("--emulate-bf16", action="store_true",

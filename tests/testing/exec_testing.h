@@ -128,6 +128,19 @@ inline Batch random_batch(const ModelConfig& cfg, Rng& rng, bool packed) {
   return b;
 }
 
+// Right padding as the data loader adds it: each row's last 0..T/3 positions get attention_mask 0 and label -100
+// (the first token stays, so some label counts).
+inline void add_random_padding(Batch& b, Rng& rng) {
+  b.attention_mask.assign(size_t(b.N()), 1);
+  for (int64_t r = 0; r < b.B; ++r) {
+    const int64_t pad = int64_t(rng.below(uint64_t(b.T / 3 + 1)));
+    for (int64_t t = b.T - pad; t < b.T; ++t) {
+      b.attention_mask[size_t(r * b.T + t)] = 0;
+      b.labels[size_t(r * b.T + t)] = kIgnoreIndex;
+    }
+  }
+}
+
 inline Plan random_plan(int64_t L, Rng& rng) {
   Plan p;
   p.name = "random";
@@ -206,8 +219,10 @@ inline std::unique_ptr<NvmeStore> nvme_store_for(const ModelConfig& cfg, const B
 // Runs `batch` through the streaming executor under a list of plans (keep-all, every 1 and 2, host and NVMe tiers,
 // random plans with transfer windows), on a device of just the predicted peak, through a slow link for odd seeds:
 // each must give the in-memory path's loss and gradients bit for bit and measure the predicted peak.
+// moe_aux_coef: MoE models, the load-balancing loss's coefficient (model_forward_backward; the executor's
+// GradTarget::moe_aux_weight); its value must match bit for bit too.
 inline void expect_every_plan_matches(const ModelConfig& cfg, const ModelSlabs& params, const Batch& batch,
-                                      const Precision& precision, Rng& rng, uint64_t seed) {
+                                      const Precision& precision, Rng& rng, uint64_t seed, double moe_aux_coef = 0) {
   ModelSlabs bf16(cfg, DType::bf16);
   const ModelSlabs* weights = &params;
   if (precision.compute == ComputeType::bf16) {
@@ -215,7 +230,7 @@ inline void expect_every_plan_matches(const ModelConfig& cfg, const ModelSlabs& 
     weights = &bf16;
   }
   ModelSlabs ref_grads(cfg);
-  const LossResult ref = model_forward_backward(ref_grads, params, batch, precision);
+  const LossResult ref = model_forward_backward(ref_grads, params, batch, precision, nullptr, moe_aux_coef);
   const int64_t L = cfg.num_layers;
   const std::vector<Plan> plans = {Plan::keep_all(L), Plan::every(L, 1), Plan::every(L, 2),
                                    Plan::every(L, 2, Tier::host), Plan::every(L, 1, Tier::nvme),
@@ -233,8 +248,11 @@ inline void expect_every_plan_matches(const ModelConfig& cfg, const ModelSlabs& 
     std::unique_ptr<NvmeStore> nvme = nvme_store_for(cfg, batch, plan, o);
     StreamingExecutor ex(cfg, *dev, o, nvme.get());
     ModelSlabs grads(cfg);
-    const StepStats st = ex.step(grads, params, *weights, batch, plan);
+    GradTarget target;
+    target.moe_aux_weight = moe_aux_coef;
+    const StepStats st = ex.step(grads, params, *weights, batch, plan, nullptr, nullptr, target);
     EXPECT_EQ(st.loss_sum, ref.loss_sum) << what;
+    EXPECT_EQ(st.moe_aux_loss, ref.moe_aux) << what;
     EXPECT_EQ(st.tokens, ref.tokens) << what;
     expect_bitwise_equal(grads, ref_grads, what);
     EXPECT_EQ(st.peak_device_bytes, predicted) << what;

@@ -54,13 +54,15 @@ std::vector<int32_t> row_docs(const Batch& b, int64_t r) {
   return out;
 }
 
-// Checks a batch's rows against the examples they hold: ids, labels, positions, doc ids, padding.
+// Checks a batch's rows against the examples they hold: ids, labels, positions, doc ids, padding (the attention
+// mask's 0s, present when any row has padding).
 void check_batch(const Batch& b, const DataLoader& loader, const std::vector<TokenizedChat>& ex) {
   const bool packed = loader.options().packing == Packing::on;
   ASSERT_EQ(b.input_ids.size(), size_t(b.N()));
   ASSERT_EQ(b.labels.size(), size_t(b.N()));
   ASSERT_EQ(b.doc_ids.size(), packed ? size_t(b.N()) : 0u);
   ASSERT_EQ(b.positions.size(), packed ? size_t(b.N()) : 0u);
+  bool padded = false;
   for (int64_t r = 0; r < b.B; ++r) {
     int64_t t = 0;
     int32_t doc = 0;
@@ -71,6 +73,7 @@ void check_batch(const Batch& b, const DataLoader& loader, const std::vector<Tok
         ASSERT_EQ(b.input_ids[at], e.ids[k]);
         // -100 where not trained and at every document's first token.
         ASSERT_EQ(b.labels[at], k > 0 && e.trainable[k] ? e.ids[k] : -100) << "row " << r << " t " << t;
+        if (!b.attention_mask.empty()) ASSERT_EQ(b.attention_mask[at], 1) << "row " << r << " t " << t;
         if (packed) {
           ASSERT_EQ(b.positions[at], int32_t(k));
           ASSERT_EQ(b.doc_ids[at], doc);
@@ -80,14 +83,18 @@ void check_batch(const Batch& b, const DataLoader& loader, const std::vector<Tok
     }
     for (int64_t p = t; p < b.T; ++p) {  // padding
       size_t at = size_t(r * b.T + p);
+      padded = true;
       ASSERT_EQ(b.input_ids[at], kPad);
       ASSERT_EQ(b.labels[at], -100);
+      ASSERT_EQ(b.attention_mask.size(), size_t(b.N())) << "padding without an attention mask";
+      ASSERT_EQ(b.attention_mask[at], 0) << "row " << r << " t " << p;
       if (packed) {
         ASSERT_EQ(b.doc_ids[at], doc);
         ASSERT_EQ(b.positions[at], int32_t(p - t));
       }
     }
   }
+  if (!padded) ASSERT_TRUE(b.attention_mask.empty()) << "an attention mask without padding";
 }
 
 TEST(DataLoader, PadsToTheLongestRoundedUpToAMultiple) {

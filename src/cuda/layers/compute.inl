@@ -50,6 +50,7 @@ class CudaLayerCompute final : public LayerCompute {
   void forward(void* x_out, void* kept, const void* x_in, const BlockView& w) override {
     block_forward(gemm_, s_, with(w), static_cast<bf16_t*>(x_out), stored(kept), static_cast<const bf16_t*>(x_in));
   }
+  void recompute(void* x_out, const void* x_in, const BlockView& w) override { forward(x_out, nullptr, x_in, w); }
   void recompute_internals(const void* x_in, const BlockView& w) override {
     block_recompute_internals(gemm_, s_, with(w), b_.recompute_stored, static_cast<const bf16_t*>(x_in));
   }

@@ -101,8 +101,8 @@ void router_forward(int32_t* ids, float* weights, float* probs, const float* log
   });
 }
 
-void router_backward(float* dlogits, const float* dweights, const float* dprobs_extra, const int32_t* ids,
-                     const float* weights, const float* probs, const RouterShape& s) {
+void router_backward(float* dlogits, const float* dweights, const float* dprobs_extra, const uint8_t* counted,
+                     const int32_t* ids, const float* weights, const float* probs, const RouterShape& s) {
   check_router("router_backward", s);
   check_ids("router_backward", ids, s.N * s.k, s.E);
   const int64_t E = s.E, k = s.k;
@@ -122,7 +122,8 @@ void router_backward(float* dlogits, const float* dweights, const float* dprobs_
         const float c = float(pdp);
         for (int64_t e = 0; e < E; ++e) dz[e] = p[e] * (dz[e] - c);
       };
-      if (dprobs_extra) std::memcpy(dz, dprobs_extra, size_t(E) * sizeof(float));
+      const bool extra = dprobs_extra && (!counted || counted[t]);
+      if (extra) std::memcpy(dz, dprobs_extra, size_t(E) * sizeof(float));
       else std::fill(dz, dz + E, 0.0f);
       if (s.kind == RouterKind::softmax_topk) {
         // dp_sel: with renormalisation w_j = p_sel_j / S, so dp_sel_j = (dw_j − Σ_i dw_i·w_i) / S; else dw.
@@ -133,7 +134,7 @@ void router_backward(float* dlogits, const float* dweights, const float* dprobs_
         softmax_backward_in_place();
       } else {
         // The extra's path through p over all E, then the k-way softmax's: dz_sel_j = w_j·(dw_j − Σ_i w_i·dw_i).
-        if (dprobs_extra) softmax_backward_in_place();
+        if (extra) softmax_backward_in_place();
         for (int64_t j = 0; j < k; ++j) dz[id[j]] += w[j] * (dw[j] - wdw);
       }
     }
@@ -248,19 +249,27 @@ void moe_weight_grads(float* dweights, float* g, const float* h, const float* we
   });
 }
 
-void aux_loss_accumulate(double* counts, double* prob_sums, const int32_t* ids, const float* probs, int64_t N,
-                         int64_t E, int64_t k) {
+int64_t aux_loss_accumulate(double* counts, double* prob_sums, const int32_t* ids, const float* probs,
+                            const uint8_t* counted, int64_t N, int64_t E, int64_t k) {
   LT_CHECK(N >= 0 && E >= 1 && k >= 1 && k <= E, "aux_loss_accumulate: bad sizes N={}, E={}, k={}", N, E, k);
   check_ids("aux_loss_accumulate", ids, N * k, E);
-  for (int64_t a = 0; a < N * k; ++a) counts[ids[a]] += 1.0;
+  int64_t rows = 0;
+  for (int64_t t = 0; t < N; ++t) {
+    if (counted && !counted[t]) continue;
+    for (int64_t j = 0; j < k; ++j) counts[ids[t * k + j]] += 1.0;
+    ++rows;
+  }
   // Each task owns a block of experts and walks the tokens in order: every prob_sums[e] is a token-order sum.
   constexpr int64_t kExpertBlock = 16;
   parallel_chunks(E, kExpertBlock, [&](int64_t e0, int64_t e1) {
     double acc[kExpertBlock] = {};
-    for (int64_t t = 0; t < N; ++t)
+    for (int64_t t = 0; t < N; ++t) {
+      if (counted && !counted[t]) continue;
       for (int64_t e = e0; e < e1; ++e) acc[e - e0] += double(probs[t * E + e]);
+    }
     for (int64_t e = e0; e < e1; ++e) prob_sums[e] += acc[e - e0];
   });
+  return rows;
 }
 
 double aux_loss_value(const double* counts, const double* prob_sums, int64_t E, int64_t rows) {
