@@ -42,19 +42,19 @@ void sim_rmsnorm_backward(float* din, float* dweight, const float* dout, const f
 // (RoPE runs four times per layer and step; a GPU executor uploads the table once).
 struct RopeTableCache {
   int64_t D = 0, P = 0;
-  double theta = 0;
+  RopeSpec spec{0.0};
   std::vector<float> cos, sin;
-  void cover(int64_t rows, int64_t d, double th) {
-    const bool same = d == D && th == theta;
+  void cover(int64_t rows, int64_t d, const RopeSpec& rope) {
+    const bool same = d == D && rope == spec;
     if (same && rows <= P) return;
     P = same ? std::max(rows, P) : rows;
-    D = d, theta = th;
+    D = d, spec = rope;
     cos.resize(static_cast<size_t>(P * D / 2)), sin.resize(cos.size());
-    rope_table(cos.data(), sin.data(), P, D, theta);
+    rope_table(cos.data(), sin.data(), P, D, spec);
   }
 };
 
-void rope_sim(float* x, const int32_t* pos, int64_t N, int64_t H, int64_t D, double theta, bool forward) {
+void rope_sim(float* x, const int32_t* pos, int64_t N, int64_t H, int64_t D, const RopeSpec& rope, bool forward) {
   LT_CHECK(D > 0 && D % 2 == 0, "rope: head dimension D must be even and positive, got {}", D);
   int32_t max_pos = 0;
   for (int64_t n = 0; n < N; ++n) {
@@ -62,15 +62,15 @@ void rope_sim(float* x, const int32_t* pos, int64_t N, int64_t H, int64_t D, dou
     max_pos = std::max(max_pos, pos[n]);
   }
   thread_local RopeTableCache table;
-  table.cover(int64_t(max_pos) + 1, D, theta);
+  table.cover(int64_t(max_pos) + 1, D, rope);
   if (forward) sim::rope_forward(kSim, x, pos, table.cos.data(), table.sin.data(), N, H, D);
   else sim::rope_backward(kSim, x, pos, table.cos.data(), table.sin.data(), N, H, D);
 }
-void sim_rope_forward(float* x, const int32_t* pos, int64_t N, int64_t H, int64_t D, double theta) {
-  rope_sim(x, pos, N, H, D, theta, true);
+void sim_rope_forward(float* x, const int32_t* pos, int64_t N, int64_t H, int64_t D, const RopeSpec& rope) {
+  rope_sim(x, pos, N, H, D, rope, true);
 }
-void sim_rope_backward(float* dx, const int32_t* pos, int64_t N, int64_t H, int64_t D, double theta) {
-  rope_sim(dx, pos, N, H, D, theta, false);
+void sim_rope_backward(float* dx, const int32_t* pos, int64_t N, int64_t H, int64_t D, const RopeSpec& rope) {
+  rope_sim(dx, pos, N, H, D, rope, false);
 }
 
 void sim_swiglu_forward(float* out, const float* gate, const float* up, int64_t n) {

@@ -387,7 +387,7 @@ struct StreamingExecutor::Step {
     const BlockShape s = BlockShape::make(cfg, batch.B, batch.T, ex.options_.activations);
     const int64_t half = s.T * (s.D / 2);
     float* table = at<float>(op.in);
-    rope_table(table, table + half, s.T, s.rotary, s.rope_theta);
+    rope_table(table, table + half, s.T, s.rotary, s.rope);
     dev.copy_h2d(at(op.aux), table, size_t(2 * half) * sizeof(float), k, "h2d rope table");
   }
 

@@ -84,7 +84,7 @@ BlockShape BlockShape::make(const ModelConfig& cfg, int64_t B, int64_t T, DType 
                cfg.head_dim,
                cfg.intermediate_size,
                float(cfg.rms_norm_eps),
-               cfg.rope_theta,
+               cfg.rope(),
                cfg.qk_norm,
                act,
                mlp_chunk};
@@ -498,8 +498,8 @@ void attention_forward_half(float* o, WorkingCopy& a, const BlockView& w, const 
     linear_forward(a.k, a.n1, w.wk, w.bk, N, C, KVD);
   }
   linear_forward(a.v, a.n1, w.wv, w.bv, N, C, KVD);
-  rope_partial_forward(a.q, tok.pos, N, s.Hq, s.D, s.rotary, s.rope_theta);
-  rope_partial_forward(a.k, tok.pos, N, s.Hkv, s.D, s.rotary, s.rope_theta);
+  rope_partial_forward(a.q, tok.pos, N, s.Hq, s.D, s.rotary, s.rope);
+  rope_partial_forward(a.k, tok.pos, N, s.Hkv, s.D, s.rotary, s.rope);
   st.keep(&WorkingCopy::q, a.q);
   st.keep(&WorkingCopy::k, a.k);
   st.keep(&WorkingCopy::v, a.v);
@@ -728,8 +728,8 @@ void attention_backward_half(BlockGrads& g, BlockScratch& b, const WorkingCopy& 
   }
   attention_backward(b.dq, b.dk, b.dv, datt, a.att, a.lse, a.q, a.k, a.v, tok.doc_ids,
                      AttentionShape{s.B, s.T, s.Hq, s.Hkv, s.D});
-  rope_partial_backward(b.dq, tok.pos, N, s.Hq, s.D, s.rotary, s.rope_theta);
-  rope_partial_backward(b.dk, tok.pos, N, s.Hkv, s.D, s.rotary, s.rope_theta);
+  rope_partial_backward(b.dq, tok.pos, N, s.Hq, s.D, s.rotary, s.rope);
+  rope_partial_backward(b.dk, tok.pos, N, s.Hkv, s.D, s.rotary, s.rope);
   const float* dq_proj = b.dq;
   const float* dk_proj = b.dk;
   if (s.qk_norm) {

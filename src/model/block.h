@@ -64,7 +64,7 @@ DType activation_storage(const std::string& name, ComputeType compute, const std
 struct BlockShape {
   int64_t B, T, C, Hq, Hkv, D, I;
   float eps;
-  double rope_theta;
+  RopeSpec rope;  // θ, and YaRN's scaling where the config has one
   bool qk_norm;
   DType act = DType::f32;  // activation storage: f32 or bf16 (see above)
   int64_t mlp_chunk = 0;   // tokens per MLP chunk (a multiple of kTokenSlice); 0 or >= N: one chunk

@@ -70,6 +70,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/dtype.h"
+#include "ops/rope.h"
 
 namespace lt {
 
@@ -89,6 +90,11 @@ struct ModelConfig {
   int64_t head_dim = 0;           // D
   double rms_norm_eps = 1e-6;
   double rope_theta = 10000.0;
+  // rope_scaling (rope_parameters) of rope_type "yarn" (GPT-OSS; ops/rope.h): factor 1 is plain RoPE from rope_theta.
+  double yarn_factor = 1.0, yarn_beta_fast = 32.0, yarn_beta_slow = 1.0;
+  double yarn_attention_factor = 0;  // 0: transformers' default, 0.1·ln(factor) + 1
+  int64_t yarn_original_max_positions = 0;
+  bool yarn_truncate = true;
   bool qkv_bias = false;  // q_proj, k_proj, v_proj
   bool o_bias = false;    // o_proj
   bool mlp_bias = false;  // gate_proj, up_proj, down_proj
@@ -150,6 +156,12 @@ struct ModelConfig {
   int64_t num_linear_attention_layers() const;
   bool is_hybrid() const { return num_linear_attention_layers() > 0; }
   bool is_moe() const { return num_experts > 0; }
+  // The rotary embedding's frequencies: rope_theta, with YaRN when yarn_factor > 1.
+  RopeSpec rope() const {
+    if (yarn_factor == 1.0) return RopeSpec(rope_theta);
+    return RopeSpec::yarn(rope_theta, yarn_factor, yarn_beta_fast, yarn_beta_slow, yarn_original_max_positions,
+                          yarn_truncate, yarn_attention_factor);
+  }
   bool sparse_layer(int64_t layer) const;  // its MLP is the routed experts (error when out of range)
   int64_t num_sparse_layers() const;
 

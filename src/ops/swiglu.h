@@ -11,4 +11,15 @@ void swiglu_forward(float* out, const float* gate, const float* up, int64_t n);
 // dgate, dup written.
 void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate, const float* up, int64_t n);
 
+// GPT-OSS's clamped SwiGLU (transformers' GptOssExperts; α = 1.702 and limit = 7 are constants of the model):
+//   g' = min(g, limit),  u' = clamp(u, −limit, limit),  out = (u' + 1) · (g' · σ(α·g'))
+// rounded in that order. Backward, with a = α·g', s = σ(a):
+//   dgate = dout · (u' + 1) · s · (1 + a·(1 − s))  where g <= limit, else 0
+//   dup   = dout · g' · s                           where −limit <= u <= limit, else 0
+// (torch's clamp passes the gradient at the bounds). σ and 1 − σ as SwiGLU's (ops/swiglu_math.h). One plain build:
+// the same bits on every host.
+void clamped_swiglu_forward(float* out, const float* gate, const float* up, int64_t n, float alpha, float limit);
+void clamped_swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate, const float* up, int64_t n,
+                             float alpha, float limit);
+
 }  // namespace lt

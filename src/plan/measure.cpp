@@ -184,7 +184,7 @@ class Rig {
     if (binding.rope_cos) {  // the CUDA block's RoPE table, as the executor uploads it
       const int64_t half = T * (s.D / 2);
       rope.resize(size_t(2 * half));
-      rope_table(rope.data(), rope.data() + half, T, s.rotary, s.rope_theta);
+      rope_table(rope.data(), rope.data() + half, T, s.rotary, s.rope);
       dev->copy_h2d(const_cast<float*>(binding.rope_cos), rope.data(), rope.size() * 4, kH, "setup rope");
     }
     dev->synchronize();

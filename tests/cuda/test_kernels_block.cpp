@@ -108,7 +108,7 @@ TEST(CudaSimBlock, MatchesTheCpuBlockAtBf16Storage) {
     const ModelSlabs& grads_cpu = cpu.grads;
     // The CUDA block under cuda-sim.
     std::vector<float> cos(static_cast<size_t>(T * sh.D / 2)), sin(cos.size());
-    rope_table(cos.data(), sin.data(), T, sh.D, sh.rope_theta);
+    rope_table(cos.data(), sin.data(), T, sh.D, sh.rope);
     std::vector<uint8_t> gpu_scratch(cuda_block_scratch_bytes(sh));
     const CudaBlock blk{sh, w, ti, cos.data(), sin.data(), gpu_scratch.data()};
     std::vector<std::vector<float>> first;
@@ -168,7 +168,7 @@ TEST(CudaSimBlock, ARecomputedLayerGivesTheKeptLayersBits) {
     const auto x_in = to_bf16(random_floats(static_cast<size_t>(N * C), 14));
     const auto dx_out = random_floats(static_cast<size_t>(N * C), 15, -0.1f, 0.1f);
     std::vector<float> cos(static_cast<size_t>(T * sh.D / 2)), sin(cos.size());
-    rope_table(cos.data(), sin.data(), T, sh.D, sh.rope_theta);
+    rope_table(cos.data(), sin.data(), T, sh.D, sh.rope);
     std::vector<uint8_t> scratch(cuda_block_scratch_bytes(sh));
     const CudaBlock blk{sh, w, ti, cos.data(), sin.data(), scratch.data()};
     // The kept layer through block_backward, the recomputed one through the executor's two halves.
@@ -217,7 +217,7 @@ TEST(CudaSimBlock, MlpTokenChunksGiveTheSameBitsAsOneChunk) {
                    chunked = BlockShape::make(cfg, B, T, DType::bf16, kTokenSlice);
   ASSERT_EQ(chunked.mlp_rows(), kTokenSlice);
   std::vector<float> cos(static_cast<size_t>(T * whole.D / 2)), sin(cos.size());
-  rope_table(cos.data(), sin.data(), T, whole.D, whole.rope_theta);
+  rope_table(cos.data(), sin.data(), T, whole.D, whole.rope);
   struct Result {
     std::vector<bf16_t> x_out;
     std::vector<uint8_t> stored;

@@ -30,18 +30,22 @@ enum class Docs : uint8_t { none, packed };
 struct Case {
   int64_t B, T, Hq, Hkv, D;
   Docs docs;
+  int64_t window = 0;  // sliding window (0: none)
+  bool sinks = false;  // attention sinks (attention_sinks_forward / _backward around the kernels)
 };
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   const Case& c = info.param;
   return "B" + std::to_string(c.B) + "_T" + std::to_string(c.T) + "_Hq" + std::to_string(c.Hq) + "_Hkv" +
-         std::to_string(c.Hkv) + "_D" + std::to_string(c.D) + (c.docs == Docs::packed ? "_docs" : "");
+         std::to_string(c.Hkv) + "_D" + std::to_string(c.D) + (c.docs == Docs::packed ? "_docs" : "") +
+         (c.window ? "_W" + std::to_string(c.window) : "") + (c.sinks ? "_sinks" : "");
 }
 
 struct Inputs {
   AttentionShape s;
   std::vector<float> q, k, v, dout;  // [B,T,Hq,D], [B,T,Hkv,D] x2, [B,T,Hq,D]
   std::vector<int32_t> doc;          // [B,T]; empty for plain causal
+  std::vector<float> sinks;          // [Hq]; empty: none
   const int32_t* doc_ptr() const { return doc.empty() ? nullptr : doc.data(); }
 };
 
@@ -50,7 +54,9 @@ struct Inputs {
 // ids are not sorted (the kernel may assume neither).
 Inputs make_inputs(const Case& c, uint64_t seed) {
   Inputs in;
-  in.s = {c.B, c.T, c.Hq, c.Hkv, c.D};
+  in.s = {c.B, c.T, c.Hq, c.Hkv, c.D, c.window};
+  // Sinks in [-1, 3): from a small share of a row's mass to most of it (released GPT-OSS sinks span about that).
+  if (c.sinks) in.sinks = testing::random_vector(size_t(c.Hq), seed + 5, -1.f, 3.f);
   const size_t nq = size_t(c.B * c.T * c.Hq * c.D), nkv = size_t(c.B * c.T * c.Hkv * c.D);
   in.q = testing::random_vector(nq, seed, -3.f, 3.f);
   in.k = testing::random_vector(nkv, seed + 1);
@@ -76,7 +82,7 @@ Inputs make_inputs(const Case& c, uint64_t seed) {
 
 // Everything a forward + backward produces.
 struct Result {
-  std::vector<float> out, lse, dq, dk, dv;
+  std::vector<float> out, lse, dq, dk, dv, dsinks;
 };
 
 // Gradients start as NaN so an element the backward forgets to write shows up.
@@ -90,14 +96,26 @@ Result run(const Inputs& in) {
   r.dk.assign(in.k.size(), nan);
   r.dv.assign(in.v.size(), nan);
   attention_forward(r.out.data(), r.lse.data(), in.q.data(), in.k.data(), in.v.data(), in.doc_ptr(), s);
+  if (!in.sinks.empty()) attention_sinks_forward(r.out.data(), r.lse.data(), in.sinks.data(), s);
   attention_backward(r.dq.data(), r.dk.data(), r.dv.data(), in.dout.data(), r.out.data(), r.lse.data(),
                      in.q.data(), in.k.data(), in.v.data(), in.doc_ptr(), s);
+  if (!in.sinks.empty()) {
+    r.dsinks.assign(in.sinks.size(), nan);
+    attention_sinks_backward(r.dsinks.data(), in.dout.data(), r.out.data(), r.lse.data(), in.sinks.data(), s);
+  }
   return r;
 }
 
-// The specification: full softmax rows in double, forward and backward.
+// The forward alone (out, and lse into `lse`), sinks applied when the inputs have them.
+void forward(std::vector<float>& out, std::vector<float>& lse, const Inputs& in) {
+  attention_forward(out.data(), lse.data(), in.q.data(), in.k.data(), in.v.data(), in.doc_ptr(), in.s);
+  if (!in.sinks.empty()) attention_sinks_forward(out.data(), lse.data(), in.sinks.data(), in.s);
+}
+
+// The specification: full softmax rows in double, forward and backward; a sink is one more logit column of the
+// row's softmax whose probability is dropped (transformers' GPT-OSS eager attention).
 struct Reference {
-  std::vector<double> out, lse, dq, dk, dv;
+  std::vector<double> out, lse, dq, dk, dv, dsinks;
 };
 
 Reference reference(const Inputs& in) {
@@ -110,6 +128,7 @@ Reference reference(const Inputs& in) {
   r.dq.assign(in.q.size(), 0.0);
   r.dk.assign(in.k.size(), 0.0);
   r.dv.assign(in.v.size(), 0.0);
+  r.dsinks.assign(in.sinks.size(), 0.0);
   auto qi = [&](int64_t b, int64_t t, int64_t h) { return size_t(((b * s.T + t) * s.Hq + h) * D); };
   auto ki = [&](int64_t b, int64_t t, int64_t g) { return size_t(((b * s.T + t) * s.Hkv + g) * D); };
   std::vector<double> p(size_t(s.T)), dp(size_t(s.T));
@@ -118,9 +137,11 @@ Reference reference(const Inputs& in) {
       const int64_t g = h / G;
       for (int64_t i = 0; i < s.T; ++i) {
         auto allowed = [&](int64_t j) {
-          return j <= i && (in.doc.empty() || in.doc[size_t(b * s.T + j)] == in.doc[size_t(b * s.T + i)]);
+          return j <= i && (s.window == 0 || j > i - s.window) &&
+                 (in.doc.empty() || in.doc[size_t(b * s.T + j)] == in.doc[size_t(b * s.T + i)]);
         };
-        double m = -INFINITY;
+        const double sink = in.sinks.empty() ? -INFINITY : double(in.sinks[size_t(h)]);
+        double m = sink;
         for (int64_t j = 0; j <= i; ++j) {
           if (!allowed(j)) continue;
           double dot = 0;
@@ -128,7 +149,7 @@ Reference reference(const Inputs& in) {
           p[j] = dot * scale;
           m = std::max(m, p[j]);
         }
-        double sum = 0;
+        double sum = in.sinks.empty() ? 0.0 : std::exp(sink - m);
         for (int64_t j = 0; j <= i; ++j)
           if (allowed(j)) sum += (p[j] = std::exp(p[j] - m));
         r.lse[size_t((b * s.Hq + h) * s.T + i)] = m + std::log(sum);
@@ -144,6 +165,8 @@ Reference reference(const Inputs& in) {
           dp[j] = dot;
           Di += p[j] * dot;  // = rowsum(dO ∘ O)
         }
+        // The sink's column: its dP is 0, so its logit's gradient is p_sink · (0 − Di).
+        if (!in.sinks.empty()) r.dsinks[size_t(h)] -= std::exp(sink - m) / sum * Di;
         for (int64_t j = 0; j <= i; ++j) {
           if (!allowed(j)) continue;
           const double ds = p[j] * (dp[j] - Di);
@@ -226,6 +249,10 @@ TEST_P(Attention, MatchesDoubleReference) {
     EXPECT_LT(max_error(r.dq, ref.dq), 1e-5) << "dq";
     EXPECT_LT(max_error(r.dk, ref.dk), 1e-5) << "dk";
     EXPECT_LT(max_error(r.dv, ref.dv), 1e-5) << "dv";
+    // Σ over B·T rows of p_sink·Di, in double from the f32 out and lse: the rows' f32 errors (~1e-6) averaged.
+    if (!in.sinks.empty()) {
+      EXPECT_LT(max_error(r.dsinks, ref.dsinks), 1e-5) << "dsinks";
+    }
   });
 }
 
@@ -237,7 +264,7 @@ TEST_P(Attention, GradientsMatchFiniteDifferences) {
   const Result r = run(in);
   std::vector<float> out(in.q.size()), lse(size_t(s.B * s.Hq * s.T));
   auto loss = [&] {
-    attention_forward(out.data(), lse.data(), in.q.data(), in.k.data(), in.v.data(), in.doc_ptr(), s);
+    forward(out, lse, in);
     return testing::dot(out, in.dout);
   };
   // Central differences with h = 1e-2 in f32. Truncation: h²|f'''|/6 ~ 2e-5 relative. Rounding: a probe
@@ -249,6 +276,9 @@ TEST_P(Attention, GradientsMatchFiniteDifferences) {
   EXPECT_GRAD_OK(testing::grad_check(in.q, r.dq, loss, 31), bound, "dq");
   EXPECT_GRAD_OK(testing::grad_check(in.k, r.dk, loss, 32), bound, "dk");
   EXPECT_GRAD_OK(testing::grad_check(in.v, r.dv, loss, 33), bound, "dv");
+  if (!in.sinks.empty()) {
+    EXPECT_GRAD_OK(testing::grad_check(in.sinks, r.dsinks, loss, 34), bound, "dsinks");
+  }
 }
 
 TEST_P(Attention, WritesEveryOutputAndGradient) {
@@ -260,6 +290,7 @@ TEST_P(Attention, WritesEveryOutputAndGradient) {
     EXPECT_TRUE(all_finite(r.dq));
     EXPECT_TRUE(all_finite(r.dk));
     EXPECT_TRUE(all_finite(r.dv));
+    EXPECT_TRUE(all_finite(r.dsinks));
   });
 }
 
@@ -277,6 +308,7 @@ TEST_P(Attention, BitsIndependentOfThreadCount) {
     EXPECT_TRUE(same_bits(one.dq, two.dq)) << "dq";
     EXPECT_TRUE(same_bits(one.dk, two.dk)) << "dk";
     EXPECT_TRUE(same_bits(one.dv, two.dv)) << "dv";
+    EXPECT_TRUE(same_bits(one.dsinks, two.dsinks)) << "dsinks";
   });
 }
 
@@ -320,7 +352,17 @@ INSTANTIATE_TEST_SUITE_P(Shapes, Attention,
                                            Case{1, 70, 4, 2, 128, Docs::none},
                                            Case{2, 130, 6, 2, 16, Docs::packed},
                                            Case{2, 130, 8, 1, 64, Docs::packed},
-                                           Case{2, 37, 4, 4, 40, Docs::packed}),
+                                           Case{2, 37, 4, 4, 40, Docs::packed},
+                                           // Sliding windows (GPT-OSS: 128): inside one tile, a tile and a bit,
+                                           // wider than a row, and with documents; tiles wholly left behind skip.
+                                           Case{2, 130, 6, 2, 16, Docs::none, 5},
+                                           Case{1, 200, 4, 2, 40, Docs::none, 70},
+                                           Case{1, 37, 4, 4, 16, Docs::none, 64},
+                                           Case{2, 130, 8, 1, 64, Docs::packed, 17},
+                                           // Sinks, alone and with a window.
+                                           Case{2, 37, 6, 2, 16, Docs::none, 0, true},
+                                           Case{1, 130, 4, 4, 40, Docs::packed, 0, true},
+                                           Case{2, 130, 8, 2, 64, Docs::none, 64, true}),
                          case_name);
 
 // One row packing document A (tokens [0, nA)) and document B (the rest) equals running each alone.

@@ -348,6 +348,63 @@ TEST(Rope, GradientMatchesFiniteDifferences) {
   EXPECT_GRAD_OK(grad_check(x, dx, loss, 48, 128), 1e-3, "dx");
 }
 
+// YaRN (GPT-OSS's rope_scaling: factor 32, β_fast 32, β_slow 1, original 4096, truncate false): at position 1 a unit
+// vector turns into af·(cos f_j, sin f_j), with f_j transformers' _compute_yarn_parameters evaluated here in
+// double and af = 0.1·ln 32 + 1. The op's f32 recipe differs from double by a few ulp of f_j: within 1e-6.
+TEST(Rope, YarnFollowsTransformersFrequenciesAndAttentionFactor) {
+  const int64_t D = 64, h = D / 2;
+  const double theta = 150000.0, factor = 32.0;
+  for (bool truncate : {false, true}) {
+    const RopeSpec yarn = RopeSpec::yarn(theta, factor, 32.0, 1.0, 4096, truncate);
+    EXPECT_NEAR(yarn.attention_factor, 0.1 * std::log(32.0) + 1.0, 1e-15);
+    auto dim_of = [&](double rotations) {
+      return double(D) * std::log(4096.0 / (rotations * 2 * M_PI)) / (2 * std::log(theta));
+    };
+    double low = dim_of(32.0), high = dim_of(1.0);
+    if (truncate) low = std::floor(low), high = std::ceil(high);
+    low = std::max(low, 0.0), high = std::min(high, double(D - 1));
+    Vec x(size_t(D), 0.f);
+    for (int64_t j = 0; j < h; ++j) x[size_t(j)] = 1.f;
+    const int32_t pos = 1;
+    rope_forward(x.data(), &pos, 1, 1, D, yarn);
+    int interpolated = 0, blended = 0;
+    for (int64_t j = 0; j < h; ++j) {
+      const double pos_freq = std::pow(theta, 2.0 * double(j) / double(D));
+      const double ramp = std::clamp((double(j) - low) / (high - low), 0.0, 1.0);
+      const double f = 1.0 / (factor * pos_freq) * ramp + 1.0 / pos_freq * (1.0 - ramp);
+      EXPECT_NEAR(x[size_t(j)], yarn.attention_factor * std::cos(f), 1e-6) << j;
+      EXPECT_NEAR(x[size_t(j + h)], yarn.attention_factor * std::sin(f), 1e-6) << j;
+      interpolated += ramp == 1.0;
+      blended += ramp > 0 && ramp < 1;
+    }
+    EXPECT_GT(interpolated, 0) << "the slow dims are interpolated";
+    EXPECT_GT(blended, 0) << "some dims are blended";
+  }
+  // Factor 1 is plain RoPE, bit for bit.
+  auto p = random_positions(kRopeN, 49);
+  Vec a = random_vector(size_t(kRopeN * kRopeH * kRopeD), 50), b = a;
+  rope_forward(a.data(), p.data(), kRopeN, kRopeH, kRopeD, kTheta);
+  rope_forward(b.data(), p.data(), kRopeN, kRopeH, kRopeD, RopeSpec::yarn(kTheta, 1.0, 32, 1, 4096, true));
+  EXPECT_TRUE(bits_equal(a, b));
+}
+
+// The backward of the scaled rotation af·R is af·Rᵀ: finite differences on a YaRN rope.
+TEST(Rope, YarnGradientMatchesFiniteDifferences) {
+  const RopeSpec yarn = RopeSpec::yarn(150000.0, 32.0, 32.0, 1.0, 4096, false);
+  auto pos = random_positions(kRopeN, 51);
+  const size_t n = size_t(kRopeN * kRopeH * kRopeD);
+  Vec x = random_vector(n, 52), proj = random_vector(n, 53), y(n);
+  auto loss = [&] {
+    y = x;
+    rope_forward(y.data(), pos.data(), kRopeN, kRopeH, kRopeD, yarn);
+    return dot(y, proj);
+  };
+  Vec dx = proj;
+  rope_backward(dx.data(), pos.data(), kRopeN, kRopeH, kRopeD, yarn);
+  // As the plain rope's check (linear in x), the outputs 1.35x larger: bound 1e-3.
+  EXPECT_GRAD_OK(grad_check(x, dx, loss, 54, 128), 1e-3, "dx");
+}
+
 TEST(Rope, BadSizesAreErrors) {
   Vec x(30, 1.f);
   int32_t pos[2] = {0, 1};
@@ -448,6 +505,54 @@ TEST(SwiGLU, BackwardMatchesReferenceAndFiniteDifferences) {
   // σ(1 + g(1-σ))) is off by O(1).
   EXPECT_GRAD_OK(grad_check(gm, dg, loss, 57, 128), 3e-3, "dgate");
   EXPECT_GRAD_OK(grad_check(u, du, loss, 58, 128), 3e-3, "dup");
+}
+
+// GPT-OSS's clamped SwiGLU against double, finite differences away from the clamps, and the clamps' zero gradients.
+TEST(ClampedSwiGLU, MatchesReferenceAndFiniteDifferences) {
+  const float alpha = 1.702f, limit = 7.0f;
+  // Gates and ups over [-12, 12]: both sides of each clamp, and the exact bounds.
+  Vec g = random_vector(size_t(kSwiN), 70, -12.f, 12.f), u = random_vector(size_t(kSwiN), 71, -12.f, 12.f);
+  Vec d = random_vector(size_t(kSwiN), 72);
+  g[0] = limit, u[1] = limit, u[2] = -limit, g[3] = 0.f;
+  Vec out(size_t(kSwiN), NAN), dg(size_t(kSwiN), NAN), du(size_t(kSwiN), NAN);
+  clamped_swiglu_forward(out.data(), g.data(), u.data(), kSwiN, alpha, limit);
+  clamped_swiglu_backward(dg.data(), du.data(), d.data(), g.data(), u.data(), kSwiN, alpha, limit);
+  int clamped_gate = 0, clamped_up = 0;
+  for (int64_t i = 0; i < kSwiN; ++i) {
+    const double gi = g[size_t(i)], ui = u[size_t(i)];
+    const double gc = std::min(gi, double(limit)), uc = std::clamp(ui, -double(limit), double(limit));
+    const double a = double(alpha) * gc, s = sigmoid_ref(a);
+    const double ref = (uc + 1.0) * gc * s;
+    // σ's 3.7u, the products and the +1: <= 8u of the terms' size (u' + 1 may cancel near u = -1); and a = α·g
+    // rounded in f32 (u) moves σ(a) by |a|·(1 − σ)·u relative: 16u at the clamp's -9.6. Bound (10 + |a|)·u.
+    const double rel = (10.0 + std::fabs(a)) * 6e-8;
+    const double scale = (std::fabs(uc) + 1.0) * std::fabs(gc) * s;
+    ASSERT_NEAR(out[size_t(i)], ref, rel * scale + 1e-30) << "gate " << gi << " up " << ui;
+    const double dg_ref = gi <= limit ? double(d[size_t(i)]) * (uc + 1.0) * s * (1.0 + a * (1.0 - s)) : 0.0;
+    const double dg_scale = std::fabs(double(d[size_t(i)])) * (std::fabs(uc) + 1.0) * s * (1.0 + std::fabs(a));
+    ASSERT_NEAR(dg[size_t(i)], dg_ref, 2 * rel * dg_scale + 1e-30) << "gate " << gi << " up " << ui;
+    const double du_ref = ui >= -limit && ui <= limit ? double(d[size_t(i)]) * gc * s : 0.0;
+    ASSERT_NEAR(du[size_t(i)], du_ref, rel * std::fabs(du_ref) + 1e-30) << "gate " << gi << " up " << ui;
+    clamped_gate += gi > limit;
+    clamped_up += ui > limit || ui < -limit;
+    if (gi > limit) ASSERT_EQ(dg[size_t(i)], 0.0f);
+    if (ui > limit || ui < -limit) ASSERT_EQ(du[size_t(i)], 0.0f);
+  }
+  EXPECT_GT(clamped_gate, 100);
+  EXPECT_GT(clamped_up, 100);
+  // Finite differences away from the clamps' kinks (|x ∓ limit| > 2h, h = 1e-2 from grad_check).
+  for (float& x : g)
+    if (std::fabs(x - limit) < 0.05f) x += 0.1f;
+  for (float& x : u)
+    if (std::fabs(std::fabs(x) - limit) < 0.05f) x += 0.1f;
+  auto loss = [&] {
+    clamped_swiglu_forward(out.data(), g.data(), u.data(), kSwiN, alpha, limit);
+    return dot(out, d);
+  };
+  clamped_swiglu_backward(dg.data(), du.data(), d.data(), g.data(), u.data(), kSwiN, alpha, limit);
+  // As SwiGLU's check (each element one output; up linear where unclamped), outputs up to (7+1)·7 large: 3e-3.
+  EXPECT_GRAD_OK(grad_check(g, dg, loss, 73, 128), 3e-3, "dgate");
+  EXPECT_GRAD_OK(grad_check(u, du, loss, 74, 128), 3e-3, "dup");
 }
 
 TEST(SwiGLU, GradsAreWrittenNotAccumulated) {

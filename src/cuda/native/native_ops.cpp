@@ -80,13 +80,13 @@ void nat_rmsnorm_backward(float* din, float* dw, const float* dout, const float*
   d_dw.download(dw);
 }
 
-void nat_rope(float* x, const int32_t* pos, int64_t N, int64_t H, int64_t D, double theta, bool forward) {
+void nat_rope(float* x, const int32_t* pos, int64_t N, int64_t H, int64_t D, const RopeSpec& rope, bool forward) {
   LT_CHECK(D > 0 && D % 2 == 0, "rope: head dimension D must be even and positive, got {}", D);
   int32_t max_pos = 0;
   for (int64_t n = 0; n < N; ++n) max_pos = std::max(max_pos, pos[n]);
   const int64_t P = int64_t(max_pos) + 1;
   std::vector<float> cos(sz(P * D / 2)), sin(cos.size());
-  rope_table(cos.data(), sin.data(), P, D, theta);
+  rope_table(cos.data(), sin.data(), P, D, rope);
   DeviceCopy<float> d_x(sz(N * H * D), x), d_cos(cos.size(), cos.data()), d_sin(sin.size(), sin.data());
   DeviceCopy<int32_t> d_pos(sz(N), pos);
   if (forward) native::rope_forward(kDefault, d_x.p(), d_pos.p(), d_cos.p(), d_sin.p(), N, H, D);
@@ -94,11 +94,11 @@ void nat_rope(float* x, const int32_t* pos, int64_t N, int64_t H, int64_t D, dou
   finish("rope");
   d_x.download(x);
 }
-void nat_rope_forward(float* x, const int32_t* pos, int64_t N, int64_t H, int64_t D, double theta) {
-  nat_rope(x, pos, N, H, D, theta, true);
+void nat_rope_forward(float* x, const int32_t* pos, int64_t N, int64_t H, int64_t D, const RopeSpec& rope) {
+  nat_rope(x, pos, N, H, D, rope, true);
 }
-void nat_rope_backward(float* dx, const int32_t* pos, int64_t N, int64_t H, int64_t D, double theta) {
-  nat_rope(dx, pos, N, H, D, theta, false);
+void nat_rope_backward(float* dx, const int32_t* pos, int64_t N, int64_t H, int64_t D, const RopeSpec& rope) {
+  nat_rope(dx, pos, N, H, D, rope, false);
 }
 
 void nat_swiglu_forward(float* out, const float* gate, const float* up, int64_t n) {

@@ -503,10 +503,12 @@ TileKernels select_kernels() {
 
 enum class TileMask : uint8_t { skip, none, partial };
 
-// Which keys [k0, k0+nk) the queries [q0, q0+nq) of one row may see. doc: that row's doc_ids or nullptr.
-TileMask classify_tile(const int32_t* doc, int64_t q0, int64_t nq, int64_t k0, int64_t nk) {
+// Which keys [k0, k0+nk) the queries [q0, q0+nq) of one row may see. doc: that row's doc_ids or nullptr; W the
+// sliding window (0: none): key j is visible to query i only if j > i − W.
+TileMask classify_tile(const int32_t* doc, int64_t q0, int64_t nq, int64_t k0, int64_t nk, int64_t W) {
   if (k0 > q0 + nq - 1) return TileMask::skip;
-  const bool below_diagonal = k0 + nk - 1 <= q0;
+  if (W > 0 && k0 + nk - 1 <= q0 - W) return TileMask::skip;  // every key left every query's window
+  const bool below_diagonal = k0 + nk - 1 <= q0 && (W == 0 || k0 > q0 + nq - 1 - W);
   if (!doc) return below_diagonal ? TileMask::none : TileMask::partial;
   // Disjoint id ranges mean no (query, key) pair shares a document.
   const auto [q_lo, q_hi] = std::minmax_element(doc + q0, doc + q0 + nq);
@@ -516,12 +518,13 @@ TileMask classify_tile(const int32_t* doc, int64_t q0, int64_t nq, int64_t k0, i
   return below_diagonal && one_doc ? TileMask::none : TileMask::partial;
 }
 
-// Sets masked scores S[nq, nk] to -inf: key after query, or (with doc) another document.
-void mask_tile(float* S, int64_t lds, const int32_t* doc, int64_t q0, int64_t nq, int64_t k0, int64_t nk) {
+// Sets masked scores S[nq, nk] to -inf: key after query, outside the window, or (with doc) another document.
+void mask_tile(float* S, int64_t lds, const int32_t* doc, int64_t q0, int64_t nq, int64_t k0, int64_t nk, int64_t W) {
   for (int64_t i = 0; i < nq; ++i) {
     float* s = S + i * lds;
     const int64_t first_future = std::clamp<int64_t>(q0 + i - k0 + 1, 0, nk);  // keys j >= this are after i
     std::fill(s + first_future, s + nk, kNegInf);
+    if (W > 0) std::fill(s, s + std::clamp<int64_t>(q0 + i - W - k0 + 1, 0, nk), kNegInf);  // j <= i − W
     if (doc)
       for (int64_t j = 0; j < first_future; ++j)
         if (doc[k0 + j] != doc[q0 + i]) s[j] = kNegInf;
@@ -554,6 +557,7 @@ struct Problem {
     LT_CHECK(s.B > 0 && s.T > 0 && s.Hq > 0 && s.Hkv > 0 && s.D > 0,
              "attention sizes must be positive (B={}, T={}, Hq={}, Hkv={}, D={})", s.B, s.T, s.Hq, s.Hkv, s.D);
     LT_CHECK(s.Hq % s.Hkv == 0, "query heads {} must be a multiple of kv heads {}", s.Hq, s.Hkv);
+    LT_CHECK(s.window >= 0, "attention window must be 0 (none) or positive, got {}", s.window);
     G = s.Hq / s.Hkv;
     nt = (s.T + kTile - 1) / kTile;
     scale = float(1.0 / std::sqrt(double(s.D)));
@@ -599,11 +603,11 @@ void forward_task(const TileKernels& kn, const Problem& p, float* out, float* ls
   pack_rows(qs.data(), q + p.q_off(b, q0, h), p.q_ld(), nq, D, p.scale);
   for (int64_t kt = 0; kt <= qt; ++kt) {
     const int64_t k0 = kt * kTile, nk = p.tile_len(kt);
-    const TileMask tm = classify_tile(doc, q0, nq, k0, nk);
+    const TileMask tm = classify_tile(doc, q0, nq, k0, nk, p.s.window);
     if (tm == TileMask::skip) continue;
     kn.matmul(S.data(), kTile, qs.data(), D, 1, p.kt.data() + p.tile_off(b, g, kt), kTile, nq, nk, D,
               Accumulate::no);
-    if (tm == TileMask::partial) mask_tile(S.data(), kTile, doc, q0, nq, k0, nk);
+    if (tm == TileMask::partial) mask_tile(S.data(), kTile, doc, q0, nq, k0, nk, p.s.window);
     kn.softmax_step(S.data(), kTile, nq, nk, m.data(), l.data(), o.data(), D, D);
     kn.matmul(o.data(), D, S.data(), kTile, 1, p.vr.data() + p.tile_off(b, g, kt), D, nq, D, nk, Accumulate::yes);
   }
@@ -628,13 +632,13 @@ void backward_kv_task(const TileKernels& kn, const Problem& p, float* dk, float*
   for (int64_t h = g * p.G; h < (g + 1) * p.G; ++h)
     for (int64_t qt = kt; qt < p.nt; ++qt) {
       const int64_t q0 = qt * kTile, nq = p.tile_len(qt);
-      const TileMask tm = classify_tile(doc, q0, nq, k0, nk);
+      const TileMask tm = classify_tile(doc, q0, nq, k0, nk, p.s.window);
       if (tm == TileMask::skip) continue;
       pack_rows(qs.data(), q + p.q_off(b, q0, h), p.q_ld(), nq, D, p.scale);
       pack_rows(dos.data(), dout + p.q_off(b, q0, h), p.q_ld(), nq, D, 1.f);
       kn.matmul(S.data(), kTile, qs.data(), D, 1, ktile, kTile, nq, nk, D, Accumulate::no);
       kn.matmul(dP.data(), kTile, dos.data(), D, 1, vtile, kTile, nq, nk, D, Accumulate::no);
-      if (tm == TileMask::partial) mask_tile(S.data(), kTile, doc, q0, nq, k0, nk);
+      if (tm == TileMask::partial) mask_tile(S.data(), kTile, doc, q0, nq, k0, nk, p.s.window);
       kn.probs_dscores(S.data(), dP.data(), kTile, nq, nk, lse + p.row_off(b, h, q0), Di + p.row_off(b, h, q0));
       // dV += Pᵀ dO and dK += dSᵀ (scale q): Pᵀ and dSᵀ read in place through swapped strides.
       kn.matmul(dv_acc.data(), D, S.data(), 1, kTile, dos.data(), D, nk, D, nq, Accumulate::yes);
@@ -658,12 +662,12 @@ void backward_q_task(const TileKernels& kn, const Problem& p, float* dq, const f
   pack_rows(dos.data(), dout + p.q_off(b, q0, h), p.q_ld(), nq, D, 1.f);
   for (int64_t kt = 0; kt <= qt; ++kt) {
     const int64_t k0 = kt * kTile, nk = p.tile_len(kt);
-    const TileMask tm = classify_tile(doc, q0, nq, k0, nk);
+    const TileMask tm = classify_tile(doc, q0, nq, k0, nk, p.s.window);
     if (tm == TileMask::skip) continue;
     const int64_t off = p.tile_off(b, g, kt);
     kn.matmul(S.data(), kTile, qs.data(), D, 1, p.kt.data() + off, kTile, nq, nk, D, Accumulate::no);
     kn.matmul(dP.data(), kTile, dos.data(), D, 1, p.vt.data() + off, kTile, nq, nk, D, Accumulate::no);
-    if (tm == TileMask::partial) mask_tile(S.data(), kTile, doc, q0, nq, k0, nk);
+    if (tm == TileMask::partial) mask_tile(S.data(), kTile, doc, q0, nq, k0, nk, p.s.window);
     kn.probs_dscores(S.data(), dP.data(), kTile, nq, nk, lse + p.row_off(b, h, q0), Di + p.row_off(b, h, q0));
     kn.matmul(dq_acc.data(), D, dP.data(), kTile, 1, p.kr.data() + off, D, nq, D, nk, Accumulate::yes);
   }
@@ -722,6 +726,55 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
   parallel_for(heads * p.nt, [&](int64_t task) {
     const int64_t qt = p.nt - 1 - task / heads, bh = task % heads;
     backward_q_task(kn, p, dq, dout, lse, Di.data(), q, bh / s.Hq, bh % s.Hq, qt);
+  });
+}
+
+namespace {
+
+void check_sinks(const char* op, const float* sinks, const AttentionShape& s) {
+  LT_CHECK(s.B > 0 && s.T > 0 && s.Hq > 0 && s.D > 0, "{}: sizes must be positive (B={}, T={}, Hq={}, D={})", op, s.B,
+           s.T, s.Hq, s.D);
+  for (int64_t h = 0; h < s.Hq; ++h)
+    LT_CHECK(std::isfinite(sinks[h]), "{}: the sink of head {} is {} (not finite)", op, h, sinks[h]);
+}
+
+// rowsum(dout ∘ out) of row (b, t, h) in double.
+double row_dot(const float* dout, const float* out, int64_t at, int64_t D) {
+  double acc = 0;
+  for (int64_t d = 0; d < D; ++d) acc += double(dout[at + d]) * double(out[at + d]);
+  return acc;
+}
+
+}  // namespace
+
+void attention_sinks_forward(float* out, float* lse, const float* sinks, AttentionShape s) {
+  check_sinks("attention_sinks_forward", sinks, s);
+  parallel_for(s.B * s.Hq, [&](int64_t bh) {
+    const int64_t b = bh / s.Hq, h = bh % s.Hq;
+    const double sink = sinks[h];
+    for (int64_t t = 0; t < s.T; ++t) {
+      float& l = lse[(b * s.Hq + h) * s.T + t];
+      const double old = l, m = std::max(old, sink);
+      const double now = m + std::log(std::exp(old - m) + std::exp(sink - m));
+      const float keep = float(std::exp(old - now));  // the share of the row's mass the keys keep
+      float* o = out + ((b * s.T + t) * s.Hq + h) * s.D;
+      for (int64_t d = 0; d < s.D; ++d) o[d] *= keep;
+      l = float(now);
+    }
+  });
+}
+
+void attention_sinks_backward(float* dsinks, const float* dout, const float* out, const float* lse,
+                              const float* sinks, AttentionShape s) {
+  check_sinks("attention_sinks_backward", sinks, s);
+  parallel_for(s.Hq, [&](int64_t h) {
+    double acc = 0;
+    for (int64_t b = 0; b < s.B; ++b)
+      for (int64_t t = 0; t < s.T; ++t) {
+        const double p_sink = std::exp(double(sinks[h]) - double(lse[(b * s.Hq + h) * s.T + t]));
+        acc += p_sink * row_dot(dout, out, ((b * s.T + t) * s.Hq + h) * s.D, s.D);
+      }
+    dsinks[h] = float(-acc);
   });
 }
 

@@ -14,6 +14,7 @@
 
 #include "ops/swiglu.h"
 
+#include <algorithm>
 #include <cstdint>
 
 #include "core/cpu_features.h"
@@ -102,6 +103,31 @@ void swiglu_backward(float* dgate, float* dup, const float* dout, const float* g
   // dgate[n], dup[n] written
   const auto loop = select_loops().backward;
   parallel_chunks(n, kChunk, [&](int64_t b, int64_t e) { loop(dgate, dup, dout, gate, up, b, e); });
+}
+
+void clamped_swiglu_forward(float* out, const float* gate, const float* up, int64_t n, float alpha, float limit) {
+  LT_CHECK(n >= 0 && alpha > 0 && limit > 0, "clamped_swiglu_forward: bad n={}, alpha={}, limit={}", n, alpha, limit);
+  parallel_chunks(n, kChunk, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const float g = std::min(gate[i], limit), u = std::clamp(up[i], -limit, limit);
+      out[i] = (u + 1.0f) * (g * swiglu_math::sigmoid(alpha * g));
+    }
+  });
+}
+
+void clamped_swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate, const float* up, int64_t n,
+                             float alpha, float limit) {
+  LT_CHECK(n >= 0 && alpha > 0 && limit > 0, "clamped_swiglu_backward: bad n={}, alpha={}, limit={}", n, alpha,
+           limit);
+  parallel_chunks(n, kChunk, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const float g = std::min(gate[i], limit), u = std::clamp(up[i], -limit, limit), a = alpha * g;
+      float s, sm;
+      swiglu_math::sigmoid_pair(a, &s, &sm);
+      dgate[i] = gate[i] <= limit ? (dout[i] * (u + 1.0f)) * (s * (1.0f + a * sm)) : 0.0f;
+      dup[i] = up[i] >= -limit && up[i] <= limit ? dout[i] * (g * s) : 0.0f;
+    }
+  });
 }
 
 }  // namespace lt
