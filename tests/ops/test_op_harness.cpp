@@ -98,6 +98,10 @@ OpCase rope_case() {
             float* bwd = out.add("backward", x.size(), x);
             rope_forward(fwd, pos.data(), N, H, D, 1e6);
             rope_backward(bwd, pos.data(), N, H, D, 1e6);
+            // YaRN (GPT-OSS's scaling): the CUDA kernels rotate by the CPU op's table, scaled cos and sin included.
+            const RopeSpec yarn = RopeSpec::yarn(150000.0, 32.0, 32.0, 1.0, 4096, false);
+            rope_forward(out.add("forward (yarn)", x.size(), x), pos.data(), N, H, D, yarn);
+            rope_backward(out.add("backward (yarn)", x.size(), x), pos.data(), N, H, D, yarn);
           },
           bitwise};
 }
@@ -215,6 +219,47 @@ OpCase attention_case() {
             const double r = std::max(2e-5, Tolerance::reordered_sums(std::max(sh[1], sh[4])).relative);
             return Tolerance::of(r, r);
           }};
+}
+
+// GPT-OSS's attention (CPU only: the CUDA kernels refuse a window): shape {B, T, Hq, Hkv, D, window}, sinks on every
+// head; a window inside a tile, across tiles, and wider than the row.
+OpCase attention_window_sinks_case() {
+  return {"attention_window_sinks",
+          {{2, 37, 4, 2, 64, 5}, {1, 150, 4, 1, 40, 70}, {1, 23, 2, 2, 16, 64}},
+          {DType::f32},
+          false,
+          [](OpOutputs& out, const Shape& sh, DType) {
+            const AttentionShape s{sh[0], sh[1], sh[2], sh[3], sh[4], sh[5]};
+            const size_t nq = size_t(s.B * s.T * s.Hq * s.D), nkv = size_t(s.B * s.T * s.Hkv * s.D);
+            const auto q = values(nq, 25), k = values(nkv, 26), v = values(nkv, 27), dout = values(nq, 28);
+            const auto sinks = values(size_t(s.Hq), 29, -1.0f, 3.0f);
+            float* o = out.add("out", nq);
+            float* lse = out.add("lse", size_t(s.B * s.Hq * s.T));
+            attention_forward(o, lse, q.data(), k.data(), v.data(), nullptr, s);
+            attention_sinks_forward(o, lse, sinks.data(), s);
+            attention_backward(out.add("dq", nq), out.add("dk", nkv), out.add("dv", nkv), dout.data(), o, lse, q.data(),
+                               k.data(), v.data(), nullptr, s);
+            attention_sinks_backward(out.add("dsinks", size_t(s.Hq)), dout.data(), o, lse, sinks.data(), s);
+          },
+          [](OpBackend, DType, const Shape& sh) {
+            // As attention's (the vector exp against std::exp, sums over T keys and D dims); dsinks sums B·T rows.
+            const double r = std::max(2e-5, Tolerance::reordered_sums(std::max(sh[0] * sh[1], sh[4])).relative);
+            return Tolerance::of(r, r);
+          }};
+}
+
+// GPT-OSS's clamped SwiGLU: one plain build, so every backend gives its bits. Gates and ups across both clamps.
+OpCase clamped_swiglu_case() {
+  return {"clamped_swiglu_forward_backward", {{1}, {37 * 67 + 13}, {4096 + 13}}, {DType::f32}, false,
+          [](OpOutputs& out, const Shape& s, DType) {
+            const int64_t n = s[0];
+            const auto gate = values(size_t(n), 54 + n, -12.0f, 12.0f), up = values(size_t(n), 55 + n, -12.0f, 12.0f);
+            const auto dout = values(size_t(n), 56 + n);
+            clamped_swiglu_forward(out.add("out", size_t(n)), gate.data(), up.data(), n, 1.702f, 7.0f);
+            clamped_swiglu_backward(out.add("dgate", size_t(n)), out.add("dup", size_t(n)), dout.data(), gate.data(),
+                                    up.data(), n, 1.702f, 7.0f);
+          },
+          bitwise};
 }
 
 // CPU-only ops of the hybrid layers (no cuda-sim routing: the CUDA block runs their kernels itself, held against
@@ -404,7 +449,8 @@ const std::vector<OpCase>& ops() {
                                           linear_case(),          attention_case(),        l2norm_case(),
                                           sigmoid_gate_case(),    short_conv_case(),       delta_gates_case(),
                                           gated_rmsnorm_case(),   router_forward_case(),   router_backward_case(),
-                                          moe_permute_gather_case(), moe_combine_case(),   moe_weight_grads_case()};
+                                          moe_permute_gather_case(), moe_combine_case(),   moe_weight_grads_case(),
+                                          attention_window_sinks_case(), clamped_swiglu_case()};
   return all;
 }
 
