@@ -96,37 +96,38 @@ ModelType parse_model_type(const std::string& t, const std::string& source) {
   if (t == "qwen3_5" || t == "qwen3_5_text") return ModelType::qwen3_5;
   if (t == "qwen3_moe") return ModelType::qwen3_moe;
   if (t == "qwen3_5_moe_text") return ModelType::qwen3_5;  // with experts (parse_text_model's moe)
-  LT_FAIL("{}: model_type '{}' is not supported (expected qwen2, qwen3, llama, qwen3_moe, or qwen3_5 / qwen3_5_text "
-          "/ qwen3_5_moe / qwen3_5_moe_text for Qwen3.5 and Qwen3.6)",
+  if (t == "gpt_oss") return ModelType::gpt_oss;
+  LT_FAIL("{}: model_type '{}' is not supported (expected qwen2, qwen3, llama, qwen3_moe, gpt_oss, or qwen3_5 / "
+          "qwen3_5_text / qwen3_5_moe / qwen3_5_moe_text for Qwen3.5 and Qwen3.6)",
           source, t);
 }
 
-// rope_type must be absent, null or "default": scaled variants (llama3, yarn, linear, dynamic, ...)
-// change the frequencies and we implement plain RoPE only.
-void check_rope_type(const Keys& k, const json& obj, const char* field) {
+// rope_type must be absent, null or "default" — or, where `yarn_ok` (gpt_oss), "yarn": the other scaled variants
+// (llama3, linear, dynamic, ...) change the frequencies in ways we do not implement.
+void check_rope_type(const Keys& k, const json& obj, const char* field, bool yarn_ok) {
   LT_CHECK(obj.is_object(), "{}: '{}' is {} {}, expected an object or null", k.source(), k.name(field),
            obj.type_name(), obj.dump());
   // Older configs spell rope_scaling's kind "type".
   for (const char* key : {"rope_type", "type"}) {
     auto it = obj.find(key);
     if (it == obj.end() || it->is_null()) continue;
-    LT_CHECK(it->is_string() && *it == "default",
-             "{}: {}.{} {} is not supported (only plain RoPE: null or \"default\")", k.source(), k.name(field), key,
-             it->dump());
+    LT_CHECK(it->is_string() && (*it == "default" || (yarn_ok && *it == "yarn")),
+             "{}: {}.{} {} is not supported (only plain RoPE: null or \"default\"{})", k.source(), k.name(field), key,
+             it->dump(), yarn_ok ? ", or \"yarn\"" : "");
   }
 }
 
-double parse_rope_theta(const Keys& k) {
+double parse_rope_theta(const Keys& k, double fallback, bool yarn_ok) {
   if (const json* scaling = k.find("rope_scaling")) {
-    check_rope_type(k, *scaling, "rope_scaling");
+    check_rope_type(k, *scaling, "rope_scaling", yarn_ok);
     LT_CHECK(scaling->contains("rope_type") || scaling->contains("type"),
              "{}: {} {} has no rope_type; only plain RoPE is supported", k.source(), k.name("rope_scaling"),
              scaling->dump());
   }
-  double theta = k.positive_number("rope_theta", 10000.0);
+  double theta = k.positive_number("rope_theta", fallback);
   // Newer transformers (v5) write {"rope_parameters": {"rope_theta": ..., "rope_type": "default"}}.
   if (const json* params = k.find("rope_parameters")) {
-    check_rope_type(k, *params, "rope_parameters");
+    check_rope_type(k, *params, "rope_parameters", yarn_ok);
     auto it = params->find("rope_theta");
     if (it != params->end() && !it->is_null()) {
       double inner = k.positive_number(*it, "rope_parameters.rope_theta");
@@ -283,12 +284,19 @@ std::optional<LayerKind> layer_kind_from(const std::string& s, ModelType type) {
   }
   if ((type == ModelType::qwen2 || type == ModelType::qwen3 || type == ModelType::qwen3_moe) && s == "sliding_attention")
     return LayerKind::full_attention;
+  if (type == ModelType::gpt_oss && s == "sliding_attention") return LayerKind::sliding_attention;
   return std::nullopt;
 }
 
 // layer_types when given, else (qwen3_5) layer i is full attention iff (i + 1) % full_attention_interval == 0.
 std::vector<LayerKind> parse_layer_types(const Keys& k, ModelType type, int64_t num_layers) {
   const json* v = k.find("layer_types");
+  if (!v && type == ModelType::gpt_oss) {  // GptOssConfig's default: sliding, full, sliding, ...
+    std::vector<LayerKind> kinds;
+    for (int64_t i = 0; i < num_layers; ++i)
+      kinds.push_back(i % 2 == 0 ? LayerKind::sliding_attention : LayerKind::full_attention);
+    return kinds;
+  }
   if (!v) {
     if (type != ModelType::qwen3_5) return std::vector<LayerKind>(size_t(num_layers), LayerKind::full_attention);
     const int64_t interval = k.positive_int("full_attention_interval", 4);
@@ -302,8 +310,9 @@ std::vector<LayerKind> parse_layer_types(const Keys& k, ModelType type, int64_t 
            v->dump());
   LT_CHECK(int64_t(v->size()) == num_layers, "{}: '{}' lists {} layers but num_hidden_layers is {}", k.source(), key,
            v->size(), num_layers);
-  const char* expected = type == ModelType::qwen3_5 ? "\"linear_attention\" or \"full_attention\""
-                                                    : "\"full_attention\" (no linear-attention layers in this model)";
+  const char* expected = type == ModelType::qwen3_5   ? "\"linear_attention\" or \"full_attention\""
+                         : type == ModelType::gpt_oss ? "\"sliding_attention\" or \"full_attention\""
+                                                      : "\"full_attention\" (no linear-attention layers in this model)";
   std::vector<LayerKind> kinds;
   for (size_t i = 0; i < v->size(); ++i) {
     const json& e = (*v)[i];
@@ -393,6 +402,65 @@ void parse_qwen3_moe(const Keys& k, ModelConfig& c) {
   c.router_aux_loss_coef = parse_router_aux_loss_coef(k, c.router_aux_loss_coef);
 }
 
+// rope_scaling / rope_parameters of rope_type "yarn" (gpt_oss), as transformers' _compute_yarn_parameters reads it:
+// factor; beta_fast 32 and beta_slow 1 by default; original_max_position_embeddings (default max_position_embeddings);
+// truncate (default true); attention_factor, or from mscale / mscale_all_dim, or 0.1·ln(factor) + 1 (ops/rope.h).
+void parse_yarn(const Keys& k, ModelConfig& c) {
+  for (const auto& [obj, field] : rope_objects(k)) {
+    auto type = obj->find("rope_type");
+    if (type == obj->end()) type = obj->find("type");
+    if (type == obj->end() || type->is_null() || *type != "yarn") continue;
+    auto number = [&](const char* key, double fallback) {
+      auto it = obj->find(key);
+      return it == obj->end() || it->is_null() ? fallback : k.positive_number(*it, std::string(field) + "." + key);
+    };
+    c.yarn_factor = number("factor", 0);
+    LT_CHECK(c.yarn_factor >= 1, "{}: {}.factor is {}, expected a number >= 1 for YaRN", k.source(), k.name(field),
+             c.yarn_factor);
+    c.yarn_beta_fast = number("beta_fast", 32.0);
+    c.yarn_beta_slow = number("beta_slow", 1.0);
+    c.yarn_original_max_positions = int64_t(number("original_max_position_embeddings",
+                                                   double(c.max_position_embeddings)));
+    if (auto t = obj->find("truncate"); t != obj->end() && !t->is_null()) {
+      LT_CHECK(t->is_boolean(), "{}: {}.truncate is {}, expected true or false", k.source(), k.name(field), t->dump());
+      c.yarn_truncate = t->get<bool>();
+    }
+    c.yarn_attention_factor = number("attention_factor", 0);
+    const double mscale = number("mscale", 0), mscale_all = number("mscale_all_dim", 0);
+    if (c.yarn_attention_factor == 0 && mscale > 0 && mscale_all > 0) {
+      auto get = [&](double m) { return c.yarn_factor <= 1 ? 1.0 : 0.1 * m * std::log(c.yarn_factor) + 1.0; };
+      c.yarn_attention_factor = get(mscale) / get(mscale_all);
+    }
+    c.rope();  // checks the combination
+    return;
+  }
+}
+
+// gpt_oss (GptOssConfig's defaults): attention with biases and sinks, sliding and full layers, every MLP sparse.
+// Its `intermediate_size` is an expert's; there is no dense MLP.
+void parse_gpt_oss(const Keys& k, ModelConfig& c) {
+  c.qkv_bias = c.o_bias = k.boolean("attention_bias", true);
+  c.attention_sinks = true;
+  c.num_experts = k.positive_int("num_local_experts", 128);
+  c.num_experts_per_tok = k.positive_int("num_experts_per_tok", 4);
+  LT_CHECK(c.num_experts_per_tok <= c.num_experts, "{}: '{}' {} exceeds '{}' {}", k.source(),
+           k.name("num_experts_per_tok"), c.num_experts_per_tok, k.name("num_local_experts"), c.num_experts);
+  c.moe_intermediate_size = k.positive_int("intermediate_size", 2880);
+  c.intermediate_size = 0;
+  c.sliding_window = k.positive_int("sliding_window", 128);
+  c.swiglu_limit = k.positive_number("swiglu_limit", 7.0);
+  c.router_aux_loss_coef = parse_router_aux_loss_coef(k, 0.9);
+  if (const json* q = k.find("quantization_config")) {
+    const std::string key = k.name("quantization_config");
+    LT_CHECK(q->is_object(), "{}: '{}' is {}, expected an object", k.source(), key, q->dump());
+    auto method = q->find("quant_method");
+    LT_CHECK(method != q->end() && *method == "mxfp4",
+             "{}: {}.quant_method is {}; only GPT-OSS's \"mxfp4\" experts are read (dequantised on load)", k.source(),
+             key, method == q->end() ? "missing" : method->dump());
+    c.mxfp4_experts = true;
+  }
+}
+
 // The text model's keys of one config object (the whole file, or qwen3_5's text_config), except the ones the
 // vision-language form takes from the outer object: tie_word_embeddings, the dtype and the token ids.
 ModelConfig parse_text_model(const Keys& k, ModelType type, bool moe = false) {
@@ -403,17 +471,20 @@ ModelConfig parse_text_model(const Keys& k, ModelType type, bool moe = false) {
   // Qwen3MoeConfig declares intermediate_size = 6144 (its dense layers'); qwen3_5_moe has no dense MLP; the others
   // require it.
   c.intermediate_size = type == ModelType::qwen3_moe ? k.positive_int("intermediate_size", 6144)
-                        : moe                        ? 0
-                                                     : k.positive_int("intermediate_size");
+                        : moe || type == ModelType::gpt_oss ? 0  // gpt_oss: an expert's (parse_gpt_oss)
+                                                            : k.positive_int("intermediate_size");
   c.num_layers = k.positive_int("num_hidden_layers");
   c.num_heads = k.positive_int("num_attention_heads");
-  // Qwen3_5TextConfig declares num_key_value_heads = 4; the others default to multi-head attention.
-  c.num_kv_heads = k.positive_int("num_key_value_heads", type == ModelType::qwen3_5 ? 4 : c.num_heads);
+  // Qwen3_5TextConfig declares num_key_value_heads = 4, GptOssConfig 8; the others default to multi-head attention.
+  c.num_kv_heads = k.positive_int("num_key_value_heads", type == ModelType::qwen3_5   ? 4
+                                                         : type == ModelType::gpt_oss ? 8
+                                                                                      : c.num_heads);
   LT_CHECK(c.num_heads % c.num_kv_heads == 0, "{}: num_attention_heads {} is not a multiple of num_key_value_heads {}",
            k.source(), c.num_heads, c.num_kv_heads);
   c.head_dim = parse_head_dim(k, c);
-  c.rms_norm_eps = k.positive_number("rms_norm_eps", 1e-6);
-  c.rope_theta = parse_rope_theta(k);
+  const bool gpt_oss = type == ModelType::gpt_oss;
+  c.rms_norm_eps = k.positive_number("rms_norm_eps", gpt_oss ? 1e-5 : 1e-6);
+  c.rope_theta = parse_rope_theta(k, gpt_oss ? 150000.0 : 10000.0, gpt_oss);
 
   LT_CHECK(!k.boolean("use_sliding_window", false),
            "{}: use_sliding_window is true; sliding-window attention is not supported", k.source());
@@ -439,9 +510,15 @@ ModelConfig parse_text_model(const Keys& k, ModelType type, bool moe = false) {
     case ModelType::qwen3_moe:
       parse_qwen3_moe(k, c);
       break;
+    case ModelType::gpt_oss:
+      parse_gpt_oss(k, c);
+      break;
   }
   c.layer_types = parse_layer_types(k, c.type, c.num_layers);
-  c.max_position_embeddings = k.positive_int("max_position_embeddings", c.type == ModelType::llama ? 2048 : 32768);
+  c.max_position_embeddings = k.positive_int("max_position_embeddings", c.type == ModelType::llama ? 2048
+                                                                        : gpt_oss                  ? 131072
+                                                                                                   : 32768);
+  if (gpt_oss) parse_yarn(k, c);
   return c;
 }
 
@@ -480,6 +557,7 @@ std::string_view architecture_name(const ModelConfig& c) {
       if (c.is_moe()) return c.vision_language ? "Qwen3_5MoeForConditionalGeneration" : "Qwen3_5MoeForCausalLM";
       return c.vision_language ? "Qwen3_5ForConditionalGeneration" : "Qwen3_5ForCausalLM";
     case ModelType::qwen3_moe: return "Qwen3MoeForCausalLM";
+    case ModelType::gpt_oss: return "GptOssForCausalLM";
   }
   LT_FAIL("unknown model type {}", int(c.type));
 }
@@ -495,6 +573,10 @@ std::string_view hf_dtype_name(DType t) {
 
 bool all_full_attention(const std::vector<LayerKind>& kinds) {
   return std::all_of(kinds.begin(), kinds.end(), [](LayerKind k) { return k == LayerKind::full_attention; });
+}
+
+bool no_linear_attention(const std::vector<LayerKind>& kinds) {
+  return std::none_of(kinds.begin(), kinds.end(), [](LayerKind k) { return k == LayerKind::linear_attention; });
 }
 
 // The checks model_config_to_json makes: config.json cannot express every combination of fields, so refuse
@@ -529,8 +611,21 @@ void check_expressible(const ModelConfig& c) {
                "qwen3_5 config: partial_rotary_factor {} gives {} rotary dims of {}", c.partial_rotary_factor,
                c.rotary_dim(), c.head_dim);
       break;
+    case ModelType::gpt_oss:
+      LT_CHECK(!c.qk_norm && c.qkv_bias == c.o_bias && !c.mlp_bias && c.attention_sinks && c.sliding_window > 0 &&
+                   c.swiglu_limit > 0 && no_linear_attention(c.layer_kinds()),
+               "gpt_oss config needs one attention_bias for q,k,v,o, sinks, a sliding window, the experts' "
+               "swiglu_limit, no q/k norm, no mlp bias and only sliding / full attention layers");
+      break;
   }
-  if (c.type != ModelType::qwen3_5) {
+  if (c.type != ModelType::gpt_oss) {
+    LT_CHECK(c.sliding_window == 0 && !c.attention_sinks && c.swiglu_limit == 0 && !c.mxfp4_experts &&
+                 c.yarn_factor == 1.0 &&
+                 std::count(c.layer_types.begin(), c.layer_types.end(), LayerKind::sliding_attention) == 0,
+             "{} config cannot hold sliding windows, attention sinks, clamped experts, MXFP4 or YaRN (gpt_oss's)",
+             model_type_name(c.type));
+  }
+  if (c.type != ModelType::qwen3_5 && c.type != ModelType::gpt_oss) {
     LT_CHECK(all_full_attention(c.layer_types) && !c.attn_output_gate && !c.zero_centred_norms &&
                  c.partial_rotary_factor == 1 && c.mrope_section.empty() && !c.mrope_interleaved &&
                  c.linear_num_key_heads == 0 && c.linear_num_value_heads == 0 && c.linear_key_head_dim == 0 &&
@@ -541,7 +636,15 @@ void check_expressible(const ModelConfig& c) {
     LT_CHECK(!c.vision_language && c.outer_json.empty(), "{} config has no vision-language form",
              model_type_name(c.type));
   }
-  if (c.type == ModelType::qwen3_moe) {
+  if (c.type == ModelType::gpt_oss) {
+    LT_CHECK(!c.attn_output_gate && !c.zero_centred_norms && c.partial_rotary_factor == 1 && c.mrope_section.empty() &&
+                 !c.vision_language && c.outer_json.empty() && c.num_experts > 0 && c.num_experts_per_tok > 0 &&
+                 c.num_experts_per_tok <= c.num_experts && c.moe_intermediate_size > 0 && c.intermediate_size == 0 &&
+                 c.decoder_sparse_step == 1 && c.mlp_only_layers.empty() && c.shared_expert_intermediate_size == 0 &&
+                 !c.norm_topk_prob,
+             "gpt_oss config needs every layer sparse with 0 < k <= E experts (no dense MLP, shared expert or "
+             "renormalisation) and none of qwen3_5's features");
+  } else if (c.type == ModelType::qwen3_moe) {
     LT_CHECK(c.num_experts > 0 && c.num_experts_per_tok > 0 && c.num_experts_per_tok <= c.num_experts &&
                  c.moe_intermediate_size > 0 && c.decoder_sparse_step > 0 && c.shared_expert_intermediate_size == 0,
              "qwen3_moe config needs experts (E > 0, 0 < k <= E, moe_intermediate_size > 0, decoder_sparse_step > 0) "
@@ -645,6 +748,52 @@ json qwen3_5_to_json(const ModelConfig& c) {
   return outer;
 }
 
+// GptOssConfig's keys. The experts are written dequantised (bf16 files, no quantization_config), whatever the
+// checkpoint they were read from held.
+json gpt_oss_to_json(const ModelConfig& c) {
+  json rope = {{"rope_type", "yarn"},
+               {"factor", c.yarn_factor},
+               {"beta_fast", c.yarn_beta_fast},
+               {"beta_slow", c.yarn_beta_slow},
+               {"original_max_position_embeddings", c.yarn_original_max_positions},
+               {"truncate", c.yarn_truncate}};
+  if (c.yarn_factor == 1.0) rope = nullptr;
+  else if (c.yarn_attention_factor > 0) rope["attention_factor"] = c.yarn_attention_factor;
+  json layer_types = json::array();
+  for (LayerKind k : c.layer_kinds()) layer_types.push_back(layer_kind_name(k));
+  json j = {
+      {"architectures", {architecture_name(c)}},
+      {"model_type", "gpt_oss"},
+      {"vocab_size", c.vocab_size},
+      {"hidden_size", c.hidden_size},
+      {"intermediate_size", c.moe_intermediate_size},
+      {"num_hidden_layers", c.num_layers},
+      {"num_attention_heads", c.num_heads},
+      {"num_key_value_heads", c.num_kv_heads},
+      {"head_dim", c.head_dim},
+      {"hidden_act", "silu"},
+      {"rms_norm_eps", c.rms_norm_eps},
+      {"rope_theta", c.rope_theta},
+      {"rope_scaling", rope},
+      {"max_position_embeddings", c.max_position_embeddings},
+      {"attention_bias", c.qkv_bias},
+      {"num_local_experts", c.num_experts},
+      {"num_experts_per_tok", c.num_experts_per_tok},
+      {"router_aux_loss_coef", c.router_aux_loss_coef},
+      {"output_router_logits", false},
+      {"sliding_window", c.sliding_window},
+      {"layer_types", layer_types},
+      {"swiglu_limit", c.swiglu_limit},
+      {"tie_word_embeddings", c.tie_word_embeddings},
+      {"torch_dtype", hf_dtype_name(c.torch_dtype)},
+      {"attention_dropout", 0.0},
+      {"initializer_range", 0.02},
+      {"use_cache", true},
+  };
+  write_token_ids(c, j);
+  return j;
+}
+
 }  // namespace
 
 std::string_view model_type_name(ModelType t) {
@@ -654,6 +803,7 @@ std::string_view model_type_name(ModelType t) {
     case ModelType::llama: return "llama";
     case ModelType::qwen3_5: return "qwen3_5";
     case ModelType::qwen3_moe: return "qwen3_moe";
+    case ModelType::gpt_oss: return "gpt_oss";
   }
   LT_FAIL("unknown model type {}", int(t));
 }
@@ -662,6 +812,7 @@ std::string_view layer_kind_name(LayerKind k) {
   switch (k) {
     case LayerKind::full_attention: return "full_attention";
     case LayerKind::linear_attention: return "linear_attention";
+    case LayerKind::sliding_attention: return "sliding_attention";
   }
   LT_FAIL("unknown layer kind {}", int(k));
 }
@@ -714,7 +865,9 @@ bool ModelConfig::operator==(const ModelConfig& o) const {
                     c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim,
                     c.linear_conv_kernel_dim, c.vision_language, c.outer_json, c.num_experts,
                     c.num_experts_per_tok, c.moe_intermediate_size, c.norm_topk_prob, c.decoder_sparse_step,
-                    c.mlp_only_layers, c.router_aux_loss_coef, c.shared_expert_intermediate_size);
+                    c.mlp_only_layers, c.router_aux_loss_coef, c.shared_expert_intermediate_size, c.sliding_window,
+                    c.attention_sinks, c.swiglu_limit, c.mxfp4_experts, c.yarn_factor, c.yarn_beta_fast,
+                    c.yarn_beta_slow, c.yarn_attention_factor, c.yarn_original_max_positions, c.yarn_truncate);
   };
   // A config built in code leaves layer_types empty for "all full attention"; the parser lists them.
   const bool same_layers = layer_types.empty()   ? all_full_attention(o.layer_types)
@@ -752,6 +905,7 @@ int64_t ModelConfig::num_parameters() const {
   if (qkv_bias) attn += q_proj_dim() + 2 * kv_dim();
   if (o_bias) attn += C;
   if (qk_norm) attn += 2 * D;
+  if (attention_sinks) attn += num_heads;
   // Gated DeltaNet: in_proj_qkv, in_proj_z, in_proj_b, in_proj_a; conv1d; dt_bias, A_log; norm; out_proj.
   const int64_t Hv = linear_num_value_heads;
   const int64_t linear = C * linear_conv_dim() + C * linear_value_dim() + 2 * C * Hv +
@@ -760,7 +914,10 @@ int64_t ModelConfig::num_parameters() const {
   int64_t mlp = 3 * C * I;  // gate, up, down
   if (mlp_bias) mlp += 2 * I + C;
   const int64_t Is = shared_expert_intermediate_size;  // a shared expert and its [1, C] gate
-  const int64_t experts = num_experts * C + num_experts * 3 * C * moe_intermediate_size + (Is ? 3 * C * Is + C : 0);
+  // gpt_oss: the router's bias [E] and each expert's biases (gate and up [Ie] each, down [C]).
+  const int64_t biases = gpt_oss() ? num_experts * (1 + 2 * moe_intermediate_size + C) : 0;
+  const int64_t experts =
+      num_experts * C + num_experts * 3 * C * moe_intermediate_size + biases + (Is ? 3 * C * Is + C : 0);
   const int64_t n_linear = num_linear_attention_layers(), n_sparse = num_sparse_layers();
   const int64_t layers = (num_layers - n_linear) * attn + n_linear * linear + (num_layers - n_sparse) * mlp +
                          n_sparse * experts + num_layers * 2 * C;  // + input_layernorm, post_attention_layernorm
@@ -769,12 +926,14 @@ int64_t ModelConfig::num_parameters() const {
 
 int64_t ModelConfig::num_active_parameters() const {
   const int64_t idle = num_experts - num_experts_per_tok;  // experts a token does not route through
-  return num_parameters() - num_sparse_layers() * idle * 3 * hidden_size * moe_intermediate_size;
+  const int64_t Ie = moe_intermediate_size, per_expert = 3 * hidden_size * Ie + (gpt_oss() ? 2 * Ie + hidden_size : 0);
+  return num_parameters() - num_sparse_layers() * idle * per_expert;
 }
 
 json model_config_to_json(const ModelConfig& c) {
   check_expressible(c);
   if (c.type == ModelType::qwen3_5) return qwen3_5_to_json(c);
+  if (c.type == ModelType::gpt_oss) return gpt_oss_to_json(c);
   json j = {
       {"architectures", {architecture_name(c)}},
       {"model_type", model_type_name(c.type)},

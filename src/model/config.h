@@ -61,6 +61,7 @@
 //   lm_head.weight (no prefix)                            [V, C]  absent when tie_word_embeddings
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -74,10 +75,12 @@
 
 namespace lt {
 
-enum class ModelType { qwen2, qwen3, llama, qwen3_5, qwen3_moe };
+enum class ModelType { qwen2, qwen3, llama, qwen3_5, qwen3_moe, gpt_oss };
 
-// The token mixer of one decoder layer: softmax attention, or Gated DeltaNet (qwen3_5's linear attention).
-enum class LayerKind : uint8_t { full_attention, linear_attention };
+// The token mixer of one decoder layer: softmax attention, or Gated DeltaNet (qwen3_5's linear attention), or softmax
+// attention over the last sliding_window keys (gpt_oss's sliding layers; the same weights as full attention).
+enum class LayerKind : uint8_t { full_attention, linear_attention, sliding_attention };
+inline constexpr size_t kLayerKinds = 3;
 
 struct ModelConfig {
   ModelType type = ModelType::llama;
@@ -141,6 +144,15 @@ struct ModelConfig {
   int64_t decoder_sparse_step = 1;    // layer l sparse iff (l + 1) % step == 0 and l ∉ mlp_only_layers
   std::vector<int64_t> mlp_only_layers;
   double router_aux_loss_coef = 0.001;  // written back; training takes its coefficient from the settings
+  // GPT-OSS (gpt_oss): every layer sparse, routed by top-k of the router's logits (with a bias) then a softmax over
+  // those k; experts with biases and the clamped SwiGLU; attention with q/k/v/o biases, per-head sinks, and sliding
+  // layers. Letters as above; W the sliding window.
+  int64_t sliding_window = 0;    // W: the keys a sliding_attention layer's query sees, its own included
+  bool attention_sinks = false;  // self_attn.sinks [Hq]: a logit per head in every softmax row, dropped after
+  double swiglu_limit = 0;       // the experts' clamp (7); 0: plain SwiGLU
+  // The checkpoint's experts are MXFP4 (quantization_config quant_method "mxfp4"): dequantised on load; a save
+  // writes bf16 and no quantization_config.
+  bool mxfp4_experts = false;
 
   int64_t q_dim() const { return num_heads * head_dim; }      // Hq*D: attention output, o_proj input
   int64_t kv_dim() const { return num_kv_heads * head_dim; }  // Hkv*D
@@ -156,6 +168,7 @@ struct ModelConfig {
   int64_t num_linear_attention_layers() const;
   bool is_hybrid() const { return num_linear_attention_layers() > 0; }
   bool is_moe() const { return num_experts > 0; }
+  bool gpt_oss() const { return type == ModelType::gpt_oss; }  // router and experts with biases, clamped SwiGLU
   // The rotary embedding's frequencies: rope_theta, with YaRN when yarn_factor > 1.
   RopeSpec rope() const {
     if (yarn_factor == 1.0) return RopeSpec(rope_theta);
@@ -176,8 +189,8 @@ struct ModelConfig {
   bool operator==(const ModelConfig& other) const;
 };
 
-std::string_view model_type_name(ModelType t);  // "qwen2", "qwen3", "llama", "qwen3_5", "qwen3_moe"
-std::string_view layer_kind_name(LayerKind k);  // "full_attention", "linear_attention"
+std::string_view model_type_name(ModelType t);  // "qwen2", "qwen3", "llama", "qwen3_5", "qwen3_moe", "gpt_oss"
+std::string_view layer_kind_name(LayerKind k);  // "full_attention", "linear_attention", "sliding_attention"
 
 // Builds a ModelConfig from a parsed config.json; `source` (the path) names it in errors. Throws lt::Error.
 ModelConfig parse_model_config(const nlohmann::json& j, const std::string& source);

@@ -74,6 +74,7 @@ SlabLayout SlabLayout::make(const ModelConfig& cfg, SlabKind kind, DType matrix_
         }
         b.add("self_attn.o_proj.weight", {C, QD});
         if (cfg.o_bias) b.add("self_attn.o_proj.bias", {C});
+        if (cfg.attention_sinks) b.add("self_attn.sinks", {cfg.num_heads});
       }
       b.add("post_attention_layernorm.weight", {C});
       if (sparse) {
@@ -81,6 +82,19 @@ SlabLayout SlabLayout::make(const ModelConfig& cfg, SlabKind kind, DType matrix_
         // names; fused checkpoints map onto them on load and save, model/weights.cpp).
         LT_CHECK(cfg.is_moe(), "model '{}' has no experts: no sparse layer layout", model_type_name(cfg.type));
         const int64_t E = cfg.num_experts, Ie = cfg.moe_intermediate_size;
+        if (cfg.gpt_oss()) {  // the router and every expert with biases (GPT-OSS's fused tensors, per expert here)
+          b.add("mlp.router.weight", {E, C});
+          b.add("mlp.router.bias", {E});
+          for (int64_t e = 0; e < E; ++e) {
+            for (const char* m : {"gate_proj", "up_proj"}) {
+              b.add(fmt::format("mlp.experts.{}.{}.weight", e, m), {Ie, C});
+              b.add(fmt::format("mlp.experts.{}.{}.bias", e, m), {Ie});
+            }
+            b.add(fmt::format("mlp.experts.{}.down_proj.weight", e), {C, Ie});
+            b.add(fmt::format("mlp.experts.{}.down_proj.bias", e), {C});
+          }
+          break;
+        }
         b.add("mlp.gate.weight", {E, C});
         for (int64_t e = 0; e < E; ++e) {
           b.add(fmt::format("mlp.experts.{}.gate_proj.weight", e), {Ie, C});

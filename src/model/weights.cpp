@@ -17,8 +17,21 @@
 
 namespace lt {
 
+namespace {
+
+// The one place every path that holds a model's weights passes (load, init, train, grad, generate, profile), before
+// any slab is allocated.
+const ModelConfig& computable(const ModelConfig& cfg) {
+  LT_CHECK(!cfg.gpt_oss(),
+           "gpt_oss (GPT-OSS): `lazytrain plan` plans it, but its layers are not computed yet (attention sinks and "
+           "sliding windows, the biased router and clamped experts are ops without a block; issue #33)");
+  return cfg;
+}
+
+}  // namespace
+
 ModelSlabs::ModelSlabs(const ModelConfig& cfg, DType matrix_dtype, Fill fill)
-    : cfg_(cfg),
+    : cfg_(computable(cfg)),
       matrix_dtype_(matrix_dtype),
       embed_layout_(SlabLayout::make(cfg, SlabKind::embedding, matrix_dtype)),
       head_layout_(SlabLayout::make(cfg, SlabKind::head, matrix_dtype)),
@@ -160,6 +173,7 @@ bool is_expert_entry(const std::string& hf_name) { return hf_name.find(".mlp.exp
 
 LoadedModel load_hf_model(const std::string& dir, const TensorRanges* only) {
   LoadedModel m{load_model_config(dir), {}, {}};
+  computable(m.config);
   // The files first: a directory without weights (or with a bad header) fails before the slabs, which for a
   // 27B config would be 108 GB, are allocated.
   SafetensorsModel files = SafetensorsModel::open_dir(dir);

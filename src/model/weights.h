@@ -55,7 +55,7 @@ class ModelSlabs {
   ModelConfig cfg_;
   DType matrix_dtype_ = DType::f32;
   SlabLayout embed_layout_, head_layout_;
-  SlabLayout layer_layouts_[2][2];  // by LayerKind, then sparse (MoE) or dense MLP; only the kinds the model has
+  SlabLayout layer_layouts_[kLayerKinds][2];  // by LayerKind, then sparse (MoE) or dense MLP; the model's kinds only
   AlignedBuffer<uint8_t> embed_, head_;
   std::vector<AlignedBuffer<uint8_t>> layers_;
 };

@@ -142,10 +142,13 @@ double forward_flops(const ModelConfig& cfg, int64_t B, int64_t T, LayerKind kin
   const SlabLayout layout = SlabLayout::make(cfg, SlabKind::layer, DType::f32, kind);
   for (const SlabEntry& e : layout.entries())
     if (e.shape.size() >= 2 && !e.name.starts_with("mlp.")) weights += double(e.numel());
+  // Causal attention: Q·Kᵀ and P·V each 2·D per (query, key) pair and head, T²/2 pairs a row under the mask; a
+  // sliding layer's query sees at most W keys: T·W − W²/2 pairs (T > W).
+  const double Td = double(T), W = double(cfg.sliding_window);
+  const double pairs = kind == LayerKind::sliding_attention && Td > W ? Td * W - W * W / 2 : Td * Td / 2;
   const double mixer = kind == LayerKind::linear_attention
                            ? delta_rule_flops(cfg, B, T)
-                           // Causal attention: Q·Kᵀ and P·V each 2·T·T·D per head and row, half under the mask.
-                           : 2.0 * double(B) * double(cfg.num_heads) * double(T) * double(T) * double(cfg.head_dim);
+                           : 4.0 * double(B) * double(cfg.num_heads) * pairs * double(cfg.head_dim);
   return 2.0 * N * weights + mixer + N * mlp_flops_per_token(cfg, sparse);
 }
 

@@ -1,7 +1,9 @@
-// Tests for model/config.h's Mixture-of-Experts models (qwen3_moe): the released Qwen3-30B-A3B config.json, which layers
-// are sparse, Qwen3MoeConfig's defaults, the round trip through model_config_to_json, and the refusals.
+// Tests for model/config.h's Mixture-of-Experts models (qwen3_moe, qwen3_5_moe, gpt_oss): the released configs
+// (Qwen3-30B-A3B, Qwen3.5-35B-A3B, GPT-OSS 20B and 120B), which layers are sparse, the classes' defaults, the round trip
+// through model_config_to_json, and the refusals.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <string>
 
 #include "io/json_file.h"
@@ -146,6 +148,89 @@ TEST(ModelConfigMoe, Qwen35MoeDefaultsAndRefusals) {
                {"config.json", "'num_experts_per_tok' 300 exceeds 'num_experts' 256"});
   expect_error([] { parse(with(qwen35_35b_a3b()["text_config"], {{"shared_expert_intermediate_size", 0}})); },
                {"config.json", "'shared_expert_intermediate_size' is 0"});
+}
+
+
+json gpt_oss(const char* size) {
+  return read_json_file(std::string(LT_SOURCE_DIR) + "/examples/gpt-oss-" + size + "/config.json");
+}
+
+// The released GPT-OSS configs: the model card's parameter counts (116.83B and 20.91B; "active" there leaves the
+// input embedding out: 5.13B and 3.61B), alternating sliding and full layers, YaRN, MXFP4 experts.
+TEST(ModelConfigMoe, ParsesGptOss) {
+  const ModelConfig big = parse(gpt_oss("120b")), small = parse(gpt_oss("20b"));
+  for (const ModelConfig* c : {&big, &small}) {
+    EXPECT_EQ(c->type, ModelType::gpt_oss);
+    EXPECT_TRUE(c->qkv_bias && c->o_bias && c->attention_sinks && c->mxfp4_experts);
+    EXPECT_FALSE(c->qk_norm || c->mlp_bias || c->norm_topk_prob);
+    EXPECT_EQ(c->num_experts_per_tok, 4);
+    EXPECT_EQ(c->moe_intermediate_size, 2880);
+    EXPECT_EQ(c->intermediate_size, 0);
+    EXPECT_EQ(c->num_sparse_layers(), c->num_layers);
+    EXPECT_EQ(c->sliding_window, 128);
+    EXPECT_EQ(c->swiglu_limit, 7.0);
+    EXPECT_EQ(c->router_aux_loss_coef, 0.9);
+    EXPECT_EQ(c->rms_norm_eps, 1e-5);
+    for (int64_t l = 0; l < c->num_layers; ++l)
+      EXPECT_EQ(c->layer_kind(l), l % 2 == 0 ? LayerKind::sliding_attention : LayerKind::full_attention) << l;
+    const RopeSpec r = c->rope();
+    EXPECT_EQ(r.theta, 150000.0);
+    EXPECT_EQ(r.factor, 32.0);
+    EXPECT_EQ(r.original_max_positions, 4096);
+    EXPECT_FALSE(r.truncate);
+    EXPECT_NEAR(r.attention_factor, 0.1 * std::log(32.0) + 1.0, 1e-15);
+  }
+  EXPECT_EQ(big.num_experts, 128);
+  EXPECT_EQ(big.num_layers, 36);
+  const int64_t embedding = big.vocab_size * big.hidden_size;
+  EXPECT_EQ(big.num_parameters(), 116829156672);
+  EXPECT_EQ(big.num_active_parameters() - embedding, 5132849472);
+  EXPECT_EQ(small.num_experts, 32);
+  EXPECT_EQ(small.num_parameters(), 20914757184);
+  EXPECT_EQ(small.num_active_parameters() - embedding, 3608307264);
+}
+
+// GptOssConfig's defaults (its layer_types alternate from a sliding layer), and the round trip: written dequantised,
+// without quantization_config.
+TEST(ModelConfigMoe, GptOssDefaultsAndRoundTrip) {
+  json j = gpt_oss("20b");
+  for (const char* key : {"layer_types", "sliding_window", "swiglu_limit", "num_local_experts", "num_experts_per_tok",
+                          "router_aux_loss_coef", "attention_bias", "rms_norm_eps", "rope_theta"})
+    j.erase(key);
+  const ModelConfig d = parse(j);
+  EXPECT_EQ(d.num_experts, 128);
+  EXPECT_EQ(d.layer_kind(0), LayerKind::sliding_attention);
+  EXPECT_EQ(d.layer_kind(1), LayerKind::full_attention);
+  EXPECT_EQ(d.sliding_window, 128);
+  EXPECT_TRUE(d.qkv_bias);
+  for (const json& src : {gpt_oss("120b"), with(gpt_oss("20b"), {{"layer_types", json::array({"full_attention",
+      "sliding_attention", "full_attention", "full_attention", "sliding_attention", "full_attention", "full_attention",
+      "sliding_attention", "full_attention", "full_attention", "sliding_attention", "full_attention", "full_attention",
+      "sliding_attention", "full_attention", "full_attention", "sliding_attention", "full_attention", "full_attention",
+      "sliding_attention", "full_attention", "full_attention", "sliding_attention", "full_attention"})}})}) {
+    ModelConfig c = parse(src);
+    const json out = model_config_to_json(c);
+    EXPECT_EQ(out["model_type"], "gpt_oss");
+    EXPECT_EQ(out["architectures"][0], "GptOssForCausalLM");
+    EXPECT_FALSE(out.contains("quantization_config"));
+    EXPECT_EQ(out["rope_scaling"]["rope_type"], "yarn");
+    c.mxfp4_experts = false;  // the file written holds the dequantised experts
+    EXPECT_EQ(parse(out), c);
+  }
+}
+
+TEST(ModelConfigMoe, GptOssRefusals) {
+  expect_error([] { parse(with(gpt_oss("20b"), {{"quantization_config", {{"quant_method", "fp8"}}}})); },
+               {"config.json", "quantization_config.quant_method", "mxfp4"});
+  expect_error([] { parse(with(gpt_oss("20b"), {{"rope_scaling", {{"rope_type", "llama3"}, {"factor", 8}}}})); },
+               {"config.json", "rope_scaling.rope_type", "llama3", "yarn"});
+  expect_error([] { parse(with(gpt_oss("20b"), {{"layer_types", json::array({"linear_attention"})}})); },
+               {"config.json", "'layer_types'"});
+  expect_error([] { parse(with(gpt_oss("20b"), {{"num_experts_per_tok", 40}})); },
+               {"config.json", "'num_experts_per_tok' 40 exceeds 'num_local_experts' 32"});
+  // YaRN belongs to gpt_oss here; a qwen3 config with it is refused as before.
+  expect_error([] { parse(with(qwen3_30b_a3b(), {{"rope_scaling", {{"rope_type", "yarn"}, {"factor", 4}}}})); },
+               {"config.json", "rope_scaling.rope_type", "yarn"});
 }
 
 }  // namespace

@@ -205,6 +205,24 @@ TEST(Hardware, SparseLayersCountEveryExpertsWeightsAndTheRoutedFlops) {
               1e-15);
 }
 
+// GPT-OSS-120B: a sliding layer's query sees at most W = 128 keys (T·W − W²/2 pairs a head and row against T²/2), and
+// a layer's parameters count the attention's biases and sinks, the router's bias and every expert's biases.
+TEST(Hardware, GptOssSlidingLayersAndBiasedExperts) {
+  const ModelConfig cfg = load_model_config(std::string(LT_SOURCE_DIR) + "/examples/gpt-oss-120b/config.json");
+  ASSERT_EQ(cfg.layer_kind(0), LayerKind::sliding_attention);
+  ASSERT_EQ(cfg.layer_kind(1), LayerKind::full_attention);
+  const int64_t B = 2, T = 1024;
+  const double H = 64, D = 64, W = 128;
+  EXPECT_DOUBLE_EQ(layer_forward_flops(cfg, B, T, int64_t(1)) - layer_forward_flops(cfg, B, T, int64_t(0)),
+                   4.0 * B * H * D * (double(T) * T / 2 - (double(T) * W - W * W / 2)));
+  EXPECT_DOUBLE_EQ(layer_forward_flops(cfg, B, 100, int64_t(0)), layer_forward_flops(cfg, B, 100, int64_t(1)));
+  const int64_t C = 2880, E = 128, Ie = 2880, QD = 64 * 64, KVD = 8 * 64;
+  const int64_t attention = C * QD + 2 * C * KVD + QD * C + QD + 2 * KVD + C + 64;  // weights, biases, sinks
+  const int64_t experts = E * C + E + E * (3 * C * Ie + 2 * Ie + C);               // router (+ bias), experts
+  EXPECT_EQ(layer_parameters(cfg, int64_t(0)), attention + experts + 2 * C);
+  EXPECT_EQ(layer_parameters(cfg, int64_t(0)), layer_parameters(cfg, int64_t(1)));
+}
+
 TEST(Hardware, FlopsAndProfileFromThem) {
   ModelConfig cfg = load_model_config(std::string(LT_SOURCE_DIR) + "/examples/bench-25m/config.json");
   const int64_t B = 2, T = 128;
