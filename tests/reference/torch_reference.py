@@ -33,6 +33,7 @@ except ImportError:  # the python3 on PATH may not be Debian's
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from safetensors_py import SafetensorsError, read_safetensors, write_safetensors  # noqa: E402
+import gpt_oss  # noqa: E402
 
 IGNORE_INDEX = -100
 
@@ -795,8 +796,11 @@ def route_margins(cfg, P, batch, st_dtype):
     else:
         pos, packed = torch.arange(ids.shape[1], dtype=torch.int64)[None].expand_as(ids), False
     out = {}
-    for name, gemm, storage in (("float64", False, False), ("emulate-bf16", True, False),
-                                ("emulate-bf16-storage", False, True), ("emulate-both", True, True)):
+    variants = (("float64", False, False), ("emulate-bf16", True, False), ("emulate-bf16-storage", False, True),
+                ("emulate-both", True, True))
+    if isinstance(cfg, gpt_oss.GptOssCfg):
+        variants = variants[:1]  # no bf16 emulation for gpt_oss yet
+    for name, gemm, storage in variants:
         routes = []
         with torch.no_grad():
             model_forward(cfg, X, ids, pos, packed, emulate_bf16=gemm, emulate_storage=storage, routes=routes)
@@ -860,6 +864,8 @@ def parse_int_list(s):
 def cmd_make(a):
     if a.arch in QWEN35_FORMS:
         return cmd_make_qwen35(a)
+    if a.arch == "gpt_oss":
+        return cmd_make_gpt_oss(a)
     moe = a.arch == "qwen3_moe"
     if not moe and (a.fused_experts or a.norm_topk_prob or a.mlp_only_layers):
         raise RefError("--fused-experts / --norm-topk-prob / --mlp-only-layers: qwen3_moe only")
@@ -942,6 +948,31 @@ def cmd_make(a):
     print(json.dumps(out))
 
 
+def cmd_make_gpt_oss(a):
+    """make --arch gpt_oss: fused input-major experts (bf16 or f32 files), tokens drawn again near routing ties."""
+    if a.docs != 1 and a.pad:
+        raise RefError("--pad needs unpacked rows")
+    conf = gpt_oss.make_config(a)
+    cfg = gpt_oss.GptOssCfg(conf)
+    for attempt in range(ROUTE_ATTEMPTS):
+        seed = a.seed + 7919 * attempt
+        gen = torch.Generator().manual_seed(seed)
+        P = gpt_oss.random_params(cfg, gen)
+        batch = make_batch(gen, a.batch, a.seq, a.vocab, a.docs, a.pad)
+        margins, resampled, ok = fix_route_ties(cfg, P, batch, ST_DTYPE[a.dtype], gen, 8 * a.batch * a.seq)
+        if ok:
+            break
+    else:
+        raise RefError(f"no draw in {ROUTE_ATTEMPTS} keeps every token's routing {ROUTE_MARGIN_MIN:.0e} from a tie")
+    save_model_dir(a.out, conf, P, ST_DTYPE[a.dtype], a.shards)
+    with open(os.path.join(a.out, "batch.json"), "w") as f:
+        f.write(json.dumps(batch, separators=(",", ":")) + "\n")
+    print(json.dumps({"out": a.out, "arch": "gpt_oss", "params": sum(t.numel() for t in P.values()),
+                      "tensors": len(P), "seed_used": seed, "tokens_resampled": resampled,
+                      "min_route_margin": min(float(m.min()) for m in margins.values()),
+                      "counted": sum(1 for r in batch["labels"] for l in r[1:] if l != IGNORE_INDEX)}))
+
+
 # --------------------------------------------------------------------------------------------------------
 # grad
 
@@ -995,7 +1026,9 @@ def cmd_grad(a):
     for name, t in P.items():
         g = t.grad if t.grad is not None else torch.zeros_like(t)
         grads[name] = g.detach().to(torch.float32)
-    if getattr(cfg, "fused_experts", False):  # LazyTrain's gradient dumps name experts one by one
+    if isinstance(cfg, gpt_oss.GptOssCfg):  # LazyTrain's gradient dumps name experts one by one
+        grads = gpt_oss.per_expert(cfg, grads)
+    elif getattr(cfg, "fused_experts", False):
         grads = unfuse_experts(cfg, grads)
     d = os.path.dirname(os.path.abspath(a.out))
     os.makedirs(d, exist_ok=True)
@@ -1747,10 +1780,12 @@ def cmd_make_qwen35(a):
 
 
 def parse_config(c):
-    """Cfg (qwen2 / qwen3 / llama / qwen3_moe) or Qwen35Cfg (qwen3_5_text / qwen3_5 / qwen3_5_moe_text /
-    qwen3_5_moe) from a config.json dict."""
+    """Cfg (qwen2 / qwen3 / llama / qwen3_moe), Qwen35Cfg (qwen3_5_text / qwen3_5 / qwen3_5_moe_text /
+    qwen3_5_moe) or gpt_oss.GptOssCfg from a config.json dict."""
     if c.get("model_type") in ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"):
         return Qwen35Cfg(c)
+    if c.get("model_type") == "gpt_oss":
+        return gpt_oss.GptOssCfg(c)
     return Cfg(c)
 
 
@@ -1761,6 +1796,11 @@ def model_forward(cfg, P, ids, pos, packed, rope_precision="hf", delta_impl="rec
     dtype of P. routes (qwen3_moe, qwen3_5_moe forms): a list that gets (layer prefix, router probs [B·T, E]
     detached, router logits [B·T, E]) per sparse layer."""
     lin, keep = gemm_for(emulate_bf16), keep_for(emulate_storage)
+    if isinstance(cfg, gpt_oss.GptOssCfg):
+        if emulate_bf16 or emulate_storage:
+            raise RefError("gpt_oss: no bf16 emulation yet (LazyTrain's GPT-OSS block, whose rounding points it "
+                           "would follow, does not exist yet)")
+        return gpt_oss.forward(cfg, P, ids, pos, attention_mask(pos, packed), rms_norm, repeat_kv, routes)
     if isinstance(cfg, Qwen35Cfg):
         return qwen35_forward(cfg, P, ids, pos, packed, rope_precision, delta_impl, lin, keep, routes)
     return forward(cfg, P, ids, pos, packed, rope_precision, lin, keep, routes)
@@ -1834,6 +1874,24 @@ def cmd_selfcheck_delta(a):
     ok = worst <= a.tol
     print(f"{'PASS' if ok else 'FAIL'}: chunked vs recurrent gated delta rule, worst max rel {worst:.2e} "
           f"(tol {a.tol:.0e})")
+    return 0 if ok else 1
+
+
+def cmd_selfcheck_gpt_oss(a):
+    """gpt_oss.selfcheck, then a tiny model (sliding and full layers, sinks, YaRN, clamps reached) through fdcheck."""
+    import tempfile
+    lines, ok = gpt_oss.selfcheck(a.seed)
+    print("\n".join(lines))
+    with tempfile.TemporaryDirectory(prefix="lt_gpt_oss_") as d:
+        model = os.path.join(d, "model")
+        make = ["make", "--arch", "gpt_oss", "--out", model, "--seed", str(a.seed + 3), "--layers", "2", "--hidden",
+                "32", "--heads", "4", "--kv-heads", "2", "--head-dim", "8", "--vocab", "61", "--experts", "5",
+                "--experts-per-tok", "2", "--moe-intermediate", "12", "--batch", "2", "--seq", "19"]
+        if main(make) != 0:
+            return 1
+        status = main(["fdcheck", "--model", model, "--batch", os.path.join(model, "batch.json")])
+    ok = ok and status == 0
+    print("PASS" if ok else "FAIL")
     return 0 if ok else 1
 
 
@@ -2213,7 +2271,7 @@ def main(argv=None):
     sub = ap.add_subparsers(dest="cmd", required=True)
 
     m = sub.add_parser("make", help="write a tiny random HF model directory + batch.json")
-    m.add_argument("--arch", required=True, choices=sorted(ARCHS) + sorted(QWEN35_FORMS))
+    m.add_argument("--arch", required=True, choices=sorted(ARCHS) + sorted(QWEN35_FORMS) + ["gpt_oss"])
     m.add_argument("--out", required=True)
     m.add_argument("--seed", type=int, required=True)
     m.add_argument("--layers", type=int, default=2)
@@ -2254,6 +2312,12 @@ def main(argv=None):
                          "per expert (the same parameter values)")
     mo.add_argument("--shared-intermediate", type=int, default=32,
                     help="qwen3_5_moe forms: shared_expert_intermediate_size (default 32)")
+    go = m.add_argument_group("gpt_oss (with --experts, --experts-per-tok, --moe-intermediate as intermediate_size)")
+    go.add_argument("--sliding-window", type=int, default=5, help="sliding_window (default 5: inside a short row)")
+    go.add_argument("--swiglu-limit", type=float, default=1.0,
+                    help="swiglu_limit (default 1.0, so random gates and ups pass the clamp; released 7)")
+    go.add_argument("--yarn-original", type=int, default=16,
+                    help="rope_scaling.original_max_position_embeddings (default 16: YaRN's ramp over a tiny head)")
     q5 = m.add_argument_group("qwen3_5 / qwen3_5_vl / qwen3_5_moe_text / qwen3_5_moe_vl (hybrid Gated DeltaNet + "
                               "gated attention)")
     q5.add_argument("--layer-types", default=None,
@@ -2313,6 +2377,10 @@ def main(argv=None):
     sm.add_argument("--seed", type=int, default=0)
     sm.add_argument("--tol", type=float, default=1e-12, help="max relative difference")
 
+    sg = sub.add_parser("selfcheck-gpt-oss", help="gpt_oss: the sink softmax and the sliding mask against their closed "
+                                                  "forms, then make + fdcheck on a tiny model, prints PASS")
+    sg.add_argument("--seed", type=int, default=0)
+
     fd = sub.add_parser("fdcheck", help="whole-model gradients vs central finite differences (float64)")
     fd.add_argument("--model", required=True)
     fd.add_argument("--batch", required=True)
@@ -2335,6 +2403,8 @@ def main(argv=None):
             return cmd_selfcheck_delta(a)
         if a.cmd == "selfcheck-moe":
             return cmd_selfcheck_moe(a)
+        if a.cmd == "selfcheck-gpt-oss":
+            return cmd_selfcheck_gpt_oss(a)
         if a.cmd == "fdcheck":
             return cmd_fdcheck(a)
         return cmd_compare(a)
