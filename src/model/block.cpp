@@ -99,7 +99,11 @@ BlockShape BlockShape::make(const ModelConfig& cfg, int64_t B, int64_t T, DType 
     s.E = cfg.num_experts, s.k = cfg.num_experts_per_tok, s.Ie = cfg.moe_intermediate_size;
     s.renorm_topk = cfg.norm_topk_prob;
     s.Is = cfg.shared_expert_intermediate_size;
+    s.topk_softmax = cfg.gpt_oss();
+    s.swiglu_limit = float(cfg.swiglu_limit);
   }
+  s.sinks = cfg.attention_sinks;
+  s.sliding_window = cfg.sliding_window;
   return s;
 }
 
@@ -107,9 +111,9 @@ BlockView BlockView::bind(const SlabLayout& layout, const void* base_ptr) {
   LT_CHECK(layout.kind() == SlabKind::layer, "BlockView binds a layer slab");
   auto* base = static_cast<const uint8_t*>(base_ptr);
   BlockView w{};
+  w.kind = layout.layer_kind();
   w.ln1 = f32_required(layout, base, "input_layernorm.weight");
   if (layout.find("linear_attn.in_proj_qkv.weight")) {
-    w.kind = LayerKind::linear_attention;
     w.delta = DeltaMixerView{matrix(layout, base, "linear_attn.in_proj_qkv.weight"),
                              matrix(layout, base, "linear_attn.in_proj_z.weight"),
                              matrix(layout, base, "linear_attn.in_proj_b.weight"),
@@ -130,16 +134,23 @@ BlockView BlockView::bind(const SlabLayout& layout, const void* base_ptr) {
     w.bo = f32_or_null(layout, base, "self_attn.o_proj.bias");
     w.q_norm = f32_or_null(layout, base, "self_attn.q_norm.weight");
     w.k_norm = f32_or_null(layout, base, "self_attn.k_norm.weight");
+    w.sinks = f32_or_null(layout, base, "self_attn.sinks");
   }
   w.ln2 = f32_required(layout, base, "post_attention_layernorm.weight");
-  if (layout.find("mlp.gate.weight")) {  // a sparse layer: the router and its experts
-    w.moe.router = matrix(layout, base, "mlp.gate.weight");
+  // A sparse layer: the router (gpt_oss: mlp.router, with a bias) and its experts (gpt_oss: with biases).
+  const char* router = layout.find("mlp.router.weight") ? "mlp.router" : "mlp.gate";
+  if (layout.find(std::string(router) + ".weight")) {
+    w.moe.router = matrix(layout, base, (std::string(router) + ".weight").c_str());
+    w.moe.router_bias = f32_or_null(layout, base, (std::string(router) + ".bias").c_str());
     for (int64_t e = 0;; ++e) {
       const std::string p = fmt::format("mlp.experts.{}.", e);
       if (!layout.find(p + "gate_proj.weight")) break;
       w.moe.experts.push_back({matrix(layout, base, (p + "gate_proj.weight").c_str()),
                                matrix(layout, base, (p + "up_proj.weight").c_str()),
-                               matrix(layout, base, (p + "down_proj.weight").c_str())});
+                               matrix(layout, base, (p + "down_proj.weight").c_str()),
+                               f32_or_null(layout, base, (p + "gate_proj.bias").c_str()),
+                               f32_or_null(layout, base, (p + "up_proj.bias").c_str()),
+                               f32_or_null(layout, base, (p + "down_proj.bias").c_str())});
     }
     if (layout.find("mlp.shared_expert_gate.weight")) {
       w.moe.shared = {matrix(layout, base, "mlp.shared_expert.gate_proj.weight"),
@@ -183,16 +194,22 @@ BlockGrads BlockGrads::bind(const SlabLayout& layout, void* base_ptr) {
     g.bo = grad_or_null(layout, base, "self_attn.o_proj.bias");
     g.q_norm = grad_or_null(layout, base, "self_attn.q_norm.weight");
     g.k_norm = grad_or_null(layout, base, "self_attn.k_norm.weight");
+    g.sinks = grad_or_null(layout, base, "self_attn.sinks");
   }
   g.ln2 = grad_required(layout, base, "post_attention_layernorm.weight");
-  if (layout.find("mlp.gate.weight")) {
-    g.moe.router = grad_required(layout, base, "mlp.gate.weight");
+  const char* router = layout.find("mlp.router.weight") ? "mlp.router" : "mlp.gate";
+  if (layout.find(std::string(router) + ".weight")) {
+    g.moe.router = grad_required(layout, base, (std::string(router) + ".weight").c_str());
+    g.moe.router_bias = grad_or_null(layout, base, (std::string(router) + ".bias").c_str());
     for (int64_t e = 0;; ++e) {
       const std::string p = fmt::format("mlp.experts.{}.", e);
       if (!layout.find(p + "gate_proj.weight")) break;
       g.moe.experts.push_back({grad_required(layout, base, (p + "gate_proj.weight").c_str()),
                                grad_required(layout, base, (p + "up_proj.weight").c_str()),
-                               grad_required(layout, base, (p + "down_proj.weight").c_str())});
+                               grad_required(layout, base, (p + "down_proj.weight").c_str()),
+                               grad_or_null(layout, base, (p + "gate_proj.bias").c_str()),
+                               grad_or_null(layout, base, (p + "up_proj.bias").c_str()),
+                               grad_or_null(layout, base, (p + "down_proj.bias").c_str())});
     }
     g.moe.shared = {grad_or_null(layout, base, "mlp.shared_expert.gate_proj.weight"),
                     grad_or_null(layout, base, "mlp.shared_expert.up_proj.weight"),
@@ -503,8 +520,14 @@ void attention_forward_half(float* o, WorkingCopy& a, const BlockView& w, const 
   st.keep(&WorkingCopy::q, a.q);
   st.keep(&WorkingCopy::k, a.k);
   st.keep(&WorkingCopy::v, a.v);
-  if (mixer && mixer->attention) mixer->attention(a.att, a.q, a.k, a.v);
-  else attention_forward(a.att, a.lse, a.q, a.k, a.v, tok.doc_ids, AttentionShape{s.B, s.T, s.Hq, s.Hkv, s.D});
+  const AttentionShape as{s.B, s.T, s.Hq, s.Hkv, s.D, s.window};
+  if (mixer && mixer->attention) {
+    LT_CHECK(!w.sinks && s.window == 0, "generation has no attention sinks or sliding windows yet (GPT-OSS)");
+    mixer->attention(a.att, a.q, a.k, a.v);
+  } else {
+    attention_forward(a.att, a.lse, a.q, a.k, a.v, tok.doc_ids, as);
+    if (w.sinks) attention_sinks_forward(a.att, a.lse, w.sinks, as);  // out and lse as the sink softmax has them
+  }
   st.keep(&WorkingCopy::att, a.att);
   st.keep(&WorkingCopy::lse, a.lse);
   const float* o_in = a.att;
@@ -558,7 +581,8 @@ void mlp_internals(float* gate, float* up, float* h, WorkingCopy& a, const Block
   }
   st.keep(&WorkingCopy::gate, gate, t0, n);
   st.keep(&WorkingCopy::up, up, t0, n);
-  swiglu_forward(h, gate, up, n * s.mlp_width());
+  if (s.swiglu_limit > 0) clamped_swiglu_forward(h, gate, up, n * s.mlp_width(), kClampedSwigluAlpha, s.swiglu_limit);
+  else swiglu_forward(h, gate, up, n * s.mlp_width());
   st.keep(&WorkingCopy::h, h, t0, n);
 }
 
@@ -726,8 +750,13 @@ void attention_backward_half(BlockGrads& g, BlockScratch& b, const WorkingCopy& 
   } else {
     linear_backward(b.datt, g.wo, g.bo, b.dx_mid, a.att, w.wo, N, QD, C);
   }
-  attention_backward(b.dq, b.dk, b.dv, datt, a.att, a.lse, a.q, a.k, a.v, tok.doc_ids,
-                     AttentionShape{s.B, s.T, s.Hq, s.Hkv, s.D});
+  const AttentionShape as{s.B, s.T, s.Hq, s.Hkv, s.D, s.window};
+  attention_backward(b.dq, b.dk, b.dv, datt, a.att, a.lse, a.q, a.k, a.v, tok.doc_ids, as);
+  if (w.sinks) {  // the sinks' gradient, from the same out and lse (ops/attention.h)
+    std::vector<float> dsinks(static_cast<size_t>(s.Hq));
+    attention_sinks_backward(dsinks.data(), datt, a.att, a.lse, w.sinks, as);
+    for (int64_t h = 0; h < s.Hq; ++h) g.sinks[h] += dsinks[size_t(h)];
+  }
   rope_partial_backward(b.dq, tok.pos, N, s.Hq, s.D, s.rotary, s.rope);
   rope_partial_backward(b.dk, tok.pos, N, s.Hkv, s.D, s.rotary, s.rope);
   const float* dq_proj = b.dq;

@@ -80,6 +80,13 @@ struct BlockShape {
   int64_t E = 0, k = 0, Ie = 0;  // experts, experts per token, an expert's intermediate size
   int64_t Is = 0;                // the shared expert's intermediate size (qwen3_5_moe; 0: none)
   bool renorm_topk = false;      // norm_topk_prob
+  // GPT-OSS (gpt_oss): the router's top-k of the logits then softmax over k (ops/moe.h's topk_softmax), the experts'
+  // clamped SwiGLU (ops/swiglu.h; 0: plain SwiGLU), attention sinks, and the sliding window of sliding_attention
+  // layers (`window`: this layer's, set by for_layer; 0: every earlier key).
+  bool topk_softmax = false;
+  float swiglu_limit = 0;
+  bool sinks = false;
+  int64_t sliding_window = 0, window = 0;
   int64_t N() const { return B * T; }
   // Tokens of gate / up / h a working copy holds: one chunk; a sparse layer's route slice.
   int64_t mlp_rows() const {
@@ -96,6 +103,7 @@ struct BlockShape {
     BlockShape s = *this;
     s.kind = mixer;
     s.sparse = sparse_mlp;
+    s.window = mixer == LayerKind::sliding_attention ? sliding_window : 0;
     return s;
   }
   BlockShape for_layer(const ModelConfig& cfg, int64_t layer) const {
@@ -125,6 +133,7 @@ struct BlockView {
   WeightRef wq, wk, wv, wo;          // [QPD, C], [KVD, C], [KVD, C], [C, QD]
   const float *bq, *bk, *bv, *bo;    // [QPD], [KVD], [KVD], [C]
   const float *q_norm, *k_norm;      // [D] (Qwen3, Qwen3.5)
+  const float* sinks;                // [Hq] (GPT-OSS; null elsewhere)
   DeltaMixerView delta;              // Gated DeltaNet's (linear_attn.*)
   const float* ln2;                  // [C]
   WeightRef wgate, wup, wdown;       // [I, C], [I, C], [C, I]
@@ -141,6 +150,7 @@ struct BlockGrads {
   float *wq, *wk, *wv, *wo;
   float *bq, *bk, *bv, *bo;
   float *q_norm, *k_norm;
+  float* sinks;
   DeltaMixerGrads delta;
   float* ln2;
   float *wgate, *wup, *wdown;

@@ -406,7 +406,9 @@ void parse_qwen3_moe(const Keys& k, ModelConfig& c) {
 // factor; beta_fast 32 and beta_slow 1 by default; original_max_position_embeddings (default max_position_embeddings);
 // truncate (default true); attention_factor, or from mscale / mscale_all_dim, or 0.1·ln(factor) + 1 (ops/rope.h).
 void parse_yarn(const Keys& k, ModelConfig& c) {
-  for (const auto& [obj, field] : rope_objects(k)) {
+  for (const auto& entry : rope_objects(k)) {
+    const json* obj = entry.first;  // named, not a structured binding: clang 14's lambdas cannot capture those
+    const char* field = entry.second;
     auto type = obj->find("rope_type");
     if (type == obj->end()) type = obj->find("type");
     if (type == obj->end() || type->is_null() || *type != "yarn") continue;

@@ -119,6 +119,7 @@ SlabLayout SlabLayout::make(const ModelConfig& cfg, SlabKind kind, DType matrix_
   }
   SlabLayout layout;
   layout.kind_ = kind;
+  layout.layer_kind_ = layer_kind;
   layout.entries_ = std::move(b.entries);
   layout.bytes_ = b.bytes();
   for (size_t i = 0; i < layout.entries_.size(); ++i) layout.index_.emplace(layout.entries_[i].name, i);

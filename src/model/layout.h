@@ -41,6 +41,7 @@ class SlabLayout {
   static SlabLayout make_layer(const ModelConfig& cfg, int64_t layer, DType matrix_dtype = DType::f32);
 
   SlabKind kind() const { return kind_; }
+  LayerKind layer_kind() const { return layer_kind_; }  // a layer slab's token mixer
   const std::vector<SlabEntry>& entries() const { return entries_; }
   const SlabEntry& entry(const std::string& name) const;  // error naming the tensor if absent
   const SlabEntry* find(const std::string& name) const;   // nullptr if absent
@@ -55,6 +56,7 @@ class SlabLayout {
 
  private:
   SlabKind kind_ = SlabKind::layer;
+  LayerKind layer_kind_ = LayerKind::full_attention;
   std::vector<SlabEntry> entries_;
   std::unordered_map<std::string, size_t> index_;  // entry by name (a sparse layer has 3·E + 3 of them)
   size_t bytes_ = 0;

@@ -1,7 +1,9 @@
 // model/moe_ffn.cpp — the sparse MLP of one route slice, forward and backward (model/moe_ffn.h says why so).
 #include "model/moe_ffn.h"
 
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "core/error.h"
 #include "model/block.h"
@@ -104,13 +106,13 @@ MoeScratch MoeScratch::bind(float* buffer, const BlockShape& s) {
 }
 
 RouterShape router_shape(const BlockShape& s, int64_t n) {
-  return RouterShape{n, s.E, s.k, RouterKind::softmax_topk, s.renorm_topk};
+  return RouterShape{n, s.E, s.k, s.topk_softmax ? RouterKind::topk_softmax : RouterKind::softmax_topk, s.renorm_topk};
 }
 
 void moe_route(MoeRouting& r, const float* n2, const MoeView& w, const BlockShape& s, int64_t n) {
   LT_CHECK(n > 0 && n <= s.mlp_rows(), "moe_route: {} tokens in a route slice of {}", n, s.mlp_rows());
   LT_CHECK(int64_t(w.experts.size()) == s.E, "moe_route: {} experts bound, the layer has {}", w.experts.size(), s.E);
-  linear_forward(r.logits, n2, w.router, nullptr, n, s.C, s.E);
+  linear_forward(r.logits, n2, w.router, w.router_bias, n, s.C, s.E);
   router_forward(r.ids, r.weights, r.probs, r.logits, router_shape(s, n));
   moe_permute(r.offsets, r.order, r.row_of, r.ids, n, s.k, s.E);
   moe_gather(r.xp, n2, r.order, n * s.k, s.k, s.C);
@@ -120,8 +122,8 @@ void moe_gate_up(float* gate, float* up, const MoeRouting& r, const float* n2, c
                  int64_t n) {
   for_each_expert(r, s, [&](int64_t e, int64_t first, int64_t rows) {
     const ExpertView& x = w.experts[size_t(e)];
-    linear_forward(gate + first * s.Ie, r.xp + first * s.C, x.gate, nullptr, rows, s.C, s.Ie);
-    linear_forward(up + first * s.Ie, r.xp + first * s.C, x.up, nullptr, rows, s.C, s.Ie);
+    linear_forward(gate + first * s.Ie, r.xp + first * s.C, x.gate, x.gate_bias, rows, s.C, s.Ie);
+    linear_forward(up + first * s.Ie, r.xp + first * s.C, x.up, x.up_bias, rows, s.C, s.Ie);
   });
   if (s.Is == 0) return;
   const int64_t shared = n * s.k * s.Ie;  // the shared expert's rows follow the grouped ones
@@ -132,7 +134,8 @@ void moe_gate_up(float* gate, float* up, const MoeRouting& r, const float* n2, c
 void moe_down_combine(float* y, MoeRouting& r, const float* h, const float* n2, const MoeView& w, const BlockShape& s,
                       int64_t n) {
   for_each_expert(r, s, [&](int64_t e, int64_t first, int64_t rows) {
-    linear_forward(r.yp + first * s.C, h + first * s.Ie, w.experts[size_t(e)].down, nullptr, rows, s.Ie, s.C);
+    const ExpertView& x = w.experts[size_t(e)];
+    linear_forward(r.yp + first * s.C, h + first * s.Ie, x.down, x.down_bias, rows, s.Ie, s.C);
   });
   moe_combine_forward(y, r.yp, r.weights, r.row_of, n, s.k, s.C);
   if (s.Is == 0) return;
@@ -175,26 +178,39 @@ void moe_backward(float* dn2, float* dn_router, MoeGrads& g, MoeScratch& b, cons
   for_each_expert(r, s, [&](int64_t e, int64_t first, int64_t rows) {
     linear_backward_input(b.dh + first * Ie, b.dyp + first * C, w.experts[size_t(e)].down, rows, Ie, C);
   });
-  moe_weight_grads(b.dweights, b.dh, h, r.weights, r.order, r.ids, dout, nullptr, A, s.k, Ie, C);
+  // gpt_oss: the combine multiplies down(h) + b_down, so the weights' gradient adds dout·b_down ([E, C] gathered).
+  std::vector<float> down_bias;
+  if (w.experts.front().down_bias) {
+    down_bias.resize(size_t(s.E * C));
+    for (int64_t e = 0; e < s.E; ++e)
+      std::copy_n(w.experts[size_t(e)].down_bias, C, down_bias.begin() + std::ptrdiff_t(e * C));
+  }
+  moe_weight_grads(b.dweights, b.dh, h, r.weights, r.order, r.ids, dout, down_bias.empty() ? nullptr : down_bias.data(),
+                   A, s.k, Ie, C);
   for (int64_t row = 0; row < A; ++row) {
     const float wt = r.weights[r.order[row]];
     float* d = b.dyp + row * C;
     for (int64_t c = 0; c < C; ++c) d[c] *= wt;
   }
   for_each_expert(r, s, [&](int64_t e, int64_t first, int64_t rows) {
-    linear_backward(nullptr, g.experts[size_t(e)].down, nullptr, b.dyp + first * C, h + first * Ie,
-                    w.experts[size_t(e)].down, rows, Ie, C);
+    linear_backward(nullptr, g.experts[size_t(e)].down, g.experts[size_t(e)].down_bias, b.dyp + first * C,
+                    h + first * Ie, w.experts[size_t(e)].down, rows, Ie, C);
   });
   if (s.Is > 0) {
     shared_gate_forward(r, n2, w, s, n);  // σ again from n2: the forward's bits
     shared_down_backward(g, b, r, dout, h + shared, w, s, n);
   }
-  swiglu_backward(b.dgate, b.dup, b.dh, gate, up, n * s.mlp_width());
+  if (s.swiglu_limit > 0) {
+    clamped_swiglu_backward(b.dgate, b.dup, b.dh, gate, up, n * s.mlp_width(), kClampedSwigluAlpha, s.swiglu_limit);
+  } else {
+    swiglu_backward(b.dgate, b.dup, b.dh, gate, up, n * s.mlp_width());
+  }
   for_each_expert(r, s, [&](int64_t e, int64_t first, int64_t rows) {
     const ExpertView& x = w.experts[size_t(e)];
     ExpertGrads& gx = g.experts[size_t(e)];
-    linear_backward(b.dxp + first * C, gx.gate, nullptr, b.dgate + first * Ie, r.xp + first * C, x.gate, rows, C, Ie);
-    linear_backward(b.dxp2 + first * C, gx.up, nullptr, b.dup + first * Ie, r.xp + first * C, x.up, rows, C, Ie);
+    linear_backward(b.dxp + first * C, gx.gate, gx.gate_bias, b.dgate + first * Ie, r.xp + first * C, x.gate, rows,
+                    C, Ie);
+    linear_backward(b.dxp2 + first * C, gx.up, gx.up_bias, b.dup + first * Ie, r.xp + first * C, x.up, rows, C, Ie);
   });
   for (int64_t i = 0; i < A * C; ++i) b.dxp[i] += b.dxp2[i];
   moe_scatter_add(dn2, b.dxp, r.row_of, n, s.k, C);
@@ -209,7 +225,7 @@ void moe_backward(float* dn2, float* dn_router, MoeGrads& g, MoeScratch& b, cons
   // The router: its weights' gradient through top-k and softmax (plus the auxiliary loss's), then the linear.
   router_backward(b.dlogits, b.dweights, aux ? aux->dprobs() : nullptr, aux ? aux->counted(t0) : nullptr, r.ids,
                   r.weights, r.probs, router_shape(s, n));
-  linear_backward(dn_router, g.router, nullptr, b.dlogits, n2, w.router, n, C, s.E);
+  linear_backward(dn_router, g.router, g.router_bias, b.dlogits, n2, w.router, n, C, s.E);
 }
 
 }  // namespace lt

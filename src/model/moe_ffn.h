@@ -37,18 +37,22 @@ struct BlockShape;
 
 struct ExpertView {
   WeightRef gate, up, down;  // [Ie, C], [Ie, C], [C, Ie]
+  const float *gate_bias = nullptr, *up_bias = nullptr, *down_bias = nullptr;  // [Ie], [Ie], [C] (gpt_oss)
 };
 struct MoeView {
-  WeightRef router;                 // [E, C] (mlp.gate.weight)
+  WeightRef router;                 // [E, C] (mlp.gate.weight; gpt_oss: mlp.router.weight)
+  const float* router_bias = nullptr;  // [E] (gpt_oss)
   std::vector<ExpertView> experts;  // [E]
   ExpertView shared;                // [Is, C], [Is, C], [C, Is] (qwen3_5_moe; null data: none)
   WeightRef shared_gate;            // [1, C]
 };
 struct ExpertGrads {
   float *gate, *up, *down;
+  float *gate_bias = nullptr, *up_bias = nullptr, *down_bias = nullptr;
 };
 struct MoeGrads {
   float* router;
+  float* router_bias = nullptr;
   std::vector<ExpertGrads> experts;
   ExpertGrads shared;  // null without a shared expert
   float* shared_gate;

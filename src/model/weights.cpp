@@ -6,32 +6,23 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <set>
+#include <tuple>
 #include <vector>
 
 #include "core/error.h"
 #include "core/parallel.h"
 #include "core/rng.h"
 #include "io/json_file.h"
+#include "io/mxfp4.h"
 #include "io/safetensors.h"
 
 namespace lt {
 
-namespace {
-
-// The one place every path that holds a model's weights passes (load, init, train, grad, generate, profile), before
-// any slab is allocated.
-const ModelConfig& computable(const ModelConfig& cfg) {
-  LT_CHECK(!cfg.gpt_oss(),
-           "gpt_oss (GPT-OSS): `lazytrain plan` plans it, but its layers are not computed yet (attention sinks and "
-           "sliding windows, the biased router and clamped experts are ops without a block; issue #33)");
-  return cfg;
-}
-
-}  // namespace
 
 ModelSlabs::ModelSlabs(const ModelConfig& cfg, DType matrix_dtype, Fill fill)
-    : cfg_(computable(cfg)),
+    : cfg_(cfg),
       matrix_dtype_(matrix_dtype),
       embed_layout_(SlabLayout::make(cfg, SlabKind::embedding, matrix_dtype)),
       head_layout_(SlabLayout::make(cfg, SlabKind::head, matrix_dtype)),
@@ -167,13 +158,109 @@ void read_fused_experts(ModelSlabs& params, const SafetensorsModel& files, const
   }
 }
 
+// A checkpoint tensor that must be there with this shape and dtype (nullptr, named in `missing`, when absent).
+const TensorView* expect_tensor(const SafetensorsModel& files, const std::string& name, const Shape& shape,
+                                std::optional<DType> dtype, std::set<std::string>& expected,
+                                std::vector<std::string>& missing, TensorView& view) {
+  expected.insert(name);
+  if (!files.contains(name)) {
+    missing.push_back(name);
+    return nullptr;
+  }
+  view = files.view(name);
+  LT_CHECK(view.shape == shape, "{}: tensor '{}' has shape {}, expected {}", files.file_of(name).path(), name,
+           shape_str(view.shape), shape_str(shape));
+  LT_CHECK(!dtype || view.dtype == *dtype, "{}: tensor '{}' is {}, expected {}", files.file_of(name).path(), name,
+           dtype_name(view.dtype), dtype_name(*dtype));
+  return &view;
+}
+
+// gpt_oss's experts (GptOssExperts): fused and input-major — gate_up_proj [E, C, 2·Ie] with gate the even columns and
+// up the odd ones, gate_up_proj_bias [E, 2·Ie], down_proj [E, Ie, C], down_proj_bias [E, C] — or, in released
+// checkpoints, MXFP4 (io/mxfp4.h): *_blocks / *_scales whose rows are output features ([E, 2·Ie, ...] and
+// [E, C, ...]). Expert by expert into an f32 scratch, then onto the per-expert [out, in] slab entries.
+void read_gpt_oss_experts(ModelSlabs& params, const SafetensorsModel& files, std::set<std::string>& expected,
+                          std::vector<std::string>& missing) {
+  const ModelConfig& cfg = params.config();
+  const int64_t E = cfg.num_experts, Ie = cfg.moe_intermediate_size, C = cfg.hidden_size;
+  std::vector<float> tmp(size_t(2 * Ie * C));
+  for (int64_t l = 0; l < cfg.num_layers; ++l) {
+    const std::string p = fmt::format("{}layers.{}.mlp.experts.", hf_prefix(cfg), l);
+    auto entry = [&](int64_t e, const char* name) {
+      return params.tensor(SlabKind::layer, l, fmt::format("mlp.experts.{}.{}", e, name)).ptr<float>();
+    };
+    TensorView v;
+    if (expect_tensor(files, p + "gate_up_proj_bias", {E, 2 * Ie}, std::nullopt, expected, missing, v)) {
+      std::vector<float> b(size_t(E * 2 * Ie));
+      files.read_f32(p + "gate_up_proj_bias", b.data(), v.shape);
+      for (int64_t e = 0; e < E; ++e)
+        for (int64_t i = 0; i < Ie; ++i) {
+          entry(e, "gate_proj.bias")[i] = b[size_t(e * 2 * Ie + 2 * i)];
+          entry(e, "up_proj.bias")[i] = b[size_t(e * 2 * Ie + 2 * i + 1)];
+        }
+    }
+    if (expect_tensor(files, p + "down_proj_bias", {E, C}, std::nullopt, expected, missing, v)) {
+      std::vector<float> b(size_t(E * C));
+      files.read_f32(p + "down_proj_bias", b.data(), v.shape);
+      for (int64_t e = 0; e < E; ++e) std::copy_n(b.data() + e * C, C, entry(e, "down_proj.bias"));
+    }
+    if (cfg.mxfp4_experts) {
+      TensorView blocks, scales;
+      for (const auto& [name, rows, cols] : {std::tuple{std::string("gate_up_proj"), 2 * Ie, C},
+                                             std::tuple{std::string("down_proj"), C, Ie}}) {
+        LT_CHECK(cols % 32 == 0, "gpt_oss MXFP4: {} inputs is not a multiple of 32", cols);
+        if (!expect_tensor(files, p + name + "_blocks", {E, rows, cols / 32, 16}, DType::u8, expected, missing,
+                           blocks) ||
+            !expect_tensor(files, p + name + "_scales", {E, rows, cols / 32}, DType::u8, expected, missing, scales))
+          continue;
+        for (int64_t e = 0; e < E; ++e) {
+          const auto* q = static_cast<const uint8_t*>(blocks.data) + e * rows * cols / 2;
+          const auto* sc = static_cast<const uint8_t*>(scales.data) + e * rows * cols / 32;
+          mxfp4_dequantize(tmp.data(), q, sc, rows, cols, p + name + "_blocks");
+          if (name == "down_proj") {  // rows are down's output features: [C, Ie] as it is
+            std::copy_n(tmp.data(), C * Ie, entry(e, "down_proj.weight"));
+            continue;
+          }
+          for (int64_t i = 0; i < Ie; ++i) {  // gate_up's rows interleave gate and up
+            std::copy_n(tmp.data() + 2 * i * C, C, entry(e, "gate_proj.weight") + i * C);
+            std::copy_n(tmp.data() + (2 * i + 1) * C, C, entry(e, "up_proj.weight") + i * C);
+          }
+        }
+      }
+      continue;
+    }
+    for (const auto& [name, shape] : {std::pair{std::string("gate_up_proj"), Shape{E, C, 2 * Ie}},
+                                      std::pair{std::string("down_proj"), Shape{E, Ie, C}}}) {
+      if (!expect_tensor(files, p + name, shape, std::nullopt, expected, missing, v)) continue;
+      const Shape one{shape[1], shape[2]};  // one expert's [in, out]: input-major
+      const size_t es = dtype_size(v.dtype);
+      for (int64_t e = 0; e < E; ++e) {
+        const TensorView src = TensorView::contiguous(
+            static_cast<uint8_t*>(const_cast<void*>(v.data)) + size_t(e * shape[1] * shape[2]) * es, v.dtype, one);
+        copy_tensor_to_f32(tmp.data(), src, one, p + name, files.file_of(p + name).path());
+        if (name == "down_proj") {  // [Ie, C] → down [C, Ie]
+          float* d = entry(e, "down_proj.weight");
+          for (int64_t i = 0; i < Ie; ++i)
+            for (int64_t c = 0; c < C; ++c) d[c * Ie + i] = tmp[size_t(i * C + c)];
+          continue;
+        }
+        float *g = entry(e, "gate_proj.weight"), *u = entry(e, "up_proj.weight");  // [C, 2·Ie] → [Ie, C] each
+        for (int64_t c = 0; c < C; ++c)
+          for (int64_t i = 0; i < Ie; ++i) {
+            g[i * C + c] = tmp[size_t(c * 2 * Ie + 2 * i)];
+            u[i * C + c] = tmp[size_t(c * 2 * Ie + 2 * i + 1)];
+          }
+      }
+    }
+  }
+}
+
 bool is_expert_entry(const std::string& hf_name) { return hf_name.find(".mlp.experts.") != std::string::npos; }
 
 }  // namespace
 
 LoadedModel load_hf_model(const std::string& dir, const TensorRanges* only) {
   LoadedModel m{load_model_config(dir), {}, {}};
-  computable(m.config);
   // The files first: a directory without weights (or with a bad header) fails before the slabs, which for a
   // 27B config would be 108 GB, are allocated.
   SafetensorsModel files = SafetensorsModel::open_dir(dir);
@@ -182,8 +269,9 @@ LoadedModel load_hf_model(const std::string& dir, const TensorRanges* only) {
 
   std::set<std::string> expected;
   std::vector<std::string> missing;
-  m.extras.fused_experts = checkpoint_has_fused_experts(m.config, files);
-  if (m.extras.fused_experts) read_fused_experts(m.params, files, only, expected, missing);
+  m.extras.fused_experts = m.config.gpt_oss() || checkpoint_has_fused_experts(m.config, files);
+  if (m.config.gpt_oss()) read_gpt_oss_experts(m.params, files, expected, missing);
+  else if (m.extras.fused_experts) read_fused_experts(m.params, files, only, expected, missing);
   for (const auto& t : m.params.named_tensors()) {
     if (m.extras.fused_experts && is_expert_entry(t.hf_name)) continue;
     expected.insert(t.hf_name);
@@ -323,9 +411,55 @@ NamedTensors export_tensors(const ModelSlabs& slabs, DType dtype, std::vector<st
   return out;
 }
 
+// gpt_oss: each layer's per-expert tensors (already in the saved dtype) back into GptOssExperts' four, input-major
+// with gate and up interleaved (read_gpt_oss_experts' inverse); MXFP4 checkpoints are written dequantised.
+void fuse_gpt_oss_experts(const ModelConfig& cfg, NamedTensors& tensors, std::vector<std::vector<uint8_t>>& storage) {
+  const int64_t E = cfg.num_experts, Ie = cfg.moe_intermediate_size, C = cfg.hidden_size;
+  const std::string prefix = hf_prefix(cfg);
+  for (int64_t l = 0; l < cfg.num_layers; ++l) {
+    auto take = [&](int64_t e, const char* name) {
+      const std::string n = SlabLayout::hf_name(SlabKind::layer, l, fmt::format("mlp.experts.{}.{}", e, name), prefix);
+      const TensorView v = tensors.at(n);
+      tensors.erase(n);
+      return v;
+    };
+    const DType dt = tensors.at(SlabLayout::hf_name(SlabKind::layer, l, "mlp.experts.0.gate_proj.weight", prefix)).dtype;
+    const size_t es = dtype_size(dt);
+    std::vector<uint8_t> gate_up(size_t(E * C * 2 * Ie) * es), gub(size_t(E * 2 * Ie) * es), down(size_t(E * Ie * C) * es),
+        db(size_t(E * C) * es);
+    auto put = [&](std::vector<uint8_t>& dst, int64_t at, const TensorView& src, int64_t from) {
+      std::memcpy(dst.data() + size_t(at) * es, static_cast<const uint8_t*>(src.data) + size_t(from) * es, es);
+    };
+    for (int64_t e = 0; e < E; ++e) {
+      const TensorView g = take(e, "gate_proj.weight"), u = take(e, "up_proj.weight"), d = take(e, "down_proj.weight");
+      const TensorView gb = take(e, "gate_proj.bias"), ub = take(e, "up_proj.bias"), dbe = take(e, "down_proj.bias");
+      for (int64_t c = 0; c < C; ++c)
+        for (int64_t i = 0; i < Ie; ++i) {
+          put(gate_up, (e * C + c) * 2 * Ie + 2 * i, g, i * C + c);
+          put(gate_up, (e * C + c) * 2 * Ie + 2 * i + 1, u, i * C + c);
+          put(down, (e * Ie + i) * C + c, d, c * Ie + i);
+        }
+      for (int64_t i = 0; i < Ie; ++i) {
+        put(gub, e * 2 * Ie + 2 * i, gb, i);
+        put(gub, e * 2 * Ie + 2 * i + 1, ub, i);
+      }
+      for (int64_t c = 0; c < C; ++c) put(db, e * C + c, dbe, c);
+    }
+    const std::string p = fmt::format("{}layers.{}.mlp.experts.", prefix, l);
+    for (auto& [name, bytes, shape] : {std::tuple{p + "gate_up_proj", &gate_up, Shape{E, C, 2 * Ie}},
+                                       std::tuple{p + "gate_up_proj_bias", &gub, Shape{E, 2 * Ie}},
+                                       std::tuple{p + "down_proj", &down, Shape{E, Ie, C}},
+                                       std::tuple{p + "down_proj_bias", &db, Shape{E, C}}}) {
+      storage.push_back(std::move(*bytes));
+      tensors[name] = TensorView::contiguous(storage.back().data(), dt, shape);
+    }
+  }
+}
+
 // Replaces each sparse layer's per-expert tensors in `tensors` by the fused pair (SavedExtras::fused_experts),
 // its bytes in `storage`.
 void fuse_experts(const ModelConfig& cfg, NamedTensors& tensors, std::vector<std::vector<uint8_t>>& storage) {
+  if (cfg.gpt_oss()) return fuse_gpt_oss_experts(cfg, tensors, storage);
   const int64_t E = cfg.num_experts, Ie = cfg.moe_intermediate_size, C = cfg.hidden_size;
   const std::string prefix = hf_prefix(cfg);
   for (int64_t l = 0; l < cfg.num_layers; ++l) {

@@ -18,6 +18,7 @@ void swiglu_backward(float* dgate, float* dup, const float* dout, const float* g
 //   dup   = dout · g' · s                           where −limit <= u <= limit, else 0
 // (torch's clamp passes the gradient at the bounds). σ and 1 − σ as SwiGLU's (ops/swiglu_math.h). One plain build:
 // the same bits on every host.
+inline constexpr float kClampedSwigluAlpha = 1.702f;  // GptOssExperts' alpha
 void clamped_swiglu_forward(float* out, const float* gate, const float* up, int64_t n, float alpha, float limit);
 void clamped_swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate, const float* up, int64_t n,
                              float alpha, float limit);

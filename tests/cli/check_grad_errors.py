@@ -96,13 +96,6 @@ def case_attention_mask_counted_padding(work, model):
     return model, batch(work, b), [], ["labels[0][3]", "attention_mask is 0"]
 
 
-def case_gpt_oss_not_computed_yet(work, model):
-    gpt = os.path.join(work, "gpt_oss")
-    os.makedirs(gpt)
-    shutil.copy(os.path.join(ROOT, "examples/gpt-oss-20b/config.json"), gpt)
-    return gpt, batch(work, GOOD), [], ["gpt_oss", "not computed yet", "lazytrain plan"]
-
-
 CASES = {name[5:]: fn for name, fn in globals().items() if name.startswith("case_")}
 
 

@@ -40,6 +40,22 @@ TEST(ExecutorMoe, HybridWithSharedExpertEveryPolicyMatchesInMemoryPathBitwise) {
   every_policy_matches(17, 20, DType::bf16, true);
 }
 
+// GPT-OSS: sliding windows, sinks, the biased top-k router, biased experts with the clamped SwiGLU — every plan gives
+// the in-memory path's bits, with the load-balancing loss on half the seeds.
+TEST(ExecutorMoe, GptOssEveryPolicyMatchesInMemoryPathBitwise) {
+  for (uint64_t seed = 21; seed <= 26; ++seed) {
+    Rng rng(seed * 2003);
+    const ModelConfig cfg = testing::random_gpt_oss_config(rng);
+    const ModelSlabs params = testing::random_params(cfg, seed * 13);
+    Batch batch = testing::random_batch(cfg, rng, seed % 2 == 0);
+    if (seed % 3 == 0) testing::add_random_padding(batch, rng);
+    const ComputeType ct = seed % 3 == 1 ? ComputeType::bf16 : ComputeType::f32;
+    const DType act = seed > 23 ? DType::bf16 : DType::f32;
+    testing::expect_every_plan_matches(cfg, params, batch, Precision(ct, act), rng, seed, seed % 2 ? 0.9 : 0.0);
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
 // A sparse layer's slab holds the router and every expert (what it streams and updates), and the slabs together are
 // the config's parameter count.
 TEST(ExecutorMoe, SparseLayerSlabsHoldEveryExpert) {

@@ -139,6 +139,13 @@ CASES = {
                                   "--shared-intermediate", "20", "--fused-experts", "--batch", "2", "--seq", "37",
                                   "--dtype", "bfloat16", "--shards", "2"],
 }
+# GPT-OSS (tests/reference/gpt_oss.py): sliding (W = 5) and full layers, sinks, YaRN, the biased top-k router and
+# clamped experts (limit 1, so the clamps are reached) from fused input-major bf16 files; f32 only for now (the
+# reference has no bf16 emulation of LazyTrain's GPT-OSS block yet).
+CASES["gpt_oss_bf16_weights"] = ["--arch", "gpt_oss", "--layers", "3", "--hidden", "32", "--heads", "4", "--kv-heads",
+                                 "2", "--head-dim", "8", "--vocab", "61", "--experts", "5", "--experts-per-tok", "2",
+                                 "--moe-intermediate", "12", "--batch", "2", "--seq", "23", "--dtype", "bfloat16"]
+
 # The load-balancing loss (transformers' load_balancing_loss_func, output_router_logits): cases that add it with
 # this coefficient -- both sides get --moe-aux-loss-coef and compare the total loss -- on right-padded rows
 # (attention_mask 0 at the padding, which the loss leaves out). 1.0 and 20, not the configs' 0.001: the aux gradient

@@ -8,8 +8,8 @@ logits, softmax over those k) and GptOssExperts (gate_up = x · W[e] + b[e], gat
 ones, gate ≤ limit, up in [−limit, limit], ((up + 1) · gate · σ(1.702 · gate)) · W_down[e] + b_down[e], times the
 routing weight). Everything in the parameters' dtype (float64 for the reference gradients).
 
-Status: the reference half of issue #33's GPT-OSS step; LazyTrain's block does not exist yet, so nothing compares
-against it in CI. `selfcheck-gpt-oss` (torch_reference.py) checks it against itself: the sink softmax against its
+LazyTrain's GPT-OSS block is checked against it at f32 (check_model.py's gpt_oss_bf16_weights); there is no bf16
+emulation here yet. `selfcheck-gpt-oss` (torch_reference.py) checks it against itself: the sink softmax against its
 closed form, the sliding mask against a loop, and autograd against finite differences.
 """
 

@@ -107,6 +107,29 @@ inline ModelConfig random_hybrid_moe_config(Rng& rng) {
   return c;
 }
 
+// A small random GPT-OSS: sliding (window 3..8) and full layers in a random order, sinks, biases everywhere, YaRN,
+// 3..6 experts (1..3 per token) with biases and a clamp low enough to be reached (random_model_params' weights).
+inline ModelConfig random_gpt_oss_config(Rng& rng) {
+  ModelConfig c = random_config(rng, 2);  // llama's plain attention: no q/k norm
+  c.type = ModelType::gpt_oss;
+  c.qkv_bias = c.o_bias = true;
+  c.mlp_bias = false;
+  c.attention_sinks = true;
+  c.intermediate_size = 0;
+  c.num_experts = 3 + int64_t(rng.below(4));
+  c.num_experts_per_tok = 1 + int64_t(rng.below(3));
+  c.moe_intermediate_size = 5 + int64_t(rng.below(10));
+  c.swiglu_limit = 0.5 + 0.5 * double(rng.below(3));
+  c.sliding_window = 3 + int64_t(rng.below(6));
+  c.layer_types.clear();
+  for (int64_t l = 0; l < c.num_layers; ++l)
+    c.layer_types.push_back(rng.below(2) == 0 ? LayerKind::sliding_attention : LayerKind::full_attention);
+  c.yarn_factor = 32.0;
+  c.yarn_original_max_positions = 16;
+  c.yarn_truncate = false;
+  return c;
+}
+
 inline ModelSlabs random_params(const ModelConfig& cfg, uint64_t seed) { return random_model_params(cfg, seed); }
 
 inline Batch random_batch(const ModelConfig& cfg, Rng& rng, bool packed) {
