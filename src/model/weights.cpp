@@ -504,7 +504,8 @@ void save_hf_model(const ModelSlabs& params, const std::string& dir, DType dtype
                 "carried tensor {}: its bytes do not match its dtype and shape", r.name);
     tensors[r.name] = TensorView::contiguous(const_cast<uint8_t*>(r.bytes.data()), r.dtype, r.shape);
   }
-  if (extras.fused_experts) fuse_experts(params.config(), tensors, storage);
+  // GPT-OSS's experts exist only fused on the Hub (GptOssExperts): always written so.
+  if (extras.fused_experts || params.config().gpt_oss()) fuse_experts(params.config(), tensors, storage);
   write_safetensors_model(dir, tensors, max_shard_bytes);
   ModelConfig cfg = params.config();
   cfg.torch_dtype = dtype;
