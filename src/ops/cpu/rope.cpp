@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -45,20 +46,26 @@ double correction_dim(double rotations, int64_t R, double theta, int64_t origina
   return double(R) * std::log(double(original) / (rotations * 2 * M_PI)) / (2 * std::log(theta));
 }
 
+// YaRN's ramp over the rotated dims (transformers' find_correction_range and linear_ramp_factor): [low, high].
+std::pair<double, double> yarn_ramp(int64_t R, const RopeSpec& r) {
+  double low = correction_dim(r.beta_fast, R, r.theta, r.original_max_positions);
+  double high = correction_dim(r.beta_slow, R, r.theta, r.original_max_positions);
+  if (r.truncate) low = std::floor(low), high = std::ceil(high);
+  low = std::max(low, 0.0), high = std::min(high, double(R - 1));
+  if (low == high) high += 0.001;
+  return {low, high};
+}
+
 // inv_freq over R rotated dims: [R/2].
 std::vector<float> inv_freq(int64_t R, const RopeSpec& r) {
   const int64_t h = R / 2;
   std::vector<float> f(static_cast<size_t>(h));
+  const auto [low, high] = r.is_yarn() ? yarn_ramp(R, r) : std::pair{0.0, 1.0};
   for (int64_t j = 0; j < h; ++j) {
     const float e = float(2 * j) / float(R);
     const float pos_freq = float(std::pow(double(float(r.theta)), double(e)));
     f[size_t(j)] = 1.0f / pos_freq;
     if (!r.is_yarn()) continue;
-    double low = correction_dim(r.beta_fast, R, r.theta, r.original_max_positions);
-    double high = correction_dim(r.beta_slow, R, r.theta, r.original_max_positions);
-    if (r.truncate) low = std::floor(low), high = std::ceil(high);
-    low = std::max(low, 0.0), high = std::min(high, double(R - 1));
-    if (low == high) high += 0.001;  // transformers' linear_ramp_factor
     const float ramp = std::clamp((float(j) - float(low)) / float(high - low), 0.0f, 1.0f);
     const float extrapolation = 1.0f - ramp;  // the share of the original frequency
     const float interpolated = 1.0f / (float(r.factor) * pos_freq);
