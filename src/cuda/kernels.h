@@ -88,6 +88,11 @@ size_t gated_delta_backward_workspace_bytes(const DeltaShape& s);
 // lt::Error naming the op unless the kernels take the shape (B, T ≥ 0; Hv a multiple of Hk; dims ≥ 1; grid).
 void check_gated_delta_shape(const char* op, const DeltaShape& s);
 
+// The MoE permutation (cuda/kernels/moe.cuh) runs as one block of kMoePermuteThreads; its workspace is a count
+// per thread and expert (int32).
+inline constexpr int kMoePermuteThreads = 256;
+inline size_t moe_permute_workspace_bytes(int64_t E) { return size_t(kMoePermuteThreads) * size_t(E) * 4; }
+
 }  // namespace lt::cuda
 
 namespace lt::cuda::sim {

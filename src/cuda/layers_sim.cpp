@@ -15,10 +15,16 @@ size_t head_workspace_bytes(const HeadShape& s, DType lm_type) {
 }
 
 size_t cuda_block_scratch_bytes(const BlockShape& s) {
-  // A model with Gated DeltaNet layers (s.Hk > 0) carves per layer kind: the larger of the two.
-  size_t bytes = sim::detail::BlockScratchCuda::carve(nullptr, s.for_layer(LayerKind::full_attention)).bytes;
-  if (s.Hk > 0)
-    bytes = std::max(bytes, sim::detail::BlockScratchCuda::carve(nullptr, s.for_layer(LayerKind::linear_attention)).bytes);
+  // Carved per layer kind (full attention; Gated DeltaNet where s.Hk > 0) and MLP (dense; sparse where s.E > 0):
+  // the largest.
+  size_t bytes = 0;
+  for (const bool sparse : {false, true}) {
+    if (sparse && s.E == 0) continue;
+    bytes = std::max(bytes, sim::detail::BlockScratchCuda::carve(nullptr, s.for_layer(LayerKind::full_attention, sparse)).bytes);
+    if (s.Hk > 0)
+      bytes = std::max(bytes,
+                       sim::detail::BlockScratchCuda::carve(nullptr, s.for_layer(LayerKind::linear_attention, sparse)).bytes);
+  }
   return bytes;
 }
 
@@ -27,13 +33,7 @@ std::vector<ComputeBuffer> cuda_compute_buffers(const ModelConfig& cfg, const Bl
   // stored-internals buffer of the largest layer (a sparse layer's: its tokens' k grouped rows, whatever the split).
   size_t recompute = 0;
   for (int64_t l = 0; l < cfg.num_layers; ++l) recompute = std::max(recompute, block_stored_bytes(s.for_layer(cfg, l)));
-  // Sparse layers: the CUDA block has no MoE layer yet (compute.inl refuses one); the planner counts its routing and
-  // grouped rows' scratch as the CPU block's route slices hold them (model/moe_ffn.h), on top of the dense scratch.
-  size_t scratch = cuda_block_scratch_bytes(s);
-  if (cfg.is_moe()) {
-    const BlockShape sparse = s.for_layer(LayerKind::full_attention, true);
-    scratch += (MoeRouting::floats(sparse) + MoeScratch::floats(sparse)) * sizeof(float);
-  }
+  const size_t scratch = cuda_block_scratch_bytes(s);  // a sparse layer's route slice included (cuda/layers/moe.inl)
   const HeadShape head{s.N(), s.C, cfg.vocab_size, float(cfg.rms_norm_eps)};
   const size_t rope = size_t(2 * s.T * (s.D / 2)) * sizeof(float);
   return {{ComputeBufferRole::recompute_internals, "recompute internals", recompute, ComputeSpan::step, true},

@@ -185,6 +185,51 @@ void sim_gated_delta_backward(float* dq, float* dk, float* dv, float* dbeta, flo
   sim::gated_delta_backward(kSim, dq, dk, dv, dbeta, dg, dout, q, k, v, beta, g, doc_ids, s, ws.data());
 }
 
+// Mixture-of-Experts: the kernels on the ops' host buffers (the routing's error flag read back as the CUDA block does).
+void sim_router_forward(int32_t* ids, float* weights, float* probs, const float* logits, const RouterShape& s) {
+  int32_t bad = 0;
+  sim::moe_router_forward(kSim, ids, weights, probs, &bad, logits, s.N, s.E, s.k,
+                          s.kind == RouterKind::topk_softmax, s.renormalize);
+  LT_CHECK(bad == INT32_MAX, "router_forward: token {} has a non-finite router logit", bad);
+}
+void sim_router_backward(float* dlogits, const float* dweights, const float* dprobs_extra, const uint8_t* counted,
+                         const int32_t* ids, const float* weights, const float* probs, const RouterShape& s) {
+  sim::moe_router_backward(kSim, dlogits, dweights, dprobs_extra, counted, ids, weights, probs, s.N, s.E, s.k,
+                           s.kind == RouterKind::topk_softmax, s.renormalize);
+}
+void sim_moe_permute(int64_t* offsets, int32_t* order, int32_t* row_of, const int32_t* ids, int64_t N, int64_t k,
+                     int64_t E) {
+  std::vector<unsigned char> ws(moe_permute_workspace_bytes(E));
+  sim::moe_permute(kSim, offsets, order, row_of, ids, N, k, E, ws.data());
+}
+void sim_moe_gather(float* xp, const float* x, const int32_t* order, int64_t A, int64_t k, int64_t C) {
+  sim::moe_gather(kSim, xp, x, order, A, k, C);
+}
+void sim_moe_scatter_add(float* dx, const float* dxp, const int32_t* row_of, int64_t N, int64_t k, int64_t C) {
+  sim::moe_scatter_add(kSim, dx, dxp, row_of, N, k, C);
+}
+void sim_moe_combine_forward(float* out, const float* yp, const float* weights, const int32_t* row_of, int64_t N,
+                             int64_t k, int64_t C) {
+  sim::moe_combine_forward(kSim, out, yp, weights, row_of, N, k, C);
+}
+void sim_moe_combine_backward(float* dyp, float* dweights, const float* dout, const float* yp, const float* weights,
+                              const int32_t* row_of, int64_t N, int64_t k, int64_t C) {
+  sim::moe_combine_backward(kSim, dyp, dweights, dout, yp, weights, row_of, N, k, C);
+}
+void sim_moe_weight_grads(float* dweights, float* g, const float* h, const float* weights, const int32_t* order,
+                          const int32_t* ids, const float* dout, const float* down_bias, int64_t A, int64_t k,
+                          int64_t I, int64_t C) {
+  sim::moe_weight_grads(kSim, dweights, g, h, weights, order, ids, dout, down_bias, A, k, I, C);
+}
+// The kernel's per-call partials added to the running totals, as the CPU op adds its own.
+int64_t sim_aux_loss_accumulate(double* counts, double* prob_sums, const int32_t* ids, const float* probs,
+                                const uint8_t* counted, int64_t N, int64_t E, int64_t k) {
+  std::vector<double> part(static_cast<size_t>(2 * E));
+  sim::moe_aux_partials(kSim, part.data(), part.data() + E, ids, probs, counted, N, E, k);
+  for (int64_t e = 0; e < E; ++e) counts[e] += part[size_t(e)], prob_sums[e] += part[size_t(E + e)];
+  return counted ? std::count_if(counted, counted + N, [](uint8_t m) { return m != 0; }) : N;
+}
+
 const OpsOverride kCudaSimOps{"cuda-sim",
                               sim_rmsnorm_forward,
                               sim_rmsnorm_backward,
@@ -201,7 +246,16 @@ const OpsOverride kCudaSimOps{"cuda-sim",
                               sim_head_forward,
                               sim_head_forward_backward,
                               sim_gated_delta_forward,
-                              sim_gated_delta_backward};
+                              sim_gated_delta_backward,
+                              sim_router_forward,
+                              sim_router_backward,
+                              sim_moe_permute,
+                              sim_moe_gather,
+                              sim_moe_scatter_add,
+                              sim_moe_combine_forward,
+                              sim_moe_combine_backward,
+                              sim_moe_weight_grads,
+                              sim_aux_loss_accumulate};
 
 }  // namespace
 

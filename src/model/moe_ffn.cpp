@@ -160,6 +160,14 @@ void MoeAuxLoss::add(const MoeRouting& r, const BlockShape& s, int64_t t0, int64
   rows_ += aux_loss_accumulate(counts_.data(), prob_sums_.data(), r.ids, r.probs, counted(t0), n, s.E, s.k);
 }
 
+void MoeAuxLoss::add_partials(const double* counts, const double* prob_sums, int64_t t0, int64_t n) {
+  for (size_t e = 0; e < counts_.size(); ++e) counts_[e] += counts[e], prob_sums_[e] += prob_sums[e];
+  const uint8_t* mask = counted(t0);
+  int64_t rows = n;
+  if (mask) rows = std::count_if(mask, mask + n, [](uint8_t m) { return m != 0; });
+  rows_ += rows;
+}
+
 double MoeAuxLoss::finish() {
   const int64_t E = int64_t(counts_.size());
   if (rows_ == 0) return value_ = 0;  // every token padding: no term, no gradient (dprobs stay 0)

@@ -111,6 +111,9 @@ class MoeAuxLoss {
   MoeAuxLoss(int64_t E, const uint8_t* counted, double weight);
   // Slice [t0, t0 + n)'s routing (r as moe_route left it).
   void add(const MoeRouting& r, const BlockShape& s, int64_t t0, int64_t n);
+  // The same from a GPU block's partials of that slice (cuda/kernels/moe.cuh's moe_aux_partials: counts[E] and
+  // prob_sums[E] over its counted tokens, in token order), added as aux_loss_accumulate adds its own: the same bits.
+  void add_partials(const double* counts, const double* prob_sums, int64_t t0, int64_t n);
   // After the forward's last layer: aux (0 when no row was counted) and the gradient dprobs.
   double finish();
   double value() const { return value_; }

@@ -10,6 +10,7 @@
 #include "ops/gated_delta.h"
 #include "ops/head.h"
 #include "ops/linear.h"
+#include "ops/moe.h"
 #include "ops/rmsnorm.h"
 #include "ops/rope.h"
 #include "ops/swiglu.h"
@@ -36,6 +37,16 @@ struct OpsOverride {
   // CPU op (its other ops' kernels give the CPU ops' bits), so the in-memory path and the CUDA block agree.
   decltype(&gated_delta_forward) gated_delta_forward_fn = nullptr;
   decltype(&gated_delta_backward) gated_delta_backward_fn = nullptr;
+  // Mixture-of-Experts routing and row shuffles (ops/moe.h; cuda/kernels/moe.cuh gives the CPU ops' bits).
+  decltype(&router_forward) router_forward_fn = nullptr;
+  decltype(&router_backward) router_backward_fn = nullptr;
+  decltype(&moe_permute) moe_permute_fn = nullptr;
+  decltype(&moe_gather) moe_gather_fn = nullptr;
+  decltype(&moe_scatter_add) moe_scatter_add_fn = nullptr;
+  decltype(&moe_combine_forward) moe_combine_forward_fn = nullptr;
+  decltype(&moe_combine_backward) moe_combine_backward_fn = nullptr;
+  decltype(&moe_weight_grads) moe_weight_grads_fn = nullptr;
+  decltype(&aux_loss_accumulate) aux_loss_accumulate_fn = nullptr;
 };
 
 // The installed replacement, or nullptr (the CPU ops).

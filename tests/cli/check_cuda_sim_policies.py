@@ -9,8 +9,10 @@ layers), whose CUDA block strings together the hybrid kernels; the in-memory pat
 gated delta rule kernel (the one hybrid kernel that does not give its CPU op's bits). --arch qwen3_tc: head dim
 64, so at bf16 attention runs on the tensor-core kernels (cuda/kernels/attention_mma.cuh, their shuffle
 emulation here), over more than one 64-token tile; the result is also held within the bf16 bound (relative L2
-5e-2, scripts/grad_diff.py) of the CPU's f32 path. Usage: --lazytrain BIN --dtype f32|bf16
-[--arch qwen3|qwen3_5|qwen3_tc]"""
+5e-2, scripts/grad_diff.py) of the CPU's f32 path. --arch qwen3_moe / qwen3_5_moe: sparse layers (a dense one
+between, or a shared expert) with the load-balancing loss on right-padded rows: the CUDA block's route slices
+(cuda/layers/moe.inl) against the CPU block on the MoE kernels (cuda/kernels/moe.cuh, the CPU ops' bits). Usage:
+--lazytrain BIN --dtype f32|bf16 [--arch qwen3|qwen3_5|qwen3_tc|qwen3_moe|qwen3_5_moe]"""
 import argparse
 import json
 import os
@@ -33,6 +35,16 @@ HYBRID = ["--arch", "qwen3_5", "--layers", "3", "--layer-types", "linear,full,li
 TENSOR_CORE = ["--arch", "qwen3", "--layers", "2", "--hidden", "40", "--heads", "4", "--kv-heads", "2",
                "--head-dim", "64", "--intermediate", "56", "--vocab", "101", "--no-tie", "--batch", "2", "--seq", "70",
                "--docs", "2"]
+# Qwen3-MoE: sparse, dense, sparse layers, top-2 of 6; rows padded (attention_mask) for the aux loss.
+MOE = ["--arch", "qwen3_moe", "--layers", "3", "--mlp-only-layers", "1", "--hidden", "40", "--heads", "4",
+       "--kv-heads", "2", "--head-dim", "12", "--intermediate", "56", "--vocab", "101", "--no-tie", "--experts", "6",
+       "--experts-per-tok", "2", "--moe-intermediate", "20", "--batch", "2", "--seq", "37", "--pad", "7"]
+# Qwen3.5-MoE text: linear / full / linear mixers, every MLP sparse with a shared expert, top-2 of 5, padded rows.
+HYBRID_MOE = ["--arch", "qwen3_5_moe_text", "--layers", "3", "--layer-types", "linear,full,linear", "--hidden", "40",
+              "--heads", "4", "--kv-heads", "2", "--head-dim", "12", "--partial-rotary-factor", "0.5", "--vocab", "101",
+              "--linear-key-heads", "2", "--linear-value-heads", "4", "--linear-key-dim", "12", "--linear-value-dim",
+              "10", "--experts", "5", "--experts-per-tok", "2", "--moe-intermediate", "18", "--shared-intermediate",
+              "14", "--batch", "2", "--seq", "41", "--pad", "9"]
 POLICIES = ["keep-all", "every:1", "every:2", "host:1", "nvme:2"]
 
 
@@ -47,18 +59,20 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lazytrain", required=True)
     ap.add_argument("--dtype", default="bf16", choices=["f32", "bf16"])
-    ap.add_argument("--arch", default="qwen3", choices=["qwen3", "qwen3_5", "qwen3_tc"])
+    ap.add_argument("--arch", default="qwen3", choices=["qwen3", "qwen3_5", "qwen3_tc", "qwen3_moe", "qwen3_5_moe"])
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="lt_cuda_sim_policies_")
     model = os.path.join(work, "model")
-    shape = {"qwen3": MODEL, "qwen3_5": HYBRID, "qwen3_tc": TENSOR_CORE}[args.arch]
+    shape = {"qwen3": MODEL, "qwen3_5": HYBRID, "qwen3_tc": TENSOR_CORE, "qwen3_moe": MOE,
+             "qwen3_5_moe": HYBRID_MOE}[args.arch]
+    aux = ["--moe-aux-loss-coef", "0.5"] if args.arch.endswith("moe") else []
     run([sys.executable, REFERENCE, "make", "--out", model, "--seed", "5"] + shape)
     batch = os.path.join(model, "batch.json")
 
     def grad(name, extra, device="cuda-sim", dtype=args.dtype):
         out = os.path.join(work, f"{name}.safetensors")
         text = run([args.lazytrain, "grad", "--model", model, "--batch", batch, "--out", out, "--dtype", dtype,
-                    "--device", device] + extra)
+                    "--device", device] + aux + extra)
         loss = json.loads([l for l in text.strip().splitlines() if l.strip()][-1])["loss"]
         with open(out, "rb") as f:
             return loss, f.read()

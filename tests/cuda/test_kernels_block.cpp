@@ -5,8 +5,10 @@
 // rounding carried through bf16 storage (relative L2 below kTol); the same bits in every thread order.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 
 #include "cuda/kernel_testing.h"
 #include "cuda/kernels.h"
@@ -14,6 +16,8 @@
 #include "cuda/sim_orders.h"
 #include "model/block.h"
 #include "ops/rope.h"
+#include "core/rng.h"
+#include "testing/exec_testing.h"
 #include "testing/model_testing.h"
 
 namespace lt::cuda {
@@ -53,15 +57,17 @@ struct CpuRun {
   std::vector<float> dx_in;
   ModelSlabs grads;
 };
+// Layer `layer`'s gradients; a sparse layer's auxiliary loss (ti.moe_aux) finished between forward and backward.
 CpuRun run_cpu_block(const ModelConfig& cfg, const BlockShape& sh, const BlockView& w, const TokenInfo& ti,
-                     const std::vector<bf16_t>& x_in, const std::vector<float>& dx_out) {
+                     const std::vector<bf16_t>& x_in, const std::vector<float>& dx_out, int64_t layer = 0) {
   const size_t n = static_cast<size_t>(sh.N() * sh.C);
   CpuRun r{std::vector<bf16_t>(n), std::vector<uint8_t>(block_stored_bytes(sh)), std::vector<float>(n),
            ModelSlabs(cfg)};
   std::vector<float> work(WorkingCopy::floats(sh)), scratch(BlockScratch::floats(sh));
   LayerInternals li = bind_internals(r.stored.data(), work.data(), sh);
   block_forward(r.x_out.data(), li.working, x_in.data(), w, ti, sh, li.stored);
-  BlockGrads g = BlockGrads::bind(r.grads.layout(SlabKind::layer), r.grads.layer(0));
+  if (ti.moe_aux) ti.moe_aux->finish();
+  BlockGrads g = BlockGrads::bind(r.grads.layout(SlabKind::layer, layer), r.grads.layer(layer));
   BlockScratch bs = BlockScratch::bind(scratch.data(), sh);
   block_backward(r.dx_in.data(), g, bs, dx_out.data(), x_in.data(), li.working, w, ti, sh, li.saved, li.stored);
   return r;
@@ -249,6 +255,128 @@ TEST(CudaSimBlock, MlpTokenChunksGiveTheSameBitsAsOneChunk) {
   const CpuRun cpu = run_cpu_block(cfg, chunked, w, ti, x_in, dx_out);
   EXPECT_LT(rel_l2(to_f32(two.x_out), to_f32(cpu.x_out)), kTol);
   EXPECT_LT(rel_l2(two.dx_in, cpu.dx_in), kTol);
+}
+
+// Sparse layers (cuda/layers/moe.inl): a Qwen3-MoE layer (top-k renormalised or not) and a Qwen3.5-MoE one (a
+// shared expert; a Gated DeltaNet or attention mixer), bf16 and f32 GEMMs, with the load-balancing loss on rows
+// whose mask leaves some tokens out: against the CPU block to kTol (the routing is the same: n2 agrees bit for bit
+// but where a rounding falls the other way, and the test's margins keep every choice), the aux loss's value too;
+// the same bits in every thread order; a recomputed sparse layer gives the kept layer's bits.
+struct SparseCase {
+  bool hybrid;
+  ComputeType compute;
+  uint64_t seed;
+};
+
+struct SparseRun {
+  std::vector<bf16_t> x_out;
+  std::vector<uint8_t> stored;
+  std::vector<float> dx_in, grads;
+  std::vector<std::pair<std::string, std::vector<float>>> named;  // the layer's gradients by HF name
+  double aux = 0;
+};
+
+TEST(CudaSimBlock, SparseLayersMatchTheCpuBlockAndRecomputeTheirBits) {
+  const SparseCase cases[] = {{false, ComputeType::bf16, 3}, {false, ComputeType::f32, 4},
+                              {true, ComputeType::bf16, 5},  {true, ComputeType::f32, 6}};
+  for (const SparseCase& c : cases) {
+    SCOPED_TRACE(std::string(c.hybrid ? "qwen3_5_moe" : "qwen3_moe") +
+                 (c.compute == ComputeType::bf16 ? " bf16" : " f32") + " GEMMs, seed " + std::to_string(c.seed));
+    Rng rng(c.seed * 7919);
+    ModelConfig cfg = c.hybrid ? lt::testing::random_hybrid_moe_config(rng) : lt::testing::random_moe_config(rng);
+    cfg.mlp_only_layers.clear();
+    const int64_t layer = cfg.num_layers - 1, B = 2, T = 9, N = B * T, C = cfg.hidden_size;
+    ASSERT_TRUE(cfg.sparse_layer(layer));
+    const BlockShape sh = BlockShape::make(cfg, B, T, DType::bf16).for_layer(cfg, layer);
+    const ModelSlabs params = lt::testing::random_model_params(cfg, c.seed);
+    ModelSlabs bf16_copy(cfg, DType::bf16);
+    if (c.compute == ComputeType::bf16) make_compute_copy(bf16_copy, params);
+    const ModelSlabs& weights = c.compute == ComputeType::bf16 ? bf16_copy : params;
+    const BlockView w = BlockView::bind(weights.layout(SlabKind::layer, layer), weights.layer(layer));
+    ASSERT_TRUE(w.sparse());
+    std::vector<int32_t> pos(static_cast<size_t>(N));
+    for (int64_t t = 0; t < N; ++t) pos[size_t(t)] = int32_t(t % T);
+    std::vector<uint8_t> counted(static_cast<size_t>(N), 1);
+    for (int64_t t = T - 3; t < T; ++t) counted[size_t(t)] = 0;  // the first row's last 3 tokens are padding
+    const auto x_in = to_bf16(random_floats(static_cast<size_t>(N * C), c.seed + 10));
+    const auto dx_out = random_floats(static_cast<size_t>(N * C), c.seed + 20, -0.1f, 0.1f);
+    constexpr double kAuxWeight = 0.75;
+
+    MoeAuxLoss cpu_aux(cfg.num_experts, counted.data(), kAuxWeight);
+    const CpuRun cpu = run_cpu_block(cfg, sh, w, TokenInfo{pos.data(), nullptr, &cpu_aux}, x_in, dx_out, layer);
+    ASSERT_GT(cpu_aux.value(), 0.0);
+
+    std::vector<float> cos(static_cast<size_t>(T * sh.rotary / 2)), sin(cos.size());
+    rope_table(cos.data(), sin.data(), T, sh.rotary, sh.rope);
+    std::vector<uint8_t> scratch(cuda_block_scratch_bytes(BlockShape::make(cfg, B, T, DType::bf16)));
+    auto run_gpu = [&](Saved saved) {
+      MoeAuxLoss aux(cfg.num_experts, counted.data(), kAuxWeight);
+      const CudaBlock blk{sh, w, TokenInfo{pos.data(), nullptr, &aux}, cos.data(), sin.data(), scratch.data()};
+      CudaBlock no_aux = blk;
+      no_aux.tok.moe_aux = nullptr;
+      SparseRun r{std::vector<bf16_t>(static_cast<size_t>(N * C)), std::vector<uint8_t>(block_stored_bytes(sh)),
+                  std::vector<float>(static_cast<size_t>(N * C)), {}, {}};
+      sim::block_forward(GemmContext{}, nullptr, blk, r.x_out.data(), r.stored.data(), x_in.data());
+      r.aux = aux.finish();
+      ModelSlabs grads(cfg);
+      BlockGrads g = BlockGrads::bind(grads.layout(SlabKind::layer, layer), grads.layer(layer));
+      if (saved == Saved::recompute) {  // the executor's path: a recompute (no aux), then the halves
+        std::vector<uint8_t> again(block_stored_bytes(sh));
+        std::vector<bf16_t> x_out(r.x_out.size());
+        sim::block_forward(GemmContext{}, nullptr, no_aux, x_out.data(), again.data(), x_in.data());
+        EXPECT_BITWISE_EQ(to_f32(x_out), to_f32(r.x_out));
+        sim::block_recompute_internals(GemmContext{}, nullptr, blk, again.data(), x_in.data());
+        sim::block_backward_mlp(GemmContext{}, nullptr, blk, g, dx_out.data(), again.data(), saved);
+        sim::block_backward_attention(GemmContext{}, nullptr, blk, r.dx_in.data(), g, x_in.data(), again.data());
+      } else {
+        sim::block_backward(GemmContext{}, nullptr, blk, r.dx_in.data(), g, dx_out.data(), x_in.data(),
+                            r.stored.data());
+      }
+      const uint8_t* bytes = grads.layer(layer);
+      r.grads.assign(reinterpret_cast<const float*>(bytes),
+                     reinterpret_cast<const float*>(bytes + grads.layout(SlabKind::layer, layer).bytes()));
+      for (const auto& t : grads.named_tensors())
+        if (t.hf_name.find("layers." + std::to_string(layer) + ".") != std::string::npos)
+          r.named.emplace_back(t.hf_name, std::vector<float>(t.view.ptr<float>(), t.view.ptr<float>() + t.view.numel()));
+      return r;
+    };
+
+    std::vector<SparseRun> first;
+    testing::for_each_order([&] {
+      const SparseRun r = run_gpu(Saved::stored);
+      EXPECT_NEAR(r.aux, cpu_aux.value(), 1e-6 * cpu_aux.value());
+      EXPECT_LT(rel_l2(to_f32(r.x_out), to_f32(cpu.x_out)), kTol);
+      const StoredOffsets o = block_stored_offsets(sh);
+      const int64_t width = N * sh.mlp_width();
+      for (const int64_t offset : {o.gate, o.up, o.h})
+        EXPECT_LT(rel_l2(floats_at(r.stored, offset, width, true), floats_at(cpu.stored, offset, width, true)), kTol)
+            << "stored activation at byte " << offset;
+      EXPECT_LT(rel_l2(r.dx_in, cpu.dx_in), kTol);
+      std::map<std::string, std::vector<float>> theirs;
+      for (const auto& t : cpu.grads.named_tensors())
+        theirs[t.hf_name] = std::vector<float>(t.view.ptr<float>(), t.view.ptr<float>() + t.view.numel());
+      ASSERT_FALSE(r.named.empty());
+      for (const auto& [name, got] : r.named) {
+        const std::vector<float>& want = theirs.at(name);
+        auto zero = [](const std::vector<float>& v) { return std::all_of(v.begin(), v.end(), [](float x) { return x == 0; }); };
+        if (zero(want)) {  // an expert no token chose
+          EXPECT_TRUE(zero(got)) << name;
+          continue;
+        }
+        EXPECT_LT(rel_l2(got, want), kTol) << name;
+      }
+      if (first.empty()) first.push_back(r);
+      EXPECT_BITWISE_EQ(to_f32(r.x_out), to_f32(first[0].x_out));
+      EXPECT_BITWISE_EQ(r.dx_in, first[0].dx_in);
+      EXPECT_BITWISE_EQ(r.grads, first[0].grads);
+      EXPECT_EQ(r.aux, first[0].aux);
+    });
+    const SparseRun recomputed = run_gpu(Saved::recompute);
+    EXPECT_BITWISE_EQ(recomputed.dx_in, first[0].dx_in);
+    EXPECT_BITWISE_EQ(recomputed.grads, first[0].grads);
+    EXPECT_EQ(recomputed.aux, first[0].aux);
+    if (::testing::Test::HasFailure()) return;
+  }
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
 // The streaming executor on Qwen3-MoE models (sparse layers, whose slabs hold every expert and whose internals are
 // the routed rows', beside a dense layer): every plan gives the in-memory path's loss and gradients bit for bit —
 // a recomputed sparse layer routes exactly as its forward did — and its measured peak is the predicted one.
+#include <cmath>
+#include <memory>
 #include <string>
 
 #include "core/rng.h"
@@ -53,6 +55,64 @@ TEST(ExecutorMoe, GptOssEveryPolicyMatchesInMemoryPathBitwise) {
     const DType act = seed > 23 ? DType::bf16 : DType::f32;
     testing::expect_every_plan_matches(cfg, params, batch, Precision(ct, act), rng, seed, seed % 2 ? 0.9 : 0.0);
     if (::testing::Test::HasFailure()) return;
+  }
+}
+
+// The CUDA block's sparse layers (cuda/layers/moe.inl, under cuda-sim; bf16 storage as the GPU stores): Qwen3-MoE
+// and Qwen3.5-MoE, the load-balancing loss on padded rows on half the seeds. Every plan gives the keep-all bits with
+// the predicted peak (a recompute routes as the forward did and adds nothing to the aux loss), and the CPU block's
+// loss, aux loss and gradients to f32 rounding carried through bf16 storage.
+TEST(ExecutorMoe, TheCudaBlockGivesTheKeepAllBitsUnderEveryPlanAndTheCpuBlockToRounding) {
+  for (uint64_t seed = 31; seed <= 34; ++seed) {
+    Rng rng(seed * 1009);
+    const ModelConfig cfg = seed % 3 == 0 ? testing::random_hybrid_moe_config(rng) : testing::random_moe_config(rng);
+    const ModelSlabs params = testing::random_params(cfg, seed * 7);
+    Batch batch = testing::random_batch(cfg, rng, seed % 2 == 0);
+    const double aux = seed % 4 < 2 ? 0.5 : 0.0;
+    if (seed % 4 == 0) testing::add_random_padding(batch, rng);
+    const ComputeType ct = seed % 2 ? ComputeType::bf16 : ComputeType::f32;
+    ModelSlabs bf16(cfg, DType::bf16);
+    const ModelSlabs* weights = &params;
+    if (ct == ComputeType::bf16) {
+      make_compute_copy(bf16, params);
+      weights = &bf16;
+    }
+    ExecOptions o;
+    o.kernels = LayerKernels::cuda;
+    o.compute = ct;
+    o.activations = DType::bf16;
+    const int64_t L = cfg.num_layers;
+    auto run = [&](const Plan& plan, LinkSpec link, ModelSlabs& grads) {
+      const size_t predicted = predict_peak_device_bytes(cfg, batch.B, batch.T, plan, o);
+      auto dev = make_cpu_device(predicted + 4096, link);
+      std::unique_ptr<NvmeStore> nvme = testing::nvme_store_for(cfg, batch, plan, o);
+      StreamingExecutor ex(cfg, *dev, o, nvme.get());
+      GradTarget target;
+      target.moe_aux_weight = aux;
+      const StepStats st = ex.step(grads, params, *weights, batch, plan, nullptr, nullptr, target);
+      EXPECT_EQ(st.peak_device_bytes, predicted) << "seed " << seed << " plan " << plan.to_json().dump();
+      return st;
+    };
+    ModelSlabs ref_grads(cfg);
+    const StepStats ref = run(Plan::keep_all(L), LinkSpec{}, ref_grads);
+    ModelSlabs cpu(cfg);
+    const LossResult cpu_loss = model_forward_backward(cpu, params, batch, Precision(ct, DType::bf16), nullptr, aux);
+    EXPECT_EQ(ref.tokens, cpu_loss.tokens);
+    EXPECT_NEAR(ref.loss_sum, cpu_loss.loss_sum, 1e-6 * std::fabs(cpu_loss.loss_sum)) << "seed " << seed;
+    EXPECT_NEAR(ref.moe_aux_loss, cpu_loss.moe_aux, 1e-6 * cpu_loss.moe_aux) << "seed " << seed;
+    EXPECT_LT(testing::relative_error(ref_grads, cpu), 1e-4) << "seed " << seed;
+    const std::vector<Plan> plans = {Plan::every(L, 1), Plan::every(L, 2, Tier::host), Plan::every(L, 1, Tier::nvme),
+                                     testing::random_plan(L, rng),
+                                     testing::with_random_windows(testing::random_host_plan(L, rng), rng)};
+    for (const Plan& plan : plans) {
+      const std::string what = "seed " + std::to_string(seed) + " plan " + plan.to_json().dump();
+      ModelSlabs grads(cfg);
+      const StepStats st = run(plan, seed % 2 ? LinkSpec{2.0, 2.0, 20e-6} : LinkSpec{}, grads);
+      EXPECT_EQ(st.loss_sum, ref.loss_sum) << what;
+      EXPECT_EQ(st.moe_aux_loss, ref.moe_aux_loss) << what;
+      testing::expect_bitwise_equal(grads, ref_grads, what);
+      if (::testing::Test::HasFailure()) return;
+    }
   }
 }
 

@@ -319,8 +319,10 @@ OpCase gated_rmsnorm_case() {
           bitwise};
 }
 
-// MoE routing and its row shuffles (ops/moe.h): CPU-only, no CUDA kernel yet. Plain scalar loops with no ISA paths,
-// so every CPU row must give the plain row's bits. Integer outputs (ids, offsets, order, row_of) as exact floats.
+// MoE routing and its row shuffles (ops/moe.h): plain scalar loops with no ISA paths, and CUDA kernels that perform
+// the same operations in the same order (cuda/kernels/moe.cuh: the router is ops/moe_math.h itself), so every row,
+// the CPU's and the kernels' in every thread order, must give the plain row's bits. Integer outputs (ids, offsets,
+// order, row_of) as exact floats.
 float* add_ints(OpOutputs& out, const std::string& name, const int32_t* v, size_t n) {
   float* p = out.add(name, n);
   for (size_t i = 0; i < n; ++i) p[i] = float(v[i]);
@@ -350,7 +352,7 @@ Routing routing(const RouterShape& rs, uint64_t seed) {
 }
 
 OpCase router_forward_case() {
-  return {"router_forward", router_shapes(), {DType::f32}, false,
+  return {"router_forward", router_shapes(), {DType::f32}, true,
           [](OpOutputs& out, const Shape& s, DType) {
             const RouterShape rs = router_shape(s);
             const Routing r = routing(rs, 201 + s[0] + s[1]);
@@ -362,7 +364,7 @@ OpCase router_forward_case() {
 }
 
 OpCase router_backward_case() {
-  return {"router_backward", router_shapes(), {DType::f32}, false,
+  return {"router_backward", router_shapes(), {DType::f32}, true,
           [](OpOutputs& out, const Shape& s, DType) {
             const RouterShape rs = router_shape(s);
             const Routing r = routing(rs, 211 + s[0] + s[1]);
@@ -398,7 +400,7 @@ Grouped grouped(const Shape& s, uint64_t seed) {
 }
 
 OpCase moe_permute_gather_case() {
-  return {"moe_permute_gather", moe_row_shapes(), {DType::f32}, false,
+  return {"moe_permute_gather", moe_row_shapes(), {DType::f32}, true,
           [](OpOutputs& out, const Shape& s, DType) {
             const int64_t N = s[0], E = s[1], k = s[2], C = s[3], A = N * k;
             const Grouped g = grouped(s, 221 + N);
@@ -414,7 +416,7 @@ OpCase moe_permute_gather_case() {
 }
 
 OpCase moe_combine_case() {
-  return {"moe_combine", moe_row_shapes(), {DType::f32}, false,
+  return {"moe_combine", moe_row_shapes(), {DType::f32}, true,
           [](OpOutputs& out, const Shape& s, DType) {
             const int64_t N = s[0], k = s[2], C = s[3], A = N * k;
             const Grouped g = grouped(s, 231 + N);
@@ -430,7 +432,7 @@ OpCase moe_combine_case() {
 OpCase moe_weight_grads_case() {
   return {"moe_weight_grads", {{1, 1, 1, 1, 1, 1}, {7, 5, 2, 13, 3, 0}, {7, 5, 2, 13, 3, 1}, {33, 16, 8, 37, 19, 1},
                                {130, 64, 8, 129, 17, 0}},
-          {DType::f32}, false,
+          {DType::f32}, true,
           [](OpOutputs& out, const Shape& s, DType) {
             const int64_t N = s[0], E = s[1], k = s[2], I = s[3], C = s[4], A = N * k;
             const Grouped g = grouped({N, E, k}, 241 + N);
@@ -443,6 +445,26 @@ OpCase moe_weight_grads_case() {
           bitwise};
 }
 
+// Shape {N, E, k, masked}: one partial sum per expert over a call's (counted) tokens, added to running totals.
+OpCase aux_loss_accumulate_case() {
+  return {"aux_loss_accumulate", {{1, 1, 1, 0}, {7, 5, 2, 1}, {33, 16, 8, 0}, {130, 64, 4, 1}}, {DType::f32}, true,
+          [](OpOutputs& out, const Shape& s, DType) {
+            const int64_t N = s[0], E = s[1], k = s[2];
+            const Routing r = routing({N, E, k, RouterKind::softmax_topk, false}, 251 + N);
+            std::vector<uint8_t> counted(static_cast<size_t>(N));
+            for (size_t t = 0; t < counted.size(); ++t) counted[t] = t % 4 != 2;
+            std::vector<double> counts(size_t(E), 1.0), sums(size_t(E), 0.25);  // earlier layers' totals
+            const int64_t rows = aux_loss_accumulate(counts.data(), sums.data(), r.ids.data(), r.p.data(),
+                                                     s[3] ? counted.data() : nullptr, N, E, k);
+            out.scalar("rows", double(rows));
+            for (int64_t e = 0; e < E; ++e) {
+              out.scalar("counts[" + std::to_string(e) + "]", counts[size_t(e)]);
+              out.scalar("prob_sums[" + std::to_string(e) + "]", sums[size_t(e)]);
+            }
+          },
+          bitwise};
+}
+
 const std::vector<OpCase>& ops() {
   static const std::vector<OpCase> all = {rmsnorm_forward_case(), rmsnorm_backward_case(), rope_case(),
                                           swiglu_case(),          embedding_case(),        head_case(),
@@ -450,7 +472,8 @@ const std::vector<OpCase>& ops() {
                                           sigmoid_gate_case(),    short_conv_case(),       delta_gates_case(),
                                           gated_rmsnorm_case(),   router_forward_case(),   router_backward_case(),
                                           moe_permute_gather_case(), moe_combine_case(),   moe_weight_grads_case(),
-                                          attention_window_sinks_case(), clamped_swiglu_case()};
+                                          attention_window_sinks_case(), clamped_swiglu_case(),
+                                          aux_loss_accumulate_case()};
   return all;
 }
 

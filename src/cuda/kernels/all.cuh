@@ -10,5 +10,6 @@
 #include "cuda/kernels/gated_delta.cuh"
 #include "cuda/kernels/linear_attention.cuh"
 #include "cuda/kernels/mma.cuh"
+#include "cuda/kernels/moe.cuh"
 #include "cuda/kernels/rmsnorm.cuh"
 #include "cuda/kernels/rope.cuh"

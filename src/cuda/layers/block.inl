@@ -35,6 +35,8 @@
 
 #include "cuda/layers.h"
 #include "cuda/layers/head.inl"
+#include "cuda/layers/linear.inl"
+#include "cuda/layers/moe.inl"
 #include "cuda/scratch.h"
 #include "model/block.h"
 
@@ -48,7 +50,8 @@ namespace detail {
 // chunk's internals and the norms' workspace; an attention layer adds its gradients (gated attention a bf16
 // [N, QD]); a Gated DeltaNet layer its mixer's gradients and the workspaces of the conv, the gates and the delta
 // rule. Buffers whose lives do not overlap are shared (gated attention's gated output lives in dq; the mixer's
-// dy in p2, its dpre in p) so the largest layer's scratch stays within what the planner can fit.
+// dy in p2, its dpre in p) so the largest layer's scratch stays within what the planner can fit. A sparse layer
+// carves no dense MLP chunk (I = 0 there) but its route slice's (MoeScratchCuda, cuda/layers/moe.inl).
 struct BlockScratchCuda {
   float *x32, *p, *p2, *pm;                   // [N, C], [max(N·W, R·I)], [N, W], [R, I]
   float *dh, *dgate, *dup;                    // [R, I]: one MLP chunk (R = mlp_rows)
@@ -61,9 +64,10 @@ struct BlockScratchCuda {
   float *m_db, *m_da, *m_dbeta, *m_dg;        // [N, Hv] x4
   bf16_t *gate_c, *up_c, *h_c;                // [R, I]: a recomputed layer's MLP internals, one chunk
   void *norm_ws, *attn_ws, *conv_ws, *gates_ws, *delta_ws;
+  MoeScratchCuda moe;                         // a sparse layer's
   size_t bytes;
   static BlockScratchCuda carve(void* base, const BlockShape& s) {
-    const int64_t N = s.N(), C = s.C, QD = s.QD(), KVD = s.KVD(), I = s.I, R = s.mlp_rows();
+    const int64_t N = s.N(), C = s.C, QD = s.QD(), KVD = s.KVD(), I = s.sparse ? 0 : s.I, R = s.mlp_rows();
     const DeltaMixerShape m = s.mixer();
     const int64_t W = s.linear() ? std::max({C, m.conv_dim(), m.value_dim()}) : std::max({C, s.QPD(), KVD});
     const int64_t W2 = s.linear() ? std::max(C, m.value_dim()) : std::max({C, QD, KVD});
@@ -102,6 +106,7 @@ struct BlockScratchCuda {
       b.attn_ws = c.take_bytes(attention_backward_workspace_bytes(AttentionShape{s.B, s.T, s.Hq, s.Hkv, s.D}));
     }
     b.norm_ws = c.take_bytes(norm_ws);
+    if (s.sparse) b.moe = MoeScratchCuda::carve(c, s);
     b.bytes = c.bytes();
     return b;
   }
@@ -139,78 +144,6 @@ struct NormWeightsGpu {
     return {p, p + sh.C, w.q_norm ? p + 2 * sh.C : nullptr, w.k_norm ? p + 2 * sh.C + sh.D : nullptr};
   }
 };
-
-inline MatType weight_type(const WeightRef& w) { return w.dtype == DType::bf16 ? MatType::bf16 : MatType::f32; }
-
-// The linear layer's GEMMs on operands already in the weight's dtype (x: [N, in_f], dy: [N, out_f]):
-// out = x · Wᵀ + bias; din = dy · W (written; skipped when null), dW += dyᵀ · x, dbias += Σ dout (unrounded).
-inline void linear_gemms(const GemmContext& g, Stream s, float* out, const void* x, const WeightRef& W,
-                         const float* bias, int64_t N, int64_t in_f, int64_t out_f) {
-  run_matmul(g, linear_forward_matmul(out, MatType::f32, x, W.data, weight_type(W), bias, N, out_f, in_f), s);
-}
-inline void linear_backward_gemms(const GemmContext& g, Stream s, float* din, float* dW, float* dbias, const float* dout,
-                                  const void* dy, const void* x, const WeightRef& W, int64_t N, int64_t in_f,
-                                  int64_t out_f) {
-  const MatType t = weight_type(W);
-  if (din) run_matmul(g, linear_dinput_matmul(din, dy, W.data, t, N, out_f, in_f), s);
-  for (const Matmul& mm : linear_dweight_matmuls(dW, dy, x, t, N, out_f, in_f)) run_matmul(g, mm, s);
-  if (dbias) bias_grad(s, dbias, dout, N, out_f);
-}
-
-// out[N, out_f] (f32) = in[N, in_f] (bf16) · Wᵀ + bias. In f32 GEMM mode the operands are widened first
-// (into `widened`, [N, in_f] f32).
-inline void gpu_linear(const GemmContext& g, Stream s, float* out, const bf16_t* in, const WeightRef& W, const float* bias,
-                int64_t N, int64_t in_f, int64_t out_f, float* widened) {
-  const void* x = in;
-  if (weight_type(W) == MatType::f32) {
-    convert(s, widened, in, N * in_f);
-    x = widened;
-  }
-  linear_gemms(g, s, out, x, W, bias, N, in_f, out_f);
-}
-
-// din = dout · W (written; skipped when null), dW += doutᵀ · in, dbias += Σ dout: dout f32 rounded to bf16 as
-// a GEMM operand in bf16 mode (`operand`), `in` the stored bf16 activation (widened into `widened` in f32 mode).
-inline void gpu_linear_backward(const GemmContext& g, Stream s, float* din, float* dW, float* dbias, const float* dout,
-                         const bf16_t* in, const WeightRef& W, int64_t N, int64_t in_f, int64_t out_f, bf16_t* operand,
-                         float* widened) {
-  const void* dy = dout;
-  const void* x = in;
-  if (weight_type(W) == MatType::bf16) {
-    convert(s, operand, dout, N * out_f);
-    dy = operand;
-  } else {
-    convert(s, widened, in, N * in_f);
-    x = widened;
-  }
-  linear_backward_gemms(g, s, din, dW, dbias, dout, dy, x, W, N, in_f, out_f);
-}
-
-// out[N, out_f] (f32) = in[N, in_f] (f32, not a stored activation: gated attention's o_proj input) · Wᵀ + bias,
-// the input rounded into `operand` in bf16 mode as the CPU linear rounds it.
-inline void gpu_linear_f32_input(const GemmContext& g, Stream s, float* out, const float* in, const WeightRef& W,
-                                 const float* bias, int64_t N, int64_t in_f, int64_t out_f, bf16_t* operand) {
-  const void* x = in;
-  if (weight_type(W) == MatType::bf16) {
-    convert(s, operand, in, N * in_f);
-    x = operand;
-  }
-  linear_gemms(g, s, out, x, W, bias, N, in_f, out_f);
-}
-
-// gpu_linear_backward for an f32 input: in bf16 mode dout and the input are rounded (`operand`, `operand_in`).
-inline void gpu_linear_backward_f32_input(const GemmContext& g, Stream s, float* din, float* dW, float* dbias,
-                                          const float* dout, const float* in, const WeightRef& W, int64_t N,
-                                          int64_t in_f, int64_t out_f, bf16_t* operand, bf16_t* operand_in) {
-  const void* dy = dout;
-  const void* x = in;
-  if (weight_type(W) == MatType::bf16) {
-    convert(s, operand, dout, N * out_f);
-    convert(s, operand_in, in, N * in_f);
-    dy = operand, x = operand_in;
-  }
-  linear_backward_gemms(g, s, din, dW, dbias, dout, dy, x, W, N, in_f, out_f);
-}
 
 }  // namespace detail
 
@@ -347,11 +280,21 @@ void block_forward(const GemmContext& g, Stream s, const CudaBlock& blk, bf16_t*
   detail::forward_attention_half(g, s, blk, b, st, x_in);
   // The MLP chunk by chunk: gate, up, h into the store, y = down(h) into p2's rows; then x_out = y + x_mid
   // (rounded).
-  const int64_t R = sh.mlp_rows();
+  // A sparse layer's chunks are its route slices (model/moe_ffn.h), whose rows are mlp_width() per token.
+  const int64_t R = sh.mlp_rows(), Wm = sh.mlp_width();
   for (int64_t t0 = 0; t0 < N; t0 += R) {
     const int64_t n = std::min(R, N - t0);
-    detail::mlp_internals(g, s, blk, b, st.gate + t0 * I, st.up + t0 * I, st.h + t0 * I, st.n2 + t0 * C, n);
-    detail::gpu_linear(g, s, b.p2 + t0 * C, st.h + t0 * I, w.wdown, w.bdown, n, I, C, b.pm);
+    bf16_t *gate = st.gate + t0 * Wm, *up = st.up + t0 * Wm, *h = st.h + t0 * Wm;
+    const bf16_t* n2 = st.n2 + t0 * C;
+    if (sh.sparse) {
+      const std::vector<int64_t> offsets =
+          detail::moe_route_slice(g, s, sh, w.moe, b.moe, n2, n, blk.tok.moe_aux, t0, b.x32);
+      detail::moe_internals(g, s, sh, w.moe, b.moe, offsets, gate, up, h, n2, n, b.x32);
+      detail::moe_down_combine(g, s, sh, w.moe, b.moe, offsets, b.p2 + t0 * C, h, n2, n, b.x32);
+      continue;
+    }
+    detail::mlp_internals(g, s, blk, b, gate, up, h, n2, n);
+    detail::gpu_linear(g, s, b.p2 + t0 * C, h, w.wdown, w.bdown, n, I, C, b.pm);
   }
   convert(s, b.x32, st.x_mid, N * C);
   accumulate(s, b.p2, b.x32, N * C);
@@ -375,11 +318,22 @@ void block_backward_mlp(const GemmContext& g, Stream s, const CudaBlock& blk, Bl
   const detail::StoredView st = detail::StoredView::bind(const_cast<void*>(stored), sh);
   float* wide = b.p;  // f32 widening of stored operands in f32 GEMM mode
   // Chunk by chunk as the forward: x_out = x_mid + down(h).
-  const int64_t R = sh.mlp_rows();
+  const int64_t R = sh.mlp_rows(), Wm = sh.mlp_width();
   for (int64_t t0 = 0; t0 < N; t0 += R) {
     const int64_t n = std::min(R, N - t0);
     const bf16_t* n2 = st.n2 + t0 * C;
-    const bf16_t *h = st.h + t0 * I, *gate = st.gate + t0 * I, *up = st.up + t0 * I;
+    const bf16_t *h = st.h + t0 * Wm, *gate = st.gate + t0 * Wm, *up = st.up + t0 * Wm;
+    if (sh.sparse) {  // routed again from n2 (the forward's bits), its internals recomputed where not kept
+      const detail::MoeScratchCuda& m = b.moe;
+      const std::vector<int64_t> offsets = detail::moe_route_slice(g, s, sh, w.moe, m, n2, n, nullptr, t0, b.x32);
+      if (saved == Saved::recompute) {
+        detail::moe_internals(g, s, sh, w.moe, m, offsets, m.gate_c, m.up_c, m.h_c, n2, n, b.x32);
+        h = m.h_c, gate = m.gate_c, up = m.up_c;
+      }
+      detail::moe_backward(g, s, sh, w.moe, gr.moe, m, offsets, b.dn + t0 * C, b.dtmp + t0 * C, dx_out + t0 * C, n2,
+                           gate, up, h, n, blk.tok.moe_aux, t0, b.x32);
+      continue;
+    }
     if (saved == Saved::recompute) {  // this chunk's gate, up, h again, as the forward computed them
       detail::mlp_internals(g, s, blk, b, b.gate_c, b.up_c, b.h_c, n2, n);
       h = b.h_c, gate = b.gate_c, up = b.up_c;

@@ -50,7 +50,11 @@ class CudaLayerCompute final : public LayerCompute {
   void forward(void* x_out, void* kept, const void* x_in, const BlockView& w) override {
     block_forward(gemm_, s_, with(w), static_cast<bf16_t*>(x_out), stored(kept), static_cast<const bf16_t*>(x_in));
   }
-  void recompute(void* x_out, const void* x_in, const BlockView& w) override { forward(x_out, nullptr, x_in, w); }
+  // A recompute routes as the forward did but adds nothing to the auxiliary loss (model/moe_ffn.h).
+  void recompute(void* x_out, const void* x_in, const BlockView& w) override {
+    block_forward(gemm_, s_, with(w, false), static_cast<bf16_t*>(x_out), stored(nullptr),
+                  static_cast<const bf16_t*>(x_in));
+  }
   void recompute_internals(const void* x_in, const BlockView& w) override {
     block_recompute_internals(gemm_, s_, with(w), b_.recompute_stored, static_cast<const bf16_t*>(x_in));
   }
@@ -79,12 +83,15 @@ class CudaLayerCompute final : public LayerCompute {
   }
 
  private:
-  CudaBlock with(const BlockView& w) const {
-    LT_CHECK(!w.sparse(), "the CUDA block has no mixture-of-experts layer yet: run MoE models on device cpu (or "
-                          "cuda-sim with f32 activations, whose layers run on the CPU's block)");
+  CudaBlock with(const BlockView& w, bool moe_aux = true) const {
+    LT_CHECK(!w.sinks && w.kind != LayerKind::sliding_attention,
+             "the CUDA block has no attention sinks or sliding windows yet (GPT-OSS): run it on device cpu (or "
+             "cuda-sim with f32 activations, whose layers run on the CPU's block)");
     CudaBlock blk = blk_;
-    blk.shape = b_.shape.for_layer(w.kind);  // a Qwen3.5 / Qwen3.6 layer's own kind
+    blk.shape = b_.shape.for_layer(w.kind, w.sparse());  // a layer's own mixer kind and MLP (dense or sparse)
     blk.weights = w;
+    if (w.sparse()) detail::check_gpu_sparse_layer(blk.shape, w.moe);
+    if (!moe_aux) blk.tok.moe_aux = nullptr;
     return blk;
   }
   void* stored(void* kept) const { return kept ? kept : b_.recompute_stored; }

@@ -236,6 +236,104 @@ double nat_head_forward(const float* x, const int32_t* targets, const float* nor
 
 // The chunked gated delta rule stays the CPU op's here (null: not overridden); its native kernel is held against
 // cuda-sim's by tests/cuda/test_kernels_native.cpp.
+// Mixture-of-Experts (ops/moe.h): integer and float operands alike copied over and back.
+void nat_router_forward(int32_t* ids, float* weights, float* probs, const float* logits, const RouterShape& s) {
+  DeviceCopy<int32_t> d_ids(sz(s.N * s.k)), d_bad(1);
+  DeviceCopy<float> d_w(sz(s.N * s.k)), d_p(sz(s.N * s.E)), d_logits(sz(s.N * s.E), logits);
+  native::moe_router_forward(kDefault, d_ids.p(), d_w.p(), d_p.p(), d_bad.p(), d_logits.p(), s.N, s.E, s.k,
+                             s.kind == RouterKind::topk_softmax, s.renormalize);
+  finish("router_forward");
+  int32_t bad = 0;
+  d_bad.download(&bad);
+  LT_CHECK(bad == INT32_MAX, "router_forward: token {} has a non-finite router logit", bad);
+  d_ids.download(ids);
+  d_w.download(weights);
+  d_p.download(probs);
+}
+void nat_router_backward(float* dlogits, const float* dweights, const float* dprobs_extra, const uint8_t* counted,
+                         const int32_t* ids, const float* weights, const float* probs, const RouterShape& s) {
+  DeviceCopy<float> d_dz(sz(s.N * s.E)), d_dw(sz(s.N * s.k), dweights), d_extra(dprobs_extra ? sz(s.E) : 0, dprobs_extra),
+      d_w(sz(s.N * s.k), weights), d_p(sz(s.N * s.E), probs);
+  DeviceCopy<uint8_t> d_counted(counted ? sz(s.N) : 0, counted);
+  DeviceCopy<int32_t> d_ids(sz(s.N * s.k), ids);
+  native::moe_router_backward(kDefault, d_dz.p(), d_dw.p(), dprobs_extra ? d_extra.p() : nullptr,
+                              counted ? d_counted.p() : nullptr, d_ids.p(), d_w.p(), d_p.p(), s.N, s.E, s.k,
+                              s.kind == RouterKind::topk_softmax, s.renormalize);
+  finish("router_backward");
+  d_dz.download(dlogits);
+}
+void nat_moe_permute(int64_t* offsets, int32_t* order, int32_t* row_of, const int32_t* ids, int64_t N, int64_t k,
+                     int64_t E) {
+  DeviceCopy<int64_t> d_off(sz(E + 1));
+  DeviceCopy<int32_t> d_order(sz(N * k)), d_row(sz(N * k)), d_ids(sz(N * k), ids);
+  Bytes ws(moe_permute_workspace_bytes(E));
+  native::moe_permute(kDefault, d_off.p(), d_order.p(), d_row.p(), d_ids.p(), N, k, E, ws.p());
+  finish("moe_permute");
+  d_off.download(offsets);
+  d_order.download(order);
+  d_row.download(row_of);
+}
+void nat_moe_gather(float* xp, const float* x, const int32_t* order, int64_t A, int64_t k, int64_t C) {
+  DeviceCopy<float> d_xp(sz(A * C)), d_x(sz(A / k * C), x);
+  DeviceCopy<int32_t> d_order(sz(A), order);
+  native::moe_gather(kDefault, d_xp.p(), d_x.p(), d_order.p(), A, k, C);
+  finish("moe_gather");
+  d_xp.download(xp);
+}
+void nat_moe_scatter_add(float* dx, const float* dxp, const int32_t* row_of, int64_t N, int64_t k, int64_t C) {
+  DeviceCopy<float> d_dx(sz(N * C)), d_dxp(sz(N * k * C), dxp);
+  DeviceCopy<int32_t> d_row(sz(N * k), row_of);
+  native::moe_scatter_add(kDefault, d_dx.p(), d_dxp.p(), d_row.p(), N, k, C);
+  finish("moe_scatter_add");
+  d_dx.download(dx);
+}
+void nat_moe_combine_forward(float* out, const float* yp, const float* weights, const int32_t* row_of, int64_t N,
+                             int64_t k, int64_t C) {
+  DeviceCopy<float> d_out(sz(N * C)), d_yp(sz(N * k * C), yp), d_w(sz(N * k), weights);
+  DeviceCopy<int32_t> d_row(sz(N * k), row_of);
+  native::moe_combine_forward(kDefault, d_out.p(), d_yp.p(), d_w.p(), d_row.p(), N, k, C);
+  finish("moe_combine_forward");
+  d_out.download(out);
+}
+void nat_moe_combine_backward(float* dyp, float* dweights, const float* dout, const float* yp, const float* weights,
+                              const int32_t* row_of, int64_t N, int64_t k, int64_t C) {
+  DeviceCopy<float> d_dyp(sz(N * k * C)), d_dw(sz(N * k)), d_dout(sz(N * C), dout), d_yp(sz(N * k * C), yp),
+      d_w(sz(N * k), weights);
+  DeviceCopy<int32_t> d_row(sz(N * k), row_of);
+  native::moe_combine_backward(kDefault, d_dyp.p(), d_dw.p(), d_dout.p(), d_yp.p(), d_w.p(), d_row.p(), N, k, C);
+  finish("moe_combine_backward");
+  d_dyp.download(dyp);
+  d_dw.download(dweights);
+}
+void nat_moe_weight_grads(float* dweights, float* g, const float* h, const float* weights, const int32_t* order,
+                          const int32_t* ids, const float* dout, const float* down_bias, int64_t A, int64_t k,
+                          int64_t I, int64_t C) {
+  int32_t max_id = 0;
+  for (int64_t a = 0; a < A; ++a) max_id = std::max(max_id, ids[a]);
+  DeviceCopy<float> d_dw(sz(A)), d_g(sz(A * I), g), d_h(sz(A * I), h), d_w(sz(A), weights),
+      d_dout(down_bias ? sz(A / k * C) : 0, dout), d_bias(down_bias ? sz((max_id + 1) * C) : 0, down_bias);
+  DeviceCopy<int32_t> d_order(sz(A), order), d_ids(sz(A), ids);
+  native::moe_weight_grads(kDefault, d_dw.p(), d_g.p(), d_h.p(), d_w.p(), d_order.p(), d_ids.p(),
+                           down_bias ? d_dout.p() : nullptr, down_bias ? d_bias.p() : nullptr, A, k, I, C);
+  finish("moe_weight_grads");
+  d_dw.download(dweights);
+  d_g.download(g);
+}
+int64_t nat_aux_loss_accumulate(double* counts, double* prob_sums, const int32_t* ids, const float* probs,
+                                const uint8_t* counted, int64_t N, int64_t E, int64_t k) {
+  DeviceCopy<double> d_part(sz(2 * E));
+  DeviceCopy<int32_t> d_ids(sz(N * k), ids);
+  DeviceCopy<float> d_p(sz(N * E), probs);
+  DeviceCopy<uint8_t> d_counted(counted ? sz(N) : 0, counted);
+  native::moe_aux_partials(kDefault, d_part.p(), d_part.p() + E, d_ids.p(), d_p.p(), counted ? d_counted.p() : nullptr,
+                           N, E, k);
+  finish("aux_loss_accumulate");
+  std::vector<double> part(sz(2 * E));
+  d_part.download(part.data());
+  for (int64_t e = 0; e < E; ++e) counts[e] += part[sz(e)], prob_sums[e] += part[sz(E + e)];
+  return counted ? std::count_if(counted, counted + N, [](uint8_t m) { return m != 0; }) : N;
+}
+
 const OpsOverride kNativeOps{"cuda",
                              nat_rmsnorm_forward,
                              nat_rmsnorm_backward,
@@ -250,7 +348,18 @@ const OpsOverride kNativeOps{"cuda",
                              nat_linear_forward,
                              nat_linear_backward,
                              nat_head_forward,
-                             nat_head_forward_backward};
+                             nat_head_forward_backward,
+                             nullptr,
+                             nullptr,
+                             nat_router_forward,
+                             nat_router_backward,
+                             nat_moe_permute,
+                             nat_moe_gather,
+                             nat_moe_scatter_add,
+                             nat_moe_combine_forward,
+                             nat_moe_combine_backward,
+                             nat_moe_weight_grads,
+                             nat_aux_loss_accumulate};
 
 }  // namespace
 

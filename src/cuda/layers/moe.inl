@@ -1,0 +1,301 @@
+// cuda/layers/moe.inl — a sparse layer's MLP on the GPU (qwen3_moe, qwen3_5_moe): model/moe_ffn.cpp's route slice
+// as kernel launches (cuda/kernels/moe.cuh) and one cuBLASLt call per expert and matrix. Host code compiled into
+// both namespaces, like the block (cuda/layers/block.inl), which calls it slice by slice.
+//
+// The slice's steps and their order are the CPU's (model/moe_ffn.h), at bf16 storage as the GPU block stores: the
+// router's logits from the stored n2, the routing and stable permutation, the grouped rows xp gathered from n2 (bf16:
+// exact), each expert's gate / up GEMM rounded into the stored gate / up, h = silu(gate)·up stored, each expert's
+// down GEMM, the weighted combine; the backward routes again from n2 (the same bits) and keeps no yp.
+//
+// The host sizes each expert's GEMMs, so it reads the slice's offsets [E + 1] back (with the router's error flag
+// and the auxiliary loss's partials, one copy) and waits for the compute stream there: once per slice in the
+// forward, the recompute and the backward. The GPU drains its queue at that point and idles for the copy's
+// round trip (~10 µs) before the experts' GEMMs are enqueued — small beside a slice's GEMMs (4096 tokens). A
+// grouped GEMM that reads the offsets on the device would remove the wait (ROADMAP: docs/moe.md).
+//
+// Scratch (MoeScratchCuda, carved after the block's; A = S·k grouped rows, S = the slice, W = mlp_width()):
+// routing [S, E] ×2 and [A] ×4, the read-back area, xp [A, C] (bf16 or f32 as the expert weights), yp [A, C],
+// f32 GEMM outputs [S·W], the bf16 GEMM operand, and the backward's dh / dgate / dup [S·W], dxp ×2 [A, C],
+// dlogits, dweights, a recomputed slice's gate / up / h.
+#pragma once
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "cuda/layers/linear.inl"
+#include "cuda/scratch.h"
+#include "model/block.h"
+#if LT_LAYERS_NATIVE
+#include "cuda/native/cuda_check.h"
+#endif
+
+namespace lt::cuda::LT_KERNELS_NS {
+namespace detail {
+
+// Host <-> device copies that return once done (the host needs the routing's sizes before it enqueues the experts'
+// GEMMs). Under cuda-sim device memory is host memory and every launch has already run.
+inline void copy_to_host_now(Stream s, void* host, const void* device, size_t bytes) {
+#if LT_LAYERS_NATIVE
+  const auto stream = static_cast<cudaStream_t>(s);
+  LT_CUDA_CHECK(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, stream), "MoE routing read-back");
+  LT_CUDA_CHECK(cudaStreamSynchronize(stream), "MoE routing read-back");
+#else
+  (void)s;
+  std::memcpy(host, device, bytes);
+#endif
+}
+inline void copy_to_device_now(Stream s, void* device, const void* host, size_t bytes) {
+#if LT_LAYERS_NATIVE
+  const auto stream = static_cast<cudaStream_t>(s);
+  LT_CUDA_CHECK(cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, stream), "MoE mask upload");
+  LT_CUDA_CHECK(cudaStreamSynchronize(stream), "MoE mask upload");
+#else
+  (void)s;
+  std::memcpy(device, host, bytes);
+#endif
+}
+
+struct MoeScratchCuda {
+  float *logits, *probs, *weights;  // [S, E], [S, E], [A]
+  int32_t *ids, *order, *row_of;    // [A]
+  int64_t* readback;                // [E + 1 | 2E | 1]: offsets, the aux partials (f64), the router's error flag
+  void* permute_ws;
+  uint8_t* counted;                 // [S] the slice's attention mask
+  float* dprobs;                    // [E] the auxiliary loss's gradient
+  void* xp;                         // [A, C] bf16 (bf16 GEMMs) or f32
+  float* yp;                        // [A, C] the experts' outputs; the backward's dyp
+  float* out32;                     // [S·W] GEMM outputs before rounding; h widened (f32 GEMMs)
+  bf16_t* operand;                  // [max(A·C, S·W)] an f32 gradient rounded for a bf16 GEMM
+  float *dh, *dgate, *dup;          // [S·W]
+  float *dxp, *dxp2;                // [A, C]
+  float *dlogits, *dweights;        // [S, E], [A]
+  float *sg, *dshared;              // [S] the shared expert's gate σ and its logit's gradient
+  bf16_t *gate_c, *up_c, *h_c;      // [S·W] a recomputed slice's internals
+  int64_t* offsets() const { return readback; }
+  double* aux(int64_t E) const { return reinterpret_cast<double*>(readback + E + 1); }
+  int32_t* bad(int64_t E) const { return reinterpret_cast<int32_t*>(readback + 3 * E + 1); }
+  static size_t readback_bytes(int64_t E) { return size_t(3 * E + 2) * 8; }
+
+  static MoeScratchCuda carve(ScratchCarver& c, const BlockShape& s) {
+    const int64_t S = s.mlp_rows(), E = s.E, A = S * s.k, C = s.C, W = S * s.mlp_width();
+    MoeScratchCuda m{};
+    m.logits = c.take<float>(S * E), m.probs = c.take<float>(S * E), m.weights = c.take<float>(A);
+    m.ids = c.take<int32_t>(A), m.order = c.take<int32_t>(A), m.row_of = c.take<int32_t>(A);
+    m.readback = static_cast<int64_t*>(c.take_bytes(readback_bytes(E)));
+    m.permute_ws = c.take_bytes(moe_permute_workspace_bytes(E));
+    m.counted = c.take<uint8_t>(S), m.dprobs = c.take<float>(E);
+    m.xp = c.take<float>(A * C), m.yp = c.take<float>(A * C), m.out32 = c.take<float>(W);
+    m.operand = c.take<bf16_t>(std::max(A * C, W));
+    m.dh = c.take<float>(W), m.dgate = c.take<float>(W), m.dup = c.take<float>(W);
+    m.dxp = c.take<float>(A * C), m.dxp2 = c.take<float>(A * C);
+    m.dlogits = c.take<float>(S * E), m.dweights = c.take<float>(A);
+    m.sg = c.take<float>(S), m.dshared = c.take<float>(S);
+    m.gate_c = c.take<bf16_t>(W), m.up_c = c.take<bf16_t>(W), m.h_c = c.take<bf16_t>(W);
+    return m;
+  }
+};
+
+// What the GPU block cannot run of a sparse layer yet: GPT-OSS's biased experts, router bias and clamped SwiGLU
+// (and its attention's sinks and windows, which the attention kernels refuse).
+inline void check_gpu_sparse_layer(const BlockShape& sh, const MoeView& w) {
+  LT_CHECK(sh.swiglu_limit == 0 && !w.router_bias && !w.experts.front().gate_bias && !w.experts.front().down_bias,
+           "the CUDA block runs qwen3_moe and qwen3_5_moe sparse layers; GPT-OSS's biased experts and clamped SwiGLU "
+           "run on device cpu");
+  LT_CHECK(int64_t(w.experts.size()) == sh.E, "sparse layer: {} experts bound, the shape has {}", w.experts.size(), sh.E);
+}
+
+// x's rows [first, first + rows) of width `width` in the GEMM dtype t (bf16 or f32 storage behind one pointer).
+inline const void* rows_at(const void* x, MatType t, int64_t first, int64_t width) {
+  const size_t elem = t == MatType::bf16 ? 2 : 4;
+  return static_cast<const char*>(x) + size_t(first * width) * elem;
+}
+
+// Calls f(e, first grouped row, rows) for every expert with rows in this slice, in expert order.
+template <class F>
+void for_each_expert(const std::vector<int64_t>& offsets, F&& f) {
+  for (size_t e = 0; e + 1 < offsets.size(); ++e)
+    if (offsets[e + 1] > offsets[e]) f(int64_t(e), offsets[e], offsets[e + 1] - offsets[e]);
+}
+
+// Routes the slice's n tokens (n2 [n, C] bf16): logits, routing, permutation, xp; with `aux`, adds the forward's
+// partials to it (t0: the slice's first token). Returns the offsets [E + 1] read back. `widened` [n, C] f32: n2
+// for an f32 router.
+inline std::vector<int64_t> moe_route_slice(const GemmContext& g, Stream s, const BlockShape& sh, const MoeView& w,
+                                            const MoeScratchCuda& m, const bf16_t* n2, int64_t n, MoeAuxLoss* aux,
+                                            int64_t t0, float* widened) {
+  const int64_t E = sh.E, k = sh.k, C = sh.C, A = n * k;
+  gpu_linear(g, s, m.logits, n2, w.router, w.router_bias, n, C, E, widened);
+  moe_router_forward(s, m.ids, m.weights, m.probs, m.bad(E), m.logits, n, E, k, sh.topk_softmax, sh.renorm_topk);
+  moe_permute(s, m.offsets(), m.order, m.row_of, m.ids, n, k, E, m.permute_ws);
+  const uint8_t* mask = aux ? aux->counted(t0) : nullptr;
+  if (mask) copy_to_device_now(s, m.counted, mask, size_t(n));
+  if (aux) moe_aux_partials(s, m.aux(E), m.aux(E) + E, m.ids, m.probs, mask ? m.counted : nullptr, n, E, k);
+  if (weight_type(w.experts.front().gate) == MatType::bf16) {
+    moe_gather(s, static_cast<bf16_t*>(m.xp), n2, m.order, A, k, C);
+  } else {
+    moe_gather(s, static_cast<float*>(m.xp), n2, m.order, A, k, C);
+  }
+  std::vector<int64_t> back(size_t(3 * E + 2));
+  copy_to_host_now(s, back.data(), m.readback, MoeScratchCuda::readback_bytes(E));
+  const int32_t bad = *reinterpret_cast<const int32_t*>(back.data() + 3 * E + 1);
+  LT_CHECK(bad == INT32_MAX, "router: token {} has a non-finite router logit (inf or NaN): the layer's input or its "
+           "router weights have diverged", t0 + bad);
+  if (aux) {
+    const double* partials = reinterpret_cast<const double*>(back.data() + E + 1);
+    aux->add_partials(partials, partials + E, t0, n);
+  }
+  back.resize(size_t(E + 1));
+  return back;
+}
+
+// gate, up (rounded, [n·W] in the slice's layout: the grouped rows, then the shared expert's) and h of the routed
+// slice; `widened` [n, C] f32 (the shared expert's n2, f32 GEMMs).
+inline void moe_internals(const GemmContext& g, Stream s, const BlockShape& sh, const MoeView& w,
+                          const MoeScratchCuda& m, const std::vector<int64_t>& offsets, bf16_t* gate, bf16_t* up,
+                          bf16_t* h, const bf16_t* n2, int64_t n, float* widened) {
+  const int64_t C = sh.C, Ie = sh.Ie, shared = n * sh.k * Ie, width = n * sh.mlp_width();
+  const MatType t = weight_type(w.experts.front().gate);
+  auto project = [&](bf16_t* store, WeightRef ExpertView::*matrix) {
+    for_each_expert(offsets, [&](int64_t e, int64_t first, int64_t rows) {
+      const WeightRef& W = w.experts[size_t(e)].*matrix;
+      linear_gemms(g, s, m.out32 + first * Ie, rows_at(m.xp, t, first, C), W, nullptr, rows, C, Ie);
+    });
+    if (sh.Is > 0) gpu_linear(g, s, m.out32 + shared, n2, w.shared.*matrix, nullptr, n, C, sh.Is, widened);
+    convert(s, store, m.out32, width);
+  };
+  project(gate, &ExpertView::gate);
+  project(up, &ExpertView::up);
+  swiglu_forward(s, h, gate, up, width);
+}
+
+// y[n, C] (f32, written): the experts' down projections of h, combined by the routing weights, plus the shared
+// expert's output times its gate.
+inline void moe_down_combine(const GemmContext& g, Stream s, const BlockShape& sh, const MoeView& w,
+                             const MoeScratchCuda& m, const std::vector<int64_t>& offsets, float* y, const bf16_t* h,
+                             const bf16_t* n2, int64_t n, float* widened) {
+  const int64_t C = sh.C, Ie = sh.Ie, shared = n * sh.k * Ie;
+  const MatType t = weight_type(w.experts.front().down);
+  const void* hop = h;
+  if (t == MatType::f32) {
+    convert(s, m.out32, h, n * sh.mlp_width());
+    hop = m.out32;
+  }
+  for_each_expert(offsets, [&](int64_t e, int64_t first, int64_t rows) {
+    linear_gemms(g, s, m.yp + first * C, rows_at(hop, t, first, Ie), w.experts[size_t(e)].down, nullptr, rows, Ie, C);
+  });
+  moe_combine_forward(s, y, m.yp, m.weights, m.row_of, n, sh.k, C);
+  if (sh.Is == 0) return;
+  linear_gemms(g, s, m.yp, rows_at(hop, t, shared, 1), w.shared.down, nullptr, n, sh.Is, C);
+  gpu_linear(g, s, m.sg, n2, w.shared_gate, nullptr, n, C, 1, widened);
+  moe_shared_gate(s, m.sg, n);
+  moe_add_gated(s, y, m.yp, m.sg, n, C);
+}
+
+// dY [rows, out_f] f32 as the GEMM operand of type t: rounded into `operand` for bf16 GEMMs.
+inline const void* gradient_operand(Stream s, MatType t, const float* dy, int64_t count, bf16_t* operand) {
+  if (t == MatType::f32) return dy;
+  convert(s, operand, dy, count);
+  return operand;
+}
+
+// The slice's backward (model/moe_ffn.cpp's moe_backward, in its order): dn2 [n, C] the experts' input gradient and
+// dn_router [n, C] the router's, both written; the parameter gradients accumulated. gate / up / h as the forward
+// stored them; the slice routed again (moe_route_slice, offsets). aux (or null): its gradient on the slice's counted
+// tokens.
+inline void moe_backward(const GemmContext& g, Stream s, const BlockShape& sh, const MoeView& w, MoeGrads& gr,
+                         const MoeScratchCuda& m, const std::vector<int64_t>& offsets, float* dn2, float* dn_router,
+                         const float* dout, const bf16_t* n2, const bf16_t* gate, const bf16_t* up, const bf16_t* h,
+                         int64_t n, const MoeAuxLoss* aux, int64_t t0, float* widened) {
+  const int64_t E = sh.E, k = sh.k, C = sh.C, Ie = sh.Ie, Is = sh.Is, A = n * k, shared = A * Ie;
+  const int64_t width = n * sh.mlp_width();
+  const MatType t = weight_type(w.experts.front().down);
+  // h in the GEMM dtype (widened for f32 GEMMs), and n2 likewise.
+  const void* hop = h;
+  if (t == MatType::f32) {
+    convert(s, m.out32, h, width);
+    hop = m.out32;
+  }
+  const void* n2op = n2;
+  if (t == MatType::f32) {
+    convert(s, widened, n2, n * C);
+    n2op = widened;
+  }
+  // g = dout·W_down per grouped row (dyp: each row's token's dout), the routing weights' gradient g·h, dh = w·g.
+  moe_gather(s, m.yp, dout, m.order, A, k, C);
+  const void* dy = gradient_operand(s, t, m.yp, A * C, m.operand);
+  for_each_expert(offsets, [&](int64_t e, int64_t first, int64_t rows) {
+    run_matmul(g, linear_dinput_matmul(m.dh + first * Ie, rows_at(dy, t, first, C), w.experts[size_t(e)].down.data, t,
+                                       rows, C, Ie), s);
+  });
+  moe_weight_grads(s, m.dweights, m.dh, h, m.weights, m.order, m.ids, nullptr, nullptr, A, k, Ie, C);
+  // W_down's gradient from dyp = w·dout.
+  moe_scale_rows(s, m.yp, m.weights, m.order, A, C);
+  dy = gradient_operand(s, t, m.yp, A * C, m.operand);
+  for_each_expert(offsets, [&](int64_t e, int64_t first, int64_t rows) {
+    for (const Matmul& mm : linear_dweight_matmuls(gr.experts[size_t(e)].down, rows_at(dy, t, first, C),
+                                                   rows_at(hop, t, first, Ie), t, rows, C, Ie))
+      run_matmul(g, mm, s);
+  });
+  if (Is > 0) {
+    // The shared expert: σ again from n2, gs = dout·W_down_s, the gate logit's gradient, d hs = σ·gs, then W_down_s's
+    // gradient from σ·dout.
+    linear_gemms(g, s, m.sg, n2op, w.shared_gate, nullptr, n, C, 1);
+    moe_shared_gate(s, m.sg, n);
+    float* gs = m.dh + shared;
+    run_matmul(g, linear_dinput_matmul(gs, gradient_operand(s, t, dout, n * C, m.operand), w.shared.down.data, t, n,
+                                       C, Is), s);
+    moe_shared_gate_grad(s, m.dshared, gs, h + shared, m.sg, n, Is);
+    moe_scale_by_token(s, gs, gs, m.sg, n, Is);
+    moe_scale_by_token(s, m.yp, dout, m.sg, n, C);
+    for (const Matmul& mm : linear_dweight_matmuls(gr.shared.down, gradient_operand(s, t, m.yp, n * C, m.operand),
+                                                   rows_at(hop, t, shared, 1), t, n, C, Is))
+      run_matmul(g, mm, s);
+  }
+  swiglu_backward(s, m.dgate, m.dup, m.dh, gate, up, width);
+  // The experts' input gradients (gate into dxp, up into dxp2) and their gate / up weight gradients.
+  auto experts_backward = [&](float* dx, const float* d, WeightRef ExpertView::*matrix, float* ExpertGrads::*grad) {
+    const void* dop = gradient_operand(s, t, d, width, m.operand);
+    for_each_expert(offsets, [&](int64_t e, int64_t first, int64_t rows) {
+      linear_backward_gemms(g, s, dx + first * C, gr.experts[size_t(e)].*grad, nullptr, nullptr,
+                            rows_at(dop, t, first, Ie), rows_at(m.xp, t, first, C), w.experts[size_t(e)].*matrix,
+                            rows, C, Ie);
+    });
+  };
+  experts_backward(m.dxp, m.dgate, &ExpertView::gate, &ExpertGrads::gate);
+  experts_backward(m.dxp2, m.dup, &ExpertView::up, &ExpertGrads::up);
+  accumulate(s, m.dxp, m.dxp2, A * C);
+  moe_scatter_add(s, dn2, m.dxp, m.row_of, n, k, C);
+  if (Is > 0) {
+    // The shared expert's input gradients (gate, up, then its gate's logit) into dxp's first n rows, added to dn2.
+    auto shared_backward = [&](float* dx, const float* d, WeightRef ExpertView::*matrix, float* ExpertGrads::*grad) {
+      const void* dop = gradient_operand(s, t, d, n * Is, m.operand);
+      linear_backward_gemms(g, s, dx, gr.shared.*grad, nullptr, nullptr, dop, n2op, w.shared.*matrix, n, C, Is);
+    };
+    shared_backward(m.dxp, m.dgate + shared, &ExpertView::gate, &ExpertGrads::gate);
+    shared_backward(m.dxp2, m.dup + shared, &ExpertView::up, &ExpertGrads::up);
+    accumulate(s, m.dxp, m.dxp2, n * C);
+    linear_backward_gemms(g, s, m.dxp2, gr.shared_gate, nullptr, nullptr,
+                          gradient_operand(s, t, m.dshared, n, m.operand), n2op, w.shared_gate, n, C, 1);
+    accumulate(s, m.dxp, m.dxp2, n * C);
+    accumulate(s, dn2, m.dxp, n * C);
+  }
+  // The router: its weights' gradient through top-k and softmax (plus the auxiliary loss's), then the linear.
+  const float* extra = aux ? aux->dprobs() : nullptr;
+  const uint8_t* mask = extra ? aux->counted(t0) : nullptr;
+  if (extra) copy_to_device_now(s, m.dprobs, extra, size_t(E) * sizeof(float));
+  if (mask) copy_to_device_now(s, m.counted, mask, size_t(n));
+  moe_router_backward(s, m.dlogits, m.dweights, extra ? m.dprobs : nullptr, mask ? m.counted : nullptr, m.ids,
+                      m.weights, m.probs, n, E, k, sh.topk_softmax, sh.renorm_topk);
+  const MatType rt = weight_type(w.router);
+  const void* rn2 = n2;
+  if (rt == MatType::f32) {
+    convert(s, widened, n2, n * C);
+    rn2 = widened;
+  }
+  linear_backward_gemms(g, s, dn_router, gr.router, gr.router_bias, m.dlogits,
+                        gradient_operand(s, rt, m.dlogits, n * E, m.operand), rn2, w.router, n, C, E);
+}
+
+}  // namespace detail
+}  // namespace lt::cuda::LT_KERNELS_NS
