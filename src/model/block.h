@@ -250,8 +250,9 @@ void block_forward(void* x_out, WorkingCopy& working, const void* x_in, const Bl
 
 // A layer's token mixer core replaced, for generation's one-token steps against a cache (model/generate.cpp): the
 // full-attention core over this step's rows of q, k, v ([N, Hq, D], [N, Hkv, D] each, after norms and RoPE) into
-// att [N, Hq, D], or a linear-attention layer's whole mixer, out [N, C] from n1 [N, C] (Gated DeltaNet). Everything
-// else of the layer is block_forward's own composition.
+// att [N, Hq, D] — the layer's sliding window (s.window) and sinks (w.sinks) included: GPT-OSS's are the override's
+// to apply — or a linear-attention layer's whole mixer, out [N, C] from n1 [N, C] (Gated DeltaNet). Everything else
+// of the layer is block_forward's own composition.
 struct MixerOverride {
   std::function<void(float* att, const float* q, const float* k, const float* v)> attention;
   std::function<void(float* out, const float* n1)> linear;

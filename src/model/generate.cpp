@@ -98,30 +98,33 @@ void delta_mixer_step(float* out, LayerCache& c, const float* n1, const DeltaMix
 }
 
 // Attention of one token at position t over the cached keys and values of positions 0..t (its own stored first):
-// softmax(q·K / sqrt(D)) · V per query head, k and v [Hkv, D], q and att [Hq, D].
+// softmax(q·K / sqrt(D)) · V per query head, k and v [Hkv, D], q and att [Hq, D]. GPT-OSS: a sliding layer sees the
+// last `s.window` positions (t − W < j <= t, ops/attention.h), and a head's sink logit joins its softmax's
+// denominator (sinks [Hq], or null).
 void cached_attention(float* att, const float* q, const float* k, const float* v, LayerCache& c, int64_t t,
-                      const BlockShape& s) {
+                      const BlockShape& s, const float* sinks) {
   const int64_t Hq = s.Hq, Hkv = s.Hkv, D = s.D, KVD = s.KVD();
   std::memcpy(c.k.data() + t * KVD, k, size_t(KVD) * 4);
   std::memcpy(c.v.data() + t * KVD, v, size_t(KVD) * 4);
+  const int64_t j0 = s.window > 0 ? std::max<int64_t>(0, t - s.window + 1) : 0;
   std::vector<float> scores(static_cast<size_t>(t + 1));
   const float scale = 1.0f / std::sqrt(float(D));
   for (int64_t hq = 0; hq < Hq; ++hq) {
     const int64_t hk = hq / (Hq / Hkv);
     const float* qh = q + hq * D;
-    float m = -INFINITY;
-    for (int64_t j = 0; j <= t; ++j) {
+    float m = sinks ? sinks[hq] : -INFINITY;
+    for (int64_t j = j0; j <= t; ++j) {
       const float* kj = c.k.data() + j * KVD + hk * D;
       float sdot = 0;
       for (int64_t d = 0; d < D; ++d) sdot += qh[d] * kj[d];
       scores[size_t(j)] = sdot * scale;
       m = std::max(m, scores[size_t(j)]);
     }
-    float sum = 0;
-    for (int64_t j = 0; j <= t; ++j) sum += (scores[size_t(j)] = std::exp(scores[size_t(j)] - m));
+    float sum = sinks ? std::exp(sinks[hq] - m) : 0.0f;
+    for (int64_t j = j0; j <= t; ++j) sum += (scores[size_t(j)] = std::exp(scores[size_t(j)] - m));
     float* oh = att + hq * D;
     std::fill(oh, oh + D, 0.f);
-    for (int64_t j = 0; j <= t; ++j) {
+    for (int64_t j = j0; j <= t; ++j) {
       const float pj = scores[size_t(j)] / sum;
       const float* vj = c.v.data() + j * KVD + hk * D;
       for (int64_t d = 0; d < D; ++d) oh[d] += pj * vj[d];
@@ -201,7 +204,7 @@ std::vector<int32_t> generate_greedy(const ModelSlabs& params, const std::vector
       LayerCache& c = cache[size_t(l)];
       MixerOverride mixer;
       mixer.attention = [&](float* att, const float* q, const float* k, const float* v) {
-        cached_attention(att, q, k, v, c, t, sl);
+        cached_attention(att, q, k, v, c, t, sl, w.sinks);
       };
       mixer.linear = [&](float* out_c, const float* n1) { delta_mixer_step(out_c, c, n1, w.delta, sl.mixer()); };
       WorkingCopy a = WorkingCopy::bind(working_copy.data(), sl);

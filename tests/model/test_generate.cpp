@@ -7,6 +7,7 @@
 #include "model/block.h"
 #include "model/generate.h"
 #include "ops/ops.h"
+#include "testing/exec_testing.h"
 
 namespace lt {
 namespace {
@@ -19,13 +20,13 @@ std::vector<int32_t> full_forward_argmax(const ModelSlabs& p, const std::vector<
   std::vector<float> x(static_cast<size_t>(T * C)), y(static_cast<size_t>(T * C));
   size_t acts_floats = 0;
   for (int64_t l = 0; l < cfg.num_layers; ++l)
-    acts_floats = std::max(acts_floats, WorkingCopy::floats(s.for_layer(cfg.layer_kind(l))));
+    acts_floats = std::max(acts_floats, WorkingCopy::floats(s.for_layer(cfg, l)));
   std::vector<float> acts(acts_floats);
   std::vector<int32_t> pos(static_cast<size_t>(T));
   for (int64_t t = 0; t < T; ++t) pos[size_t(t)] = int32_t(t);
   embedding_forward(x.data(), seq.data(), p.tensor(SlabKind::embedding, 0, "embed_tokens.weight").ptr<float>(), T, C, V);
   for (int64_t l = 0; l < cfg.num_layers; ++l) {
-    const BlockShape sl = s.for_layer(cfg.layer_kind(l));
+    const BlockShape sl = s.for_layer(cfg, l);
     WorkingCopy a = WorkingCopy::bind(acts.data(), sl);
     block_forward(y.data(), a, x.data(), BlockView::bind(p.layout(SlabKind::layer, l), p.layer(l)),
                   TokenInfo{pos.data(), nullptr}, sl);
@@ -119,6 +120,34 @@ TEST(GenerateHybrid, StateCacheDecodeEqualsFullForward) {
     seq.insert(seq.end(), out.begin(), out.end() - 1);
     std::vector<int32_t> ref = full_forward_argmax(p, seq);
     for (size_t i = 0; i < out.size(); ++i) EXPECT_EQ(out[i], ref[prompt.size() - 1 + i]) << "prompt " << P << " token " << i;
+  }
+}
+
+// Mixture-of-Experts: Qwen3-MoE's sparse layers (a dense one among them), and GPT-OSS's — sliding layers (window 4)
+// and full ones, every head's sink in the cached softmax, YaRN, the biased router and clamped experts. Prompts of 2
+// tokens (inside one window) and 19 (the window slides over the cache during the prefill and every decoded token).
+TEST(GenerateMoe, KvCacheDecodeEqualsFullForward) {
+  for (const bool gpt_oss : {false, true}) {
+    SCOPED_TRACE(gpt_oss ? "gpt_oss" : "qwen3_moe");
+    Rng rng(gpt_oss ? 41 : 42);
+    ModelConfig c = gpt_oss ? testing::random_gpt_oss_config(rng) : testing::random_moe_config(rng);
+    if (gpt_oss) c.sliding_window = 4;
+    c.max_position_embeddings = 128;
+    ModelSlabs p(c);
+    init_random(p, 9, 0.3f);
+    for (int64_t P : {2, 19}) {
+      std::vector<int32_t> prompt;
+      for (int64_t i = 0; i < P; ++i) prompt.push_back(int32_t(rng.below(uint64_t(c.vocab_size))));
+      GenerateOptions o;
+      o.max_new_tokens = 10;
+      const std::vector<int32_t> out = generate_greedy(p, prompt, o);
+      ASSERT_EQ(out.size(), 10u);
+      std::vector<int32_t> seq = prompt;
+      seq.insert(seq.end(), out.begin(), out.end() - 1);
+      const std::vector<int32_t> ref = full_forward_argmax(p, seq);
+      for (size_t i = 0; i < out.size(); ++i)
+        EXPECT_EQ(out[i], ref[prompt.size() - 1 + i]) << "prompt " << P << " token " << i;
+    }
   }
 }
 

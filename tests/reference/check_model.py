@@ -140,8 +140,8 @@ CASES = {
                                   "--dtype", "bfloat16", "--shards", "2"],
 }
 # GPT-OSS (tests/reference/gpt_oss.py): sliding (W = 5) and full layers, sinks, YaRN, the biased top-k router and
-# clamped experts (limit 1, so the clamps are reached) from fused input-major bf16 files; f32 only for now (the
-# reference has no bf16 emulation of LazyTrain's GPT-OSS block yet).
+# clamped experts (limit 1, so the clamps are reached) from fused input-major bf16 files; bf16 against the reference's
+# emulation of LazyTrain's GPT-OSS rounding points (gpt_oss.py's docstring).
 CASES["gpt_oss_bf16_weights"] = ["--arch", "gpt_oss", "--layers", "3", "--hidden", "32", "--heads", "4", "--kv-heads",
                                  "2", "--head-dim", "8", "--vocab", "61", "--experts", "5", "--experts-per-tok", "2",
                                  "--moe-intermediate", "12", "--batch", "2", "--seq", "23", "--dtype", "bfloat16"]
@@ -153,7 +153,15 @@ CASES["gpt_oss_bf16_weights"] = ["--arch", "gpt_oss", "--layers", "3", "--hidden
 CASES["qwen3_moe_aux_padded"] = CASES["qwen3_moe"] + ["--pad", "7"]
 # Qwen3.5-MoE text with unpacked rows (padding needs them) of 41 tokens.
 CASES["qwen3_5_moe_text_aux_padded"] = CASES["qwen3_5_moe_text"][:-6] + ["--batch", "2", "--seq", "41", "--pad", "9"]
-AUX_COEF = {"qwen3_moe_aux_padded": 1.0, "qwen3_5_moe_text_aux_padded": 20.0}
+# A released-form checkpoint: MXFP4 experts (uint8 *_blocks / *_scales, quantization_config mxfp4), everything else
+# bf16; blocks of 32 inputs need hidden and the expert size multiples of 32.
+CASES["gpt_oss_mxfp4"] = ["--arch", "gpt_oss", "--layers", "2", "--hidden", "32", "--heads", "4", "--kv-heads", "2",
+                          "--head-dim", "8", "--vocab", "61", "--experts", "4", "--experts-per-tok", "2",
+                          "--moe-intermediate", "32", "--batch", "2", "--seq", "19", "--dtype", "bfloat16", "--mxfp4"]
+# GPT-OSS with its load-balancing loss (the logits' softmax over all experts, as transformers' GptOssForCausalLM
+# passes router_logits) on rows padded by 6.
+CASES["gpt_oss_aux_padded"] = CASES["gpt_oss_bf16_weights"] + ["--pad", "6"]
+AUX_COEF = {"qwen3_moe_aux_padded": 1.0, "qwen3_5_moe_text_aux_padded": 20.0, "gpt_oss_aux_padded": 5.0}
 
 BOUNDS = {"f32": (1e-5, 1e-4), "bf16": (1e-2, 5e-2)}
 # bf16 GEMMs or storage against the emulating reference (grad --emulate-bf16 / --emulate-bf16-storage); see above:
@@ -270,7 +278,7 @@ def aux_matters(work, model, batch, ref):
     run_reference(["grad", "--model", model, "--batch", batch, "--out", plain])
     with_aux = read_safetensors(os.path.join(work, "ref.safetensors"))[0]
     without = read_safetensors(plain)[0]
-    routers = [n for n in with_aux if n.endswith("mlp.gate.weight")]
+    routers = [n for n in with_aux if n.endswith("mlp.gate.weight") or n.endswith("mlp.router.weight")]
     if not routers:
         sys.exit("aux case without a router gradient")
     least = min(torch_reference.rel_l2(with_aux[n], without[n]) for n in routers)

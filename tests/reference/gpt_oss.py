@@ -8,9 +8,13 @@ logits, softmax over those k) and GptOssExperts (gate_up = x · W[e] + b[e], gat
 ones, gate ≤ limit, up in [−limit, limit], ((up + 1) · gate · σ(1.702 · gate)) · W_down[e] + b_down[e], times the
 routing weight). Everything in the parameters' dtype (float64 for the reference gradients).
 
-LazyTrain's GPT-OSS block is checked against it at f32 (check_model.py's gpt_oss_bf16_weights); there is no bf16
-emulation here yet. `selfcheck-gpt-oss` (torch_reference.py) checks it against itself: the sink softmax against its
-closed form, the sliding mask against a loop, and autograd against finite differences.
+LazyTrain's GPT-OSS block is checked against it (check_model.py's gpt_oss_bf16_weights) at f32 and at bf16 through
+torch_reference.py's emulations of LazyTrain's bf16 GEMMs (`lin`) and bf16 activation storage (`keep`), whose
+rounding points the forward takes as arguments: n1, q and k after RoPE, v, the sink attention's output (whose
+backward reads it kept: _SinkAttentionKeptOut), x_mid, n2, each expert's gate, up and clamped h, the layer output; the
+experts' down projection and its bias as LazyTrain's combine backward rounds them (_ExpertDownBias). `selfcheck-gpt-oss`
+(torch_reference.py) checks it against itself: the sink softmax against its closed form, the sliding mask against a
+loop, the two Functions with the rounding off against autograd, and autograd against finite differences.
 """
 
 import math
@@ -44,6 +48,7 @@ class GptOssCfg:
         self.limit = float(c.get("swiglu_limit", 7.0))
         self.layer_types = c.get("layer_types") or [SLIDING if (i + 1) % 2 else FULL for i in range(self.layers)]
         self.sparse = [True] * self.layers
+        self.mxfp4 = (c.get("quantization_config") or {}).get("quant_method") == "mxfp4"
         self.fused_experts = True
         self.norm_topk_prob = False
         rs = c.get("rope_scaling") or c.get("rope_parameters") or {}
@@ -139,9 +144,73 @@ def sink_attention(q, k, v, mask, sinks, scaling):
     return torch.matmul(p, v)
 
 
-def experts(cfg, P, p, x, routes=None):
-    """GptOssMLP on x [N, C]: the router and the routed experts, output [N, C]. routes gets (prefix, probs, logits)."""
-    logits = F.linear(x, P[p + "mlp.router.weight"], P[p + "mlp.router.bias"])
+class _SinkAttentionKeptOut(torch.autograd.Function):
+    """sink_attention whose output is kept rounded (`rnd`) and whose backward reads that kept output, as LazyTrain's
+    bf16 storage does: attention_backward's D = rowsum(dO ∘ O) with the stored O (the sinks already applied), dS =
+    P ∘ (dP − D), and the sinks' gradient −Σ_rows p_sink · D (ops/attention.h)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, mask, sinks, scaling, rnd):
+        w = (torch.matmul(q, k.transpose(2, 3)) * scaling).masked_fill(~mask, float("-inf"))
+        B, H, T, _ = q.shape
+        combined = torch.cat([w, sinks.reshape(1, H, 1, 1).expand(B, H, T, 1)], dim=-1)
+        combined = combined - combined.max(dim=-1, keepdim=True).values
+        p = F.softmax(combined, dim=-1)
+        o = rnd(torch.matmul(p[..., :-1], v))
+        ctx.save_for_backward(q, k, v, p, o)
+        ctx.scaling = scaling
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, p, o = ctx.saved_tensors
+        pk, psink = p[..., :-1], p[..., -1]
+        Di = (do * o).sum(-1, keepdim=True)
+        dv = torch.matmul(pk.transpose(2, 3), do)
+        ds = pk * (torch.matmul(do, v.transpose(2, 3)) - Di)
+        dq = torch.matmul(ds, k) * ctx.scaling
+        dk = torch.matmul(ds.transpose(2, 3), q) * ctx.scaling
+        dsinks = -(psink * Di[..., 0]).sum(dim=(0, 2))
+        return dq, dk, dv, None, dsinks, None, None
+
+
+class _ExpertDownBias(torch.autograd.Function):
+    """One expert's down projection with its bias, times the routing weight, as LazyTrain's bf16 GEMM mode computes
+    them (model/moe_ffn.cpp; torch_reference.py's _ExpertDown plus the bias): h [n, Ie], wd [Ie, C] (input-major, as
+    stored), b [C], w [n]:
+      forward   y = w · (rnd(h) · rnd(wd) + b)
+      backward  g = rnd(dz) · rnd(wd)ᵀ;  dw = g·h + dz·b;  dh = w · g;  dwd = rnd(h)ᵀ · rnd(w · dz);  db = Σ w · dz"""
+
+    @staticmethod
+    def forward(ctx, h, wd, b, w, rnd):
+        hr, wr = rnd(h), rnd(wd)
+        ctx.save_for_backward(h, hr, wr, b, w)
+        ctx.rnd = rnd
+        return (torch.matmul(hr, wr) + b) * w[:, None]
+
+    @staticmethod
+    def backward(ctx, dz):
+        h, hr, wr, b, w = ctx.saved_tensors
+        g = torch.matmul(ctx.rnd(dz), wr.t())
+        dw = (g * h).sum(-1) + (dz * b).sum(-1)
+        wdz = dz * w[:, None]
+        return g * w[:, None], hr.t() @ ctx.rnd(wdz), wdz.sum(0), dw, None
+
+
+def _same(t):
+    return t
+
+
+def clamped_swiglu(gate, up, limit):
+    g, u = gate.clamp(max=limit), up.clamp(min=-limit, max=limit)
+    return (u + 1) * (g * torch.sigmoid(g * ALPHA))
+
+
+def experts(cfg, P, p, x, routes=None, lin=F.linear, keep=_same, gemm_rnd=None):
+    """GptOssMLP on x [N, C]: the router and the routed experts, output [N, C]. routes gets (prefix, probs, logits).
+    lin, keep: the GEMMs' and the storage's emulation; gemm_rnd: the GEMMs' rounding for the down projection
+    (_ExpertDownBias), or None for autograd's formula. Gate and up are the even and odd columns of gate_up_proj."""
+    logits = lin(x, P[p + "mlp.router.weight"], P[p + "mlp.router.bias"])
     top, ids = torch.topk(logits, cfg.top_k, dim=-1)
     w = F.softmax(top, dim=1)
     if routes is not None:
@@ -153,42 +222,50 @@ def experts(cfg, P, p, x, routes=None):
         tok, slot = (ids == e).nonzero(as_tuple=True)
         if tok.numel() == 0:
             continue
-        h = x[tok] @ gu[e] + gub[e]
-        gate, up = h[..., ::2].clamp(max=cfg.limit), h[..., 1::2].clamp(min=-cfg.limit, max=cfg.limit)
-        glu = gate * torch.sigmoid(gate * ALPHA)
-        y = ((up + 1) * glu) @ dn[e] + dnb[e]
-        out = out.index_add(0, tok, y * w[tok, slot, None])
+        xe = x[tok]
+        gate = keep(lin(xe, gu[e][:, 0::2].t(), gub[e][0::2]))
+        up = keep(lin(xe, gu[e][:, 1::2].t(), gub[e][1::2]))
+        h = keep(clamped_swiglu(gate, up, cfg.limit))
+        we = w[tok, slot]
+        if gemm_rnd is not None:
+            y = _ExpertDownBias.apply(h, dn[e], dnb[e], we, gemm_rnd)
+        else:
+            y = (h @ dn[e] + dnb[e]) * we[:, None]
+        out = out.index_add(0, tok, y)
     return out
 
 
-def forward(cfg, P, ids, position_ids, mask, rms_norm, repeat_kv, routes=None):
+def forward(cfg, P, ids, position_ids, mask, rms_norm, repeat_kv, routes=None, lin=F.linear, keep=_same,
+            gemm_rnd=None, store_rnd=None):
     """Logits [B, T, V]. mask: the causal (and document) mask [B, 1, T, T]; rms_norm and repeat_kv are
-    torch_reference.py's (transformers' RMSNorm and GQA expansion)."""
+    torch_reference.py's (transformers' RMSNorm and GQA expansion). LazyTrain's bf16 emulations (module docstring):
+    lin and gemm_rnd for its GEMMs, keep and store_rnd (the attention output's) for its activation storage."""
     dt = P["model.embed_tokens.weight"].dtype
     B, T = ids.shape
     H, K, D = cfg.heads, cfg.kv_heads, cfg.head_dim
-    x = F.embedding(ids, P["model.embed_tokens.weight"])
+    x = keep(F.embedding(ids, P["model.embed_tokens.weight"]))
     cos, sin = rope_cos_sin(cfg, position_ids, dt)
     cos, sin = cos[:, None], sin[:, None]
     sliding = sliding_mask(mask, cfg.window)
     for i in range(cfg.layers):
         p = f"model.layers.{i}."
-        h = rms_norm(x, P[p + "input_layernorm.weight"], cfg.eps)
+        h = keep(rms_norm(x, P[p + "input_layernorm.weight"], cfg.eps))
 
         def proj(name, heads):
-            return F.linear(h, P[p + f"self_attn.{name}.weight"], P[p + f"self_attn.{name}.bias"]).view(
+            return lin(h, P[p + f"self_attn.{name}.weight"], P[p + f"self_attn.{name}.bias"]).view(
                 B, T, heads, D).transpose(1, 2)
 
-        q, k, v = proj("q_proj", H), proj("k_proj", K), proj("v_proj", K)
-        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        q, k, v = proj("q_proj", H), proj("k_proj", K), keep(proj("v_proj", K))
+        q, k = keep(rotate(q, cos, sin)), keep(rotate(k, cos, sin))
         m = sliding if cfg.layer_types[i] == SLIDING else mask
-        o = sink_attention(q, repeat_kv(k, H // K), repeat_kv(v, H // K), m, P[p + "self_attn.sinks"], D ** -0.5)
+        args = (q, repeat_kv(k, H // K), repeat_kv(v, H // K), m, P[p + "self_attn.sinks"], D ** -0.5)
+        o = _SinkAttentionKeptOut.apply(*args, store_rnd) if store_rnd is not None else sink_attention(*args)
         o = o.transpose(1, 2).reshape(B, T, H * D)
-        x = x + F.linear(o, P[p + "self_attn.o_proj.weight"], P[p + "self_attn.o_proj.bias"])
-        h = rms_norm(x, P[p + "post_attention_layernorm.weight"], cfg.eps)
-        x = x + experts(cfg, P, p, h.reshape(B * T, -1), routes).view(B, T, -1)
+        x = keep(x + lin(o, P[p + "self_attn.o_proj.weight"], P[p + "self_attn.o_proj.bias"]))
+        h = keep(rms_norm(x, P[p + "post_attention_layernorm.weight"], cfg.eps))
+        x = keep(x + experts(cfg, P, p, h.reshape(B * T, -1), routes, lin, keep, gemm_rnd).view(B, T, -1))
     x = rms_norm(x, P["model.norm.weight"], cfg.eps)
-    return F.linear(x, P["model.embed_tokens.weight"] if cfg.tie else P["lm_head.weight"])
+    return lin(x, P["model.embed_tokens.weight"] if cfg.tie else P["lm_head.weight"])
 
 
 def make_config(a):
@@ -232,6 +309,49 @@ def random_params(cfg, gen):
             t = z * ((0.5 if n.endswith("o_proj.weight") else 1.0) / math.sqrt(shape[1]))
         P[n] = t.contiguous()
     return P
+
+
+# MXFP4 (OCP Microscaling FP4, transformers' mxfp4 integration): E2M1 codes, two a byte, the low nibble first, 32 a
+# block, each block times 2^(scale − 127). *_blocks [E, rows, cols / 32, 16] and *_scales [E, rows, cols / 32] uint8,
+# a row one output feature (gate_up_proj: the 2·Ie interleaved gate / up rows over C; down_proj: C rows over Ie).
+FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+MXFP4_SCALE = {"gate_up_proj": 124, "down_proj": 122}  # blocks at s or s − 1: RMS near random_params' stds
+
+
+def mxfp4_dequantize(blocks, scales):
+    """[E, rows, cols] float64 from blocks [E, rows, cols/32, 16] and scales [E, rows, cols/32] (uint8)."""
+    b = blocks.to(torch.int64)
+    codes = torch.stack((b & 15, b >> 4), dim=-1).reshape(*blocks.shape[:-1], 32)
+    v = torch.tensor(FP4_VALUES, dtype=torch.float64)[codes] * torch.pow(2.0, scales.to(torch.float64) - 127)[..., None]
+    return v.reshape(*blocks.shape[:-2], -1)
+
+
+def mxfp4_experts(cfg, P, gen):
+    """Replaces P's expert matrices by seeded MXFP4 values; returns their {name_blocks, name_scales} tensors."""
+    E, C, Ie = cfg.experts, cfg.hidden, cfg.moe_inter
+    if C % 32 or Ie % 32:
+        raise ValueError(f"MXFP4 needs the inputs in blocks of 32: hidden {C}, moe intermediate {Ie}")
+    out = {}
+    for i in range(cfg.layers):
+        for name, rows, cols in (("gate_up_proj", 2 * Ie, C), ("down_proj", C, Ie)):
+            n = f"model.layers.{i}.mlp.experts.{name}"
+            codes = torch.randint(0, 16, (E, rows, cols // 32, 32), generator=gen, dtype=torch.int64)
+            scales = MXFP4_SCALE[name] - torch.randint(0, 2, (E, rows, cols // 32), generator=gen, dtype=torch.int64)
+            blocks = (codes[..., 0::2] | (codes[..., 1::2] << 4)).to(torch.uint8)
+            out[n + "_blocks"], out[n + "_scales"] = blocks, scales.to(torch.uint8)
+            P[n] = mxfp4_dequantize(blocks, out[n + "_scales"]).transpose(1, 2).to(torch.float32).contiguous()
+    return out
+
+
+def dequantize_checkpoint(cfg, tensors, dtypes):
+    """A loaded MXFP4 checkpoint's *_blocks / *_scales replaced by the fused input-major expert tensors (F32: every
+    MXFP4 value is exact in it)."""
+    for name in [n for n in tensors if n.endswith("_blocks")]:
+        base = name[: -len("_blocks")]
+        blocks, scales = tensors.pop(name), tensors.pop(base + "_scales")
+        dtypes.pop(name), dtypes.pop(base + "_scales")
+        tensors[base] = mxfp4_dequantize(blocks, scales).transpose(1, 2).to(torch.float32).contiguous()
+        dtypes[base] = "F32"
 
 
 def per_expert(cfg, T):
@@ -284,4 +404,25 @@ def selfcheck(seed=0, tol=1e-12):
     err = float((got - want).abs().max() / want.abs().max())
     lines = [f"sliding mask (W={W}) against the loop: {'ok' if mask_ok else 'FAIL'}",
              f"sink attention against its closed form: max rel {err:.2e} (tol {tol:.0e})"]
-    return lines, mask_ok and err <= tol
+    ok = mask_ok and err <= tol
+    # The emulations' Functions with the rounding off give autograd's gradients of the plain formulas.
+    def grads(f, *xs):
+        xs = [x.detach().clone().requires_grad_(True) for x in xs]
+        out = f(*xs)
+        out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(seed + 1), dtype=out.dtype))
+        return [x.grad for x in xs]
+
+    def worst(a, b):
+        return max(float((x - y).abs().max() / y.abs().max()) for x, y in zip(a, b))
+
+    e1 = worst(grads(lambda q_, k_, v_, s_: _SinkAttentionKeptOut.apply(q_, k_, v_, mask, s_, D ** -0.5, _same),
+                     q, k, v, sinks),
+               grads(lambda q_, k_, v_, s_: sink_attention(q_, k_, v_, mask, s_, D ** -0.5), q, k, v, sinks))
+    n, Ie, C = 7, 5, 6
+    h, wd, bd = (torch.randn(*sh, generator=gen, dtype=torch.float64) for sh in ((n, Ie), (Ie, C), (C,)))
+    we = torch.rand(n, generator=gen, dtype=torch.float64)
+    e2 = worst(grads(lambda *a: _ExpertDownBias.apply(*a, _same), h, wd, bd, we),
+               grads(lambda h_, wd_, bd_, we_: (h_ @ wd_ + bd_) * we_[:, None], h, wd, bd, we))
+    lines.append(f"kept-output sink attention and the biased expert down, rounding off, against autograd: max rel "
+                 f"{max(e1, e2):.2e} (tol {tol:.0e})")
+    return lines, ok and max(e1, e2) <= tol

@@ -314,6 +314,8 @@ def load_model_dir(d):
         if not os.path.exists(single):
             raise RefError(f"{d}: neither model.safetensors nor model.safetensors.index.json")
         tensors, dtypes, _ = read_safetensors(single)
+    if getattr(cfg, "mxfp4", False):
+        gpt_oss.dequantize_checkpoint(cfg, tensors, dtypes)
     if hasattr(cfg, "detect_layout"):
         cfg.detect_layout(tensors)
     shapes = cfg.param_shapes()
@@ -798,8 +800,6 @@ def route_margins(cfg, P, batch, st_dtype):
     out = {}
     variants = (("float64", False, False), ("emulate-bf16", True, False), ("emulate-bf16-storage", False, True),
                 ("emulate-both", True, True))
-    if isinstance(cfg, gpt_oss.GptOssCfg):
-        variants = variants[:1]  # no bf16 emulation for gpt_oss yet
     for name, gemm, storage in variants:
         routes = []
         with torch.no_grad():
@@ -958,13 +958,19 @@ def cmd_make_gpt_oss(a):
         seed = a.seed + 7919 * attempt
         gen = torch.Generator().manual_seed(seed)
         P = gpt_oss.random_params(cfg, gen)
+        quantized = gpt_oss.mxfp4_experts(cfg, P, gen) if a.mxfp4 else {}
         batch = make_batch(gen, a.batch, a.seq, a.vocab, a.docs, a.pad)
         margins, resampled, ok = fix_route_ties(cfg, P, batch, ST_DTYPE[a.dtype], gen, 8 * a.batch * a.seq)
         if ok:
             break
     else:
         raise RefError(f"no draw in {ROUTE_ATTEMPTS} keeps every token's routing {ROUTE_MARGIN_MIN:.0e} from a tie")
-    save_model_dir(a.out, conf, P, ST_DTYPE[a.dtype], a.shards)
+    if quantized:  # the released form: MXFP4 experts (uint8) beside everything else in the file dtype
+        P = {n: t for n, t in P.items() if n not in {q[: -len("_blocks")] for q in quantized if q.endswith("_blocks")}}
+        P.update(quantized)
+        conf["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
+            "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+    save_model_dir(a.out, conf, P, {n: "U8" if n in quantized else ST_DTYPE[a.dtype] for n in P}, a.shards)
     with open(os.path.join(a.out, "batch.json"), "w") as f:
         f.write(json.dumps(batch, separators=(",", ":")) + "\n")
     print(json.dumps({"out": a.out, "arch": "gpt_oss", "params": sum(t.numel() for t in P.values()),
@@ -1797,10 +1803,8 @@ def model_forward(cfg, P, ids, pos, packed, rope_precision="hf", delta_impl="rec
     detached, router logits [B·T, E]) per sparse layer."""
     lin, keep = gemm_for(emulate_bf16), keep_for(emulate_storage)
     if isinstance(cfg, gpt_oss.GptOssCfg):
-        if emulate_bf16 or emulate_storage:
-            raise RefError("gpt_oss: no bf16 emulation yet (LazyTrain's GPT-OSS block, whose rounding points it "
-                           "would follow, does not exist yet)")
-        return gpt_oss.forward(cfg, P, ids, pos, attention_mask(pos, packed), rms_norm, repeat_kv, routes)
+        return gpt_oss.forward(cfg, P, ids, pos, attention_mask(pos, packed), rms_norm, repeat_kv, routes, lin,
+                               keep, bf16_round if emulate_bf16 else None, bf16_round if emulate_storage else None)
     if isinstance(cfg, Qwen35Cfg):
         return qwen35_forward(cfg, P, ids, pos, packed, rope_precision, delta_impl, lin, keep, routes)
     return forward(cfg, P, ids, pos, packed, rope_precision, lin, keep, routes)
@@ -2316,6 +2320,9 @@ def main(argv=None):
     go.add_argument("--sliding-window", type=int, default=5, help="sliding_window (default 5: inside a short row)")
     go.add_argument("--swiglu-limit", type=float, default=1.0,
                     help="swiglu_limit (default 1.0, so random gates and ups pass the clamp; released 7)")
+    go.add_argument("--mxfp4", action="store_true",
+                    help="the experts as MXFP4 *_blocks / *_scales with quantization_config (hidden and "
+                         "--moe-intermediate multiples of 32), as released checkpoints store them")
     go.add_argument("--yarn-original", type=int, default=16,
                     help="rope_scaling.original_max_position_embeddings (default 16: YaRN's ramp over a tiny head)")
     q5 = m.add_argument_group("qwen3_5 / qwen3_5_vl / qwen3_5_moe_text / qwen3_5_moe_vl (hybrid Gated DeltaNet + "
