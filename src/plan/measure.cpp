@@ -45,6 +45,34 @@ void fill_random(float* p, size_t n, Rng& rng, float scale) {
   for (size_t i = 0; i < n; ++i) p[i] = float(scale * rng.normal());
 }
 
+}  // namespace
+
+ModelConfig profile_prototypes(const ModelConfig& cfg, std::vector<int64_t>* proto) {
+  // One prototype per (token mixer, dense or sparse MLP) the model has; the prototypes' dense ones are its
+  // mlp_only_layers, their mixers explicit layer_types unless every one is full attention (a uniform model).
+  ModelConfig one = cfg;
+  proto->assign(size_t(cfg.num_layers), 0);
+  one.layer_types.clear();
+  one.mlp_only_layers.clear();
+  one.decoder_sparse_step = 1;
+  std::vector<std::pair<LayerKind, bool>> kinds;
+  for (int64_t l = 0; l < cfg.num_layers; ++l) {
+    const std::pair<LayerKind, bool> k{cfg.layer_kind(l), cfg.sparse_layer(l)};
+    const auto it = std::find(kinds.begin(), kinds.end(), k);
+    (*proto)[size_t(l)] = int64_t(it - kinds.begin());
+    if (it != kinds.end()) continue;
+    if (!k.second && cfg.is_moe()) one.mlp_only_layers.push_back(int64_t(kinds.size()));
+    kinds.push_back(k);
+    one.layer_types.push_back(k.first);
+  }
+  one.num_layers = int64_t(one.layer_types.size());
+  if (std::all_of(kinds.begin(), kinds.end(), [](const auto& k) { return k.first == LayerKind::full_attention; }))
+    one.layer_types.clear();  // uniform models keep their implicit full attention
+  return one;
+}
+
+namespace {
+
 // One layer of each kind (the executor streams every layer through the same buffers, sized for the largest; layers of
 // one kind share shapes — a hybrid model has Gated DeltaNet and attention layers), plus the embedding and head, from
 // a copy of the config with those layers.
@@ -53,30 +81,8 @@ struct Prototypes {
   ModelConfig one;
   ModelSlabs params, copy;     // f32 masters and the compute copy of `one`
 
-  static ModelConfig layers_of_each_kind(const ModelConfig& cfg, std::vector<int64_t>* proto) {
-    // One prototype per (token mixer, dense or sparse MLP) the model has; the prototypes' dense ones are its
-    // mlp_only_layers.
-    ModelConfig one = cfg;
-    proto->assign(size_t(cfg.num_layers), 0);
-    one.layer_types.clear();
-    one.mlp_only_layers.clear();
-    one.decoder_sparse_step = 1;
-    std::vector<std::pair<LayerKind, bool>> kinds;
-    for (int64_t l = 0; l < cfg.num_layers; ++l) {
-      const std::pair<LayerKind, bool> k{cfg.layer_kind(l), cfg.sparse_layer(l)};
-      const auto it = std::find(kinds.begin(), kinds.end(), k);
-      (*proto)[size_t(l)] = int64_t(it - kinds.begin());
-      if (it != kinds.end()) continue;
-      if (!k.second && cfg.is_moe()) one.mlp_only_layers.push_back(int64_t(kinds.size()));
-      kinds.push_back(k);
-      one.layer_types.push_back(k.first);
-    }
-    one.num_layers = int64_t(one.layer_types.size());
-    if (!cfg.is_hybrid()) one.layer_types.clear();  // uniform models keep their implicit full attention
-    return one;
-  }
   Prototypes(const ModelConfig& cfg, DType matrices, uint64_t seed)
-      : one(layers_of_each_kind(cfg, &proto)), params(one, DType::f32), copy(one, matrices) {
+      : one(profile_prototypes(cfg, &proto)), params(one, DType::f32), copy(one, matrices) {
     init_random(params, seed);
     make_compute_copy(copy, params);
   }

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "device/device.h"
 #include "exec/backend.h"
@@ -34,5 +35,9 @@ struct MeasureOptions {
 };
 
 Profile measure_profile(const ModelConfig& cfg, int64_t B, int64_t T, const MeasureOptions& o);
+
+// The model a profile measures: one layer per (token mixer, dense or sparse MLP) kind `cfg` has, in first-seen
+// order; proto[l] (written, [L]) is the prototype measured for cfg's layer l, of the same mixer and MLP kind.
+ModelConfig profile_prototypes(const ModelConfig& cfg, std::vector<int64_t>* proto);
 
 }  // namespace lt

@@ -232,5 +232,50 @@ TEST(Measure, HybridProfileOnTheCpuDevice) {
   EXPECT_LE(rep.executor_device_bytes, rq.budget.device_bytes);
 }
 
+// A profile measures one prototype per (mixer, MLP) kind and maps each layer onto the one of its kinds: GPT-OSS whose
+// first layer is full attention (the prototypes keep their explicit sliding / full types), Qwen3-MoE with a dense
+// layer among sparse ones, Qwen3.5-MoE's Gated DeltaNet and attention layers.
+TEST(Measure, PrototypesHaveEachLayersMixerAndMlp) {
+  Rng rng(17);
+  ModelConfig gpt_oss = testing::random_gpt_oss_config(rng);
+  gpt_oss.num_layers = 4;
+  gpt_oss.layer_types = {LayerKind::full_attention, LayerKind::sliding_attention, LayerKind::sliding_attention,
+                         LayerKind::full_attention};
+  ModelConfig moe = testing::random_moe_config(rng);
+  moe.num_layers = 3;
+  moe.mlp_only_layers = {1};
+  for (const ModelConfig& cfg : {gpt_oss, moe, testing::random_hybrid_moe_config(rng)}) {
+    SCOPED_TRACE(model_type_name(cfg.type));
+    std::vector<int64_t> proto;
+    const ModelConfig one = profile_prototypes(cfg, &proto);
+    ASSERT_EQ(int64_t(proto.size()), cfg.num_layers);
+    for (int64_t l = 0; l < cfg.num_layers; ++l) {
+      ASSERT_LT(proto[size_t(l)], one.num_layers);
+      EXPECT_EQ(one.layer_kind(proto[size_t(l)]), cfg.layer_kind(l)) << "layer " << l;
+      EXPECT_EQ(one.sparse_layer(proto[size_t(l)]), cfg.sparse_layer(l)) << "layer " << l;
+    }
+  }
+  std::vector<int64_t> proto;
+  EXPECT_EQ(profile_prototypes(gpt_oss, &proto).num_layers, 2);
+}
+
+// GPT-OSS measured on the emulated device (sliding and full sparse layers, sinks, biased experts), and planned from it.
+TEST(Measure, GptOssProfileOnTheCpuDevice) {
+  Rng rng(19);
+  const ModelConfig cfg = testing::random_gpt_oss_config(rng);
+  const Profile p = measure_on_cpu_device(cfg);
+  p.validate(cfg.num_layers);
+  PlanRequest rq;
+  rq.cfg = cfg;
+  rq.B = 2;
+  rq.T = 16;
+  rq.profile = p;
+  rq.budget = Budgets{size_t(256) << 20, size_t(64) << 20, 0};
+  rq.milp.time_limit_s = 20;
+  const PlanReport rep = make_plan(rq);
+  ASSERT_TRUE(rep.found);
+  EXPECT_LE(rep.executor_device_bytes, rq.budget.device_bytes);
+}
+
 }  // namespace
 }  // namespace lt
