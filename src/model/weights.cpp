@@ -178,31 +178,37 @@ const TensorView* expect_tensor(const SafetensorsModel& files, const std::string
 // gpt_oss's experts (GptOssExperts): fused and input-major — gate_up_proj [E, C, 2·Ie] with gate the even columns and
 // up the odd ones, gate_up_proj_bias [E, 2·Ie], down_proj [E, Ie, C], down_proj_bias [E, C] — or, in released
 // checkpoints, MXFP4 (io/mxfp4.h): *_blocks / *_scales whose rows are output features ([E, 2·Ie, ...] and
-// [E, C, ...]). Expert by expert into an f32 scratch, then onto the per-expert [out, in] slab entries.
-void read_gpt_oss_experts(ModelSlabs& params, const SafetensorsModel& files, std::set<std::string>& expected,
-                          std::vector<std::string>& missing) {
+// [E, C, ...]). Expert by expert into an f32 scratch, then onto the per-expert [out, in] slab entries — only the
+// elements `only` gives each entry (a data-parallel rank's masters: the rest of the entry's pages untouched).
+void read_gpt_oss_experts(ModelSlabs& params, const SafetensorsModel& files, const TensorRanges* only,
+                          std::set<std::string>& expected, std::vector<std::string>& missing) {
   const ModelConfig& cfg = params.config();
   const int64_t E = cfg.num_experts, Ie = cfg.moe_intermediate_size, C = cfg.hidden_size;
+  const std::string prefix = hf_prefix(cfg);
   std::vector<float> tmp(size_t(2 * Ie * C));
   for (int64_t l = 0; l < cfg.num_layers; ++l) {
-    const std::string p = fmt::format("{}layers.{}.mlp.experts.", hf_prefix(cfg), l);
-    auto entry = [&](int64_t e, const char* name) {
-      return params.tensor(SlabKind::layer, l, fmt::format("mlp.experts.{}.{}", e, name)).ptr<float>();
+    const std::string p = fmt::format("{}layers.{}.mlp.experts.", prefix, l);
+    // Entry `name` of expert e gets element i = at(i) for the i its range holds.
+    auto put = [&](int64_t e, const char* name, auto&& at) {
+      const std::string entry = fmt::format("mlp.experts.{}.{}", e, name);
+      const TensorView dst = params.tensor(SlabKind::layer, l, entry);
+      const ElementRange r = range_of(only, SlabLayout::hf_name(SlabKind::layer, l, entry, prefix));
+      float* d = dst.ptr<float>();
+      for (int64_t i = r.begin, end = r.end < 0 ? dst.numel() : r.end; i < end; ++i) d[i] = at(i);
     };
     TensorView v;
     if (expect_tensor(files, p + "gate_up_proj_bias", {E, 2 * Ie}, std::nullopt, expected, missing, v)) {
       std::vector<float> b(size_t(E * 2 * Ie));
       files.read_f32(p + "gate_up_proj_bias", b.data(), v.shape);
-      for (int64_t e = 0; e < E; ++e)
-        for (int64_t i = 0; i < Ie; ++i) {
-          entry(e, "gate_proj.bias")[i] = b[size_t(e * 2 * Ie + 2 * i)];
-          entry(e, "up_proj.bias")[i] = b[size_t(e * 2 * Ie + 2 * i + 1)];
-        }
+      for (int64_t e = 0; e < E; ++e) {
+        put(e, "gate_proj.bias", [&](int64_t i) { return b[size_t(e * 2 * Ie + 2 * i)]; });
+        put(e, "up_proj.bias", [&](int64_t i) { return b[size_t(e * 2 * Ie + 2 * i + 1)]; });
+      }
     }
     if (expect_tensor(files, p + "down_proj_bias", {E, C}, std::nullopt, expected, missing, v)) {
       std::vector<float> b(size_t(E * C));
       files.read_f32(p + "down_proj_bias", b.data(), v.shape);
-      for (int64_t e = 0; e < E; ++e) std::copy_n(b.data() + e * C, C, entry(e, "down_proj.bias"));
+      for (int64_t e = 0; e < E; ++e) put(e, "down_proj.bias", [&](int64_t i) { return b[size_t(e * C + i)]; });
     }
     if (cfg.mxfp4_experts) {
       TensorView blocks, scales;
@@ -218,13 +224,12 @@ void read_gpt_oss_experts(ModelSlabs& params, const SafetensorsModel& files, std
           const auto* sc = static_cast<const uint8_t*>(scales.data) + e * rows * cols / 32;
           mxfp4_dequantize(tmp.data(), q, sc, rows, cols, p + name + "_blocks");
           if (name == "down_proj") {  // rows are down's output features: [C, Ie] as it is
-            std::copy_n(tmp.data(), C * Ie, entry(e, "down_proj.weight"));
+            put(e, "down_proj.weight", [&](int64_t i) { return tmp[size_t(i)]; });
             continue;
           }
-          for (int64_t i = 0; i < Ie; ++i) {  // gate_up's rows interleave gate and up
-            std::copy_n(tmp.data() + 2 * i * C, C, entry(e, "gate_proj.weight") + i * C);
-            std::copy_n(tmp.data() + (2 * i + 1) * C, C, entry(e, "up_proj.weight") + i * C);
-          }
+          // gate_up's rows interleave gate and up: entry element i·C + c is row 2i (gate) or 2i + 1 (up)
+          put(e, "gate_proj.weight", [&](int64_t i) { return tmp[size_t((2 * (i / C)) * C + i % C)]; });
+          put(e, "up_proj.weight", [&](int64_t i) { return tmp[size_t((2 * (i / C) + 1) * C + i % C)]; });
         }
       }
       continue;
@@ -238,18 +243,13 @@ void read_gpt_oss_experts(ModelSlabs& params, const SafetensorsModel& files, std
         const TensorView src = TensorView::contiguous(
             static_cast<uint8_t*>(const_cast<void*>(v.data)) + size_t(e * shape[1] * shape[2]) * es, v.dtype, one);
         copy_tensor_to_f32(tmp.data(), src, one, p + name, files.file_of(p + name).path());
-        if (name == "down_proj") {  // [Ie, C] → down [C, Ie]
-          float* d = entry(e, "down_proj.weight");
-          for (int64_t i = 0; i < Ie; ++i)
-            for (int64_t c = 0; c < C; ++c) d[c * Ie + i] = tmp[size_t(i * C + c)];
+        if (name == "down_proj") {  // [Ie, C] → down [C, Ie]: element c·Ie + i is tmp[i·C + c]
+          put(e, "down_proj.weight", [&](int64_t j) { return tmp[size_t((j % Ie) * C + j / Ie)]; });
           continue;
         }
-        float *g = entry(e, "gate_proj.weight"), *u = entry(e, "up_proj.weight");  // [C, 2·Ie] → [Ie, C] each
-        for (int64_t c = 0; c < C; ++c)
-          for (int64_t i = 0; i < Ie; ++i) {
-            g[i * C + c] = tmp[size_t(c * 2 * Ie + 2 * i)];
-            u[i * C + c] = tmp[size_t(c * 2 * Ie + 2 * i + 1)];
-          }
+        // [C, 2·Ie] → gate, up [Ie, C]: element i·C + c is tmp[c·2Ie + 2i] (gate) or + 1 (up)
+        put(e, "gate_proj.weight", [&](int64_t j) { return tmp[size_t((j % C) * 2 * Ie + 2 * (j / C))]; });
+        put(e, "up_proj.weight", [&](int64_t j) { return tmp[size_t((j % C) * 2 * Ie + 2 * (j / C) + 1)]; });
       }
     }
   }
@@ -270,7 +270,7 @@ LoadedModel load_hf_model(const std::string& dir, const TensorRanges* only) {
   std::set<std::string> expected;
   std::vector<std::string> missing;
   m.extras.fused_experts = m.config.gpt_oss() || checkpoint_has_fused_experts(m.config, files);
-  if (m.config.gpt_oss()) read_gpt_oss_experts(m.params, files, expected, missing);
+  if (m.config.gpt_oss()) read_gpt_oss_experts(m.params, files, only, expected, missing);
   else if (m.extras.fused_experts) read_fused_experts(m.params, files, only, expected, missing);
   for (const auto& t : m.params.named_tensors()) {
     if (m.extras.fused_experts && is_expert_entry(t.hf_name)) continue;
