@@ -54,7 +54,7 @@ void check_attention_shape(const char* op, AttentionShape s) {
            "{}: bad shape B={} T={} Hq={} Hkv={} (Hq must be a multiple of Hkv)", op, s.B, s.T, s.Hq, s.Hkv);
   LT_CHECK(s.B <= 65535 && s.Hq <= 65535 && s.T < (int64_t(1) << 31),
            "{}: B={} and Hq={} must be at most 65535 (CUDA grid limits), T={} below 2^31", op, s.B, s.Hq, s.T);
-  LT_CHECK(s.window == 0, "{}: the CUDA attention kernels have no sliding window yet (window {})", op, s.window);
+  LT_CHECK(s.window >= 0, "{}: sliding window {} (0: none)", op, s.window);
 }
 
 size_t gated_delta_forward_workspace_bytes(const DeltaShape& s) {

@@ -185,6 +185,14 @@ void sim_gated_delta_backward(float* dq, float* dk, float* dv, float* dbeta, flo
   sim::gated_delta_backward(kSim, dq, dk, dv, dbeta, dg, dout, q, k, v, beta, g, doc_ids, s, ws.data());
 }
 
+void sim_attention_sinks_forward(float* out, float* lse, const float* sinks, AttentionShape s) {
+  sim::attention_sinks_forward(kSim, out, lse, sinks, s);
+}
+void sim_attention_sinks_backward(float* dsinks, const float* dout, const float* out, const float* lse,
+                                  const float* sinks, AttentionShape s) {
+  sim::attention_sinks_backward(kSim, dsinks, dout, out, lse, sinks, s);
+}
+
 // Mixture-of-Experts: the kernels on the ops' host buffers (the routing's error flag read back as the CUDA block does).
 void sim_router_forward(int32_t* ids, float* weights, float* probs, const float* logits, const RouterShape& s) {
   int32_t bad = 0;
@@ -247,6 +255,8 @@ const OpsOverride kCudaSimOps{"cuda-sim",
                               sim_head_forward_backward,
                               sim_gated_delta_forward,
                               sim_gated_delta_backward,
+                              sim_attention_sinks_forward,
+                              sim_attention_sinks_backward,
                               sim_router_forward,
                               sim_router_backward,
                               sim_moe_permute,

@@ -37,6 +37,9 @@ struct OpsOverride {
   // CPU op (its other ops' kernels give the CPU ops' bits), so the in-memory path and the CUDA block agree.
   decltype(&gated_delta_forward) gated_delta_forward_fn = nullptr;
   decltype(&gated_delta_backward) gated_delta_backward_fn = nullptr;
+  // GPT-OSS's attention sinks around the attention kernels (ops/attention.h).
+  decltype(&attention_sinks_forward) attention_sinks_forward_fn = nullptr;
+  decltype(&attention_sinks_backward) attention_sinks_backward_fn = nullptr;
   // Mixture-of-Experts routing and row shuffles (ops/moe.h; cuda/kernels/moe.cuh gives the CPU ops' bits).
   decltype(&router_forward) router_forward_fn = nullptr;
   decltype(&router_backward) router_backward_fn = nullptr;

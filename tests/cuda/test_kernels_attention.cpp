@@ -28,17 +28,28 @@ constexpr Stream kStream = nullptr;
 
 struct Case {
   AttentionShape s;
-  bool packed;  // two documents per row (doc_ids), else plain causal
+  bool packed;         // two documents per row (doc_ids), else plain causal
+  bool sinks = false;  // GPT-OSS's per-head sinks (the forward applies them as it stores)
 };
-// The last two span three tensor-core tiles of 64 with grouped heads (double-buffered loads, per-head dK/dV
-// partials summed in order), one with documents.
-const Case kCases[] = {{{2, 37, 4, 2, 64}, false}, {{1, 45, 3, 1, 128}, true}, {{1, 19, 2, 2, 256}, false},
-                       {{1, 1, 2, 1, 64}, false},  {{2, 23, 6, 2, 40}, true},  {{1, 17, 2, 1, 96}, false},
-                       {{1, 150, 4, 2, 64}, false}, {{1, 131, 3, 1, 128}, true}};
+// The first eight span three tensor-core tiles of 64 with grouped heads (double-buffered loads, per-head dK/dV
+// partials summed in order), one with documents. Then GPT-OSS's sliding windows (shape.window) and sinks: a
+// window inside a tile and across tiles, on tensor cores (64, 128) and CUDA cores (40), with documents.
+const Case kCases[] = {{{2, 37, 4, 2, 64}, false},        {{1, 45, 3, 1, 128}, true},
+                       {{1, 19, 2, 2, 256}, false},       {{1, 1, 2, 1, 64}, false},
+                       {{2, 23, 6, 2, 40}, true},         {{1, 17, 2, 1, 96}, false},
+                       {{1, 150, 4, 2, 64}, false},       {{1, 131, 3, 1, 128}, true},
+                       {{2, 37, 4, 2, 64, 5}, false, true}, {{1, 150, 4, 2, 64, 70}, true, true},
+                       {{1, 131, 3, 1, 128, 64}, false},  {{1, 45, 3, 1, 40, 9}, false, true}};
 
 std::string name(const Case& c) {
   return "B=" + std::to_string(c.s.B) + " T=" + std::to_string(c.s.T) + " Hq=" + std::to_string(c.s.Hq) +
-         " Hkv=" + std::to_string(c.s.Hkv) + " D=" + std::to_string(c.s.D) + (c.packed ? " packed" : "");
+         " Hkv=" + std::to_string(c.s.Hkv) + " D=" + std::to_string(c.s.D) + (c.packed ? " packed" : "") +
+         (c.s.window ? " window=" + std::to_string(c.s.window) : "") + (c.sinks ? " sinks" : "");
+}
+
+// Sinks across the softmax's range (a sink can take most of a row), or none.
+std::vector<float> sinks_for(const Case& c) {
+  return c.sinks ? random_floats(static_cast<size_t>(c.s.Hq), 77, -1.0f, 3.0f) : std::vector<float>{};
 }
 
 std::vector<int32_t> doc_ids_for(const Case& c) {
@@ -76,25 +87,31 @@ TEST(CudaSimAttention, F32MatchesTheCpuOpAndIsTheSameInEveryThreadOrder) {
     const Inputs in = inputs_for(s, uint64_t(s.T * s.D));
     const auto docs = doc_ids_for(c);
     const int32_t* doc_ids = docs.empty() ? nullptr : docs.data();
+    const auto sinks = sinks_for(c);
+    const float* sk = sinks.empty() ? nullptr : sinks.data();
     std::vector<float> want_out(q_size(s)), want_lse(lse_size(s));
     attention_forward(want_out.data(), want_lse.data(), in.q.data(), in.k.data(), in.v.data(), doc_ids, s);
-    std::vector<float> want_dq(q_size(s)), want_dk(kv_size(s)), want_dv(kv_size(s));
+    if (sk) attention_sinks_forward(want_out.data(), want_lse.data(), sk, s);
+    std::vector<float> want_dq(q_size(s)), want_dk(kv_size(s)), want_dv(kv_size(s)), want_ds(size_t(s.Hq));
     attention_backward(want_dq.data(), want_dk.data(), want_dv.data(), in.dout.data(), want_out.data(), want_lse.data(),
                        in.q.data(), in.k.data(), in.v.data(), doc_ids, s);
+    if (sk) attention_sinks_backward(want_ds.data(), in.dout.data(), want_out.data(), want_lse.data(), sk, s);
     std::vector<std::vector<float>> first;  // the forward order's results, which every order must repeat
     for_each_order([&] {
-      Guarded<float> out(q_size(s)), lse(lse_size(s)), dq(q_size(s)), dk(kv_size(s)), dv(kv_size(s));
+      Guarded<float> out(q_size(s)), lse(lse_size(s)), dq(q_size(s)), dk(kv_size(s)), dv(kv_size(s)), ds(size_t(s.Hq));
       Guarded<unsigned char> workspace(attention_backward_workspace_bytes(s));
-      sim::attention_forward(kStream, out.data(), lse.data(), in.q.data(), in.k.data(), in.v.data(), doc_ids, s);
+      sim::attention_forward(kStream, out.data(), lse.data(), in.q.data(), in.k.data(), in.v.data(), doc_ids, s, sk);
       sim::attention_backward(kStream, dq.data(), dk.data(), dv.data(), in.dout.data(), out.data(), lse.data(),
                               in.q.data(), in.k.data(), in.v.data(), doc_ids, s, workspace.data());
+      if (sk) sim::attention_sinks_backward(kStream, ds.data(), in.dout.data(), out.data(), lse.data(), sk, s);
       expect_close(out.values(), want_out, 2e-6, "out");
       expect_close(lse.values(), want_lse, 2e-6, "lse");
       expect_close(dq.values(), want_dq, 2e-5, "dq");
       expect_close(dk.values(), want_dk, 2e-5, "dk");
       expect_close(dv.values(), want_dv, 2e-5, "dv");
+      if (sk) expect_close(ds.values(), want_ds, 2e-5, "dsinks");
       EXPECT_TRUE(out.guards_intact() && lse.guards_intact() && dq.guards_intact() && dk.guards_intact() &&
-                  dv.guards_intact() && workspace.guards_intact());
+                  dv.guards_intact() && workspace.guards_intact() && (!sk || ds.guards_intact()));
       const std::vector<std::vector<float>> now{out.values(), lse.values(), dq.values(), dk.values(), dv.values()};
       if (first.empty()) first = now;
       for (size_t i = 0; i < now.size(); ++i) EXPECT_BITWISE_EQ(now[i], first[i]);
@@ -110,12 +127,15 @@ TEST(CudaSimAttention, Bf16StorageIsTheCpuOpOnTheWidenedInputs) {
     const auto docs = doc_ids_for(c);
     const int32_t* doc_ids = docs.empty() ? nullptr : docs.data();
     const auto qb = to_bf16(in.q), kb = to_bf16(in.k), vb = to_bf16(in.v);
+    const auto sinks = sinks_for(c);
+    const float* sk = sinks.empty() ? nullptr : sinks.data();
     std::vector<float> want_out(q_size(s)), want_lse(lse_size(s));
     attention_forward(want_out.data(), want_lse.data(), to_f32(qb).data(), to_f32(kb).data(), to_f32(vb).data(),
                       doc_ids, s);
+    if (sk) attention_sinks_forward(want_out.data(), want_lse.data(), sk, s);  // the output rounded once, after them
     Guarded<bf16_t> out(q_size(s));
     Guarded<float> lse(lse_size(s)), dq(q_size(s)), dk(kv_size(s)), dv(kv_size(s));
-    sim::attention_forward(kStream, out.data(), lse.data(), qb.data(), kb.data(), vb.data(), doc_ids, s);
+    sim::attention_forward(kStream, out.data(), lse.data(), qb.data(), kb.data(), vb.data(), doc_ids, s, sk);
     // One bf16 rounding of the output: within half a bf16 ulp (2^-9 relative) of the f32 result, plus the f32
     // difference that can move a value across a rounding boundary. The tensor-core kernels (D 64 and 128:
     // attention_mma.cuh) also round every P to bf16 before P·V: out = Σ p·v / l moves by at most
@@ -142,6 +162,12 @@ TEST(CudaSimAttention, Bf16StorageIsTheCpuOpOnTheWidenedInputs) {
     expect_close(dq.values(), want_dq, grad_tol, "dq");
     expect_close(dk.values(), want_dk, grad_tol, "dk");
     expect_close(dv.values(), want_dv, grad_tol, "dv");
+    if (sk) {  // from the stored (bf16) output, as the CPU op on its widened values
+      std::vector<float> ds(size_t(s.Hq)), want_ds(size_t(s.Hq));
+      sim::attention_sinks_backward(kStream, ds.data(), in.dout.data(), out.data(), lse.data(), sk, s);
+      attention_sinks_backward(want_ds.data(), in.dout.data(), got.data(), lse.values().data(), sk, s);
+      EXPECT_BITWISE_EQ(ds, want_ds);
+    }
     EXPECT_TRUE(out.guards_intact() && lse.guards_intact() && dq.guards_intact() && dk.guards_intact() &&
                 dv.guards_intact() && workspace.guards_intact());
   }

@@ -221,13 +221,13 @@ OpCase attention_case() {
           }};
 }
 
-// GPT-OSS's attention (CPU only: the CUDA kernels refuse a window): shape {B, T, Hq, Hkv, D, window}, sinks on every
-// head; a window inside a tile, across tiles, and wider than the row.
+// GPT-OSS's attention: shape {B, T, Hq, Hkv, D, window}, sinks on every head; a window inside a tile, across tiles,
+// and wider than the row; on the CUDA kernels too (the window in their masks, the sinks' own kernels).
 OpCase attention_window_sinks_case() {
   return {"attention_window_sinks",
-          {{2, 37, 4, 2, 64, 5}, {1, 150, 4, 1, 40, 70}, {1, 23, 2, 2, 16, 64}},
+          {{2, 37, 4, 2, 64, 5}, {1, 150, 4, 1, 40, 70}, {1, 23, 2, 2, 16, 64}, {1, 70, 2, 1, 128, 33}},
           {DType::f32},
-          false,
+          true,
           [](OpOutputs& out, const Shape& sh, DType) {
             const AttentionShape s{sh[0], sh[1], sh[2], sh[3], sh[4], sh[5]};
             const size_t nq = size_t(s.B * s.T * s.Hq * s.D), nkv = size_t(s.B * s.T * s.Hkv * s.D);

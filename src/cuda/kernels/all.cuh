@@ -3,6 +3,7 @@
 #pragma once
 
 #include "cuda/kernels/attention.cuh"
+#include "cuda/kernels/attention_sinks.cuh"
 #include "cuda/kernels/bias_grad.cuh"
 #include "cuda/kernels/cross_entropy.cuh"
 #include "cuda/kernels/elementwise.cuh"

@@ -52,7 +52,7 @@ __device__ __forceinline__ void load_tile(float* dst, const T* src, int64_t b, i
 template <class T, int DMAX>
 __global__ void __launch_bounds__(kAttnThreads)
     attention_forward_kernel(T* out, float* lse, const T* q, const T* k, const T* v, const int32_t* doc_ids,
-                             AttentionShape s, float scale) {
+                             const float* sinks, AttentionShape s, float scale) {
   using Tile = AttnTile<DMAX>;
   const int D = int(s.D);
   constexpr int R = Tile::kRows;
@@ -80,7 +80,7 @@ __global__ void __launch_bounds__(kAttnThreads)
       const int e = tid + kAttnThreads * n, r = e / R, c = e % R;
       const int64_t i = q0 + r, j = k0 + c;
       float dot = -INFINITY;
-      if (i < s.T && j < s.T && attends(doc_ids, b, s.T, i, j)) {
+      if (i < s.T && j < s.T && attends(doc_ids, b, s.T, i, j, s.window)) {
         dot = 0.0f;
         for (int d = 0; d < D; ++d) dot += Qs[r * D + d] * Ks[c * D + d];
       }
@@ -112,12 +112,23 @@ __global__ void __launch_bounds__(kAttnThreads)
     }
   }
   __syncthreads();
+  if (tid < R && q0 + tid < s.T) {  // the row's lse (with the sink: lse', and the share alpha its output keeps)
+    float row_lse = m[tid] + logf(l[tid]);
+    if (sinks) {
+      const SinkRow sr = with_sink(row_lse, sinks[h]);
+      alpha[tid] = sr.keep, row_lse = sr.lse;
+    }
+    lse[(b * s.Hq + h) * s.T + q0 + tid] = row_lse;
+  }
+  __syncthreads();
   for (int i = 0; i < Tile::kPerThread && tid + kAttnThreads * i < R * D; ++i) {
     const int e = tid + kAttnThreads * i, r = e / D, d = e % D;
     const int64_t t = q0 + r;
-    if (t < s.T) store(out + head_row(b, t, h, s.T, s.Hq, D) + d, acc[i] / l[r]);
+    if (t >= s.T) continue;
+    float o = acc[i] / l[r];
+    if (sinks) o *= alpha[r];
+    store(out + head_row(b, t, h, s.T, s.Hq, D) + d, o);
   }
-  if (tid < R && q0 + tid < s.T) lse[(b * s.Hq + h) * s.T + q0 + tid] = m[tid] + logf(l[tid]);
 }
 
 // Di[b, h, t] = Σ_d dO · O, one thread per (token, head) row.
@@ -138,13 +149,13 @@ template <int DMAX>
 __device__ __forceinline__ void attention_probabilities(float* P, float* dS, const float* Qs, const float* dOs,
                                                         const float* Ks, const float* Vs, const float* lse_s,
                                                         const float* Di_s, const int32_t* doc_ids, int64_t b,
-                                                        int64_t T, int D, int64_t q0, int64_t k0) {
+                                                        int64_t T, int64_t window, int D, int64_t q0, int64_t k0) {
   constexpr int R = AttnTile<DMAX>::kRows;
   for (int n = 0; n < AttnTile<DMAX>::kScoresPerThread; ++n) {
     const int e = int(threadIdx.x) + kAttnThreads * n, r = e / R, c = e % R;
     const int64_t i = q0 + r, j = k0 + c;
     float p = 0.0f, ds = 0.0f;
-    if (i < T && j < T && attends(doc_ids, b, T, i, j)) {
+    if (i < T && j < T && attends(doc_ids, b, T, i, j, window)) {
       float sc = 0.0f, dp = 0.0f;
       for (int d = 0; d < D; ++d) sc += Qs[r * D + d] * Ks[c * D + d];
       for (int d = 0; d < D; ++d) dp += dOs[r * D + d] * Vs[c * D + d];
@@ -202,7 +213,7 @@ __global__ void __launch_bounds__(kAttnThreads)
       }
       load_row_stats<R>(lse_s, Di_s, lse, Di, b, h, q0, s);
       __syncthreads();
-      attention_probabilities<DMAX>(P, dS, Qs, dOs, Ks, Vs, lse_s, Di_s, doc_ids, b, s.T, D, q0, k0);
+      attention_probabilities<DMAX>(P, dS, Qs, dOs, Ks, Vs, lse_s, Di_s, doc_ids, b, s.T, s.window, D, q0, k0);
       __syncthreads();
       for (int i = 0; i < Tile::kPerThread && tid + kAttnThreads * i < R * D; ++i) {  // dV += Pᵀ dO, dK += dSᵀ Qs
         const int e = tid + kAttnThreads * i, c = e / D, d = e % D;                       // for key row c, dim d
@@ -258,7 +269,7 @@ __global__ void __launch_bounds__(kAttnThreads)
     load_tile(Ks, k, b, k0, hk, s.T, s.Hkv, D, 1.0f, R);
     load_tile(Vs, v, b, k0, hk, s.T, s.Hkv, D, 1.0f, R);
     __syncthreads();
-    attention_probabilities<DMAX>(P, dS, Qs, dOs, Ks, Vs, lse_s, Di_s, doc_ids, b, s.T, D, q0, k0);
+    attention_probabilities<DMAX>(P, dS, Qs, dOs, Ks, Vs, lse_s, Di_s, doc_ids, b, s.T, s.window, D, q0, k0);
     __syncthreads();
     for (int i = 0; i < Tile::kPerThread && tid + kAttnThreads * i < R * D; ++i) {  // dQ += dS K, row r, dim d
       const int e = tid + kAttnThreads * i, r = e / D, d = e % D;
@@ -287,13 +298,13 @@ constexpr size_t attention_backward_shared(int DMAX, int64_t D) {
 
 template <class T, int DMAX>
 void attention_forward(Stream st, T* out, float* lse, const T* q, const T* k, const T* v, const int32_t* doc_ids,
-                       AttentionShape s) {
+                       const float* sinks, AttentionShape s) {
   constexpr int R = AttnTile<DMAX>::kRows;
   const size_t shared = attention_forward_shared(DMAX, s.D);
   allow_shared(attention_forward_kernel<T, DMAX>, attention_forward_shared(DMAX, DMAX));
   const dim3 grid(unsigned((s.T + R - 1) / R), unsigned(s.Hq), unsigned(s.B));
   LT_LAUNCH((attention_forward_kernel<T, DMAX>), grid, dim3(kAttnThreads), shared, native_stream(st), out, lse, q, k,
-            v, doc_ids, s, attention_scale(s.D));
+            v, doc_ids, sinks, s, attention_scale(s.D));
 }
 
 template <class T, int DMAX>
@@ -329,18 +340,18 @@ namespace detail {
 
 template <class Dev>
 void attention_forward_any(Stream st, Dev* out, float* lse, const Dev* q, const Dev* k, const Dev* v,
-                           const int32_t* doc_ids, AttentionShape s) {
+                           const int32_t* doc_ids, const float* sinks, AttentionShape s) {
   check_attention_shape("attention_forward", s);
   if (s.B * s.T == 0) return;
   if constexpr (std::is_same_v<Dev, bf16>) {
     if (attention_on_tensor_cores(s.D)) {
-      if (s.D == 64) attention_forward_mma<64>(st, out, lse, q, k, v, doc_ids, s, attention_scale(s.D));
-      else attention_forward_mma<128>(st, out, lse, q, k, v, doc_ids, s, attention_scale(s.D));
+      if (s.D == 64) attention_forward_mma<64>(st, out, lse, q, k, v, doc_ids, sinks, s, attention_scale(s.D));
+      else attention_forward_mma<128>(st, out, lse, q, k, v, doc_ids, sinks, s, attention_scale(s.D));
       return;
     }
   }
   with_head_dim(s.D, "attention_forward",
-                [&]<int DMAX>() { attention_forward<Dev, DMAX>(st, out, lse, q, k, v, doc_ids, s); });
+                [&]<int DMAX>() { attention_forward<Dev, DMAX>(st, out, lse, q, k, v, doc_ids, sinks, s); });
 }
 
 template <class Dev>
@@ -365,12 +376,12 @@ void attention_backward_any(Stream st, float* dq, float* dk, float* dv, const fl
 }  // namespace detail
 
 void attention_forward(Stream s, float* out, float* lse, const float* q, const float* k, const float* v,
-                       const int32_t* doc_ids, AttentionShape shape) {
-  detail::attention_forward_any(s, out, lse, q, k, v, doc_ids, shape);
+                       const int32_t* doc_ids, AttentionShape shape, const float* sinks) {
+  detail::attention_forward_any(s, out, lse, q, k, v, doc_ids, sinks, shape);
 }
 void attention_forward(Stream s, bf16_t* out, float* lse, const bf16_t* q, const bf16_t* k, const bf16_t* v,
-                       const int32_t* doc_ids, AttentionShape shape) {
-  detail::attention_forward_any(s, dev(out), lse, dev(q), dev(k), dev(v), doc_ids, shape);
+                       const int32_t* doc_ids, AttentionShape shape, const float* sinks) {
+  detail::attention_forward_any(s, dev(out), lse, dev(q), dev(k), dev(v), doc_ids, sinks, shape);
 }
 void attention_backward(Stream s, float* dq, float* dk, float* dv, const float* dout, const float* out,
                         const float* lse, const float* q, const float* k, const float* v, const int32_t* doc_ids,

@@ -15,9 +15,24 @@ __device__ __forceinline__ int64_t head_row(int64_t b, int64_t t, int64_t h, int
   return ((b * T + t) * H + h) * D;
 }
 
-// Query i may attend key j: causal, and within one document when doc_ids is given.
-__device__ __forceinline__ bool attends(const int32_t* doc_ids, int64_t b, int64_t T, int64_t i, int64_t j) {
-  return j <= i && (doc_ids == nullptr || doc_ids[b * T + i] == doc_ids[b * T + j]);
+// Query i may attend key j: causal, within the sliding window (window > 0: the last `window` keys, i − window < j,
+// ops/attention.h), and within one document when doc_ids is given.
+__device__ __forceinline__ bool attends(const int32_t* doc_ids, int64_t b, int64_t T, int64_t i, int64_t j,
+                                        int64_t window) {
+  return j <= i && (window <= 0 || j > i - window) && (doc_ids == nullptr || doc_ids[b * T + i] == doc_ids[b * T + j]);
+}
+
+// GPT-OSS's attention sinks where a row is stored (ops/attention.h's attention_sinks_forward, its arithmetic): from
+// the row's lse as stored without them (f32), lse' = log(exp(lse) + exp(sink)) in double, and the factor
+// exp(lse − lse') its output keeps (f32). The kernels multiply the f32 output by it before the one store, so a bf16
+// output is rounded once, where the CPU block rounds it.
+struct SinkRow {
+  float keep, lse;
+};
+__device__ __forceinline__ SinkRow with_sink(float lse, float sink) {
+  const double old = lse, m = old < double(sink) ? double(sink) : old;
+  const double now = m + ::log(::exp(old - m) + ::exp(double(sink) - m));
+  return {float(::exp(old - now)), float(now)};
 }
 
 namespace detail {

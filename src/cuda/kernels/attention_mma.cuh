@@ -155,15 +155,17 @@ __device__ __forceinline__ float quad_max(float x) {
 }
 
 // Whether every pair (row, key) of rows [r0, r0 + 16) and keys [k0, k0 + 64) attends (warp-uniform): the tile
-// lies below the diagonal, inside T, and there are no documents. Such tiles skip the per-element mask.
-__device__ __forceinline__ bool tile_unmasked(const int32_t* doc_ids, int64_t T, int64_t r0, int64_t k0) {
-  return doc_ids == nullptr && k0 + kMmaTile - 1 <= r0 && r0 + 15 < T;
+// lies below the diagonal, inside T and the sliding window, and there are no documents. Such tiles skip the
+// per-element mask.
+__device__ __forceinline__ bool tile_unmasked(const int32_t* doc_ids, int64_t T, int64_t window, int64_t r0,
+                                              int64_t k0) {
+  return doc_ids == nullptr && k0 + kMmaTile - 1 <= r0 && r0 + 15 < T && (window <= 0 || k0 > r0 + 15 - window);
 }
 
 template <int DH>
 __global__ void __launch_bounds__(kMmaThreads)
     attention_forward_mma_kernel(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
-                                 const int32_t* doc_ids, AttentionShape s, float scale) {
+                                 const int32_t* doc_ids, const float* sinks, AttentionShape s, float scale) {
   constexpr int NT = kMmaTile / 8, kTile = kMmaTile * (DH + 8);
   bf16* Ks = LT_DYNAMIC_SHARED(bf16);  // [2][64, DH + 8]: key tiles i (buffer i % 2)
   bf16* Vs = Ks + 2 * kTile;           // [2][64, DH + 8]
@@ -191,12 +193,12 @@ __global__ void __launch_bounds__(kMmaThreads)
     if (w0 < s.T && k0 <= w0 + 15) {  // warp-uniform: not every key of the tile after every row
       float sc[NT][4];
       mma_rows_by_tile<DH>(sc, [&](int kk, uint32_t(&a)[4]) { for (int i = 0; i < 4; ++i) a[i] = qf[kk][i]; }, Kt);
-      const bool unmasked = tile_unmasked(doc_ids, s.T, w0, k0);
+      const bool unmasked = tile_unmasked(doc_ids, s.T, s.window, w0, k0);
       float mx[2] = {-INFINITY, -INFINITY};
       for (int j = 0; j < NT; ++j)
         for (int e = 0; e < 4; ++e) {
           const int64_t i = w0 + g + 8 * (e >> 1), jj = k0 + j * 8 + 2 * t + (e & 1);
-          const bool valid = unmasked || (i < s.T && jj < s.T && attends(doc_ids, b, s.T, i, jj));
+          const bool valid = unmasked || (i < s.T && jj < s.T && attends(doc_ids, b, s.T, i, jj, s.window));
           const float x = valid ? sc[j][e] * scale : -INFINITY;
           sc[j][e] = x;
           mx[e >> 1] = fmaxf(mx[e >> 1], x);
@@ -223,10 +225,16 @@ __global__ void __launch_bounds__(kMmaThreads)
   for (int r = 0; r < 2; ++r) {
     const int64_t i = w0 + g + 8 * r;
     if (i >= s.T) continue;
+    SinkRow sr{1.0f, m[r] + logf(l[r])};  // the row's lse; with a sink, lse' and the share its output keeps
+    if (sinks) sr = with_sink(sr.lse, sinks[h]);
     bf16* row = out + head_row(b, i, h, s.T, s.Hq, DH);
     for (int nd = 0; nd < DH / 8; ++nd)
-      for (int c = 0; c < 2; ++c) store(row + nd * 8 + 2 * t + c, o[nd][2 * r + c] / l[r]);
-    if (t == 0) lse[(b * s.Hq + h) * s.T + i] = m[r] + logf(l[r]);
+      for (int c = 0; c < 2; ++c) {
+        float x = o[nd][2 * r + c] / l[r];
+        if (sinks) x *= sr.keep;
+        store(row + nd * 8 + 2 * t + c, x);
+      }
+    if (t == 0) lse[(b * s.Hq + h) * s.T + i] = sr.lse;
   }
 }
 
@@ -303,14 +311,15 @@ __global__ void __launch_bounds__(kMmaThreads)
       float pt[NT][4], dst[NT][4];  // Sᵀ then Pᵀ, dPᵀ then dSᵀ: [16 keys, 64 queries]
       mma_rows_by_tile<DH>(pt, [&](int kk, uint32_t(&a)[4]) { shared_a_fragment<DH>(a, Ks, 16 * warp, kk); }, Qt);
       mma_rows_by_tile<DH>(dst, [&](int kk, uint32_t(&a)[4]) { shared_a_fragment<DH>(a, Vs, 16 * warp, kk); }, dOt);
-      // Every query of the tile at or after every key of the warp, all inside T, no documents.
-      const bool unmasked = doc_ids == nullptr && q0 >= w0 + 15 && q0 + kMmaTile - 1 < s.T;
+      // Every query of the tile at or after every key of the warp and within its window, all inside T, no documents.
+      const bool unmasked = doc_ids == nullptr && q0 >= w0 + 15 && q0 + kMmaTile - 1 < s.T &&
+                            (s.window <= 0 || q0 + kMmaTile - 1 - w0 < s.window);
       for (int j = 0; j < NT; ++j)
         for (int e = 0; e < 4; ++e) {
           const int64_t key = w0 + g + 8 * (e >> 1);
           const int col = j * 8 + 2 * t + (e & 1);
           const int64_t i = q0 + col;
-          const bool valid = unmasked || (key < s.T && i < s.T && attends(doc_ids, b, s.T, i, key));
+          const bool valid = unmasked || (key < s.T && i < s.T && attends(doc_ids, b, s.T, i, key, s.window));
           probability_and_grad(pt[j][e], dst[j][e], valid, scale, lse_s[buf * kMmaTile + col],
                                Di_s[buf * kMmaTile + col]);
         }
@@ -385,11 +394,11 @@ __global__ void __launch_bounds__(kMmaThreads)
       float p[NT][4], ds[NT][4];
       mma_rows_by_tile<DH>(p, [&](int kk, uint32_t(&a)[4]) { for (int i = 0; i < 4; ++i) a[i] = qf[kk][i]; }, Kt);
       mma_rows_by_tile<DH>(ds, [&](int kk, uint32_t(&a)[4]) { for (int i = 0; i < 4; ++i) a[i] = of[kk][i]; }, Vt);
-      const bool unmasked = tile_unmasked(doc_ids, s.T, w0, k0);
+      const bool unmasked = tile_unmasked(doc_ids, s.T, s.window, w0, k0);
       for (int j = 0; j < NT; ++j)
         for (int e = 0; e < 4; ++e) {
           const int64_t i = w0 + g + 8 * (e >> 1), key = k0 + j * 8 + 2 * t + (e & 1);
-          const bool valid = unmasked || (i < s.T && key < s.T && attends(doc_ids, b, s.T, i, key));
+          const bool valid = unmasked || (i < s.T && key < s.T && attends(doc_ids, b, s.T, i, key, s.window));
           probability_and_grad(p[j][e], ds[j][e], valid, scale, lse_r[e >> 1], Di_r[e >> 1]);
         }
       mma_scores_by_tile<DH>(dqa, ds, Kt);
@@ -414,13 +423,13 @@ constexpr size_t attention_mma_backward_kv_shared(int DH) {
 
 template <int DH>
 void attention_forward_mma(Stream st, bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
-                           const int32_t* doc_ids, AttentionShape s, float scale) {
+                           const int32_t* doc_ids, const float* sinks, AttentionShape s, float scale) {
   check_attention_alignment("attention_forward", {q, k, v});
   const size_t shared = attention_mma_forward_shared(DH);
   allow_shared(attention_forward_mma_kernel<DH>, shared);
   const dim3 grid(unsigned((s.T + kMmaTile - 1) / kMmaTile), unsigned(s.Hq), unsigned(s.B));
   LT_LAUNCH(attention_forward_mma_kernel<DH>, grid, dim3(kMmaThreads), shared, native_stream(st), out, lse, q, k, v,
-            doc_ids, s, scale);
+            doc_ids, sinks, s, scale);
 }
 
 template <int DH>

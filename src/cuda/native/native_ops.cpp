@@ -236,6 +236,24 @@ double nat_head_forward(const float* x, const int32_t* targets, const float* nor
 
 // The chunked gated delta rule stays the CPU op's here (null: not overridden); its native kernel is held against
 // cuda-sim's by tests/cuda/test_kernels_native.cpp.
+void nat_attention_sinks_forward(float* out, float* lse, const float* sinks, AttentionShape s) {
+  const int64_t nq = s.B * s.T * s.Hq * s.D, nlse = s.B * s.Hq * s.T;
+  DeviceCopy<float> d_out(sz(nq), out), d_lse(sz(nlse), lse), d_sinks(sz(s.Hq), sinks);
+  native::attention_sinks_forward(kDefault, d_out.p(), d_lse.p(), d_sinks.p(), s);
+  finish("attention_sinks_forward");
+  d_out.download(out);
+  d_lse.download(lse);
+}
+void nat_attention_sinks_backward(float* dsinks, const float* dout, const float* out, const float* lse,
+                                  const float* sinks, AttentionShape s) {
+  const int64_t nq = s.B * s.T * s.Hq * s.D, nlse = s.B * s.Hq * s.T;
+  DeviceCopy<float> d_ds(sz(s.Hq)), d_dout(sz(nq), dout), d_out(sz(nq), out), d_lse(sz(nlse), lse),
+      d_sinks(sz(s.Hq), sinks);
+  native::attention_sinks_backward(kDefault, d_ds.p(), d_dout.p(), d_out.p(), d_lse.p(), d_sinks.p(), s);
+  finish("attention_sinks_backward");
+  d_ds.download(dsinks);
+}
+
 // Mixture-of-Experts (ops/moe.h): integer and float operands alike copied over and back.
 void nat_router_forward(int32_t* ids, float* weights, float* probs, const float* logits, const RouterShape& s) {
   DeviceCopy<int32_t> d_ids(sz(s.N * s.k)), d_bad(1);
@@ -351,6 +369,8 @@ const OpsOverride kNativeOps{"cuda",
                              nat_head_forward_backward,
                              nullptr,
                              nullptr,
+                             nat_attention_sinks_forward,
+                             nat_attention_sinks_backward,
                              nat_router_forward,
                              nat_router_backward,
                              nat_moe_permute,

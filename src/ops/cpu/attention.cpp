@@ -749,6 +749,7 @@ double row_dot(const float* dout, const float* out, int64_t at, int64_t D) {
 
 void attention_sinks_forward(float* out, float* lse, const float* sinks, AttentionShape s) {
   check_sinks("attention_sinks_forward", sinks, s);
+  LT_OPS_OVERRIDE(attention_sinks_forward, out, lse, sinks, s);
   parallel_for(s.B * s.Hq, [&](int64_t bh) {
     const int64_t b = bh / s.Hq, h = bh % s.Hq;
     const double sink = sinks[h];
@@ -767,6 +768,7 @@ void attention_sinks_forward(float* out, float* lse, const float* sinks, Attenti
 void attention_sinks_backward(float* dsinks, const float* dout, const float* out, const float* lse,
                               const float* sinks, AttentionShape s) {
   check_sinks("attention_sinks_backward", sinks, s);
+  LT_OPS_OVERRIDE(attention_sinks_backward, dsinks, dout, out, lse, sinks, s);
   parallel_for(s.Hq, [&](int64_t h) {
     double acc = 0;
     for (int64_t b = 0; b < s.B; ++b)
