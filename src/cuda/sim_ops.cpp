@@ -185,6 +185,13 @@ void sim_gated_delta_backward(float* dq, float* dk, float* dv, float* dbeta, flo
   sim::gated_delta_backward(kSim, dq, dk, dv, dbeta, dg, dout, q, k, v, beta, g, doc_ids, s, ws.data());
 }
 
+void sim_clamped_swiglu_forward(float* out, const float* gate, const float* up, int64_t n, float alpha, float limit) {
+  sim::clamped_swiglu_forward(kSim, out, gate, up, n, alpha, limit);
+}
+void sim_clamped_swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate, const float* up,
+                                 int64_t n, float alpha, float limit) {
+  sim::clamped_swiglu_backward(kSim, dgate, dup, dout, gate, up, n, alpha, limit);
+}
 void sim_attention_sinks_forward(float* out, float* lse, const float* sinks, AttentionShape s) {
   sim::attention_sinks_forward(kSim, out, lse, sinks, s);
 }
@@ -255,6 +262,8 @@ const OpsOverride kCudaSimOps{"cuda-sim",
                               sim_head_forward_backward,
                               sim_gated_delta_forward,
                               sim_gated_delta_backward,
+                              sim_clamped_swiglu_forward,
+                              sim_clamped_swiglu_backward,
                               sim_attention_sinks_forward,
                               sim_attention_sinks_backward,
                               sim_router_forward,

@@ -37,7 +37,9 @@ struct OpsOverride {
   // CPU op (its other ops' kernels give the CPU ops' bits), so the in-memory path and the CUDA block agree.
   decltype(&gated_delta_forward) gated_delta_forward_fn = nullptr;
   decltype(&gated_delta_backward) gated_delta_backward_fn = nullptr;
-  // GPT-OSS's attention sinks around the attention kernels (ops/attention.h).
+  // GPT-OSS's clamped SwiGLU (ops/swiglu.h) and attention sinks around the attention kernels (ops/attention.h).
+  decltype(&clamped_swiglu_forward) clamped_swiglu_forward_fn = nullptr;
+  decltype(&clamped_swiglu_backward) clamped_swiglu_backward_fn = nullptr;
   decltype(&attention_sinks_forward) attention_sinks_forward_fn = nullptr;
   decltype(&attention_sinks_backward) attention_sinks_backward_fn = nullptr;
   // Mixture-of-Experts routing and row shuffles (ops/moe.h; cuda/kernels/moe.cuh gives the CPU ops' bits).

@@ -67,4 +67,18 @@ LT_HD_INLINE void backward(float d, float g, float u, float* dgate, float* dup) 
   *dup = d * (g * s);
 }
 
+// GPT-OSS's clamped SwiGLU (ops/swiglu.h): g = min(gate, limit), u = clamp(up, −limit, limit),
+// h = (u + 1) · g · σ(α·g); the backward passes nothing through a clamped input.
+LT_HD_INLINE float clamped_forward(float gate, float up, float alpha, float limit) {
+  const float g = limit < gate ? limit : gate, u = up < -limit ? -limit : (limit < up ? limit : up);
+  return (u + 1.0f) * (g * sigmoid(alpha * g));
+}
+LT_HD_INLINE void clamped_backward(float d, float gate, float up, float alpha, float limit, float* dgate, float* dup) {
+  const float g = limit < gate ? limit : gate, u = up < -limit ? -limit : (limit < up ? limit : up), a = alpha * g;
+  float s, sm;
+  sigmoid_pair(a, &s, &sm);
+  *dgate = gate <= limit ? (d * (u + 1.0f)) * (s * (1.0f + a * sm)) : 0.0f;
+  *dup = up >= -limit && up <= limit ? d * (g * s) : 0.0f;
+}
+
 }  // namespace lt::swiglu_math

@@ -257,13 +257,15 @@ TEST(CudaSimBlock, MlpTokenChunksGiveTheSameBitsAsOneChunk) {
   EXPECT_LT(rel_l2(two.dx_in, cpu.dx_in), kTol);
 }
 
-// Sparse layers (cuda/layers/moe.inl): a Qwen3-MoE layer (top-k renormalised or not) and a Qwen3.5-MoE one (a
-// shared expert; a Gated DeltaNet or attention mixer), bf16 and f32 GEMMs, with the load-balancing loss on rows
+// Sparse layers (cuda/layers/moe.inl): a Qwen3-MoE layer (top-k renormalised or not), a Qwen3.5-MoE one (a shared
+// expert; a Gated DeltaNet or attention mixer) and a GPT-OSS one (a sliding window, sinks, YaRN, the biased router,
+// biased experts and the clamped SwiGLU), bf16 and f32 GEMMs, with the load-balancing loss on rows
 // whose mask leaves some tokens out: against the CPU block to kTol (the routing is the same: n2 agrees bit for bit
 // but where a rounding falls the other way, and the test's margins keep every choice), the aux loss's value too;
 // the same bits in every thread order; a recomputed sparse layer gives the kept layer's bits.
+enum class SparseKind { qwen3_moe, qwen3_5_moe, gpt_oss };
 struct SparseCase {
-  bool hybrid;
+  SparseKind kind;
   ComputeType compute;
   uint64_t seed;
 };
@@ -277,14 +279,22 @@ struct SparseRun {
 };
 
 TEST(CudaSimBlock, SparseLayersMatchTheCpuBlockAndRecomputeTheirBits) {
-  const SparseCase cases[] = {{false, ComputeType::bf16, 3}, {false, ComputeType::f32, 4},
-                              {true, ComputeType::bf16, 5},  {true, ComputeType::f32, 6}};
+  const SparseCase cases[] = {{SparseKind::qwen3_moe, ComputeType::bf16, 3},   {SparseKind::qwen3_moe, ComputeType::f32, 4},
+                              {SparseKind::qwen3_5_moe, ComputeType::bf16, 5}, {SparseKind::qwen3_5_moe, ComputeType::f32, 6},
+                              {SparseKind::gpt_oss, ComputeType::bf16, 7},     {SparseKind::gpt_oss, ComputeType::f32, 8}};
   for (const SparseCase& c : cases) {
-    SCOPED_TRACE(std::string(c.hybrid ? "qwen3_5_moe" : "qwen3_moe") +
-                 (c.compute == ComputeType::bf16 ? " bf16" : " f32") + " GEMMs, seed " + std::to_string(c.seed));
+    const char* kinds[] = {"qwen3_moe", "qwen3_5_moe", "gpt_oss"};
+    SCOPED_TRACE(std::string(kinds[int(c.kind)]) + (c.compute == ComputeType::bf16 ? " bf16" : " f32") +
+                 " GEMMs, seed " + std::to_string(c.seed));
     Rng rng(c.seed * 7919);
-    ModelConfig cfg = c.hybrid ? lt::testing::random_hybrid_moe_config(rng) : lt::testing::random_moe_config(rng);
+    ModelConfig cfg = c.kind == SparseKind::qwen3_5_moe ? lt::testing::random_hybrid_moe_config(rng)
+                      : c.kind == SparseKind::gpt_oss   ? lt::testing::random_gpt_oss_config(rng)
+                                                        : lt::testing::random_moe_config(rng);
     cfg.mlp_only_layers.clear();
+    if (c.kind == SparseKind::gpt_oss) {  // the tested layer slides (window 4 over T = 9), its sinks on
+      cfg.sliding_window = 4;
+      cfg.layer_types.back() = LayerKind::sliding_attention;
+    }
     const int64_t layer = cfg.num_layers - 1, B = 2, T = 9, N = B * T, C = cfg.hidden_size;
     ASSERT_TRUE(cfg.sparse_layer(layer));
     const BlockShape sh = BlockShape::make(cfg, B, T, DType::bf16).for_layer(cfg, layer);

@@ -58,14 +58,17 @@ TEST(ExecutorMoe, GptOssEveryPolicyMatchesInMemoryPathBitwise) {
   }
 }
 
-// The CUDA block's sparse layers (cuda/layers/moe.inl, under cuda-sim; bf16 storage as the GPU stores): Qwen3-MoE
-// and Qwen3.5-MoE, the load-balancing loss on padded rows on half the seeds. Every plan gives the keep-all bits with
+// The CUDA block's sparse layers (cuda/layers/moe.inl, under cuda-sim; bf16 storage as the GPU stores): Qwen3-MoE,
+// Qwen3.5-MoE and GPT-OSS (windows and sinks in the attention kernels, biased and clamped experts), the
+// load-balancing loss on padded rows on half the seeds. Every plan gives the keep-all bits with
 // the predicted peak (a recompute routes as the forward did and adds nothing to the aux loss), and the CPU block's
 // loss, aux loss and gradients to f32 rounding carried through bf16 storage.
 TEST(ExecutorMoe, TheCudaBlockGivesTheKeepAllBitsUnderEveryPlanAndTheCpuBlockToRounding) {
-  for (uint64_t seed = 31; seed <= 34; ++seed) {
+  for (uint64_t seed = 32; seed <= 35; ++seed) {
     Rng rng(seed * 1009);
-    const ModelConfig cfg = seed % 3 == 0 ? testing::random_hybrid_moe_config(rng) : testing::random_moe_config(rng);
+    const ModelConfig cfg = seed % 3 == 0   ? testing::random_hybrid_moe_config(rng)
+                            : seed % 3 == 1 ? testing::random_moe_config(rng)
+                                            : testing::random_gpt_oss_config(rng);
     const ModelSlabs params = testing::random_params(cfg, seed * 7);
     Batch batch = testing::random_batch(cfg, rng, seed % 2 == 0);
     const double aux = seed % 4 < 2 ? 0.5 : 0.0;
@@ -98,9 +101,14 @@ TEST(ExecutorMoe, TheCudaBlockGivesTheKeepAllBitsUnderEveryPlanAndTheCpuBlockToR
     ModelSlabs cpu(cfg);
     const LossResult cpu_loss = model_forward_backward(cpu, params, batch, Precision(ct, DType::bf16), nullptr, aux);
     EXPECT_EQ(ref.tokens, cpu_loss.tokens);
-    EXPECT_NEAR(ref.loss_sum, cpu_loss.loss_sum, 1e-6 * std::fabs(cpu_loss.loss_sum)) << "seed " << seed;
+    // Measured: Qwen3-MoE and Qwen3.5-MoE loss within 1e-8 relative, gradients 1e-5. GPT-OSS with bf16 GEMMs (seed
+    // 35): loss 4e-5, gradients 3e-3 — its random models (large expert weights, N(0, 1) sinks) carry an f32
+    // difference across a bf16 operand's rounding boundary into every layer below (2^-8 where one flips); the same
+    // model with f32 GEMMs agrees to 1e-6, so this is rounding, not a formula.
+    const bool loose = cfg.gpt_oss() && ct == ComputeType::bf16;
+    EXPECT_NEAR(ref.loss_sum, cpu_loss.loss_sum, (loose ? 1e-4 : 1e-6) * std::fabs(cpu_loss.loss_sum)) << "seed " << seed;
     EXPECT_NEAR(ref.moe_aux_loss, cpu_loss.moe_aux, 1e-6 * cpu_loss.moe_aux) << "seed " << seed;
-    EXPECT_LT(testing::relative_error(ref_grads, cpu), 1e-4) << "seed " << seed;
+    EXPECT_LT(testing::relative_error(ref_grads, cpu), loose ? 1e-2 : 1e-4) << "seed " << seed;
     const std::vector<Plan> plans = {Plan::every(L, 1), Plan::every(L, 2, Tier::host), Plan::every(L, 1, Tier::nvme),
                                      testing::random_plan(L, rng),
                                      testing::with_random_windows(testing::random_host_plan(L, rng), rng)};

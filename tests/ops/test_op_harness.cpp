@@ -248,9 +248,10 @@ OpCase attention_window_sinks_case() {
           }};
 }
 
-// GPT-OSS's clamped SwiGLU: one plain build, so every backend gives its bits. Gates and ups across both clamps.
+// GPT-OSS's clamped SwiGLU: one plain build and a kernel of the same formulas (ops/swiglu_math.h), so every backend
+// gives its bits. Gates and ups across both clamps.
 OpCase clamped_swiglu_case() {
-  return {"clamped_swiglu_forward_backward", {{1}, {37 * 67 + 13}, {4096 + 13}}, {DType::f32}, false,
+  return {"clamped_swiglu_forward_backward", {{1}, {37 * 67 + 13}, {4096 + 13}}, {DType::f32}, true,
           [](OpOutputs& out, const Shape& s, DType) {
             const int64_t n = s[0];
             const auto gate = values(size_t(n), 54 + n, -12.0f, 12.0f), up = values(size_t(n), 55 + n, -12.0f, 12.0f);

@@ -1,5 +1,5 @@
-// cuda/kernels/elementwise.cuh — SwiGLU (ops/swiglu_math.h's per-element formulas, the CPU op's bits), the
-// residual add, gradient accumulation and dtype conversions: grid-stride loops over n elements.
+// cuda/kernels/elementwise.cuh — SwiGLU and GPT-OSS's clamped SwiGLU (ops/swiglu_math.h's per-element formulas, the
+// CPU ops' bits), the residual add, gradient accumulation and dtype conversions: grid-stride loops over n elements.
 #pragma once
 
 #include "cuda/kernels/common.cuh"
@@ -18,6 +18,20 @@ __global__ void swiglu_backward_kernel(float* dgate, float* dup, const float* do
                                        int64_t n) {
   for (int64_t i = global_thread(); i < n; i += grid_threads())
     swiglu_math::backward(dout[i], load(gate + i), load(up + i), dgate + i, dup + i);
+}
+
+template <class T>
+__global__ void clamped_swiglu_forward_kernel(T* out, const T* gate, const T* up, int64_t n, float alpha,
+                                              float limit) {
+  for (int64_t i = global_thread(); i < n; i += grid_threads())
+    store(out + i, swiglu_math::clamped_forward(load(gate + i), load(up + i), alpha, limit));
+}
+
+template <class T>
+__global__ void clamped_swiglu_backward_kernel(float* dgate, float* dup, const float* dout, const T* gate, const T* up,
+                                               int64_t n, float alpha, float limit) {
+  for (int64_t i = global_thread(); i < n; i += grid_threads())
+    swiglu_math::clamped_backward(dout[i], load(gate + i), load(up + i), alpha, limit, dgate + i, dup + i);
 }
 
 template <class T>
@@ -62,6 +76,22 @@ void swiglu_backward(Stream s, float* dgate, float* dup, const float* dout, cons
 void swiglu_backward(Stream s, float* dgate, float* dup, const float* dout, const bf16_t* gate,
                      const bf16_t* up, int64_t n) {
   LT_ELEMENTWISE(swiglu_backward_kernel<bf16>, n, dgate, dup, dout, dev(gate), dev(up), n);
+}
+void clamped_swiglu_forward(Stream s, float* out, const float* gate, const float* up, int64_t n, float alpha,
+                            float limit) {
+  LT_ELEMENTWISE(clamped_swiglu_forward_kernel<float>, n, out, gate, up, n, alpha, limit);
+}
+void clamped_swiglu_forward(Stream s, bf16_t* out, const bf16_t* gate, const bf16_t* up, int64_t n, float alpha,
+                            float limit) {
+  LT_ELEMENTWISE(clamped_swiglu_forward_kernel<bf16>, n, dev(out), dev(gate), dev(up), n, alpha, limit);
+}
+void clamped_swiglu_backward(Stream s, float* dgate, float* dup, const float* dout, const float* gate, const float* up,
+                             int64_t n, float alpha, float limit) {
+  LT_ELEMENTWISE(clamped_swiglu_backward_kernel<float>, n, dgate, dup, dout, gate, up, n, alpha, limit);
+}
+void clamped_swiglu_backward(Stream s, float* dgate, float* dup, const float* dout, const bf16_t* gate,
+                             const bf16_t* up, int64_t n, float alpha, float limit) {
+  LT_ELEMENTWISE(clamped_swiglu_backward_kernel<bf16>, n, dgate, dup, dout, dev(gate), dev(up), n, alpha, limit);
 }
 void add(Stream s, float* out, const float* a, const float* b, int64_t n) {
   LT_ELEMENTWISE(add_kernel<float>, n, out, a, b, n);

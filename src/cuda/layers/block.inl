@@ -59,6 +59,7 @@ struct BlockScratchCuda {
   float* onew;                                // [2C + 2D]: 1 + w of ln1, ln2, q_norm, k_norm (zero-centred norms)
   float *datt, *dq, *dq_raw, *dk, *dv, *dk_raw;  // [N, QD], [N, QD], [N, QPD], [N, KVD] x3 (attention)
   float* gated;                               // att × σ(gate) (gated attention), in dq: [N, QD]
+  float* dsinks;                              // [Hq] the sinks' gradient (GPT-OSS)
   bf16_t *operand, *qb;                       // [max(N·W, R·I)]: dY rounded for the GEMMs; [N, QD] (gated)
   float *m_dy, *m_do, *m_dz, *m_dqk, *m_dqkv, *m_dpre;  // [N, VD] x3 (dy in p2), [N, 2·KD], [N, Dc] x2 (dpre in p)
   float *m_db, *m_da, *m_dbeta, *m_dg;        // [N, Hv] x4
@@ -97,6 +98,7 @@ struct BlockScratchCuda {
     } else {
       b.datt = c.take<float>(N * QD), b.dq = c.take<float>(N * QD), b.dq_raw = c.take<float>(N * s.QPD());
       b.dk = c.take<float>(N * KVD), b.dv = c.take<float>(N * KVD), b.dk_raw = c.take<float>(N * KVD);
+      b.dsinks = c.take<float>(s.sinks ? s.Hq : 0);
       if (s.out_gate) {
         b.gated = b.dq;
         b.qb = c.take<bf16_t>(N * QD);
@@ -238,8 +240,9 @@ inline void forward_attention_half(const GemmContext& g, Stream s, const CudaBlo
     query_key(w.wk, w.bk, nw.k_norm, st.k_raw, st.k_rstd, st.k, KVD, sh.Hkv, false);
     gpu_linear(g, s, b.p, st.n1, w.wv, w.bv, N, C, KVD, b.x32);
     convert(s, st.v, b.p, N * KVD);
+    // GPT-OSS: a sliding layer's window, and the sinks applied where att is stored (rounded once, as the CPU block).
     attention_forward(s, st.att, st.lse, st.q, st.k, st.v, blk.tok.doc_ids,
-                      AttentionShape{sh.B, sh.T, sh.Hq, sh.Hkv, sh.D});
+                      AttentionShape{sh.B, sh.T, sh.Hq, sh.Hkv, sh.D, sh.window}, w.sinks);
     if (sh.out_gate) {  // o_proj reads att × σ(gate) in f32, from the rounded att and gate (not stored)
       convert(s, b.gated, st.att, N * QD);
       convert(s, b.p, st.q_raw, N * sh.QPD());
@@ -378,8 +381,12 @@ void block_backward_attention(const GemmContext& g, Stream s, const CudaBlock& b
     } else {
       detail::gpu_linear_backward(g, s, b.datt, gr.wo, gr.bo, b.dx_mid, st.att, w.wo, N, QD, C, b.operand, wide);
     }
-    attention_backward(s, b.dq, b.dk, b.dv, datt, st.att, st.lse, st.q, st.k, st.v, blk.tok.doc_ids,
-                       AttentionShape{sh.B, sh.T, sh.Hq, sh.Hkv, sh.D}, b.attn_ws);
+    const AttentionShape as{sh.B, sh.T, sh.Hq, sh.Hkv, sh.D, sh.window};
+    attention_backward(s, b.dq, b.dk, b.dv, datt, st.att, st.lse, st.q, st.k, st.v, blk.tok.doc_ids, as, b.attn_ws);
+    if (w.sinks) {  // the sinks' gradient from the same stored att and lse (ops/attention.h)
+      attention_sinks_backward(s, b.dsinks, datt, st.att, st.lse, w.sinks, as);
+      accumulate(s, gr.sinks, b.dsinks, sh.Hq);
+    }
     rope_partial_backward(s, b.dq, blk.tok.pos, blk.rope_cos, blk.rope_sin, N, sh.Hq, sh.D, R);
     rope_partial_backward(s, b.dk, blk.tok.pos, blk.rope_cos, blk.rope_sin, N, sh.Hkv, sh.D, R);
     const float* dq_proj = b.dq;

@@ -84,9 +84,6 @@ class CudaLayerCompute final : public LayerCompute {
 
  private:
   CudaBlock with(const BlockView& w, bool moe_aux = true) const {
-    LT_CHECK(!w.sinks && w.kind != LayerKind::sliding_attention,
-             "the CUDA block has no attention sinks or sliding windows yet (GPT-OSS): run it on device cpu (or "
-             "cuda-sim with f32 activations, whose layers run on the CPU's block)");
     CudaBlock blk = blk_;
     blk.shape = b_.shape.for_layer(w.kind, w.sparse());  // a layer's own mixer kind and MLP (dense or sparse)
     blk.weights = w;

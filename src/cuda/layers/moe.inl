@@ -1,4 +1,4 @@
-// cuda/layers/moe.inl — a sparse layer's MLP on the GPU (qwen3_moe, qwen3_5_moe): model/moe_ffn.cpp's route slice
+// cuda/layers/moe.inl — a sparse layer's MLP on the GPU (qwen3_moe, qwen3_5_moe, gpt_oss): model/moe_ffn.cpp's route slice
 // as kernel launches (cuda/kernels/moe.cuh) and one cuBLASLt call per expert and matrix. Host code compiled into
 // both namespaces, like the block (cuda/layers/block.inl), which calls it slice by slice.
 //
@@ -26,6 +26,7 @@
 #include "cuda/layers/linear.inl"
 #include "cuda/scratch.h"
 #include "model/block.h"
+#include "ops/swiglu.h"
 #if LT_LAYERS_NATIVE
 #include "cuda/native/cuda_check.h"
 #endif
@@ -71,6 +72,7 @@ struct MoeScratchCuda {
   float *dxp, *dxp2;                // [A, C]
   float *dlogits, *dweights;        // [S, E], [A]
   float *sg, *dshared;              // [S] the shared expert's gate σ and its logit's gradient
+  float* down_bias;                 // [E, C] the experts' down biases gathered (gpt_oss)
   bf16_t *gate_c, *up_c, *h_c;      // [S·W] a recomputed slice's internals
   int64_t* offsets() const { return readback; }
   double* aux(int64_t E) const { return reinterpret_cast<double*>(readback + E + 1); }
@@ -91,18 +93,25 @@ struct MoeScratchCuda {
     m.dxp = c.take<float>(A * C), m.dxp2 = c.take<float>(A * C);
     m.dlogits = c.take<float>(S * E), m.dweights = c.take<float>(A);
     m.sg = c.take<float>(S), m.dshared = c.take<float>(S);
+    m.down_bias = c.take<float>(E * C);
     m.gate_c = c.take<bf16_t>(W), m.up_c = c.take<bf16_t>(W), m.h_c = c.take<bf16_t>(W);
     return m;
   }
 };
 
-// What the GPU block cannot run of a sparse layer yet: GPT-OSS's biased experts, router bias and clamped SwiGLU
-// (and its attention's sinks and windows, which the attention kernels refuse).
 inline void check_gpu_sparse_layer(const BlockShape& sh, const MoeView& w) {
-  LT_CHECK(sh.swiglu_limit == 0 && !w.router_bias && !w.experts.front().gate_bias && !w.experts.front().down_bias,
-           "the CUDA block runs qwen3_moe and qwen3_5_moe sparse layers; GPT-OSS's biased experts and clamped SwiGLU "
-           "run on device cpu");
   LT_CHECK(int64_t(w.experts.size()) == sh.E, "sparse layer: {} experts bound, the shape has {}", w.experts.size(), sh.E);
+}
+
+// h = silu(gate)·up, or GPT-OSS's clamped SwiGLU, over n elements (stored bf16), and its backward.
+inline void expert_swiglu(Stream s, const BlockShape& sh, bf16_t* h, const bf16_t* gate, const bf16_t* up, int64_t n) {
+  if (sh.swiglu_limit > 0) clamped_swiglu_forward(s, h, gate, up, n, kClampedSwigluAlpha, sh.swiglu_limit);
+  else swiglu_forward(s, h, gate, up, n);
+}
+inline void expert_swiglu_backward(Stream s, const BlockShape& sh, float* dgate, float* dup, const float* dh,
+                                   const bf16_t* gate, const bf16_t* up, int64_t n) {
+  if (sh.swiglu_limit > 0) clamped_swiglu_backward(s, dgate, dup, dh, gate, up, n, kClampedSwigluAlpha, sh.swiglu_limit);
+  else swiglu_backward(s, dgate, dup, dh, gate, up, n);
 }
 
 // x's rows [first, first + rows) of width `width` in the GEMM dtype t (bf16 or f32 storage behind one pointer).
@@ -156,17 +165,17 @@ inline void moe_internals(const GemmContext& g, Stream s, const BlockShape& sh, 
                           bf16_t* h, const bf16_t* n2, int64_t n, float* widened) {
   const int64_t C = sh.C, Ie = sh.Ie, shared = n * sh.k * Ie, width = n * sh.mlp_width();
   const MatType t = weight_type(w.experts.front().gate);
-  auto project = [&](bf16_t* store, WeightRef ExpertView::*matrix) {
+  auto project = [&](bf16_t* store, WeightRef ExpertView::*matrix, const float* ExpertView::*bias) {
     for_each_expert(offsets, [&](int64_t e, int64_t first, int64_t rows) {
-      const WeightRef& W = w.experts[size_t(e)].*matrix;
-      linear_gemms(g, s, m.out32 + first * Ie, rows_at(m.xp, t, first, C), W, nullptr, rows, C, Ie);
+      const ExpertView& x = w.experts[size_t(e)];
+      linear_gemms(g, s, m.out32 + first * Ie, rows_at(m.xp, t, first, C), x.*matrix, x.*bias, rows, C, Ie);
     });
     if (sh.Is > 0) gpu_linear(g, s, m.out32 + shared, n2, w.shared.*matrix, nullptr, n, C, sh.Is, widened);
     convert(s, store, m.out32, width);
   };
-  project(gate, &ExpertView::gate);
-  project(up, &ExpertView::up);
-  swiglu_forward(s, h, gate, up, width);
+  project(gate, &ExpertView::gate, &ExpertView::gate_bias);
+  project(up, &ExpertView::up, &ExpertView::up_bias);
+  expert_swiglu(s, sh, h, gate, up, width);
 }
 
 // y[n, C] (f32, written): the experts' down projections of h, combined by the routing weights, plus the shared
@@ -182,7 +191,8 @@ inline void moe_down_combine(const GemmContext& g, Stream s, const BlockShape& s
     hop = m.out32;
   }
   for_each_expert(offsets, [&](int64_t e, int64_t first, int64_t rows) {
-    linear_gemms(g, s, m.yp + first * C, rows_at(hop, t, first, Ie), w.experts[size_t(e)].down, nullptr, rows, Ie, C);
+    const ExpertView& x = w.experts[size_t(e)];
+    linear_gemms(g, s, m.yp + first * C, rows_at(hop, t, first, Ie), x.down, x.down_bias, rows, Ie, C);
   });
   moe_combine_forward(s, y, m.yp, m.weights, m.row_of, n, sh.k, C);
   if (sh.Is == 0) return;
@@ -228,14 +238,23 @@ inline void moe_backward(const GemmContext& g, Stream s, const BlockShape& sh, c
     run_matmul(g, linear_dinput_matmul(m.dh + first * Ie, rows_at(dy, t, first, C), w.experts[size_t(e)].down.data, t,
                                        rows, C, Ie), s);
   });
-  moe_weight_grads(s, m.dweights, m.dh, h, m.weights, m.order, m.ids, nullptr, nullptr, A, k, Ie, C);
-  // W_down's gradient from dyp = w·dout.
+  // gpt_oss: the combine multiplies down(h) + b_down, so the weights' gradient adds dout·b_down ([E, C] gathered).
+  const bool down_bias = w.experts.front().down_bias != nullptr;
+  if (down_bias) {
+    zero(s, m.down_bias, E * C);
+    for (int64_t e = 0; e < E; ++e) accumulate(s, m.down_bias + e * C, w.experts[size_t(e)].down_bias, C);
+  }
+  moe_weight_grads(s, m.dweights, m.dh, h, m.weights, m.order, m.ids, down_bias ? dout : nullptr,
+                   down_bias ? m.down_bias : nullptr, A, k, Ie, C);
+  // W_down's gradient (and its bias's) from dyp = w·dout.
   moe_scale_rows(s, m.yp, m.weights, m.order, A, C);
   dy = gradient_operand(s, t, m.yp, A * C, m.operand);
   for_each_expert(offsets, [&](int64_t e, int64_t first, int64_t rows) {
-    for (const Matmul& mm : linear_dweight_matmuls(gr.experts[size_t(e)].down, rows_at(dy, t, first, C),
-                                                   rows_at(hop, t, first, Ie), t, rows, C, Ie))
+    ExpertGrads& ge = gr.experts[size_t(e)];
+    for (const Matmul& mm : linear_dweight_matmuls(ge.down, rows_at(dy, t, first, C), rows_at(hop, t, first, Ie), t,
+                                                   rows, C, Ie))
       run_matmul(g, mm, s);
+    if (ge.down_bias) bias_grad(s, ge.down_bias, m.yp + first * C, rows, C);
   });
   if (Is > 0) {
     // The shared expert: σ again from n2, gs = dout·W_down_s, the gate logit's gradient, d hs = σ·gs, then W_down_s's
@@ -252,18 +271,19 @@ inline void moe_backward(const GemmContext& g, Stream s, const BlockShape& sh, c
                                                    rows_at(hop, t, shared, 1), t, n, C, Is))
       run_matmul(g, mm, s);
   }
-  swiglu_backward(s, m.dgate, m.dup, m.dh, gate, up, width);
-  // The experts' input gradients (gate into dxp, up into dxp2) and their gate / up weight gradients.
-  auto experts_backward = [&](float* dx, const float* d, WeightRef ExpertView::*matrix, float* ExpertGrads::*grad) {
+  expert_swiglu_backward(s, sh, m.dgate, m.dup, m.dh, gate, up, width);
+  // The experts' input gradients (gate into dxp, up into dxp2) and their gate / up weight (and bias) gradients.
+  auto experts_backward = [&](float* dx, const float* d, WeightRef ExpertView::*matrix, float* ExpertGrads::*grad,
+                              float* ExpertGrads::*bias) {
     const void* dop = gradient_operand(s, t, d, width, m.operand);
     for_each_expert(offsets, [&](int64_t e, int64_t first, int64_t rows) {
-      linear_backward_gemms(g, s, dx + first * C, gr.experts[size_t(e)].*grad, nullptr, nullptr,
-                            rows_at(dop, t, first, Ie), rows_at(m.xp, t, first, C), w.experts[size_t(e)].*matrix,
-                            rows, C, Ie);
+      ExpertGrads& ge = gr.experts[size_t(e)];
+      linear_backward_gemms(g, s, dx + first * C, ge.*grad, ge.*bias, d + first * Ie, rows_at(dop, t, first, Ie),
+                            rows_at(m.xp, t, first, C), w.experts[size_t(e)].*matrix, rows, C, Ie);
     });
   };
-  experts_backward(m.dxp, m.dgate, &ExpertView::gate, &ExpertGrads::gate);
-  experts_backward(m.dxp2, m.dup, &ExpertView::up, &ExpertGrads::up);
+  experts_backward(m.dxp, m.dgate, &ExpertView::gate, &ExpertGrads::gate, &ExpertGrads::gate_bias);
+  experts_backward(m.dxp2, m.dup, &ExpertView::up, &ExpertGrads::up, &ExpertGrads::up_bias);
   accumulate(s, m.dxp, m.dxp2, A * C);
   moe_scatter_add(s, dn2, m.dxp, m.row_of, n, k, C);
   if (Is > 0) {

@@ -107,11 +107,9 @@ void swiglu_backward(float* dgate, float* dup, const float* dout, const float* g
 
 void clamped_swiglu_forward(float* out, const float* gate, const float* up, int64_t n, float alpha, float limit) {
   LT_CHECK(n >= 0 && alpha > 0 && limit > 0, "clamped_swiglu_forward: bad n={}, alpha={}, limit={}", n, alpha, limit);
+  LT_OPS_OVERRIDE(clamped_swiglu_forward, out, gate, up, n, alpha, limit);
   parallel_chunks(n, kChunk, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) {
-      const float g = std::min(gate[i], limit), u = std::clamp(up[i], -limit, limit);
-      out[i] = (u + 1.0f) * (g * swiglu_math::sigmoid(alpha * g));
-    }
+    for (int64_t i = b; i < e; ++i) out[i] = swiglu_math::clamped_forward(gate[i], up[i], alpha, limit);
   });
 }
 
@@ -119,14 +117,10 @@ void clamped_swiglu_backward(float* dgate, float* dup, const float* dout, const 
                              float alpha, float limit) {
   LT_CHECK(n >= 0 && alpha > 0 && limit > 0, "clamped_swiglu_backward: bad n={}, alpha={}, limit={}", n, alpha,
            limit);
+  LT_OPS_OVERRIDE(clamped_swiglu_backward, dgate, dup, dout, gate, up, n, alpha, limit);
   parallel_chunks(n, kChunk, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) {
-      const float g = std::min(gate[i], limit), u = std::clamp(up[i], -limit, limit), a = alpha * g;
-      float s, sm;
-      swiglu_math::sigmoid_pair(a, &s, &sm);
-      dgate[i] = gate[i] <= limit ? (dout[i] * (u + 1.0f)) * (s * (1.0f + a * sm)) : 0.0f;
-      dup[i] = up[i] >= -limit && up[i] <= limit ? dout[i] * (g * s) : 0.0f;
-    }
+    for (int64_t i = b; i < e; ++i)
+      swiglu_math::clamped_backward(dout[i], gate[i], up[i], alpha, limit, dgate + i, dup + i);
   });
 }
 
