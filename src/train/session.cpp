@@ -123,6 +123,10 @@ void TrainingSession::load_data() {
                               "load-balancing loss x {:g} ({})",
                               mc.num_experts_per_tok, mc.num_experts, double(mc.num_active_parameters()) / 1e6,
                               moe_aux_coef_, asked ? "moe_aux_loss_coef" : "the model's router_aux_loss_coef"));
+    if (mc.mxfp4_experts)
+      log_->message(fmt::format("experts: MXFP4 in {}, dequantised on load; checkpoints save them in {} without "
+                                "quantization_config (training does not requantise)",
+                                c.model_name_or_path, c.save_dtype));
   } else if (!std::isnan(c.moe_aux_loss_coef) && c.moe_aux_loss_coef > 0) {
     log_->message("moe_aux_loss_coef: ignored, the model has no experts");
   }

@@ -123,15 +123,18 @@ TEST(GenerateHybrid, StateCacheDecodeEqualsFullForward) {
   }
 }
 
-// Mixture-of-Experts: Qwen3-MoE's sparse layers (a dense one among them), and GPT-OSS's — sliding layers (window 4)
+// Mixture-of-Experts: Qwen3-MoE's sparse layers (a dense one among them), Qwen3.5-MoE's (Gated DeltaNet's state cache
+// and a shared expert), and GPT-OSS's — sliding layers (window 4)
 // and full ones, every head's sink in the cached softmax, YaRN, the biased router and clamped experts. Prompts of 2
 // tokens (inside one window) and 19 (the window slides over the cache during the prefill and every decoded token).
 TEST(GenerateMoe, KvCacheDecodeEqualsFullForward) {
-  for (const bool gpt_oss : {false, true}) {
-    SCOPED_TRACE(gpt_oss ? "gpt_oss" : "qwen3_moe");
-    Rng rng(gpt_oss ? 41 : 42);
-    ModelConfig c = gpt_oss ? testing::random_gpt_oss_config(rng) : testing::random_moe_config(rng);
-    if (gpt_oss) c.sliding_window = 4;
+  for (const ModelType type : {ModelType::qwen3_moe, ModelType::gpt_oss, ModelType::qwen3_5}) {
+    SCOPED_TRACE(model_type_name(type));
+    Rng rng(40 + uint64_t(type));
+    ModelConfig c = type == ModelType::gpt_oss ? testing::random_gpt_oss_config(rng)
+                    : type == ModelType::qwen3_5 ? testing::random_hybrid_moe_config(rng)
+                                                 : testing::random_moe_config(rng);
+    if (type == ModelType::gpt_oss) c.sliding_window = 4;
     c.max_position_embeddings = 128;
     ModelSlabs p(c);
     init_random(p, 9, 0.3f);

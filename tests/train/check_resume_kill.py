@@ -3,11 +3,14 @@
 resumed with resume_from_checkpoint=true until it finishes must end with model files byte-identical to
 an uninterrupted run of the same config.
 
-Usage: check_resume_kill.py --lazytrain BIN [--kills N] [--seed S] [--steps N] [--device cpu|cuda-sim] [--model moe]
+Usage: check_resume_kill.py --lazytrain BIN [--kills N] [--seed S] [--steps N] [--device cpu|cuda-sim]
+                     [--model dense|moe|gpt_oss]
                      [--batch B]"""
 import argparse
+import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -24,8 +27,9 @@ def main():
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda-sim"],
                     help="cuda-sim: the CUDA block and head under cuda-sim (bf16 activations), what --device cuda runs")
-    ap.add_argument("--model", default="dense", choices=["dense", "moe"],
-                    help="moe: the demo's Qwen3-MoE (make_data.py's model_moe: 8 experts, 2 per token)")
+    ap.add_argument("--model", default="dense", choices=["dense", "moe", "gpt_oss"],
+                    help="moe: the demo's Qwen3-MoE (make_data.py's model_moe: 8 experts, 2 per token); gpt_oss: a "
+                         "GPT-OSS of its sizes (sliding and full layers, sinks, YaRN, biased clamped experts)")
     ap.add_argument("--batch", type=int, default=4, help="per_device_train_batch_size")
     a = ap.parse_args()
     rng = random.Random(a.seed)
@@ -33,6 +37,24 @@ def main():
         config = CONFIG
         if a.model == "moe":
             paths = [f"model_name_or_path={work}/model_moe/config.json"] + paths[1:]
+        if a.model == "gpt_oss":
+            with open(os.path.join(work, "model_moe", "config.json")) as f:
+                moe = json.load(f)
+            gpt_oss = {k: moe[k] for k in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                                           "num_key_value_heads", "head_dim", "rms_norm_eps", "bos_token_id",
+                                           "eos_token_id", "tie_word_embeddings", "torch_dtype")}
+            gpt_oss.update(architectures=["GptOssForCausalLM"], model_type="gpt_oss", intermediate_size=128,
+                           num_local_experts=8, num_experts_per_tok=2, sliding_window=32, swiglu_limit=7.0,
+                           attention_bias=True, router_aux_loss_coef=0.01, max_position_embeddings=512,
+                           rope_theta=150000.0, layer_types=["sliding_attention", "full_attention"] * 2,
+                           rope_scaling={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                         "original_max_position_embeddings": 128, "truncate": False})
+            os.makedirs(os.path.join(work, "model_gpt_oss"), exist_ok=True)
+            with open(os.path.join(work, "model_gpt_oss", "config.json"), "w") as f:
+                json.dump(gpt_oss, f)
+            for name in ("tokenizer.json", "tokenizer_config.json"):
+                shutil.copy(os.path.join(work, "model_moe", name), os.path.join(work, "model_gpt_oss", name))
+            paths = [f"model_name_or_path={work}/model_gpt_oss/config.json"] + paths[1:]
         common = paths + ["eval_dataset=",
                   f"per_device_train_batch_size={a.batch}", f"max_steps={a.steps}", "save_steps=2", "save_total_limit=2",
                   "logging_steps=4", "plan=every:2", "cutoff_len=160", "device_memory=256MiB", f"device={a.device}"]
@@ -78,7 +100,6 @@ def main():
         print(f"pass: {kills} kills, resumed run byte-identical to the uninterrupted one")
 
         # The saved checkpoint is a Hugging Face model: PyTorch's reference loads it and agrees on the loss.
-        import json
         ckpt = os.path.join(ref, f"checkpoint-{a.steps}")
         batch = os.path.join(work, "batch.json")
         ids = [[rng.randrange(259) for _ in range(40)] for _ in range(2)]
