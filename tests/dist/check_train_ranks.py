@@ -6,7 +6,8 @@ gradients are summed in that order (dist/data_parallel.h), so for 1 x 6, 2 x 3 a
 f32 masters, optimizer states) are byte-identical and metrics.jsonl has the same loss and gradient norm at every
 step — with tied and untied embeddings (the tied lm_head's part of the table is replayed rank by rank). Also: a run
 saved on 2 ranks resumes on 3 and on 1 and ends byte-identical to the uninterrupted run; fine-tuning a model
-directory, each rank loading only its own masters, is byte-identical on 2 ranks and on 1; rank 0 alone writes and
+directory, each rank loading only its own masters, is byte-identical on 2 ranks and on 1 — for the dense demo model,
+its Qwen3-MoE and a GPT-OSS of its sizes (whose fused experts each rank reads by its ranges); rank 0 alone writes and
 prints; each rank keeps optimizer states for about 1/N of the parameters and (bf16 compute) f32 masters of 1/N of
 the layers and head, rank 0 gathering them whole for each save and evaluation; a rank killed mid-run ends the whole
 job with a non-zero exit, leaving only whole checkpoints; a rank that stops answering ends it after dist_timeout_s
@@ -23,7 +24,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "train"))
-from arith_work import CONFIG, arith_work  # noqa: E402
+from arith_work import CONFIG, arith_work, gpt_oss_model  # noqa: E402
 
 FILES = ("model.safetensors", "resume/optimizer.safetensors", "resume/params.safetensors")
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1")
@@ -174,6 +175,23 @@ def main():
             tuned[ranks] = out
         same(tuned[1], tuned[2], 2, "fine-tuned from a model directory on 2 ranks")
         print("pass: fine-tuning a model directory on 2 ranks (each loading its own masters) byte-identical to 1")
+
+        # Mixture-of-Experts: the demo's Qwen3-MoE and a GPT-OSS of its sizes (fused experts on disk, which each rank
+        # reads by its own ranges), from scratch on 2 ranks x 2 and fine-tuned from a directory: the one-process bits.
+        for kind, config in (("qwen3_moe", f"{work}/model_moe/config.json"), ("gpt_oss", gpt_oss_model(work))):
+            runs = {}
+            for ranks, accum in ((1, 4), (2, 2)):
+                out = os.path.join(work, f"{kind}-{ranks}x{accum}")
+                train(ranks, out, common + [f"model_name_or_path={config}", "max_steps=2", "eval_steps=0",
+                                            f"gradient_accumulation_steps={accum}"])
+                tuned_out = out + "-tuned"
+                train(ranks, tuned_out, common + [f"model_name_or_path={os.path.join(runs.get(1, out), 'checkpoint-2')}",
+                                                  "max_steps=2", "eval_steps=0", f"gradient_accumulation_steps={accum}"])
+                runs[ranks] = out
+                if ranks > 1:
+                    same(runs[1], out, 2, f"{kind} on 2 ranks")
+                    same(runs[1] + "-tuned", tuned_out, 2, f"{kind} fine-tuned from a directory on 2 ranks")
+            print(f"pass: {kind} on 2 ranks, from scratch and fine-tuned from a directory: byte-identical to 1")
 
         # A global batch that changes is refused on resume, naming the key.
         out = os.path.join(work, "resumed-other-batch")

@@ -77,25 +77,10 @@ TEST(ExecutorHybrid, TheCudaBlockGivesTheKeepAllBitsUnderEveryPlanAndTheCpuBlock
     const ModelSlabs params = random_params(cfg, seed * 7);
     const Batch batch = long_batch(cfg, rng, seed % 2 == 0);
     const ComputeType ct = seed % 4 < 2 ? ComputeType::bf16 : ComputeType::f32;
-    ModelSlabs bf16(cfg, DType::bf16);
-    const ModelSlabs* weights = &params;
-    if (ct == ComputeType::bf16) {
-      make_compute_copy(bf16, params);
-      weights = &bf16;
-    }
-    ExecOptions o;
-    o.kernels = LayerKernels::cuda;
-    o.compute = ct;
-    o.activations = DType::bf16;
+    const testing::CudaBlockSteps steps(cfg, params, batch, ct);
     const int64_t L = cfg.num_layers;
     auto run = [&](const Plan& plan, LinkSpec link, ModelSlabs& grads) {
-      const size_t predicted = predict_peak_device_bytes(cfg, batch.B, batch.T, plan, o);
-      auto dev = make_cpu_device(predicted + 4096, link);
-      std::unique_ptr<NvmeStore> nvme = nvme_store_for(cfg, batch, plan, o);
-      StreamingExecutor ex(cfg, *dev, o, nvme.get());
-      const StepStats st = ex.step(grads, params, *weights, batch, plan);
-      EXPECT_EQ(st.peak_device_bytes, predicted) << "seed " << seed << " plan " << plan.to_json().dump();
-      return st;
+      return steps.run(plan, link, grads, "seed " + std::to_string(seed));
     };
     ModelSlabs ref_grads(cfg);
     const StepStats ref = run(Plan::keep_all(L), LinkSpec{}, ref_grads);

@@ -59,12 +59,12 @@ TEST(ExecutorMoe, GptOssEveryPolicyMatchesInMemoryPathBitwise) {
 }
 
 // The CUDA block's sparse layers (cuda/layers/moe.inl, under cuda-sim; bf16 storage as the GPU stores): Qwen3-MoE,
-// Qwen3.5-MoE and GPT-OSS (windows and sinks in the attention kernels, biased and clamped experts), the
-// load-balancing loss on padded rows on half the seeds. Every plan gives the keep-all bits with
+// Qwen3.5-MoE and GPT-OSS (windows and sinks in the attention kernels, biased and clamped experts); the
+// load-balancing loss on the first (GPT-OSS's with padding: model_vs_torch.gpt_oss_aux_padded.cuda_sim_bf16). Every plan gives the keep-all bits with
 // the predicted peak (a recompute routes as the forward did and adds nothing to the aux loss), and the CPU block's
 // loss, aux loss and gradients to f32 rounding carried through bf16 storage.
 TEST(ExecutorMoe, TheCudaBlockGivesTheKeepAllBitsUnderEveryPlanAndTheCpuBlockToRounding) {
-  for (uint64_t seed = 32; seed <= 35; ++seed) {
+  for (uint64_t seed = 33; seed <= 35; ++seed) {
     Rng rng(seed * 1009);
     const ModelConfig cfg = seed % 3 == 0   ? testing::random_hybrid_moe_config(rng)
                             : seed % 3 == 1 ? testing::random_moe_config(rng)
@@ -74,27 +74,10 @@ TEST(ExecutorMoe, TheCudaBlockGivesTheKeepAllBitsUnderEveryPlanAndTheCpuBlockToR
     const double aux = seed % 4 < 2 ? 0.5 : 0.0;
     if (seed % 4 == 0) testing::add_random_padding(batch, rng);
     const ComputeType ct = seed % 2 ? ComputeType::bf16 : ComputeType::f32;
-    ModelSlabs bf16(cfg, DType::bf16);
-    const ModelSlabs* weights = &params;
-    if (ct == ComputeType::bf16) {
-      make_compute_copy(bf16, params);
-      weights = &bf16;
-    }
-    ExecOptions o;
-    o.kernels = LayerKernels::cuda;
-    o.compute = ct;
-    o.activations = DType::bf16;
+    const testing::CudaBlockSteps steps(cfg, params, batch, ct, aux);
     const int64_t L = cfg.num_layers;
     auto run = [&](const Plan& plan, LinkSpec link, ModelSlabs& grads) {
-      const size_t predicted = predict_peak_device_bytes(cfg, batch.B, batch.T, plan, o);
-      auto dev = make_cpu_device(predicted + 4096, link);
-      std::unique_ptr<NvmeStore> nvme = testing::nvme_store_for(cfg, batch, plan, o);
-      StreamingExecutor ex(cfg, *dev, o, nvme.get());
-      GradTarget target;
-      target.moe_aux_weight = aux;
-      const StepStats st = ex.step(grads, params, *weights, batch, plan, nullptr, nullptr, target);
-      EXPECT_EQ(st.peak_device_bytes, predicted) << "seed " << seed << " plan " << plan.to_json().dump();
-      return st;
+      return steps.run(plan, link, grads, "seed " + std::to_string(seed));
     };
     ModelSlabs ref_grads(cfg);
     const StepStats ref = run(Plan::keep_all(L), LinkSpec{}, ref_grads);

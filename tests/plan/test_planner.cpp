@@ -197,6 +197,20 @@ Profile measure_on_cpu_device(const ModelConfig& cfg) {
   return p;
 }
 
+// The planner's solution from a measured profile at that shape, within the emulated device's 256 MiB.
+void expect_plan_fits(const ModelConfig& cfg, const Profile& p) {
+  PlanRequest rq;
+  rq.cfg = cfg;
+  rq.B = 2;
+  rq.T = 16;
+  rq.profile = p;
+  rq.budget = Budgets{size_t(256) << 20, size_t(64) << 20, 0};
+  rq.milp.time_limit_s = 20;
+  const PlanReport rep = make_plan(rq);
+  ASSERT_TRUE(rep.found);
+  EXPECT_LE(rep.executor_device_bytes, rq.budget.device_bytes);
+}
+
 // A real measurement on the emulated device: every field filled, the link as configured.
 TEST(Measure, ProfileOnTheCpuDevice) {
   const Profile p = measure_on_cpu_device(testing::tiny_plan_config(2, 1));
@@ -220,16 +234,7 @@ TEST(Measure, HybridProfileOnTheCpuDevice) {
   const ModelConfig cfg = testing::hybrid_plan_config(4, rng);
   const Profile p = measure_on_cpu_device(cfg);
   p.validate(4);
-  PlanRequest rq;
-  rq.cfg = cfg;
-  rq.B = 2;
-  rq.T = 16;
-  rq.profile = p;
-  rq.budget = Budgets{size_t(256) << 20, size_t(64) << 20, 0};
-  rq.milp.time_limit_s = 20;
-  const PlanReport rep = make_plan(rq);
-  ASSERT_TRUE(rep.found);
-  EXPECT_LE(rep.executor_device_bytes, rq.budget.device_bytes);
+  expect_plan_fits(cfg, p);
 }
 
 // A profile measures one prototype per (mixer, MLP) kind and maps each layer onto the one of its kinds: GPT-OSS whose
@@ -265,16 +270,7 @@ TEST(Measure, GptOssProfileOnTheCpuDevice) {
   const ModelConfig cfg = testing::random_gpt_oss_config(rng);
   const Profile p = measure_on_cpu_device(cfg);
   p.validate(cfg.num_layers);
-  PlanRequest rq;
-  rq.cfg = cfg;
-  rq.B = 2;
-  rq.T = 16;
-  rq.profile = p;
-  rq.budget = Budgets{size_t(256) << 20, size_t(64) << 20, 0};
-  rq.milp.time_limit_s = 20;
-  const PlanReport rep = make_plan(rq);
-  ASSERT_TRUE(rep.found);
-  EXPECT_LE(rep.executor_device_bytes, rq.budget.device_bytes);
+  expect_plan_fits(cfg, p);
 }
 
 }  // namespace

@@ -239,6 +239,41 @@ inline void expect_bitwise_equal(const ModelSlabs& a, const ModelSlabs& b, const
 inline std::unique_ptr<NvmeStore> nvme_store_for(const ModelConfig& cfg, const Batch& batch, const Plan& plan,
                                                  const ExecOptions& o);
 
+// The streaming executor on the CUDA block (under cuda-sim: ExecOptions::kernels cuda, bf16 storage) at one plan,
+// on a device of just the predicted peak, through `link`; expects the measured peak to be the predicted one. `weights`
+// is the compute copy (the masters themselves at f32 GEMMs); moe_aux: the load-balancing loss's weight.
+class CudaBlockSteps {
+ public:
+  CudaBlockSteps(const ModelConfig& cfg, const ModelSlabs& params, const Batch& batch, ComputeType compute,
+                 double moe_aux = 0)
+      : cfg_(cfg), params_(params), batch_(batch), copy_(cfg, DType::bf16), moe_aux_(moe_aux) {
+    if (compute == ComputeType::bf16) make_compute_copy(copy_, params);
+    o_.kernels = LayerKernels::cuda;
+    o_.compute = compute;
+    o_.activations = DType::bf16;
+  }
+  StepStats run(const Plan& plan, LinkSpec link, ModelSlabs& grads, const std::string& what) const {
+    const size_t predicted = predict_peak_device_bytes(cfg_, batch_.B, batch_.T, plan, o_);
+    auto dev = make_cpu_device(predicted + 4096, link);
+    std::unique_ptr<NvmeStore> nvme = nvme_store_for(cfg_, batch_, plan, o_);
+    StreamingExecutor ex(cfg_, *dev, o_, nvme.get());
+    GradTarget target;
+    target.moe_aux_weight = moe_aux_;
+    const ModelSlabs& weights = o_.compute == ComputeType::bf16 ? copy_ : params_;
+    const StepStats st = ex.step(grads, params_, weights, batch_, plan, nullptr, nullptr, target);
+    EXPECT_EQ(st.peak_device_bytes, predicted) << what << " plan " << plan.to_json().dump();
+    return st;
+  }
+
+ private:
+  const ModelConfig& cfg_;
+  const ModelSlabs& params_;
+  const Batch& batch_;
+  ModelSlabs copy_;
+  ExecOptions o_;
+  double moe_aux_;
+};
+
 // Runs `batch` through the streaming executor under a list of plans (keep-all, every 1 and 2, host and NVMe tiers,
 // random plans with transfer windows), on a device of just the predicted peak, through a slow link for odd seeds:
 // each must give the in-memory path's loss and gradients bit for bit and measure the predicted peak.

@@ -10,13 +10,12 @@ import argparse
 import json
 import os
 import random
-import shutil
 import signal
 import subprocess
 import sys
 import time
 
-from arith_work import CONFIG, ROOT, arith_work
+from arith_work import CONFIG, ROOT, arith_work, gpt_oss_model
 
 
 def main():
@@ -38,23 +37,7 @@ def main():
         if a.model == "moe":
             paths = [f"model_name_or_path={work}/model_moe/config.json"] + paths[1:]
         if a.model == "gpt_oss":
-            with open(os.path.join(work, "model_moe", "config.json")) as f:
-                moe = json.load(f)
-            gpt_oss = {k: moe[k] for k in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                                           "num_key_value_heads", "head_dim", "rms_norm_eps", "bos_token_id",
-                                           "eos_token_id", "tie_word_embeddings", "torch_dtype")}
-            gpt_oss.update(architectures=["GptOssForCausalLM"], model_type="gpt_oss", intermediate_size=128,
-                           num_local_experts=8, num_experts_per_tok=2, sliding_window=32, swiglu_limit=7.0,
-                           attention_bias=True, router_aux_loss_coef=0.01, max_position_embeddings=512,
-                           rope_theta=150000.0, layer_types=["sliding_attention", "full_attention"] * 2,
-                           rope_scaling={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
-                                         "original_max_position_embeddings": 128, "truncate": False})
-            os.makedirs(os.path.join(work, "model_gpt_oss"), exist_ok=True)
-            with open(os.path.join(work, "model_gpt_oss", "config.json"), "w") as f:
-                json.dump(gpt_oss, f)
-            for name in ("tokenizer.json", "tokenizer_config.json"):
-                shutil.copy(os.path.join(work, "model_moe", name), os.path.join(work, "model_gpt_oss", name))
-            paths = [f"model_name_or_path={work}/model_gpt_oss/config.json"] + paths[1:]
+            paths = [f"model_name_or_path={gpt_oss_model(work)}"] + paths[1:]
         common = paths + ["eval_dataset=",
                   f"per_device_train_batch_size={a.batch}", f"max_steps={a.steps}", "save_steps=2", "save_total_limit=2",
                   "logging_steps=4", "plan=every:2", "cutoff_len=160", "device_memory=256MiB", f"device={a.device}"]

@@ -49,4 +49,12 @@ inline unsigned elementwise_blocks(int64_t n) {
 __device__ __forceinline__ int64_t global_thread() { return int64_t(blockIdx.x) * blockDim.x + threadIdx.x; }
 __device__ __forceinline__ int64_t grid_threads() { return int64_t(gridDim.x) * blockDim.x; }
 
+// In a launcher with a Stream `s`: kernel<<<elementwise_blocks(n), 256, 0, s>>>(args...) unless n is 0.
+#define LT_ELEMENTWISE(kernel, n, ...)                                                                     \
+  do {                                                                                                     \
+    if ((n) > 0)                                                                                           \
+      LT_LAUNCH(kernel, dim3(elementwise_blocks(n)), dim3(kElementwiseThreads), 0, native_stream(s),      \
+                __VA_ARGS__);                                                                              \
+  } while (0)
+
 }  // namespace lt::cuda::LT_KERNELS_NS

@@ -55,14 +55,6 @@ __global__ void convert_to_f32_kernel(float* dst, const bf16* src, int64_t n) {
   for (int64_t i = global_thread(); i < n; i += grid_threads()) dst[i] = load(src + i);
 }
 
-// kernel<<<elementwise_blocks(n), 256>>>(args...) unless n is 0.
-#define LT_ELEMENTWISE(kernel, n, ...)                                                                     \
-  do {                                                                                                     \
-    if ((n) > 0)                                                                                           \
-      LT_LAUNCH(kernel, dim3(elementwise_blocks(n)), dim3(kElementwiseThreads), 0, native_stream(s),      \
-                __VA_ARGS__);                                                                              \
-  } while (0)
-
 void swiglu_forward(Stream s, float* out, const float* gate, const float* up, int64_t n) {
   LT_ELEMENTWISE(swiglu_forward_kernel<float>, n, out, gate, up, n);
 }
@@ -108,7 +100,5 @@ void convert(Stream s, bf16_t* dst, const float* src, int64_t n) {
 void convert(Stream s, float* dst, const bf16_t* src, int64_t n) {
   LT_ELEMENTWISE(convert_to_f32_kernel, n, dst, dev(src), n);
 }
-
-#undef LT_ELEMENTWISE
 
 }  // namespace lt::cuda::LT_KERNELS_NS

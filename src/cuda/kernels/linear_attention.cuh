@@ -366,20 +366,12 @@ __global__ void one_plus_kernel(float* out, const float* w, int64_t n) {
   for (int64_t i = global_thread(); i < n; i += grid_threads()) out[i] = 1.0f + w[i];
 }
 
-// kernel<<<elementwise_blocks(n), 256>>>(args...) unless n is 0.
-#define LT_LA_ELEMENTWISE(kernel, n, ...)                                                             \
-  do {                                                                                                \
-    if ((n) > 0)                                                                                      \
-      LT_LAUNCH(kernel, dim3(elementwise_blocks(n)), dim3(kElementwiseThreads), 0, native_stream(s), \
-                __VA_ARGS__);                                                                         \
-  } while (0)
-
 namespace detail {
 
 template <class T>
 void short_conv_forward(Stream s, T* out, const T* x, const float* weight, const int32_t* doc_ids, int64_t N,
                         int64_t T_, int64_t Cc, int64_t K) {
-  LT_LA_ELEMENTWISE(short_conv_forward_kernel<T>, N * Cc, out, x, weight, doc_ids, N, T_, Cc, K);
+  LT_ELEMENTWISE(short_conv_forward_kernel<T>, N * Cc, out, x, weight, doc_ids, N, T_, Cc, K);
 }
 
 template <class T>
@@ -389,10 +381,10 @@ void short_conv_backward(Stream s, float* dx, float* dweight, const float* dout,
   const int64_t chunk = short_conv_dweight_chunk_tokens(N);
   const int64_t n_chunks = (N + chunk - 1) / chunk;
   double* partial = static_cast<double*>(workspace);  // [n_chunks, K, Cc]
-  LT_LA_ELEMENTWISE(short_conv_backward_dx_kernel<T>, N * Cc, dx, dout, x, weight, doc_ids, N, T_, Cc, K);
-  LT_LA_ELEMENTWISE(short_conv_backward_partial_kernel<T>, n_chunks * Cc, partial, dout, x, weight, doc_ids, N, T_,
+  LT_ELEMENTWISE(short_conv_backward_dx_kernel<T>, N * Cc, dx, dout, x, weight, doc_ids, N, T_, Cc, K);
+  LT_ELEMENTWISE(short_conv_backward_partial_kernel<T>, n_chunks * Cc, partial, dout, x, weight, doc_ids, N, T_,
                     Cc, K, chunk, n_chunks);
-  LT_LA_ELEMENTWISE(short_conv_backward_dweight_kernel, K * Cc, dweight, partial, n_chunks, Cc, K);
+  LT_ELEMENTWISE(short_conv_backward_dweight_kernel, K * Cc, dweight, partial, n_chunks, Cc, K);
 }
 
 template <class T>
@@ -429,27 +421,27 @@ void gated_rmsnorm_backward(Stream s, float* dx, float* dz, float* dweight, cons
   const int64_t chunk_rows = rmsnorm_dweight_chunk_rows(rows);
   const int64_t n_chunks = (rows + chunk_rows - 1) / chunk_rows;
   double* partial = static_cast<double*>(workspace);  // [n_chunks, dv]
-  LT_LA_ELEMENTWISE(gated_rmsnorm_backward_partial_kernel<T>, n_chunks * dv, partial, dout, x, z, rstd, rows, dv,
+  LT_ELEMENTWISE(gated_rmsnorm_backward_partial_kernel<T>, n_chunks * dv, partial, dout, x, z, rstd, rows, dv,
                     chunk_rows, n_chunks);
-  LT_LA_ELEMENTWISE(chunk_partials_to_f32_kernel, dv, dweight, partial, n_chunks, dv);
+  LT_ELEMENTWISE(chunk_partials_to_f32_kernel, dv, dweight, partial, n_chunks, dv);
 }
 
 template <class T>
 void sigmoid_gate_forward(Stream s, T* out, const T* x, const T* gate, int64_t N, int64_t H, int64_t D,
                           int64_t ld_token, int64_t ld_head) {
-  LT_LA_ELEMENTWISE(sigmoid_gate_forward_kernel<T>, N * H * D, out, x, gate, N, H, D, ld_token, ld_head);
+  LT_ELEMENTWISE(sigmoid_gate_forward_kernel<T>, N * H * D, out, x, gate, N, H, D, ld_token, ld_head);
 }
 
 template <class T>
 void sigmoid_gate_backward(Stream s, float* dx, float* dgate, const float* dout, const T* x, const T* gate,
                            int64_t N, int64_t H, int64_t D, int64_t ld_token, int64_t ld_head) {
-  LT_LA_ELEMENTWISE(sigmoid_gate_backward_kernel<T>, N * H * D, dx, dgate, dout, x, gate, N, H, D, ld_token,
+  LT_ELEMENTWISE(sigmoid_gate_backward_kernel<T>, N * H * D, dx, dgate, dout, x, gate, N, H, D, ld_token,
                     ld_head);
 }
 
 template <class T>
 void gather_queries(Stream s, T* q, const T* q_proj, int64_t rows, int64_t D) {
-  LT_LA_ELEMENTWISE(gather_queries_kernel<T>, rows * D, q, q_proj, rows, D);
+  LT_ELEMENTWISE(gather_queries_kernel<T>, rows * D, q, q_proj, rows, D);
 }
 
 }  // namespace detail
@@ -492,7 +484,7 @@ void l2norm_backward(Stream s, float* din, const float* dout, const bf16_t* in, 
 
 void delta_gates_forward(Stream s, float* beta, float* g, const float* b, const float* a, const float* A_log,
                          const float* dt_bias, int64_t N, int64_t Hv) {
-  LT_LA_ELEMENTWISE(delta_gates_forward_kernel, N * Hv, beta, g, b, a, A_log, dt_bias, N, Hv);
+  LT_ELEMENTWISE(delta_gates_forward_kernel, N * Hv, beta, g, b, a, A_log, dt_bias, N, Hv);
 }
 void delta_gates_backward(Stream s, float* db, float* da, float* dA_log, float* ddt_bias, const float* dbeta,
                           const float* dg, const float* b, const float* a, const float* A_log,
@@ -501,10 +493,10 @@ void delta_gates_backward(Stream s, float* db, float* da, float* dA_log, float* 
   const int64_t chunk = delta_gates_param_chunk_tokens(N);
   const int64_t n_chunks = (N + chunk - 1) / chunk;
   double* partial = static_cast<double*>(workspace);  // [n_chunks, 2, Hv]
-  LT_LA_ELEMENTWISE(delta_gates_backward_partial_kernel, n_chunks * Hv, partial, dg, a, A_log, dt_bias, N, Hv,
+  LT_ELEMENTWISE(delta_gates_backward_partial_kernel, n_chunks * Hv, partial, dg, a, A_log, dt_bias, N, Hv,
                     chunk, n_chunks);
-  LT_LA_ELEMENTWISE(delta_gates_backward_kernel, N * Hv, db, da, dbeta, dg, b, a, A_log, dt_bias, N, Hv);
-  LT_LA_ELEMENTWISE(delta_gates_backward_params_kernel, Hv, dA_log, ddt_bias, partial, A_log, Hv, n_chunks);
+  LT_ELEMENTWISE(delta_gates_backward_kernel, N * Hv, db, da, dbeta, dg, b, a, A_log, dt_bias, N, Hv);
+  LT_ELEMENTWISE(delta_gates_backward_params_kernel, Hv, dA_log, ddt_bias, partial, A_log, Hv, n_chunks);
 }
 
 void gated_rmsnorm_forward(Stream s, float* out, float* rstd, const float* x, const float* z,
@@ -550,12 +542,10 @@ void gather_queries(Stream s, bf16_t* q, const bf16_t* q_proj, int64_t rows, int
   detail::gather_queries(s, dev(q), dev(q_proj), rows, D);
 }
 void scatter_queries(Stream s, float* q_proj, const float* q, int64_t rows, int64_t D) {
-  LT_LA_ELEMENTWISE(scatter_queries_kernel, rows * D, q_proj, q, rows, D);
+  LT_ELEMENTWISE(scatter_queries_kernel, rows * D, q_proj, q, rows, D);
 }
 void norm_weight_one_plus(Stream s, float* out, const float* w, int64_t n) {
-  LT_LA_ELEMENTWISE(one_plus_kernel, n, out, w, n);
+  LT_ELEMENTWISE(one_plus_kernel, n, out, w, n);
 }
-
-#undef LT_LA_ELEMENTWISE
 
 }  // namespace lt::cuda::LT_KERNELS_NS

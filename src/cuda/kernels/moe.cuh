@@ -196,13 +196,6 @@ __global__ void moe_scale_by_token_kernel(float* out, const float* in, const flo
   for (int64_t i = global_thread(); i < n * width; i += grid_threads()) out[i] = sg[i / width] * in[i];
 }
 
-#define LT_ELEMENTWISE(kernel, n, ...)                                                                     \
-  do {                                                                                                     \
-    if ((n) > 0)                                                                                           \
-      LT_LAUNCH(kernel, dim3(elementwise_blocks(n)), dim3(kElementwiseThreads), 0, native_stream(s),      \
-                __VA_ARGS__);                                                                              \
-  } while (0)
-
 void moe_router_forward(Stream s, int32_t* ids, float* weights, float* probs, int32_t* bad, const float* logits,
                         int64_t N, int64_t E, int64_t k, bool topk_softmax, bool renormalize) {
   LT_LAUNCH(moe_flag_init_kernel, dim3(1), dim3(1), 0, native_stream(s), bad);
@@ -293,7 +286,5 @@ void moe_shared_gate_grad(Stream s, float* dlogit, const float* gs, const bf16_t
 void moe_scale_by_token(Stream s, float* out, const float* in, const float* gate, int64_t n, int64_t width) {
   LT_ELEMENTWISE(moe_scale_by_token_kernel, n * width, out, in, gate, n, width);
 }
-
-#undef LT_ELEMENTWISE
 
 }  // namespace lt::cuda::LT_KERNELS_NS
