@@ -219,17 +219,14 @@ inline void moe_backward(const GemmContext& g, Stream s, const BlockShape& sh, c
                          int64_t n, const MoeAuxLoss* aux, int64_t t0, float* widened) {
   const int64_t E = sh.E, k = sh.k, C = sh.C, Ie = sh.Ie, Is = sh.Is, A = n * k, shared = A * Ie;
   const int64_t width = n * sh.mlp_width();
+  // Every matrix of the layer is in the one compute dtype: h and n2 as GEMM operands (widened for f32 GEMMs).
   const MatType t = weight_type(w.experts.front().down);
-  // h in the GEMM dtype (widened for f32 GEMMs), and n2 likewise.
-  const void* hop = h;
+  LT_CHECK(weight_type(w.router) == t, "sparse layer: the router's GEMM dtype differs from the experts'");
+  const void *hop = h, *n2op = n2;
   if (t == MatType::f32) {
     convert(s, m.out32, h, width);
-    hop = m.out32;
-  }
-  const void* n2op = n2;
-  if (t == MatType::f32) {
     convert(s, widened, n2, n * C);
-    n2op = widened;
+    hop = m.out32, n2op = widened;
   }
   // g = dout·W_down per grouped row (dyp: each row's token's dout), the routing weights' gradient g·h, dh = w·g.
   moe_gather(s, m.yp, dout, m.order, A, k, C);
@@ -307,14 +304,8 @@ inline void moe_backward(const GemmContext& g, Stream s, const BlockShape& sh, c
   if (mask) copy_to_device_now(s, m.counted, mask, size_t(n));
   moe_router_backward(s, m.dlogits, m.dweights, extra ? m.dprobs : nullptr, mask ? m.counted : nullptr, m.ids,
                       m.weights, m.probs, n, E, k, sh.topk_softmax, sh.renorm_topk);
-  const MatType rt = weight_type(w.router);
-  const void* rn2 = n2;
-  if (rt == MatType::f32) {
-    convert(s, widened, n2, n * C);
-    rn2 = widened;
-  }
   linear_backward_gemms(g, s, dn_router, gr.router, gr.router_bias, m.dlogits,
-                        gradient_operand(s, rt, m.dlogits, n * E, m.operand), rn2, w.router, n, C, E);
+                        gradient_operand(s, t, m.dlogits, n * E, m.operand), n2op, w.router, n, C, E);
 }
 
 }  // namespace detail
