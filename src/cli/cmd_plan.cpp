@@ -15,6 +15,7 @@
 #include "cli/device_options.h"
 #include "core/error.h"
 #include "model/block.h"
+#include "model/finetune.h"
 #include "core/units.h"
 #include "plan/hardware.h"
 #include "plan/plan_file.h"
@@ -26,6 +27,10 @@ namespace {
 struct PlanOptions {
   std::string model, hardware, device_memory, host_act_memory = "0", nvme = "0", out, memory_model = "executor";
   std::string activation_dtype = "auto", compute;
+  // Freeze fine-tuning (model/finetune.h), as the training config's keys say it.
+  std::string finetuning_type = "full";
+  int64_t freeze_trainable_layers = 2;
+  std::vector<std::string> freeze_trainable_modules = {"all"}, freeze_extra_modules;
   int64_t batch = 0, seq = 0, search_batch = 0;
   double time_limit = 10;
   int threads = 1, weight_buffers = 2;
@@ -36,6 +41,9 @@ struct PlanOptions {
 void run_plan(const PlanOptions& o) {
   PlanRequest rq;
   rq.cfg = load_model_config(o.model);
+  if (o.finetuning_type == "freeze")
+    rq.cfg.finetune = std::make_shared<const Finetune>(make_freeze(
+        rq.cfg, o.freeze_trainable_layers, o.freeze_trainable_modules, o.freeze_extra_modules, "--freeze"));
   rq.model_name = o.model;
   rq.B = o.batch;
   rq.T = o.seq;
@@ -108,6 +116,13 @@ void register_plan(CLI::App& app) {
   cmd->add_flag("--no-optimizer", o->no_optimizer, "leave the host optimizer out of the objective");
   o->data_parallel.add_to(*cmd);
   cmd->add_flag("--in-process", o->in_process, "run CBC in this process (no child; the time limit is CBC's own)");
+  cmd->add_option("--finetuning-type", o->finetuning_type, "full, or freeze: frozen tensors cost their streamed bytes")
+      ->check(CLI::IsMember({"full", "freeze"}));
+  cmd->add_option("--freeze-trainable-layers", o->freeze_trainable_layers, "freeze: the last N layers train (-N: first)");
+  cmd->add_option("--freeze-trainable-modules", o->freeze_trainable_modules, "freeze: all, or self_attn, mlp, ...")
+      ->delimiter(',');
+  cmd->add_option("--freeze-extra-modules", o->freeze_extra_modules, "freeze: embed_tokens, norm, lm_head")
+      ->delimiter(',');
   cmd->add_flag("--json", o->json, "one JSON object");
   cmd->add_flag("--verbose", o->verbose, "CBC's log on stderr");
   cmd->callback([o]() { run_plan(*o); });

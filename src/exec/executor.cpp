@@ -269,9 +269,22 @@ struct StreamingExecutor::Step {
     // computed in f32 and rounded, as the in-memory path does.
     const DType act = ex.options_.activations;
     float* x0_f32 = op.aux >= 0 ? at<float>(op.aux) : at<float>(op.out);
-    embedding_forward(x0_f32, batch.input_ids.data(),
-                      params.tensor(SlabKind::embedding, 0, "embed_tokens.weight").ptr<float>(), N, C,
-                      cfg.vocab_size);
+    if (params.has(SlabKind::embedding, 0, "embed_tokens.weight")) {
+      embedding_forward(x0_f32, batch.input_ids.data(),
+                        params.tensor(SlabKind::embedding, 0, "embed_tokens.weight").ptr<float>(), N, C,
+                        cfg.vocab_size);
+    } else {  // a frozen table (model/finetune.h) is in the streamed weights alone, in their dtype
+      const TensorView t = weights.tensor(SlabKind::embedding, 0, "embed_tokens.weight");
+      if (t.dtype == DType::f32) {
+        embedding_forward(x0_f32, batch.input_ids.data(), t.ptr<float>(), N, C, cfg.vocab_size);
+      } else {
+        const bf16_t* table = t.ptr<bf16_t>();
+        group_tokens_by_id(batch.input_ids.data(), N, cfg.vocab_size);  // checks every id, naming the first bad one
+        parallel_for(N, [&](int64_t n) {
+          convert_bf16_to_f32(x0_f32 + n * C, table + int64_t(batch.input_ids[size_t(n)]) * C, size_t(C));
+        });
+      }
+    }
     if (op.aux >= 0) parallel_convert_from_f32(at(op.out), act, x0_f32, size_t(N * C));
   }
 
@@ -491,6 +504,11 @@ StreamingExecutor::StreamingExecutor(const ModelConfig& cfg, Device& device, Exe
     : cfg_(cfg), device_(device), options_(options), nvme_(nvme) {
   LT_CHECK(options_.weight_buffers >= 1 && options_.grad_buffers >= 1 && options_.boundary_ring >= 2,
            "executor needs at least 1 weight buffer, 1 gradient buffer and 2 ring slots");
+  // The CUDA block writes every gradient of a layer (its norms' and the mixer's vectors with their kernels): frozen
+  // tensors (model/finetune.h) run on the CPU block until it skips theirs.
+  LT_CHECK(options_.kernels != LayerKernels::cuda || cfg.trains_all(),
+           "frozen weights (finetuning_type freeze) run on the CPU block for now: --device cpu, or cuda-sim with f32 "
+           "activations; the CUDA block does not skip their gradients yet");
   compute_ = options_.kernels == LayerKernels::cuda ? cuda::make_cuda_layer_compute(device_) : make_cpu_layer_compute();
   // Host staging, host-tier boundaries, x0 and dx0 are copied by the streams: pinned, for a GPU's DMA.
   Device* dev = &device_;  // not `this`: the workspace unpins while the executor is being destroyed
@@ -530,6 +548,14 @@ StepStats StreamingExecutor::step(ModelSlabs& grads, const ModelSlabs& params, c
   carried_.clear();  // valid again only once this step has finished
   carried_head_ = false;
   const StepSchedule sched = build_step_schedule(cfg_, batch.B, batch.T, plan, options_, so);
+  if (target.partials && !cfg_.trains_all()) {  // a frozen slab has no gradient (model/finetune.h): 0 of the norm
+    auto frozen = [&](SlabKind kind, int64_t layer) {
+      if (SlabLayout::trained(cfg_, kind, layer).bytes() == 0) target.partials->set(kind, layer, 0.0);
+    };
+    frozen(SlabKind::embedding, 0);
+    for (int64_t l = 0; l < cfg_.num_layers; ++l) frozen(SlabKind::layer, l);
+    frozen(SlabKind::head, 0);
+  }
   LT_CHECK(!plan.uses(Tier::nvme) || nvme_ != nullptr,
            "plan '{}' offloads to NVMe but no NVMe directory was given (--nvme-dir)", plan.name);
 

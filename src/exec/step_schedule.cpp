@@ -134,13 +134,13 @@ class Builder {
     size_t layer_w = 0, layer_g = 0;
     for (int64_t l = 0; l < L_; ++l) {
       layer_w = std::max(layer_w, SlabLayout::make_layer(cfg_, l, mdt_).bytes());
-      layer_g = std::max(layer_g, SlabLayout::make_layer(cfg_, l, DType::f32).bytes());
+      layer_g = std::max(layer_g, SlabLayout::trained(cfg_, SlabKind::layer, l).bytes());  // frozen tensors: none
     }
     head_w_bytes_ = SlabLayout::make(cfg_, SlabKind::head, mdt_).bytes();
-    head_g_bytes_ = SlabLayout::make(cfg_, SlabKind::head, DType::f32).bytes();
+    head_g_bytes_ = SlabLayout::trained(cfg_, SlabKind::head).bytes();
     if (cfg_.tie_word_embeddings) {  // lm_head is the embedding matrix
       head_w_bytes_ += SlabLayout::make(cfg_, SlabKind::embedding, mdt_).bytes();
-      head_g_bytes_ += SlabLayout::make(cfg_, SlabKind::embedding, DType::f32).bytes();
+      head_g_bytes_ += SlabLayout::trained(cfg_, SlabKind::embedding).bytes();
     }
     // Weights and the ring: every window streams through them. Gradient buffers: the backward.
     for (int b = 0; b < o_.weight_buffers; ++b) {
@@ -543,6 +543,7 @@ class Builder {
       d.bytes = sizeof(double);
       add(std::move(d));
     }
+    if (head_g_bytes_ == 0) return;  // a frozen head (model/finetune.h): no gradient to bring back
     StepOp d = make(OpKind::download_head_grads, kD2H, "d2h head grads");
     d.in = head_g_;
     d.out = head_stage_;
@@ -644,7 +645,9 @@ class Builder {
       cur = 1 - cur;
       download_grads(l, g, mlp_done, done);
     }
-    // The embedding's gradient: the activation gradient of boundary 0 goes to the host, where the table is.
+    // The embedding's gradient: the activation gradient of boundary 0 goes to the host, where the table is (unless
+    // the table is frozen).
+    if (SlabLayout::trained(cfg_, SlabKind::embedding).bytes() == 0) return;
     wait(kD2H, last_compute);
     StepOp d = make(OpKind::download_dx0, kD2H, "d2h dx0", 0);
     d.in = dx_[cur];
@@ -662,8 +665,9 @@ class Builder {
   // then the rest, into host staging slot g once the host lane has emptied it — or, in place, straight into the
   // host gradients — then the host lane adds them (or sums their squares).
   void download_grads(int64_t l, int g, int mlp_done, int done) {
-    const SlabLayout gl = SlabLayout::make_layer(cfg_, l, DType::f32);
-    const size_t split = gl.entry(kMlpGradsFirst).offset;
+    const SlabLayout gl = SlabLayout::trained(cfg_, SlabKind::layer, l);
+    if (gl.bytes() == 0) return;  // a frozen layer (model/finetune.h): no gradient traffic, nothing to add
+    const size_t split = gl.mlp_offset();  // the trained layout's halves: either may be empty
     const int dst = so_.grads_in_place ? -1 : gstage_[size_t(g)];
     auto part = [&](const char* half, size_t offset, size_t bytes) {
       StepOp op = make(OpKind::download_grads, kD2H, fmt::format("d2h dW{} {}", l, half), l);
@@ -676,9 +680,11 @@ class Builder {
     };
     wait(kD2H, mlp_done);
     if (dst >= 0) wait(kD2H, slot_release_[size_t(g)]);
-    add(part("mlp", split, gl.bytes() - split));
+    int last = -1;
+    if (split < gl.bytes()) last = add(part("mlp", split, gl.bytes() - split));
     wait(kD2H, done);
-    gfree_[size_t(g)] = add(part("attention", 0, split));
+    if (split > 0) last = add(part("attention", 0, split));
+    gfree_[size_t(g)] = last;
     StepOp acc = make(OpKind::accumulate_grads, Lane::host,
                       fmt::format("{} dW{}", so_.grads_in_place ? "norm" : "accumulate", l), l);
     acc.in = dst;

@@ -40,10 +40,30 @@ float* grad_or_null(const SlabLayout& layout, uint8_t* base, const char* name) {
   return reinterpret_cast<float*>(base + e->offset);
 }
 
-float* grad_required(const SlabLayout& layout, uint8_t* base, const char* name) {
-  float* p = grad_or_null(layout, base, name);
-  LT_CHECK(p != nullptr, "gradient slab has no '{}'", name);
-  return p;
+// The gradients with every frozen vector's (null: model/finetune.h) pointed at a throwaway buffer: the ops that make
+// a vector's gradient with an activation gradient (the norms, the mixer's convolution, gates and gated norm) write it
+// there and it is dropped. A frozen matrix's stays null: linear_backward then skips its GEMMs.
+BlockGrads with_dropped(const BlockGrads& g, const BlockShape& s) {
+  thread_local std::vector<float> drop;
+  const int64_t Dc = 2 * s.Hk * s.dk + s.Hv * s.dv;
+  const size_t need = size_t(2 * s.C + 2 * s.D + Dc * s.K + 2 * s.Hv + s.dv);
+  if (drop.size() < need) drop.assign(need, 0.0f);
+  float* next = drop.data();
+  auto take = [&](float*& p, int64_t n) {
+    if (p == nullptr) p = next;
+    next += n;
+  };
+  BlockGrads d = g;
+  take(d.ln1, s.C);
+  take(d.ln2, s.C);
+  if (s.qk_norm) take(d.q_norm, s.D), take(d.k_norm, s.D);
+  if (s.linear()) {
+    take(d.delta.conv, Dc * s.K);
+    take(d.delta.dt_bias, s.Hv);
+    take(d.delta.A_log, s.Hv);
+    take(d.delta.norm, s.dv);
+  }
+  return d;
 }
 
 void add_inplace(float* y, const float* x, int64_t n) {
@@ -170,24 +190,26 @@ BlockView BlockView::bind(const SlabLayout& layout, const void* base_ptr) {
 }
 
 BlockGrads BlockGrads::bind(const SlabLayout& layout, void* base_ptr) {
+  // Every gradient may be absent: a trained layout (SlabLayout::trained) has only the tensors that train; the
+  // backward skips a frozen matrix's weight gradient and drops a frozen vector's (with_dropped below).
   auto* base = static_cast<uint8_t*>(base_ptr);
   BlockGrads g{};
-  g.ln1 = grad_required(layout, base, "input_layernorm.weight");
+  g.ln1 = grad_or_null(layout, base, "input_layernorm.weight");
   if (layout.find("linear_attn.in_proj_qkv.weight")) {
-    g.delta = DeltaMixerGrads{grad_required(layout, base, "linear_attn.in_proj_qkv.weight"),
-                              grad_required(layout, base, "linear_attn.in_proj_z.weight"),
-                              grad_required(layout, base, "linear_attn.in_proj_b.weight"),
-                              grad_required(layout, base, "linear_attn.in_proj_a.weight"),
-                              grad_required(layout, base, "linear_attn.out_proj.weight"),
-                              grad_required(layout, base, "linear_attn.conv1d.weight"),
-                              grad_required(layout, base, "linear_attn.dt_bias"),
-                              grad_required(layout, base, "linear_attn.A_log"),
-                              grad_required(layout, base, "linear_attn.norm.weight")};
+    g.delta = DeltaMixerGrads{grad_or_null(layout, base, "linear_attn.in_proj_qkv.weight"),
+                              grad_or_null(layout, base, "linear_attn.in_proj_z.weight"),
+                              grad_or_null(layout, base, "linear_attn.in_proj_b.weight"),
+                              grad_or_null(layout, base, "linear_attn.in_proj_a.weight"),
+                              grad_or_null(layout, base, "linear_attn.out_proj.weight"),
+                              grad_or_null(layout, base, "linear_attn.conv1d.weight"),
+                              grad_or_null(layout, base, "linear_attn.dt_bias"),
+                              grad_or_null(layout, base, "linear_attn.A_log"),
+                              grad_or_null(layout, base, "linear_attn.norm.weight")};
   } else {
-    g.wq = grad_required(layout, base, "self_attn.q_proj.weight");
-    g.wk = grad_required(layout, base, "self_attn.k_proj.weight");
-    g.wv = grad_required(layout, base, "self_attn.v_proj.weight");
-    g.wo = grad_required(layout, base, "self_attn.o_proj.weight");
+    g.wq = grad_or_null(layout, base, "self_attn.q_proj.weight");
+    g.wk = grad_or_null(layout, base, "self_attn.k_proj.weight");
+    g.wv = grad_or_null(layout, base, "self_attn.v_proj.weight");
+    g.wo = grad_or_null(layout, base, "self_attn.o_proj.weight");
     g.bq = grad_or_null(layout, base, "self_attn.q_proj.bias");
     g.bk = grad_or_null(layout, base, "self_attn.k_proj.bias");
     g.bv = grad_or_null(layout, base, "self_attn.v_proj.bias");
@@ -196,17 +218,17 @@ BlockGrads BlockGrads::bind(const SlabLayout& layout, void* base_ptr) {
     g.k_norm = grad_or_null(layout, base, "self_attn.k_norm.weight");
     g.sinks = grad_or_null(layout, base, "self_attn.sinks");
   }
-  g.ln2 = grad_required(layout, base, "post_attention_layernorm.weight");
+  g.ln2 = grad_or_null(layout, base, "post_attention_layernorm.weight");
   const char* router = layout.find("mlp.router.weight") ? "mlp.router" : "mlp.gate";
-  if (layout.find(std::string(router) + ".weight")) {
-    g.moe.router = grad_required(layout, base, (std::string(router) + ".weight").c_str());
+  if (layout.find(std::string(router) + ".weight")) {  // a frozen sparse MLP: no router, no experts (moe_backward)
+    g.moe.router = grad_or_null(layout, base, (std::string(router) + ".weight").c_str());
     g.moe.router_bias = grad_or_null(layout, base, (std::string(router) + ".bias").c_str());
     for (int64_t e = 0;; ++e) {
       const std::string p = fmt::format("mlp.experts.{}.", e);
       if (!layout.find(p + "gate_proj.weight")) break;
-      g.moe.experts.push_back({grad_required(layout, base, (p + "gate_proj.weight").c_str()),
-                               grad_required(layout, base, (p + "up_proj.weight").c_str()),
-                               grad_required(layout, base, (p + "down_proj.weight").c_str()),
+      g.moe.experts.push_back({grad_or_null(layout, base, (p + "gate_proj.weight").c_str()),
+                               grad_or_null(layout, base, (p + "up_proj.weight").c_str()),
+                               grad_or_null(layout, base, (p + "down_proj.weight").c_str()),
                                grad_or_null(layout, base, (p + "gate_proj.bias").c_str()),
                                grad_or_null(layout, base, (p + "up_proj.bias").c_str()),
                                grad_or_null(layout, base, (p + "down_proj.bias").c_str())});
@@ -217,9 +239,9 @@ BlockGrads BlockGrads::bind(const SlabLayout& layout, void* base_ptr) {
     g.moe.shared_gate = grad_or_null(layout, base, "mlp.shared_expert_gate.weight");
     return g;
   }
-  g.wgate = grad_required(layout, base, "mlp.gate_proj.weight");
-  g.wup = grad_required(layout, base, "mlp.up_proj.weight");
-  g.wdown = grad_required(layout, base, "mlp.down_proj.weight");
+  g.wgate = grad_or_null(layout, base, "mlp.gate_proj.weight");
+  g.wup = grad_or_null(layout, base, "mlp.up_proj.weight");
+  g.wdown = grad_or_null(layout, base, "mlp.down_proj.weight");
   g.bgate = grad_or_null(layout, base, "mlp.gate_proj.bias");
   g.bup = grad_or_null(layout, base, "mlp.up_proj.bias");
   g.bdown = grad_or_null(layout, base, "mlp.down_proj.bias");
@@ -687,8 +709,9 @@ void block_backward(float* dx_in, BlockGrads& g, BlockScratch& b, const float* d
   block_backward_attention(dx_in, g, b, x_in, a, w, tok, s);
 }
 
-void block_backward_mlp(BlockGrads& g, BlockScratch& b, const float* dx_out, const WorkingCopy& a, const BlockView& w,
-                        const TokenInfo& tok, const BlockShape& s, Saved saved, const void* stored) {
+void block_backward_mlp(BlockGrads& trained, BlockScratch& b, const float* dx_out, const WorkingCopy& a,
+                        const BlockView& w, const TokenInfo& tok, const BlockShape& s, Saved saved, const void* stored) {
+  BlockGrads g = with_dropped(trained, s);
   const int64_t N = s.N(), C = s.C, I = s.I, R = s.mlp_rows();
   const Storage st(s, saved == Saved::stored ? stored : nullptr);
   if (saved == Saved::stored) {
@@ -751,7 +774,7 @@ void attention_backward_half(BlockGrads& g, BlockScratch& b, const WorkingCopy& 
   }
   const AttentionShape as{s.B, s.T, s.Hq, s.Hkv, s.D, s.window};
   attention_backward(b.dq, b.dk, b.dv, datt, a.att, a.lse, a.q, a.k, a.v, tok.doc_ids, as);
-  if (w.sinks) {  // the sinks' gradient, from the same out and lse (ops/attention.h)
+  if (w.sinks && g.sinks) {  // the sinks' gradient, from the same out and lse (ops/attention.h); none when frozen
     std::vector<float> dsinks(static_cast<size_t>(s.Hq));
     attention_sinks_backward(dsinks.data(), datt, a.att, a.lse, w.sinks, as);
     for (int64_t h = 0; h < s.Hq; ++h) g.sinks[h] += dsinks[size_t(h)];
@@ -782,8 +805,9 @@ void attention_backward_half(BlockGrads& g, BlockScratch& b, const WorkingCopy& 
 
 }  // namespace
 
-void block_backward_attention(float* dx_in, BlockGrads& g, BlockScratch& b, const void* x_in_ptr, const WorkingCopy& a,
-                              const BlockView& w, const TokenInfo& tok, const BlockShape& s) {
+void block_backward_attention(float* dx_in, BlockGrads& trained, BlockScratch& b, const void* x_in_ptr,
+                              const WorkingCopy& a, const BlockView& w, const TokenInfo& tok, const BlockShape& s) {
+  BlockGrads g = with_dropped(trained, s);
   const int64_t N = s.N(), C = s.C;
   const NormWeights nw(w, s);
   const float* x_in = static_cast<const float*>(x_in_ptr);

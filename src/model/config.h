@@ -63,6 +63,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -80,6 +81,8 @@ enum class ModelType { qwen2, qwen3, llama, qwen3_5, qwen3_moe, gpt_oss };
 // The token mixer of one decoder layer: softmax attention, or Gated DeltaNet (qwen3_5's linear attention), or softmax
 // attention over the last sliding_window keys (gpt_oss's sliding layers; the same weights as full attention).
 enum class LayerKind : uint8_t { full_attention, linear_attention, sliding_attention };
+enum class SlabKind : uint8_t;  // model/layout.h
+struct Finetune;                // model/finetune.h
 inline constexpr size_t kLayerKinds = 3;
 
 struct ModelConfig {
@@ -153,6 +156,11 @@ struct ModelConfig {
   // The checkpoint's experts are MXFP4 (quantization_config quant_method "mxfp4"): dequantised on load; a save
   // writes bf16 and no quantization_config.
   bool mxfp4_experts = false;
+  // Not from config.json: which tensors the run trains (model/finetune.h); null: every one (full fine-tuning). Every
+  // layout of the trained state reads it (SlabLayout::trained). Not compared by operator==.
+  std::shared_ptr<const Finetune> finetune;
+  bool trains(SlabKind kind, int64_t layer, const std::string& entry) const;  // model/finetune.cpp
+  bool trains_all() const;                                                    // full fine-tuning
 
   int64_t q_dim() const { return num_heads * head_dim; }      // Hq*D: attention output, o_proj input
   int64_t kv_dim() const { return num_kv_heads * head_dim; }  // Hkv*D

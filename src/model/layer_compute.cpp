@@ -93,15 +93,20 @@ HeadBuffers bind_head_buffers(const ModelConfig& cfg, const SlabLayout& head_w, 
   h.weights_bytes = head_w.bytes() + (tied ? embed_w.bytes() : 0);
   h.grads_bytes = head_g.bytes() + (tied ? embed_g.bytes() : 0);
   h.norm_w = reinterpret_cast<const float*>(w + head_w.entry("norm.weight").offset);
-  h.dnorm_w = reinterpret_cast<float*>(g + head_g.entry("norm.weight").offset);
+  // A frozen gradient (absent from the trained layouts, model/finetune.h) stays null: the head skips it.
+  auto grad = [&](const SlabLayout& layout, size_t base, const char* name) -> float* {
+    const SlabEntry* e = layout.find(name);
+    return e ? reinterpret_cast<float*>(g + base + size_t(e->offset)) : nullptr;
+  };
+  h.dnorm_w = grad(head_g, 0, "norm.weight");
   if (tied) {
     const SlabEntry& e = embed_w.entry("embed_tokens.weight");
     h.lm_w = WeightRef{w + head_w.bytes() + e.offset, e.dtype};
-    h.dlm_w = reinterpret_cast<float*>(g + head_g.bytes() + embed_g.entry("embed_tokens.weight").offset);
+    h.dlm_w = grad(embed_g, head_g.bytes(), "embed_tokens.weight");
   } else {
     const SlabEntry& e = head_w.entry("lm_head.weight");
     h.lm_w = WeightRef{w + e.offset, e.dtype};
-    h.dlm_w = reinterpret_cast<float*>(g + head_g.entry("lm_head.weight").offset);
+    h.dlm_w = grad(head_g, 0, "lm_head.weight");
   }
   return h;
 }

@@ -147,6 +147,27 @@ SlabLayout SlabLayout::make_layer(const ModelConfig& cfg, int64_t layer, DType m
   return make(cfg, SlabKind::layer, matrix_dtype, cfg.layer_kind(layer), cfg.sparse_layer(layer));
 }
 
+SlabLayout SlabLayout::trained(const ModelConfig& cfg, SlabKind kind, int64_t layer) {
+  SlabLayout all = kind == SlabKind::layer ? make_layer(cfg, layer) : make(cfg, kind);
+  if (cfg.trains_all()) return all;
+  Builder b(DType::f32);
+  for (const SlabEntry& e : all.entries_)
+    if (cfg.trains(kind, layer, e.name)) b.add(e.name, e.shape);
+  SlabLayout layout;
+  layout.kind_ = kind;
+  layout.layer_kind_ = all.layer_kind_;
+  layout.entries_ = std::move(b.entries);
+  layout.bytes_ = b.bytes();
+  for (size_t i = 0; i < layout.entries_.size(); ++i) layout.index_.emplace(layout.entries_[i].name, i);
+  return layout;
+}
+
+size_t SlabLayout::mlp_offset() const {
+  for (const SlabEntry& e : entries_)
+    if (e.name.rfind("post_attention_layernorm.", 0) == 0 || e.name.rfind("mlp.", 0) == 0) return size_t(e.offset);
+  return bytes_;
+}
+
 std::string hf_prefix(const ModelConfig& cfg) { return cfg.vision_language ? "model.language_model." : "model."; }
 
 std::string SlabLayout::hf_name(SlabKind kind, int64_t layer, const std::string& entry_name,

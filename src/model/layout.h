@@ -39,6 +39,10 @@ class SlabLayout {
   static SlabLayout make(const ModelConfig& cfg, SlabKind kind, DType matrix_dtype = DType::f32,
                          LayerKind layer_kind = LayerKind::full_attention, bool sparse = false);
   static SlabLayout make_layer(const ModelConfig& cfg, int64_t layer, DType matrix_dtype = DType::f32);
+  // The trained state's layout of a slab (layer `layer` for SlabKind::layer): the entries cfg.trains, f32, in the
+  // same order, packed (model/finetune.h) — what the f32 masters, the gradients and the optimizer states hold. Every
+  // entry under full fine-tuning (make's f32 layout); none, 0 bytes, for a frozen slab.
+  static SlabLayout trained(const ModelConfig& cfg, SlabKind kind, int64_t layer = 0);
 
   SlabKind kind() const { return kind_; }
   LayerKind layer_kind() const { return layer_kind_; }  // a layer slab's token mixer
@@ -47,6 +51,9 @@ class SlabLayout {
   const SlabEntry* find(const std::string& name) const;   // nullptr if absent
   size_t bytes() const { return bytes_; }                   // padded to 4 KiB
   int64_t num_parameters() const;                           // Σ numel, padding excluded
+  // A layer slab's MLP half (post_attention_layernorm and the MLP, the tail of the slab: the block's backward makes
+  // its gradients first, model/block.h) starts here; bytes() when the slab has none of it.
+  size_t mlp_offset() const;
 
   // HF name of an entry in layer `layer` ("model.layers.3.self_attn.q_proj.weight"), or of the
   // embedding / head entries ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"). `prefix` is

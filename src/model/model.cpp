@@ -141,9 +141,11 @@ LossResult model_forward_backward(ModelSlabs& grads, const ModelSlabs& params, c
   const int64_t L = cfg.num_layers, N = batch.N(), C = cfg.hidden_size;
   float* dx = w.get<float>("dx", size_t(N * C));
   float* dx_prev = w.get<float>("dx_prev", size_t(N * C));
-  TensorView dlm = grads.lm_head();
-  double loss = head_forward_backward(dx, grads.tensor(SlabKind::head, 0, "norm.weight").ptr<float>(),
-                                      dlm.ptr<float>(), st.boundary_f32(L), st.tok.targets.data(),
+  // A frozen final norm or lm_head (model/finetune.h) has no gradient: the head skips it.
+  float* dlm = static_cast<float*>(grads.lm_head().data);
+  float* dnorm = grads.has(SlabKind::head, 0, "norm.weight") ? grads.tensor(SlabKind::head, 0, "norm.weight").ptr<float>()
+                                                              : nullptr;
+  double loss = head_forward_backward(dx, dnorm, dlm, st.boundary_f32(L), st.tok.targets.data(),
                                       FinalNormWeight(*cw.w).get(),
                                       weight_ref(cw.w->lm_head()), float(1.0 / double(st.tok.count)),
                                       head_shape(cfg, N));
@@ -161,8 +163,9 @@ LossResult model_forward_backward(ModelSlabs& grads, const ModelSlabs& params, c
     block_backward(dx_prev, g, scratch, dx, st.boundary(l), li.working, w, st.info, sl, li.saved, li.stored);
     std::swap(dx, dx_prev);
   }
-  embedding_backward(grads.tensor(SlabKind::embedding, 0, "embed_tokens.weight").ptr<float>(), dx,
-                     batch.input_ids.data(), N, C, cfg.vocab_size);
+  if (grads.has(SlabKind::embedding, 0, "embed_tokens.weight"))
+    embedding_backward(grads.tensor(SlabKind::embedding, 0, "embed_tokens.weight").ptr<float>(), dx,
+                       batch.input_ids.data(), N, C, cfg.vocab_size);
   return LossResult{loss, st.tok.count, aux ? aux->value() : 0.0};
 }
 

@@ -180,6 +180,9 @@ void moe_backward(float* dn2, float* dn_router, MoeGrads& g, MoeScratch& b, cons
                   const float* n2, const float* gate, const float* up, const float* h, const MoeView& w,
                   const BlockShape& s, int64_t n, const MoeAuxLoss* aux, int64_t t0) {
   const int64_t A = n * s.k, C = s.C, Ie = s.Ie, shared = A * Ie;  // the shared expert's rows start at `shared`
+  // A frozen MLP (model/finetune.h) binds no expert gradients: every weight GEMM is skipped (null dW).
+  ExpertGrads frozen{};
+  auto grads_of = [&](int64_t e) -> ExpertGrads& { return g.experts.empty() ? frozen : g.experts[size_t(e)]; };
   // g = dout·W_down per grouped row (dyp holds each row's token's dout for now), then the routing weights'
   // gradient g·h and dh = w·g (moe_weight_grads); then dyp = w·dout for W_down's gradient.
   moe_gather(b.dyp, dout, r.order, A, s.k, C);
@@ -201,7 +204,7 @@ void moe_backward(float* dn2, float* dn_router, MoeGrads& g, MoeScratch& b, cons
     for (int64_t c = 0; c < C; ++c) d[c] *= wt;
   }
   for_each_expert(r, s, [&](int64_t e, int64_t first, int64_t rows) {
-    linear_backward(nullptr, g.experts[size_t(e)].down, g.experts[size_t(e)].down_bias, b.dyp + first * C,
+    linear_backward(nullptr, grads_of(e).down, grads_of(e).down_bias, b.dyp + first * C,
                     h + first * Ie, w.experts[size_t(e)].down, rows, Ie, C);
   });
   if (s.Is > 0) {
@@ -215,7 +218,7 @@ void moe_backward(float* dn2, float* dn_router, MoeGrads& g, MoeScratch& b, cons
   }
   for_each_expert(r, s, [&](int64_t e, int64_t first, int64_t rows) {
     const ExpertView& x = w.experts[size_t(e)];
-    ExpertGrads& gx = g.experts[size_t(e)];
+    ExpertGrads& gx = grads_of(e);
     linear_backward(b.dxp + first * C, gx.gate, gx.gate_bias, b.dgate + first * Ie, r.xp + first * C, x.gate, rows,
                     C, Ie);
     linear_backward(b.dxp2 + first * C, gx.up, gx.up_bias, b.dup + first * Ie, r.xp + first * C, x.up, rows, C, Ie);

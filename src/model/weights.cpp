@@ -17,29 +17,48 @@
 #include "io/json_file.h"
 #include "io/mxfp4.h"
 #include "io/safetensors.h"
+#include "model/finetune.h"
 
 namespace lt {
 
 
-ModelSlabs::ModelSlabs(const ModelConfig& cfg, DType matrix_dtype, Fill fill)
+namespace {
+
+SlabLayout slab_layout(const ModelConfig& cfg, SlabKind kind, int64_t layer, DType matrix_dtype, SlabSet set) {
+  if (set == SlabSet::trained) {
+    LT_CHECK(matrix_dtype == DType::f32, "the trained tensors' slabs are f32, not {}", dtype_name(matrix_dtype));
+    return SlabLayout::trained(cfg, kind, layer);
+  }
+  return kind == SlabKind::layer ? SlabLayout::make_layer(cfg, layer, matrix_dtype) : SlabLayout::make(cfg, kind, matrix_dtype);
+}
+
+}  // namespace
+
+ModelSlabs::ModelSlabs(const ModelConfig& cfg, DType matrix_dtype, Fill fill, SlabSet set)
     : cfg_(cfg),
       matrix_dtype_(matrix_dtype),
-      embed_layout_(SlabLayout::make(cfg, SlabKind::embedding, matrix_dtype)),
-      head_layout_(SlabLayout::make(cfg, SlabKind::head, matrix_dtype)),
+      set_(set),
+      embed_layout_(slab_layout(cfg, SlabKind::embedding, 0, matrix_dtype, set)),
+      head_layout_(slab_layout(cfg, SlabKind::head, 0, matrix_dtype, set)),
       embed_(embed_layout_.bytes(), kPageAlign, fill),
       head_(head_layout_.bytes(), kPageAlign, fill) {
   for (int64_t l = 0; l < cfg.num_layers; ++l) {
-    SlabLayout& layout = layer_layouts_[size_t(cfg.layer_kind(l))][cfg.sparse_layer(l)];
-    if (layout.entries().empty()) layout = SlabLayout::make_layer(cfg, l, matrix_dtype);
+    SlabLayout& layout = const_cast<SlabLayout&>(layer_layout(l));
+    if (layout.bytes() == 0 && layout.entries().empty()) layout = slab_layout(cfg, SlabKind::layer, l, matrix_dtype, set);
   }
   layers_.reserve(size_t(cfg.num_layers));
   for (int64_t i = 0; i < cfg.num_layers; ++i) layers_.emplace_back(layout(SlabKind::layer, i).bytes(), kPageAlign, fill);
 }
 
+const SlabLayout& ModelSlabs::layer_layout(int64_t layer) const {
+  const bool trains = set_ == SlabSet::all || !cfg_.finetune || cfg_.finetune->trains_layer(layer);
+  return layer_layouts_[size_t(cfg_.layer_kind(layer))][cfg_.sparse_layer(layer)][trains];
+}
+
 const SlabLayout& ModelSlabs::layout(SlabKind kind, int64_t layer) const {
   switch (kind) {
     case SlabKind::embedding: return embed_layout_;
-    case SlabKind::layer: return layer_layouts_[size_t(cfg_.layer_kind(layer))][cfg_.sparse_layer(layer)];
+    case SlabKind::layer: return layer_layout(layer);
     case SlabKind::head: return head_layout_;
   }
   LT_FAIL("unknown slab kind");
@@ -66,8 +85,10 @@ TensorView ModelSlabs::tensor(SlabKind kind, int64_t layer, const std::string& n
 }
 
 TensorView ModelSlabs::lm_head() const {
-  if (cfg_.tie_word_embeddings) return tensor(SlabKind::embedding, 0, "embed_tokens.weight");
-  return tensor(SlabKind::head, 0, "lm_head.weight");
+  const SlabKind kind = cfg_.tie_word_embeddings ? SlabKind::embedding : SlabKind::head;
+  const std::string name = cfg_.tie_word_embeddings ? "embed_tokens.weight" : "lm_head.weight";
+  if (!has(kind, 0, name)) return TensorView{};
+  return tensor(kind, 0, name);
 }
 
 std::vector<ModelSlabs::Named> ModelSlabs::named_tensors() const {
@@ -385,24 +406,74 @@ void init_random(ModelSlabs& params, uint64_t seed, float std) {
 void make_compute_copy(ModelSlabs& dst, const ModelSlabs& master) {
   auto src = master.named_tensors();
   auto out = dst.named_tensors();
+  if (master.set() == SlabSet::trained && dst.set() == SlabSet::all) {  // the trained tensors' entries only
+    std::map<std::string, TensorView> to;
+    for (const auto& t : out) to.emplace(t.hf_name, t.view);
+    for (const auto& t : src) {
+      const TensorView& v = to.at(t.hf_name);
+      convert_from_f32(v.data, v.dtype, t.view.ptr<float>(), size_t(t.view.numel()));
+    }
+    return;
+  }
   LT_CHECK_EQ(src.size(), out.size(), "compute copy must have the master's tensors");
   for (size_t i = 0; i < src.size(); ++i)
     convert_from_f32(out[i].view.data, out[i].view.dtype, src[i].view.ptr<float>(), size_t(src[i].view.numel()));
 }
 
+ModelSlabs merged_f32(const ModelSlabs& trained, const ModelSlabs& weights) {
+  ModelSlabs out(weights.config(), DType::f32, Fill::none);
+  std::map<std::string, TensorView> from;
+  for (const auto& t : trained.named_tensors()) from.emplace(t.hf_name, t.view);
+  const std::vector<ModelSlabs::Named> w = weights.named_tensors(), o = out.named_tensors();
+  for (size_t i = 0; i < o.size(); ++i) {
+    const auto it = from.find(o[i].hf_name);
+    const TensorView& src = it != from.end() ? it->second : w[i].view;
+    parallel_convert_to_f32(o[i].view.ptr<float>(), src.data, src.dtype, size_t(src.numel()));
+  }
+  return out;
+}
+
+ModelSlabs trained_tensors(const ModelConfig& cfg, const ModelSlabs& all) {
+  LT_CHECK(all.set() == SlabSet::all && all.matrix_dtype() == DType::f32, "trained_tensors: from f32 slabs of every tensor");
+  ModelSlabs out(cfg, DType::f32, Fill::none, SlabSet::trained);
+  std::map<std::string, TensorView> from;
+  for (const auto& t : all.named_tensors()) from.emplace(t.hf_name, t.view);
+  for (const auto& t : out.named_tensors()) std::memcpy(t.view.data, from.at(t.hf_name).data, t.view.bytes());
+  return out;
+}
+
 namespace {
 
-// Converts slabs to `dtype` buffers owned by `storage`, keyed by HF name; `keep_f32` ones to f32 instead.
+// Converts slabs to `dtype` buffers owned by `storage`, keyed by HF name; `keep_f32` ones to f32 instead. `frozen`
+// (a trained set in `slabs`): the streamed weights, every tensor `slabs` does not hold is exported from there, from
+// its dtype (a bf16 tensor saved bf16 keeps its bytes).
 NamedTensors export_tensors(const ModelSlabs& slabs, DType dtype, std::vector<std::vector<uint8_t>>& storage,
-                            const std::set<std::string>& keep_f32 = {}) {
+                            const std::set<std::string>& keep_f32 = {}, const ModelSlabs* frozen = nullptr) {
   LT_CHECK(dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16,
            "model files are written as f32, bf16 or f16, not {}", dtype_name(dtype));
   NamedTensors out;
-  for (const auto& t : slabs.named_tensors()) {
-    LT_CHECK(t.view.dtype == DType::f32, "export expects f32 slabs ({} is {})", t.hf_name, dtype_name(t.view.dtype));
+  std::vector<ModelSlabs::Named> all = slabs.named_tensors();
+  if (frozen) {  // every tensor, in the streamed weights' order: the trained ones from `slabs`
+    std::map<std::string, TensorView> trained;
+    for (const auto& t : all) trained.emplace(t.hf_name, t.view);
+    all = frozen->named_tensors();
+    for (auto& t : all)
+      if (const auto it = trained.find(t.hf_name); it != trained.end()) t.view = it->second;
+  }
+  std::vector<float> wide;
+  for (const auto& t : all) {
     const DType d = keep_f32.count(t.hf_name) ? DType::f32 : dtype;
-    storage.emplace_back(size_t(t.view.numel()) * dtype_size(d));
-    convert_from_f32(storage.back().data(), d, t.view.ptr<float>(), size_t(t.view.numel()));
+    const size_t n = size_t(t.view.numel());
+    storage.emplace_back(n * dtype_size(d));
+    if (t.view.dtype == d) {
+      std::memcpy(storage.back().data(), t.view.data, storage.back().size());
+    } else if (t.view.dtype == DType::f32) {
+      convert_from_f32(storage.back().data(), d, t.view.ptr<float>(), n);
+    } else {
+      wide.resize(n);
+      convert_to_f32(wide.data(), t.view.data, t.view.dtype, n);
+      convert_from_f32(storage.back().data(), d, wide.data(), n);
+    }
     out[t.hf_name] = TensorView::contiguous(storage.back().data(), d, t.view.shape);
   }
   for (const auto& name : keep_f32)
@@ -494,10 +565,11 @@ void save_safetensors(const ModelSlabs& slabs, const std::string& path, DType dt
 }
 
 void save_hf_model(const ModelSlabs& params, const std::string& dir, DType dtype, size_t max_shard_bytes,
-                   const SavedExtras& extras) {
+                   const SavedExtras& extras, const ModelSlabs* frozen) {
+  LT_CHECK(params.set() == SlabSet::all || frozen, "saving a model of its trained tensors alone needs the frozen ones");
   std::filesystem::create_directories(dir);
   std::vector<std::vector<uint8_t>> storage;
-  NamedTensors tensors = export_tensors(params, dtype, storage, extras.keep_f32);
+  NamedTensors tensors = export_tensors(params, dtype, storage, extras.keep_f32, frozen);
   for (const RawTensor& r : extras.carried) {
     LT_CHECK(!tensors.count(r.name), "carried tensor {} has the name of a trained tensor", r.name);
     LT_CHECK_EQ(r.bytes.size(), size_t(shape_numel(r.shape)) * dtype_size(r.dtype),

@@ -18,16 +18,23 @@
 
 namespace lt {
 
+// Which tensors a ModelSlabs holds: every one (the model's weights, streamed or saved), or the trained ones alone
+// (f32 masters and gradients, SlabLayout::trained: under freeze fine-tuning a frozen layer's slab is empty).
+enum class SlabSet : uint8_t { all, trained };
+
 class ModelSlabs {
  public:
   ModelSlabs() = default;
-  // Zero-filled slabs for `cfg`, matrices stored as `matrix_dtype` (f32 or bf16).
+  // Zero-filled slabs for `cfg`, matrices stored as `matrix_dtype` (f32 or bf16; a trained set is f32).
   // `fill` none: the slabs' pages are not touched here (they fault in where first written): a data-parallel rank's
   // gradients, of which it only ever writes and reads the chunks it owns.
-  ModelSlabs(const ModelConfig& cfg, DType matrix_dtype = DType::f32, Fill fill = Fill::zero);
+  ModelSlabs(const ModelConfig& cfg, DType matrix_dtype = DType::f32, Fill fill = Fill::zero, SlabSet set = SlabSet::all);
 
   const ModelConfig& config() const { return cfg_; }
   DType matrix_dtype() const { return matrix_dtype_; }
+  SlabSet set() const { return set_; }
+  // Whether slab `kind` (layer `layer`) holds entry `name`.
+  bool has(SlabKind kind, int64_t layer, const std::string& name) const { return layout(kind, layer).find(name); }
   int64_t num_layers() const { return int64_t(layers_.size()); }
 
   // The layout of a slab; for SlabKind::layer, of layer `layer` (hybrid models: its token mixer's layout).
@@ -45,7 +52,8 @@ class ModelSlabs {
     TensorView view;
   };
   std::vector<Named> named_tensors() const;
-  // The embedding table doubles as lm_head when tied: the head's lm_head view resolves to it.
+  // The embedding table doubles as lm_head when tied: the head's lm_head view resolves to it. A trained set without
+  // it (frozen): an empty view (null data).
   TensorView lm_head() const;
 
   void zero();
@@ -54,8 +62,12 @@ class ModelSlabs {
  private:
   ModelConfig cfg_;
   DType matrix_dtype_ = DType::f32;
+  SlabSet set_ = SlabSet::all;
   SlabLayout embed_layout_, head_layout_;
-  SlabLayout layer_layouts_[kLayerKinds][2];  // by LayerKind, then sparse (MoE) or dense MLP; the model's kinds only
+  // By LayerKind, sparse (MoE) or dense MLP, and whether the layer trains (a trained set; 1 for every layer of the
+  // full set): the model's kinds only.
+  SlabLayout layer_layouts_[kLayerKinds][2][2];
+  const SlabLayout& layer_layout(int64_t layer) const;
   AlignedBuffer<uint8_t> embed_, head_;
   std::vector<AlignedBuffer<uint8_t>> layers_;
 };
@@ -119,7 +131,14 @@ void save_safetensors(const ModelSlabs& slabs, const std::string& path, DType dt
 
 // Writes an HF model directory: config.json and model.safetensors (sharded beyond max_shard_bytes). The trained
 // tensors are written in `dtype` except extras.keep_f32 ones (F32), beside every extras.carried tensor as loaded.
+// `params` a trained set (freeze fine-tuning, model/finetune.h): `frozen`, the streamed weights, gives the rest.
 void save_hf_model(const ModelSlabs& params, const std::string& dir, DType dtype, size_t max_shard_bytes,
-                   const SavedExtras& extras = {});
+                   const SavedExtras& extras = {}, const ModelSlabs* frozen = nullptr);
+
+// The tensors `cfg` trains (SlabSet::trained) from `all`, f32 slabs of every tensor (of `cfg`'s model, loaded before
+// its fine-tuning was known): freeze fine-tuning's masters.
+ModelSlabs trained_tensors(const ModelConfig& cfg, const ModelSlabs& all);
+// Every tensor in f32: the trained ones from `trained`, the rest widened from `weights` (the streamed weights).
+ModelSlabs merged_f32(const ModelSlabs& trained, const ModelSlabs& weights);
 
 }  // namespace lt

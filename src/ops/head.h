@@ -24,7 +24,8 @@ struct HeadShape {
 double head_forward(const float* x, const int32_t* targets, const float* norm_w, WeightRef lm_w, HeadShape s);
 
 // Loss and backward in one pass over chunks. grad_scale multiplies dlogits (1/count for the mean).
-// dx[N, C] written; dnorm_w[C] and dlm_w[V, C] accumulated. Returns Σ CE over counted tokens.
+// dx[N, C] written; dnorm_w[C] and dlm_w[V, C] accumulated (either null: frozen, skipped). Returns Σ CE over
+// counted tokens.
 double head_forward_backward(float* dx, float* dnorm_w, float* dlm_w,
                              const float* x, const int32_t* targets, const float* norm_w, WeightRef lm_w,
                              float grad_scale, HeadShape s);

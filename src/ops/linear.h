@@ -29,7 +29,8 @@ void linear_forward(float* out, const float* in, WeightRef W, const float* bias,
                     int64_t N, int64_t in_f, int64_t out_f);
 
 // din[N, in_f]  = dout · W          (written; skipped when din is null)
-// dW[out_f, in_f] += doutᵀ · in      (accumulated; f32 master gradient; token slices of kTokenSlice in order)
+// dW[out_f, in_f] += doutᵀ · in      (accumulated; f32 master gradient; token slices of kTokenSlice in order;
+//                                    skipped when null: a frozen weight, model/finetune.h)
 // dbias[out_f]  += Σ_rows dout       (accumulated; skipped when null; per token slice, in order)
 // In bf16 mode dout and in are rounded to bf16 as GEMM operands.
 void linear_backward(float* din, float* dW, float* dbias,

@@ -134,6 +134,7 @@ AdamWSlab::TensorState AdamWSlab::state(size_t i) const {
 }
 
 void AdamWSlab::update(uint8_t* param, const uint8_t* grad, const StepArgs& args, uint8_t* copy, VectorPath path) {
+  if (tensors_.empty()) return;  // a frozen slab (model/finetune.h)
   LT_CHECK(param != nullptr && grad != nullptr, "optimizer update: parameter or gradient slab missing");
   const ScopedThreads threads(cfg_.threads);
   const AdamWScalars decayed =
@@ -242,23 +243,22 @@ void AdamWSlab::restore_state(const SafetensorsFile& file) {
 // HybridAdamW
 // ---------------------------------------------------------------------------------------------------------
 
-std::vector<OptimTensor> optim_tensors(const ModelConfig& model, SlabKind kind, int64_t layer,
-                                       const AdamWConfig& cfg) {
-  auto layout = [&](DType d) {
-    return kind == SlabKind::layer ? SlabLayout::make_layer(model, layer, d) : SlabLayout::make(model, kind, d);
-  };
-  const SlabLayout master = layout(DType::f32);
-  const SlabLayout copy = layout(DType::bf16);
+std::vector<OptimTensor> optim_tensors(const ModelConfig& model, SlabKind kind, int64_t layer, const AdamWConfig& cfg,
+                                       DType copy_matrices) {
+  const SlabLayout master = SlabLayout::trained(model, kind, layer);  // the trained tensors (model/finetune.h)
+  const SlabLayout copy = kind == SlabKind::layer ? SlabLayout::make_layer(model, layer, copy_matrices)
+                                                  : SlabLayout::make(model, kind, copy_matrices);
   const std::string prefix = hf_prefix(model);
   std::vector<OptimTensor> out;
   for (size_t i = 0; i < master.entries().size(); ++i) {
     const SlabEntry& e = master.entries()[i];
+    const SlabEntry& c = copy.entry(e.name);
     OptimTensor t;
     t.name = SlabLayout::hf_name(kind, layer, e.name, prefix);
     t.shape = e.shape;
     t.param_offset = e.offset;
-    t.copy_offset = copy.entries()[i].offset;
-    t.copy_dtype = copy.entries()[i].dtype;
+    t.copy_offset = c.offset;
+    t.copy_dtype = c.dtype;
     t.precision = choose_state_precision(cfg, t.name, e.shape);
     t.decay = std::none_of(cfg.no_decay.begin(), cfg.no_decay.end(),
                            [&](const std::string& pattern) { return glob_match(pattern, t.name); });
@@ -281,13 +281,22 @@ StateReport model_state_report(const ModelConfig& model, const AdamWConfig& cfg)
 double host_parameter_bytes_per_rank(const ModelConfig& model, const AdamWConfig& cfg, bool compute_copy, int ranks) {
   const double n = ranks, params = double(model.num_parameters());
   const double states = double(model_state_report(model, cfg).state_bytes) / n;
+  if (!model.trains_all()) {  // frozen tensors: the streamed copy of every tensor, masters and gradients of the trained
+    LT_CHECK(ranks == 1, "frozen weights: one process only for now");
+    int64_t trained = 0;
+    trained += SlabLayout::trained(model, SlabKind::embedding).num_parameters();
+    for (int64_t l = 0; l < model.num_layers; ++l) trained += SlabLayout::trained(model, SlabKind::layer, l).num_parameters();
+    trained += SlabLayout::trained(model, SlabKind::head).num_parameters();
+    return params * (compute_copy ? 2 : 4) + double(trained) * 8 + states;
+  }
   if (!compute_copy) return params * (4 + 4 / n) + states;
   const double embed = double(model.vocab_size) * double(model.hidden_size);
   return params * (2 + 8 / n) + embed * 4 * (1 - 1 / n) + states;
 }
 
-HybridAdamW::HybridAdamW(ModelSlabs& params, const ModelSlabs& grads, AdamWConfig cfg, const OwnedRanges* owned)
-    : params_(params), grads_(grads), cfg_(std::move(cfg)) {
+HybridAdamW::HybridAdamW(ModelSlabs& params, const ModelSlabs& grads, AdamWConfig cfg, const OwnedRanges* owned,
+                         DType copy_matrices)
+    : params_(params), grads_(grads), cfg_(std::move(cfg)), copy_matrices_(copy_matrices) {
   LT_CHECK(params.config() == grads.config(), "optimizer: parameters and gradients are of different models");
   LT_CHECK(params.matrix_dtype() == DType::f32 && grads.matrix_dtype() == DType::f32,
            "optimizer: master weights and gradients must be f32 slabs");
@@ -297,7 +306,7 @@ HybridAdamW::HybridAdamW(ModelSlabs& params, const ModelSlabs& grads, AdamWConfi
   LT_CHECK(!owned || int64_t(owned->size()) == params.num_layers() + 2, "optimizer: owned ranges for {} slabs, the model has {}",
            owned ? owned->size() : 0, params.num_layers() + 2);
   auto tensors = [&](SlabKind kind, int64_t layer, size_t slot) {
-    std::vector<OptimTensor> ts = optim_tensors(m, kind, layer, cfg_);
+    std::vector<OptimTensor> ts = optim_tensors(m, kind, layer, cfg_, copy_matrices_);
     if (owned) {
       const auto& ranges = (*owned)[slot];
       LT_CHECK_EQ(ranges.size(), ts.size(), "optimizer: owned ranges per tensor of a slab");
@@ -347,8 +356,9 @@ void HybridAdamW::update(SlabKind kind, int64_t layer, const StepArgs& args, uin
 }
 
 void HybridAdamW::update_all(const StepArgs& args, ModelSlabs* compute_copy) {
-  LT_CHECK(!compute_copy || compute_copy->matrix_dtype() == DType::bf16,
-           "optimizer: the compute copy written during the update must be a bf16 layout");
+  LT_CHECK(!compute_copy || compute_copy->matrix_dtype() == copy_matrices_,
+           "optimizer: the compute copy written during the update must have {} matrices",
+           dtype_name(copy_matrices_));
   auto copy_of = [&](SlabKind kind, int64_t layer) { return compute_copy ? compute_copy->slab(kind, layer) : nullptr; };
   update(SlabKind::embedding, 0, args, copy_of(SlabKind::embedding, 0));
   for (int64_t i = 0; i < int64_t(layers_.size()); ++i) update(SlabKind::layer, i, args, copy_of(SlabKind::layer, i));

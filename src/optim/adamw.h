@@ -172,7 +172,11 @@ class HybridAdamW {
   // `owned` (data parallel): per slab (embedding, layers 0..L-1, head), per tensor, the elements [begin, end) this
   // rank updates and keeps states for; null: every element.
   using OwnedRanges = std::vector<std::vector<std::pair<int64_t, int64_t>>>;
-  HybridAdamW(ModelSlabs& params, const ModelSlabs& grads, AdamWConfig cfg, const OwnedRanges* owned = nullptr);
+  // `params` and `grads` hold the trained tensors (SlabSet::trained; every tensor under full fine-tuning).
+  // copy_matrices: the matrices' dtype in the compute copy an update writes (bf16; f32 under freeze fine-tuning in
+  // f32 compute, where the copy is what streams: model/finetune.h).
+  HybridAdamW(ModelSlabs& params, const ModelSlabs& grads, AdamWConfig cfg, const OwnedRanges* owned = nullptr,
+              DType copy_matrices = DType::bf16);
   void set_state_gather(StateGather gather) { gather_ = std::move(gather); }
   void set_after_update(AfterUpdate after) { after_update_ = std::move(after); }
 
@@ -210,6 +214,7 @@ class HybridAdamW {
   ModelSlabs& params_;
   const ModelSlabs& grads_;
   AdamWConfig cfg_;
+  DType copy_matrices_ = DType::bf16;
   AdamWSlab embedding_, head_;
   std::vector<AdamWSlab> layers_;
   int64_t step_ = 0;
@@ -228,8 +233,9 @@ StateReport model_state_report(const ModelConfig& model, const AdamWConfig& cfg)
 // the streamed weights). The planner's host-memory line and the trainer's check before loading.
 double host_parameter_bytes_per_rank(const ModelConfig& model, const AdamWConfig& cfg, bool compute_copy, int ranks);
 
-// The tensors of one slab of `layout` for the optimizer: HF names, offsets in the f32 layout and in the
-// bf16 compute-copy layout, precision and weight decay per cfg.
-std::vector<OptimTensor> optim_tensors(const ModelConfig& model, SlabKind kind, int64_t layer, const AdamWConfig& cfg);
+// The trained tensors of one slab for the optimizer: HF names, offsets in the f32 trained layout and in the
+// compute-copy layout (matrices `copy_matrices`), precision and weight decay per cfg.
+std::vector<OptimTensor> optim_tensors(const ModelConfig& model, SlabKind kind, int64_t layer, const AdamWConfig& cfg,
+                                       DType copy_matrices = DType::bf16);
 
 }  // namespace lt

@@ -137,6 +137,7 @@ double combine_grad_chunks(const std::vector<GradChunk>& chunks, const double* p
 
 double accumulate_grad_slab(uint8_t* dst, const SlabLayout& dst_layout, const uint8_t* src,
                             const SlabLayout& src_layout, GradMode mode) {
+  if (dst_layout.entries().empty()) return 0.0;  // a frozen slab (model/finetune.h): nothing to add
   LT_CHECK(dst != nullptr, "accumulate_grad_slab: no destination slab");
   return slab_pass(dst, dst_layout, src, src_layout, mode);
 }

@@ -120,18 +120,18 @@ Instance make_instance(const ModelConfig& cfg, int64_t B, int64_t T, const Profi
   in.A_nvme = double(align_up(s.boundary_bytes(), kPageAlign));
   in.mem = memory_terms(cfg, B, T, o.exec);
   for (int64_t l = 0; l < in.L; ++l) {
-    const SlabLayout g = SlabLayout::make_layer(cfg, l, DType::f32);
+    const SlabLayout g = SlabLayout::trained(cfg, SlabKind::layer, l);  // frozen tensors: no gradient (finetune.h)
     in.Wl.push_back(al(double(SlabLayout::make_layer(cfg, l, mdt).bytes())));
     in.Gl.push_back(al(double(g.bytes())));
     in.W = std::max(in.W, in.Wl.back());
     in.G = std::max(in.G, in.Gl.back());
-    in.mlp_grad_share.push_back(1.0 - double(g.entry(kMlpGradsFirst).offset) / double(g.bytes()));
+    in.mlp_grad_share.push_back(g.bytes() ? 1.0 - double(g.mlp_offset()) / double(g.bytes()) : 0.0);
   }
   double hw = double(SlabLayout::make(cfg, SlabKind::head, mdt).bytes());
-  double hg = double(SlabLayout::make(cfg, SlabKind::head, DType::f32).bytes());
+  double hg = double(SlabLayout::trained(cfg, SlabKind::head).bytes());
   if (cfg.tie_word_embeddings) {
     hw += double(SlabLayout::make(cfg, SlabKind::embedding, mdt).bytes());
-    hg += double(SlabLayout::make(cfg, SlabKind::embedding, DType::f32).bytes());
+    hg += double(SlabLayout::trained(cfg, SlabKind::embedding).bytes());
   }
   in.HW = al(hw);
   in.HG = al(hg);

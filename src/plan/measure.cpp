@@ -51,6 +51,7 @@ ModelConfig profile_prototypes(const ModelConfig& cfg, std::vector<int64_t>* pro
   // One prototype per (token mixer, dense or sparse MLP) the model has; the prototypes' dense ones are its
   // mlp_only_layers, their mixers explicit layer_types unless every one is full attention (a uniform model).
   ModelConfig one = cfg;
+  one.finetune = nullptr;  // the prototypes measure full training's layer costs (frozen weights only skip work)
   proto->assign(size_t(cfg.num_layers), 0);
   one.layer_types.clear();
   one.mlp_only_layers.clear();

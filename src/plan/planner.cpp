@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "core/timer.h"
 #include "core/units.h"
+#include "model/finetune.h"
 #include "optim/adamw.h"
 
 namespace lt {
@@ -352,7 +353,17 @@ std::string PlanReport::table() const {
                          ? fmt::format("the bf16 compute copy, 1/{} of the f32 masters but the embedding's whole",
                                        in.opt.ranks)
                          : std::string("the f32 masters whole, the streamed weights"));
-  if (in.opt.ranks == 1)
+  if (in.opt.ranks == 1 && !in.cfg.trains_all()) {
+    Instance full = in;
+    full.cfg.finetune = nullptr;
+    const bool bf16 = in.opt.exec.compute == ComputeType::bf16;
+    s += fmt::format("\nhost memory for the parameters: {} ({}; every tensor in the {} streamed weights, f32 masters, "
+                     "gradients and {}-bit optimizer states of the trained ones; loading peaks at {}), plus host "
+                     "activations and the data; full fine-tuning: {}\n",
+                     gb(host_bytes_per_rank(in)), in.cfg.finetune->summary(in.cfg), bf16 ? "bf16" : "f32",
+                     in.opt.optimizer_state_bits, gb(double(in.cfg.num_parameters()) * (bf16 ? 6 : 8)),
+                     gb(host_bytes_per_rank(full)));
+  } else if (in.opt.ranks == 1)
     s += fmt::format("\nhost memory for the parameters: {} ({} parameters{}: f32 masters and gradients{}, {}-bit optimizer "
                      "states), plus host activations and the data\n",
                      gb(host_bytes_per_rank(in)), in.cfg.num_parameters(),

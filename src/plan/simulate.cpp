@@ -169,9 +169,10 @@ Cost cost_of(const Instance& in, const StepOp& op) {
     case OpKind::head: return {in.head, 0};
     case OpKind::download_loss: return {0, double(op.bytes)};
     case OpKind::download_head_grads: return {0, in.HG};
-    case OpKind::download_grads: {  // the MLP half is the slab's tail (offset > 0), the attention half its head
+    case OpKind::download_grads: {  // the MLP half is the slab's tail (offset > 0), the attention half its head;
+      // a trained layout of MLP tensors alone (model/finetune.h) has the MLP half at offset 0
       const double mlp = in.Gl[l] * in.mlp_grad_share[l];
-      return {0, op.offset > 0 ? mlp : in.Gl[l] - mlp};
+      return {0, op.offset > 0 || in.mlp_grad_share[l] == 1.0 ? mlp : in.Gl[l] - mlp};
     }
     case OpKind::download_dx0: return {0, in.A};
     case OpKind::accumulate_head: return {in.acc_head, 0};

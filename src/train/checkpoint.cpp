@@ -33,9 +33,10 @@ void fsync_tree(const fs::path& dir) {
 
 // The checkpoint's files, written into `tmp` (not yet a checkpoint: its name starts with a dot).
 void write_checkpoint_files(const CheckpointWriter& w, const fs::path& tmp, int64_t step, const ModelSlabs& params,
-                            const HybridAdamW& optimizer, const nlohmann::json& state, const SavedExtras& extras) {
+                            const HybridAdamW& optimizer, const nlohmann::json& state, const SavedExtras& extras,
+                            const ModelSlabs* frozen) {
   fs::create_directories(tmp / "resume");
-  save_hf_model(params, tmp.string(), dtype_parse(w.save_dtype), w.max_shard_bytes, extras);
+  save_hf_model(params, tmp.string(), dtype_parse(w.save_dtype), w.max_shard_bytes, extras, frozen);
   if (!w.tokenizer_dir.empty()) {
     for (const char* f : {"tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",
                           "special_tokens_map.json", "generation_config.json"}) {
@@ -60,7 +61,8 @@ int64_t checkpoint_step(const std::string& name) {
 }  // namespace
 
 std::string save_checkpoint(const CheckpointWriter& w, int64_t step, const ModelSlabs& params,
-                            const HybridAdamW& optimizer, const nlohmann::json& state, const SavedExtras& extras) {
+                            const HybridAdamW& optimizer, const nlohmann::json& state, const SavedExtras& extras,
+                            const ModelSlabs* frozen) {
   const fs::path out(w.output_dir);
   fs::create_directories(out);
   for (const auto& e : fs::directory_iterator(out))  // torn leftovers of a killed save
@@ -72,7 +74,7 @@ std::string save_checkpoint(const CheckpointWriter& w, int64_t step, const Model
   // A failure (a full disk, an I/O error) leaves the previous checkpoints and `latest` as they were and removes
   // what it wrote: nothing half-written is ever named like a checkpoint.
   try {
-    write_checkpoint_files(w, tmp, step, params, optimizer, state, extras);
+    write_checkpoint_files(w, tmp, step, params, optimizer, state, extras, frozen);
     if (fs::exists(final_dir)) fs::remove_all(final_dir);  // a re-save of the same step after a resume
     rename_path(tmp.string(), final_dir.string());
   } catch (const std::exception& e) {

@@ -5,7 +5,8 @@
 //     trained tensors; those the source checkpoint kept F32 stay F32) plus the tensors we do not train, carried
 //     from the source checkpoint byte for byte (qwen3_5's vision tower and MTP head: model/weights.h SavedExtras),
 //   the tokenizer files copied from the model directory (tokenizer.json, tokenizer_config.json, ...)
-//   resume/params.safetensors     f32 master weights (the model files may be bf16: resume needs f32)
+//   resume/params.safetensors     f32 master weights (the model files may be bf16: resume needs f32); of the trained
+//                                 tensors alone under freeze fine-tuning (the frozen ones are the base model's)
 //   resume/optimizer.safetensors  optimizer states (8-bit codes and absmax, or f32), step and skip counts
 //   resume/state.json             step, data cursor, RNG state, loss history, the result-affecting config
 // output_dir/latest               the name of the newest complete checkpoint
@@ -38,9 +39,10 @@ struct CheckpointWriter {
 
 // Writes checkpoint-STEP atomically and returns its path. `state` is resume/state.json's content; `extras` what
 // the source checkpoint held beyond the trained tensors (LoadedModel::extras; none for a model trained from scratch).
+// `frozen`: with masters of the trained tensors alone, the streamed weights that hold the rest (save_hf_model).
 std::string save_checkpoint(const CheckpointWriter& w, int64_t step, const ModelSlabs& params,
                             const HybridAdamW& optimizer, const nlohmann::json& state,
-                            const SavedExtras& extras = {});
+                            const SavedExtras& extras = {}, const ModelSlabs* frozen = nullptr);
 
 // The checkpoint `latest` names in output_dir, or "" when there is none.
 std::string latest_checkpoint(const std::string& output_dir);

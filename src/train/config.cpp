@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/units.h"
 #include "exec/backend.h"
+#include "model/finetune.h"
 
 namespace lt {
 namespace {
@@ -126,6 +127,10 @@ const std::map<std::string, Key>& keys() {
       {"adam_epsilon", number(&TrainConfig::adam_epsilon, 0.0)},
       {"seed", number(&TrainConfig::seed, int64_t(0))},
       {"moe_aux_loss_coef", number(&TrainConfig::moe_aux_loss_coef, 0.0)},
+      {"finetuning_type", text(&TrainConfig::finetuning_type, {"full", "freeze"})},
+      {"freeze_trainable_layers", number(&TrainConfig::freeze_trainable_layers, std::numeric_limits<int64_t>::min())},
+      {"freeze_trainable_modules", names(&TrainConfig::freeze_trainable_modules)},
+      {"freeze_extra_modules", names(&TrainConfig::freeze_extra_modules)},
       {"output_dir", text(&TrainConfig::output_dir)},
       {"logging_steps", number(&TrainConfig::logging_steps, int64_t(1))},
       {"save_steps", number(&TrainConfig::save_steps, int64_t(0))},
@@ -175,6 +180,7 @@ void apply(TrainConfig& c, const std::string& key_in, const YAML::Node& value, c
     LT_FAIL("{}: unknown key '{}'{}", where, key, near.empty() ? "" : " (did you mean '" + near + "'?)");
   }
   it->second.read(c, value, where + ": " + key);
+  if (std::find(c.given.begin(), c.given.end(), key) == c.given.end()) c.given.push_back(key);
 }
 
 }  // namespace
@@ -219,7 +225,8 @@ const std::vector<std::string>& TrainConfig::result_keys() {
       "per_device_train_batch_size", "gradient_accumulation_steps", "learning_rate", "lr_scheduler_type",
       "warmup_ratio", "warmup_steps", "max_steps", "num_train_epochs", "max_grad_norm", "weight_decay",
       "adam_beta1", "adam_beta2", "adam_epsilon", "seed", "optimizer_state_bits", "compute_dtype",
-      "activation_dtype"};
+      "activation_dtype", "finetuning_type", "freeze_trainable_layers", "freeze_trainable_modules",
+      "freeze_extra_modules"};
   return k;
 }
 
@@ -259,7 +266,19 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   LT_CHECK(c.adam_beta1 < 1 && c.adam_beta2 < 1, "{}: adam betas must be below 1", path);
   LT_CHECK(c.warmup_ratio <= 1, "{}: warmup_ratio must be at most 1, got {}", path, c.warmup_ratio);
   LT_CHECK(c.max_steps > 0 || c.num_train_epochs > 0, "{}: set max_steps or num_train_epochs above 0", path);
+  // A key of another fine-tuning method contradicts finetuning_type (LLaMA-Factory ignores it silently).
+  for (const std::string& k : c.given)
+    LT_CHECK(!(k.rfind("freeze_", 0) == 0 && c.finetuning_type != "freeze"),
+             "{}: {} is a key of finetuning_type: freeze, but finetuning_type is {}", path, k, c.finetuning_type);
+  LT_CHECK(c.freeze_trainable_layers != 0,
+           "{}: freeze_trainable_layers: 0 trains no layer (N > 0: the last N layers, N < 0: the first -N)", path);
   return c;
+}
+
+std::shared_ptr<const Finetune> finetune_of(const TrainConfig& c, const ModelConfig& model) {
+  if (c.finetuning_type == "full") return nullptr;
+  return std::make_shared<const Finetune>(make_freeze(model, c.freeze_trainable_layers, c.freeze_trainable_modules,
+                                                      c.freeze_extra_modules, "freeze"));
 }
 
 }  // namespace lt

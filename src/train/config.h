@@ -8,10 +8,13 @@
 
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
+
+#include "model/config.h"
 
 namespace lt {
 
@@ -42,6 +45,11 @@ struct TrainConfig {
   // Mixture-of-Experts models: the load-balancing loss's coefficient (LLaMA-Factory's moe_aux_loss_coef, which
   // trains with output_router_logits on). Unset (NaN, written null): the model's router_aux_loss_coef; 0: none.
   double moe_aux_loss_coef = std::numeric_limits<double>::quiet_NaN();
+  // --- fine-tuning method (LLaMA-Factory's keys; model/finetune.h) ---
+  std::string finetuning_type = "full";   // full | freeze (LLaMA-Factory's default is lora; LazyTrain's full)
+  int64_t freeze_trainable_layers = 2;    // the last N layers train; negative: the first -N
+  std::vector<std::string> freeze_trainable_modules = {"all"};  // within them: all, or self_attn, mlp, ...
+  std::vector<std::string> freeze_extra_modules;                // and: embed_tokens, norm, lm_head
   // --- output ---
   std::string output_dir;
   int64_t logging_steps = 10;
@@ -77,10 +85,14 @@ struct TrainConfig {
   double dist_timeout_s = 900;
 
   std::string source;                        // the file it came from (messages)
+  std::vector<std::string> given;            // the keys the file and the overrides set
   nlohmann::json to_json() const;            // every key, as it would be written in YAML
   // Keys whose change makes a resumed run differ from an uninterrupted one (resume refuses them).
   static const std::vector<std::string>& result_keys();
 };
+
+// The tensors a run of `c` trains on `model` (model/finetune.h): null for full fine-tuning. Errors name the key.
+std::shared_ptr<const Finetune> finetune_of(const TrainConfig& c, const ModelConfig& model);
 
 // Reads CONFIG.yaml and applies `overrides` ("key=value"); validates everything.
 TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides = {});

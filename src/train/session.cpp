@@ -14,6 +14,7 @@
 #include "core/procfs.h"
 #include "core/units.h"
 #include "io/json_file.h"
+#include "model/finetune.h"
 #include "model/model.h"
 #include "plan/measure.h"
 #include "plan/plan_file.h"
@@ -40,8 +41,10 @@ nlohmann::json result_config(const TrainConfig& c, int ranks, double moe_aux_coe
 
 }  // namespace
 
-ModelSource ModelSource::load(const TrainConfig& c, const Comm& comm) {
+ModelSource ModelSource::load(const TrainConfig& c, const Comm& comm, ComputeType compute) {
   ModelSource m;
+  LT_CHECK(c.finetuning_type == "full" || comm.size() == 1,
+           "finetuning_type: {} runs in one process for now (data parallel trains full fine-tuning)", c.finetuning_type);
   if (comm.size() > 1 && c.compute_dtype == "bf16") {
     fs::path cfg(c.model_name_or_path);
     if (fs::is_directory(cfg)) cfg /= "config.json";
@@ -61,6 +64,15 @@ ModelSource ModelSource::load(const TrainConfig& c, const Comm& comm) {
     m.extras = std::move(lm.extras);
     m.dir = p.string();
   }
+  if (std::shared_ptr<const Finetune> ft = finetune_of(c, m.config)) {
+    // Frozen tensors live in the streamed weights alone (model/finetune.h): every tensor in the compute dtype there,
+    // f32 masters of the trained ones; the loaded f32 slabs go.
+    m.config.finetune = std::move(ft);
+    m.weights.emplace(m.config, compute == ComputeType::bf16 ? DType::bf16 : DType::f32, Fill::none);
+    make_compute_copy(*m.weights, m.params);
+    ModelSlabs all = std::move(m.params);
+    m.params = trained_tensors(m.config, all);
+  }
   return m;
 }
 
@@ -75,7 +87,7 @@ void TrainingSession::Window::add(const StepStats& st) {
 }
 
 TrainingSession::TrainingSession(const TrainSettings& s, const Comm& comm) : s_(s), comm_(comm) {
-  model_ = ModelSource::load(s_.c, comm_);
+  model_ = ModelSource::load(s_.c, comm_, s_.compute);
   load_data();
   choose_plan();
   check_memory();
@@ -116,6 +128,7 @@ void TrainingSession::load_data() {
   log_->message(fmt::format("model: {} ({}, {} layers, {:.1f}M parameters{})", c.model_name_or_path,
                             model_type_name(mc.type), mc.num_layers, double(mc.num_parameters()) / 1e6,
                             model_.from_scratch ? ", random init" : ""));
+  if (mc.finetune) log_->message("fine-tuning: " + mc.finetune->summary(mc));
   if (mc.is_moe()) {
     const bool asked = !std::isnan(c.moe_aux_loss_coef);
     moe_aux_coef_ = asked ? c.moe_aux_loss_coef : mc.router_aux_loss_coef;
@@ -225,8 +238,9 @@ void TrainingSession::open_device() {
   executor_ = std::make_unique<StreamingExecutor>(mc, *device_, exec_, nvme_.get());
   // Data parallel: a rank only ever touches the gradient chunks it owns (the exchange stages the rest), so the other
   // chunks' pages are never faulted in (ZeRO-2's memory, without a second layout).
-  grads_.emplace(mc, DType::f32, s_.ranks > 1 ? Fill::none : Fill::zero);
-  if (s_.compute == ComputeType::bf16) copy_.emplace(mc, DType::bf16);
+  grads_.emplace(mc, DType::f32, s_.ranks > 1 ? Fill::none : Fill::zero, SlabSet::trained);
+  if (model_.weights) copy_ = std::move(model_.weights);  // frozen tensors: the streamed weights made at load
+  else if (s_.compute == ComputeType::bf16) copy_.emplace(mc, DType::bf16);
   pins_ = std::make_unique<PinnedSlabs>(*device_);
   if (s_.backend.pins_host_memory()) {
     pins_->pin(copy_ ? *copy_ : model_.params, "weights");
@@ -240,7 +254,8 @@ void TrainingSession::open_device() {
 void TrainingSession::make_optimizer() {
   const ModelConfig& mc = model_.config;
   if (s_.ranks > 1) dp_ = std::make_unique<DataParallelGrads>(comm_, *grads_);
-  opt_ = std::make_unique<HybridAdamW>(model_.params, *grads_, adamw_config(s_.c), dp_ ? &dp_->owned_ranges() : nullptr);
+  opt_ = std::make_unique<HybridAdamW>(model_.params, *grads_, adamw_config(s_.c), dp_ ? &dp_->owned_ranges() : nullptr,
+                                       copy_ ? copy_->matrix_dtype() : DType::bf16);
   if (dp_) dp_->attach(*opt_, model_.params, copy_ ? &*copy_ : nullptr);
   states_ = opt_->state_report();
   std::string sharded;
@@ -266,6 +281,11 @@ void TrainingSession::resume() {
     if (!saved.contains("global_micro_batches") && saved.contains("gradient_accumulation_steps"))
       saved["global_micro_batches"] = saved["gradient_accumulation_steps"];  // saved before data parallelism
     if (!saved.contains("moe_aux_loss_coef")) saved["moe_aux_loss_coef"] = 0.0;  // saved before the loss was added
+    if (!saved.contains("finetuning_type")) {  // saved before freeze fine-tuning: full, the other keys' defaults
+      const nlohmann::json defaults = TrainConfig{}.to_json();
+      for (const char* k : {"finetuning_type", "freeze_trainable_layers", "freeze_trainable_modules", "freeze_extra_modules"})
+        saved[k] = defaults[k];
+    }
     std::string diff;
     for (const auto& [k, v] : now.items())
       if (!saved.contains(k) || saved[k] != v)
@@ -402,7 +422,8 @@ std::string TrainingSession::save(int64_t at_step) {
   if (s_.lead()) {
     nlohmann::json st = {{"cursor", loader_->cursor().to_json()}, {"config", result_config(s_.c, s_.ranks, moe_aux_coef_)},
                          {"world_size", s_.ranks}};
-    path = save_checkpoint(*writer_, at_step, model_.params, *opt_, st, model_.extras);
+    path = save_checkpoint(*writer_, at_step, model_.params, *opt_, st, model_.extras,
+                           model_.config.trains_all() ? nullptr : &*copy_);
     log_->message("saved " + path);
   } else {
     dp_->send_optimizer_state(*opt_);  // rank 0's save_state gathers it
@@ -421,7 +442,11 @@ void TrainingSession::evaluate(int64_t at_step) {
     return;
   }
   Timer t;
-  EvalResult er = evaluate_exact_match(model_.params, *tok_, *tpl_, eval_specs_, EvalOptions{});
+  // Frozen tensors: the model whole in f32 for the evaluation's forward (the frozen ones widened from the streamed
+  // weights), for its duration.
+  std::optional<ModelSlabs> whole;
+  if (!model_.config.trains_all()) whole.emplace(merged_f32(model_.params, *copy_));
+  EvalResult er = evaluate_exact_match(whole ? *whole : model_.params, *tok_, *tpl_, eval_specs_, EvalOptions{});
   last_eval_ = {{"exact_match", er.exact_match()}, {"total", er.total}, {"correct", er.correct}, {"seconds", t.seconds()}};
   log_->log_eval(at_step, last_eval_);
   write_json_file(fmt::format("{}/eval-{}.json", s_.c.output_dir, at_step), er.to_json(/*with_predictions=*/true));

@@ -35,7 +35,10 @@ namespace lt {
 // The model: an HF directory to fine-tune, or a config.json to train from scratch (seeded init).
 struct ModelSource {
   ModelConfig config;
-  ModelSlabs params;
+  ModelSlabs params;   // the f32 masters: every tensor, or the trained ones alone under freeze (model/finetune.h)
+  // Freeze fine-tuning: every tensor in the compute dtype, the weights the device streams (the frozen ones live only
+  // here); made at load, then the session's compute copy.
+  std::optional<ModelSlabs> weights;
   SavedExtras extras;  // written into every checkpoint: the untrained tensors, the F32-kept ones
   std::string dir;     // where config.json (and the tokenizer) live
   bool from_scratch = false;
@@ -43,7 +46,7 @@ struct ModelSource {
   // loaded (from scratch: all are drawn, as one process draws them, and the rest released).
   std::optional<TensorRanges> owned_masters;
   const TensorRanges* only() const { return owned_masters ? &*owned_masters : nullptr; }
-  static ModelSource load(const TrainConfig& c, const Comm& comm);
+  static ModelSource load(const TrainConfig& c, const Comm& comm, ComputeType compute);
 };
 
 class TrainingSession {

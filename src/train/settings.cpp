@@ -39,6 +39,9 @@ double host_parameter_bytes(const TrainConfig& c, const ModelConfig& mc, int ran
   const AdamWConfig ac = adamw_config(c);
   const bool copy = c.compute_dtype == "bf16";
   const double training = host_parameter_bytes_per_rank(mc, ac, copy, ranks);
+  // Freeze fine-tuning loads every tensor in f32 and then keeps the trained ones (model/finetune.h): the load's peak
+  // is that and the streamed weights made from it.
+  if (!mc.trains_all()) return std::max(training, double(mc.num_parameters()) * (4 + (copy ? 2 : 4)));
   if (!from_scratch || !copy || ranks == 1) return training;
   const double drawn = double(mc.num_parameters()) * (4 + 2) + double(model_state_report(mc, ac).state_bytes) / ranks;
   return std::max(training, drawn);
@@ -54,7 +57,8 @@ void check_host_memory_for_parameters(const TrainConfig& c, int ranks) {
   fs::path p(c.model_name_or_path);
   if (fs::is_directory(p)) p /= "config.json";
   if (!fs::is_regular_file(p)) return;  // loading the model names what is missing
-  const ModelConfig mc = load_model_config(p.string());
+  ModelConfig mc = load_model_config(p.string());
+  mc.finetune = finetune_of(c, mc);
   const bool from_scratch = fs::is_regular_file(c.model_name_or_path);  // a config.json alone
   const double need = host_parameter_bytes(c, mc, ranks, from_scratch);
   LT_CHECK(need < double(budget),

@@ -279,6 +279,8 @@ class CudaBlockSteps {
 // each must give the in-memory path's loss and gradients bit for bit and measure the predicted peak.
 // moe_aux_coef: MoE models, the load-balancing loss's coefficient (model_forward_backward; the executor's
 // GradTarget::moe_aux_weight); its value must match bit for bit too.
+// With frozen tensors (cfg.finetune, model/finetune.h) the executor gets what a run keeps: the masters of the trained
+// tensors alone and the streamed weights of every one; the gradients are of the trained tensors.
 inline void expect_every_plan_matches(const ModelConfig& cfg, const ModelSlabs& params, const Batch& batch,
                                       const Precision& precision, Rng& rng, uint64_t seed, double moe_aux_coef = 0) {
   ModelSlabs bf16(cfg, DType::bf16);
@@ -287,7 +289,9 @@ inline void expect_every_plan_matches(const ModelConfig& cfg, const ModelSlabs& 
     make_compute_copy(bf16, params);
     weights = &bf16;
   }
-  ModelSlabs ref_grads(cfg);
+  const ModelSlabs masters = cfg.trains_all() ? ModelSlabs() : trained_tensors(cfg, params);
+  const ModelSlabs& exec_params = cfg.trains_all() ? params : masters;
+  ModelSlabs ref_grads(cfg, DType::f32, Fill::zero, SlabSet::trained);
   const LossResult ref = model_forward_backward(ref_grads, params, batch, precision, nullptr, moe_aux_coef);
   const int64_t L = cfg.num_layers;
   const std::vector<Plan> plans = {Plan::keep_all(L), Plan::every(L, 1), Plan::every(L, 2),
@@ -305,10 +309,10 @@ inline void expect_every_plan_matches(const ModelConfig& cfg, const ModelSlabs& 
     auto dev = make_cpu_device(predicted + 4096, seed % 2 ? LinkSpec{2.0, 2.0, 20e-6} : LinkSpec{});
     std::unique_ptr<NvmeStore> nvme = nvme_store_for(cfg, batch, plan, o);
     StreamingExecutor ex(cfg, *dev, o, nvme.get());
-    ModelSlabs grads(cfg);
+    ModelSlabs grads(cfg, DType::f32, Fill::zero, SlabSet::trained);
     GradTarget target;
     target.moe_aux_weight = moe_aux_coef;
-    const StepStats st = ex.step(grads, params, *weights, batch, plan, nullptr, nullptr, target);
+    const StepStats st = ex.step(grads, exec_params, *weights, batch, plan, nullptr, nullptr, target);
     EXPECT_EQ(st.loss_sum, ref.loss_sum) << what;
     EXPECT_EQ(st.moe_aux_loss, ref.moe_aux) << what;
     EXPECT_EQ(st.tokens, ref.tokens) << what;

@@ -4,8 +4,12 @@ resumed with resume_from_checkpoint=true until it finishes must end with model f
 an uninterrupted run of the same config.
 
 Usage: check_resume_kill.py --lazytrain BIN [--kills N] [--seed S] [--steps N] [--device cpu|cuda-sim]
-                     [--model dense|moe|gpt_oss]
-                     [--batch B]"""
+                     [--model dense|moe|gpt_oss] [--freeze]
+                     [--batch B]
+
+--freeze: freeze fine-tuning (the last layer's MLP and self-attention, and the final norm): the frozen tensors
+are the same bytes in every checkpoint, the trained ones are not, and resume/params.safetensors holds only the
+trained ones."""
 import argparse
 import json
 import os
@@ -16,6 +20,35 @@ import sys
 import time
 
 from arith_work import CONFIG, ROOT, arith_work, gpt_oss_model
+
+
+def read_tensors(path):
+    """A safetensors file's tensors as {name: bytes}."""
+    data = open(path, "rb").read()
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + n])
+    return {k: data[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]]
+            for k, v in header.items() if k != "__metadata__"}
+
+
+def check_frozen(before, after):
+    """Freeze fine-tuning: between two checkpoints the frozen tensors keep their bytes and the trained ones (the last
+    layer's self_attn and mlp, the final norm) move; the masters saved for resume are the trained tensors alone."""
+    x = read_tensors(os.path.join(before, "model.safetensors"))
+    y = read_tensors(os.path.join(after, "model.safetensors"))
+    layers = 1 + max(int(k.split(".")[2]) for k in x if k.startswith("model.layers."))
+    last = f"model.layers.{layers - 1}."
+    trained = {k for k in x if k == "model.norm.weight" or
+               (k.startswith(last + "self_attn.") or k.startswith(last + "mlp."))}
+    moved = {k for k in x if x[k] != y[k]}
+    if not moved <= trained:
+        sys.exit(f"FAIL: frozen tensors changed between checkpoints: {sorted(moved - trained)[:5]}")
+    if not {k for k in trained if k.endswith("proj.weight")} <= moved:
+        sys.exit(f"FAIL: trained matrices did not move: {sorted(trained - moved)[:5]}")
+    masters = set(read_tensors(os.path.join(after, "resume", "params.safetensors")))
+    if masters != trained:
+        sys.exit(f"FAIL: resume/params.safetensors holds {sorted(masters ^ trained)[:5]} beyond the trained tensors")
+    print(f"pass: {len(x) - len(trained)} frozen tensors kept their bytes, the {len(trained)} trained ones moved")
 
 
 def main():
@@ -30,6 +63,7 @@ def main():
                     help="moe: the demo's Qwen3-MoE (make_data.py's model_moe: 8 experts, 2 per token); gpt_oss: a "
                          "GPT-OSS of its sizes (sliding and full layers, sinks, YaRN, biased clamped experts)")
     ap.add_argument("--batch", type=int, default=4, help="per_device_train_batch_size")
+    ap.add_argument("--freeze", action="store_true", help="finetuning_type: freeze")
     a = ap.parse_args()
     rng = random.Random(a.seed)
     with arith_work("lt_resume_kill_", 400, 10) as (work, paths):
@@ -43,6 +77,9 @@ def main():
                   "logging_steps=4", "plan=every:2", "cutoff_len=160", "device_memory=256MiB", f"device={a.device}"]
         if a.device == "cuda-sim":  # the GPU's storage, so the executor launches the CUDA block (exec/backend.h)
             common.append("activation_dtype=bf16")
+        if a.freeze:
+            common += ["finetuning_type=freeze", "freeze_trainable_layers=1",
+                       "freeze_trainable_modules=[mlp, self_attn]", "freeze_extra_modules=norm"]
 
         def run(out, extra=(), kill_after=None):
             cmd = [a.lazytrain, "train", config, f"output_dir={out}"] + common + list(extra)
@@ -81,6 +118,8 @@ def main():
             if x != y:
                 sys.exit(f"FAIL: checkpoint-{a.steps}/{name} differs after {kills} kills")
         print(f"pass: {kills} kills, resumed run byte-identical to the uninterrupted one")
+        if a.freeze:
+            check_frozen(os.path.join(ref, f"checkpoint-{a.steps - 2}"), os.path.join(ref, f"checkpoint-{a.steps}"))
 
         # The saved checkpoint is a Hugging Face model: PyTorch's reference loads it and agrees on the loss.
         ckpt = os.path.join(ref, f"checkpoint-{a.steps}")

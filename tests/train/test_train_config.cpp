@@ -99,3 +99,31 @@ TEST(TrainConfig, ClosestKey) {
 
 }  // namespace
 }  // namespace lt
+
+namespace lt {
+namespace {
+
+// LLaMA-Factory's freeze keys, their defaults, and the keys of another method refused by name.
+TEST(TrainConfig, FinetuningTypeAndFreezeKeys) {
+  TrainConfig full = load_train_config(write_yaml("full.yaml", kGood));
+  EXPECT_EQ(full.finetuning_type, "full");
+  TrainConfig f = load_train_config(write_yaml("freeze.yaml", std::string(kGood) + "finetuning_type: freeze\n"),
+                                    {"freeze_trainable_layers=-3", "freeze_trainable_modules=mlp,self_attn",
+                                     "freeze_extra_modules=[embed_tokens, norm]"});
+  EXPECT_EQ(f.finetuning_type, "freeze");
+  EXPECT_EQ(f.freeze_trainable_layers, -3);
+  EXPECT_EQ(f.freeze_trainable_modules, (std::vector<std::string>{"mlp", "self_attn"}));
+  EXPECT_EQ(f.freeze_extra_modules, (std::vector<std::string>{"embed_tokens", "norm"}));
+  TrainConfig d = load_train_config(write_yaml("freeze2.yaml", std::string(kGood) + "finetuning_type: freeze\n"));
+  EXPECT_EQ(d.freeze_trainable_layers, 2);  // LLaMA-Factory's defaults
+  EXPECT_EQ(d.freeze_trainable_modules, (std::vector<std::string>{"all"}));
+  EXPECT_TRUE(d.freeze_extra_modules.empty());
+  expect_error(std::string(kGood) + "freeze_trainable_layers: 4\n", {},
+               {"freeze_trainable_layers", "finetuning_type: freeze", "full"});
+  expect_error(std::string(kGood) + "finetuning_type: freeze\n", {"freeze_trainable_layers=0"},
+               {"freeze_trainable_layers", "0"});
+  expect_error(std::string(kGood) + "finetuning_type: qlora\n", {}, {"finetuning_type", "qlora", "full, freeze"});
+}
+
+}  // namespace
+}  // namespace lt

@@ -13,7 +13,8 @@ namespace detail {
 inline MatType weight_type(const WeightRef& w) { return w.dtype == DType::bf16 ? MatType::bf16 : MatType::f32; }
 
 // The linear layer's GEMMs on operands already in the weight's dtype (x: [N, in_f], dy: [N, out_f]):
-// out = x · Wᵀ + bias; din = dy · W (written; skipped when null), dW += dyᵀ · x, dbias += Σ dout (unrounded).
+// out = x · Wᵀ + bias; din = dy · W (written; skipped when null), dW += dyᵀ · x (skipped when null: a frozen weight),
+// dbias += Σ dout (unrounded).
 inline void linear_gemms(const GemmContext& g, Stream s, float* out, const void* x, const WeightRef& W,
                          const float* bias, int64_t N, int64_t in_f, int64_t out_f) {
   run_matmul(g, linear_forward_matmul(out, MatType::f32, x, W.data, weight_type(W), bias, N, out_f, in_f), s);
@@ -23,7 +24,8 @@ inline void linear_backward_gemms(const GemmContext& g, Stream s, float* din, fl
                                   int64_t out_f) {
   const MatType t = weight_type(W);
   if (din) run_matmul(g, linear_dinput_matmul(din, dy, W.data, t, N, out_f, in_f), s);
-  for (const Matmul& mm : linear_dweight_matmuls(dW, dy, x, t, N, out_f, in_f)) run_matmul(g, mm, s);
+  if (dW)
+    for (const Matmul& mm : linear_dweight_matmuls(dW, dy, x, t, N, out_f, in_f)) run_matmul(g, mm, s);
   if (dbias) bias_grad(s, dbias, dout, N, out_f);
 }
 

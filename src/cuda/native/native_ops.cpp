@@ -195,14 +195,15 @@ void nat_linear_backward(float* din, float* dW, float* dbias, const float* dout,
   const MatType t = W.dtype == DType::bf16 ? MatType::bf16 : MatType::f32;
   LinearOperands dy(dout, N * out_f, t), x(in, N * in_f, t);
   Bytes d_w(weight_bytes(W, out_f * in_f), static_cast<const unsigned char*>(W.data));
-  DeviceCopy<float> d_din(din ? sz(N * in_f) : 0), d_dW(sz(out_f * in_f), dW), d_dbias(dbias ? sz(out_f) : 0, dbias),
+  DeviceCopy<float> d_din(din ? sz(N * in_f) : 0), d_dW(dW ? sz(out_f * in_f) : 0, dW), d_dbias(dbias ? sz(out_f) : 0, dbias),
       d_dout(sz(N * out_f), dout);
   if (din) gemm().run(linear_dinput_matmul(d_din.p(), dy.p(), d_w.p(), t, N, out_f, in_f));
-  for (const Matmul& mm : linear_dweight_matmuls(d_dW.p(), dy.p(), x.p(), t, N, out_f, in_f)) gemm().run(mm);
+  if (dW)
+    for (const Matmul& mm : linear_dweight_matmuls(d_dW.p(), dy.p(), x.p(), t, N, out_f, in_f)) gemm().run(mm);
   if (dbias) native::bias_grad(kDefault, d_dbias.p(), d_dout.p(), N, out_f);
   finish("linear_backward");
   if (din) d_din.download(din);
-  d_dW.download(dW);
+  if (dW) d_dW.download(dW);
   if (dbias) d_dbias.download(dbias);
 }
 
@@ -222,8 +223,8 @@ double nat_head_forward_backward(float* dx, float* dnorm_w, float* dlm_w, const 
   native::head_forward_backward(GemmContext{&gemm().cublas, gemm().workspace.p()}, kDefault, a);
   finish("head_forward_backward");
   d_dx.download(dx);
-  d_dnorm.download(dnorm_w);
-  d_dlm.download(dlm_w);
+  if (dnorm_w) d_dnorm.download(dnorm_w);  // null: frozen, its gradient made on the device and dropped
+  if (dlm_w) d_dlm.download(dlm_w);
   double loss = 0;
   d_loss.download(&loss);
   return loss;

@@ -375,7 +375,7 @@ double head_run(float* dx, float* dnorm_w, float* dlm_w, const float* x, const i
                 const float* norm_w, WeightRef lm_w, float gs, const HeadShape& s, Pass pass) {
   check_inputs(x, targets, norm_w, lm_w, s);
   const bool grad = pass == Pass::forward_backward;
-  if (grad) LT_CHECK(dx && dnorm_w && dlm_w, "head: null gradient pointer");
+  if (grad) LT_CHECK(dx, "head: null input gradient pointer");  // dnorm_w, dlm_w null: frozen
   if (s.N == 0) return 0.0;
   if (grad) LT_OPS_OVERRIDE(head_forward_backward, dx, dnorm_w, dlm_w, x, targets, norm_w, lm_w, gs, s);
   else LT_OPS_OVERRIDE(head_forward, x, targets, norm_w, lm_w, s);
@@ -434,21 +434,21 @@ double head_run(float* dx, float* dnorm_w, float* dlm_w, const float* x, const i
     // dxn[n, C] = dlogits[n, V] · lm_w[V, C];  dlm_w[V, C] += dlogits[n, V]ᵀ · xn[n, C]
     if (bf16) {
       gemm_bf16(Trans::no, Trans::no, n, C, V, dlogits_b, 2 * V, Wb, C, dxn.data(), C, Accumulate::no);
-      gemm_bf16(Trans::yes, Trans::no, V, C, n, dlogits_b, 2 * V, xb.data(), C, dlm_w, C, Accumulate::yes);
+      if (dlm_w) gemm_bf16(Trans::yes, Trans::no, V, C, n, dlogits_b, 2 * V, xb.data(), C, dlm_w, C, Accumulate::yes);
     } else {
       gemm_f32(Trans::no, Trans::no, n, C, V, logits.data(), V, W, C, dxn.data(), C, Accumulate::no);
-      gemm_f32(Trans::yes, Trans::no, V, C, n, logits.data(), V, xn.data(), C, dlm_w, C, Accumulate::yes);
+      if (dlm_w) gemm_f32(Trans::yes, Trans::no, V, C, n, logits.data(), V, xn.data(), C, dlm_w, C, Accumulate::yes);
     }
 
     parallel_for(n, [&](int64_t r) {
       rms_backward_row(dx + (n0 + r) * C, dxn.data() + r * C, xc + r * C, norm_w, rstd[r], C);
     });
-    parallel_chunks(C, kColBlock, [&](int64_t c0, int64_t c1) {
+    if (dnorm_w) parallel_chunks(C, kColBlock, [&](int64_t c0, int64_t c1) {
       for (int64_t r = 0; r < n; ++r)
         for (int64_t c = c0; c < c1; ++c) dw[c] += double(dxn[r * C + c]) * double(xc[r * C + c] * rstd[r]);
     });
   }
-  if (grad)
+  if (grad && dnorm_w)
     for (int64_t c = 0; c < C; ++c) dnorm_w[c] = float(double(dnorm_w[c]) + dw[c]);
   return total;
 }

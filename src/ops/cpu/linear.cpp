@@ -77,22 +77,21 @@ void linear_forward(float* out, const float* in, WeightRef W, const float* bias,
 void linear_backward(float* din, float* dW, float* dbias, const float* dout, const float* in, WeightRef W,
                      int64_t N, int64_t in_f, int64_t out_f) {
   check_sizes(W.data, N, in_f, out_f);
-  LT_CHECK(dW != nullptr, "linear_backward: dW is null (the weight gradient is always computed)");
   LT_OPS_OVERRIDE(linear_backward, din, dW, dbias, dout, in, W, N, in_f, out_f);
   if (W.dtype == DType::bf16) {
     const bf16_t* dout_b = to_bf16_scratch(dout, N * out_f, 0);
     // din[N, in_f] = dout[N, out_f] · W[out_f, in_f]
     if (din != nullptr)
       gemm_bf16(Trans::no, Trans::no, N, in_f, out_f, dout_b, out_f, W.bf16(), in_f, din, in_f, Accumulate::no);
-    // dW[out_f, in_f] += dout[t, out_f]ᵀ · in[t, in_f] for each token slice t
-    const bf16_t* in_b = to_bf16_scratch(in, N * in_f, 1);
-    for (int64_t t0 = 0; t0 < N; t0 += kTokenSlice)
+    // dW[out_f, in_f] += dout[t, out_f]ᵀ · in[t, in_f] for each token slice t (none for a frozen weight)
+    const bf16_t* in_b = dW ? to_bf16_scratch(in, N * in_f, 1) : nullptr;
+    for (int64_t t0 = 0; dW && t0 < N; t0 += kTokenSlice)
       gemm_bf16(Trans::yes, Trans::no, out_f, in_f, std::min(kTokenSlice, N - t0), dout_b + t0 * out_f, out_f,
                 in_b + t0 * in_f, in_f, dW, in_f, Accumulate::yes);
   } else {
     if (din != nullptr)
       gemm_f32(Trans::no, Trans::no, N, in_f, out_f, dout, out_f, W.f32(), in_f, din, in_f, Accumulate::no);
-    for (int64_t t0 = 0; t0 < N; t0 += kTokenSlice)
+    for (int64_t t0 = 0; dW && t0 < N; t0 += kTokenSlice)
       gemm_f32(Trans::yes, Trans::no, out_f, in_f, std::min(kTokenSlice, N - t0), dout + t0 * out_f, out_f,
                in + t0 * in_f, in_f, dW, in_f, Accumulate::yes);
   }

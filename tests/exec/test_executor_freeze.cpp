@@ -1,0 +1,291 @@
+// Freeze fine-tuning (model/finetune.h) on the in-memory path and the streaming executor: the trained tensors'
+// gradients are bit for bit the full run's, every plan gives the in-memory path's bits with the predicted peak, and
+// a frozen tensor moves no gradient (the schedule downloads and adds only trained bytes).
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+
+#include "core/error.h"
+#include "core/rng.h"
+#include "exec/step_schedule.h"
+#include "model/finetune.h"
+#include "model/model.h"
+#include "optim/adamw.h"
+#include "optim/clip.h"
+#include "testing/error_testing.h"
+#include "testing/exec_testing.h"
+
+namespace lt {
+namespace {
+
+using testing::random_batch;
+using testing::random_params;
+
+// A random freeze for `cfg`: the last or the first n layers, every module or a random non-empty subset of the
+// model's, each extra module with probability 1/2.
+std::shared_ptr<const Finetune> random_freeze(const ModelConfig& cfg, Rng& rng) {
+  const int64_t L = cfg.num_layers;
+  int64_t n = 1 + int64_t(rng.below(uint64_t(L)));
+  if (rng.below(2)) n = -n;
+  std::vector<std::string> modules = {"all"};
+  if (rng.below(2)) {
+    std::set<std::string> have;
+    for (int64_t l = 0; l < L; ++l)
+      for (const SlabLayout layout = SlabLayout::make_layer(cfg, l); const SlabEntry& e : layout.entries())
+      have.insert(layer_module(e.name));
+    modules.clear();
+    for (const std::string& m : have)
+      if (rng.below(2)) modules.push_back(m);
+    if (modules.empty()) modules.push_back(*have.begin());
+  }
+  std::vector<std::string> extra;
+  for (const char* m : {"embed_tokens", "norm", "lm_head"})
+    if (rng.below(2) && !(cfg.tie_word_embeddings && std::string(m) == "lm_head")) extra.push_back(m);
+  return std::make_shared<const Finetune>(make_freeze(cfg, n, modules, extra));
+}
+
+// The frozen tensors as a bf16 checkpoint holds them (the streamed weights keep them so in bf16 compute).
+void round_frozen_to_bf16(ModelSlabs& params) {
+  const ModelConfig& cfg = params.config();
+  auto round = [&](SlabKind kind, int64_t layer) {
+    for (const SlabEntry& e : params.layout(kind, layer).entries()) {
+      if (cfg.trains(kind, layer, e.name)) continue;
+      float* p = params.tensor(kind, layer, e.name).ptr<float>();
+      for (int64_t i = 0; i < e.numel(); ++i) p[i] = round_to_bf16(p[i]);
+    }
+  };
+  round(SlabKind::embedding, 0);
+  for (int64_t l = 0; l < cfg.num_layers; ++l) round(SlabKind::layer, l);
+  round(SlabKind::head, 0);
+}
+
+ModelConfig config_for(uint64_t seed, Rng& rng) {
+  switch (seed % 4) {
+    case 0: return testing::random_config(rng);
+    case 1: return testing::random_hybrid_config(rng);
+    case 2: return testing::random_moe_config(rng);
+    default: return testing::random_gpt_oss_config(rng);
+  }
+}
+
+struct Case {
+  ModelConfig cfg;  // with its freeze
+  ModelSlabs params;
+  Batch batch;
+  Precision precision;
+};
+
+Case make_case(uint64_t seed) {
+  Rng rng(seed * 7919);
+  Case c;
+  c.cfg = config_for(seed, rng);
+  c.cfg.finetune = random_freeze(c.cfg, rng);
+  c.params = random_params(c.cfg, seed * 31);
+  c.batch = random_batch(c.cfg, rng, seed % 2 == 0);
+  c.precision = Precision(seed % 3 == 0 ? ComputeType::f32 : ComputeType::bf16,
+                          seed % 5 < 2 ? DType::f32 : DType::bf16);
+  if (c.precision.compute == ComputeType::bf16) round_frozen_to_bf16(c.params);
+  return c;
+}
+
+// The frozen tensors change nothing but which gradients are made: the trained ones are the full run's bits.
+TEST(Freeze, TrainedGradientsAreTheFullRunsBitwise) {
+  for (uint64_t seed = 1; seed <= 12; ++seed) {
+    const Case c = make_case(seed);
+    const std::string what = "seed " + std::to_string(seed) + ": " + c.cfg.finetune->summary(c.cfg);
+    ModelConfig full_cfg = c.cfg;
+    full_cfg.finetune = nullptr;
+    ModelSlabs full(full_cfg);
+    const LossResult ref = model_forward_backward(full, c.params, c.batch, c.precision);
+    ModelSlabs frozen(c.cfg, DType::f32, Fill::zero, SlabSet::trained);
+    const LossResult got = model_forward_backward(frozen, c.params, c.batch, c.precision);
+    EXPECT_EQ(got.loss_sum, ref.loss_sum) << what;
+    std::map<std::string, TensorView> by_name;
+    for (const auto& t : full.named_tensors()) by_name.emplace(t.hf_name, t.view);
+    size_t trained = 0;
+    for (const auto& t : frozen.named_tensors()) {
+      const TensorView& r = by_name.at(t.hf_name);
+      ASSERT_EQ(t.view.bytes(), r.bytes()) << what << ": " << t.hf_name;
+      EXPECT_EQ(0, std::memcmp(t.view.data, r.data, r.bytes())) << what << ": " << t.hf_name;
+      ++trained;
+    }
+    EXPECT_LT(trained, full.named_tensors().size()) << what;  // something is frozen
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+TEST(ExecutorFreeze, EveryPlanMatchesTheInMemoryPathBitwise) {
+  for (uint64_t seed = 13; seed <= 24; ++seed) {
+    Case c = make_case(seed);
+    Rng rng(seed);
+    testing::expect_every_plan_matches(c.cfg, c.params, c.batch, c.precision, rng, seed,
+                                       c.cfg.is_moe() ? 0.01 : 0.0);
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+// The schedule moves exactly the trained gradients: none for a frozen layer, a frozen head or a frozen embedding.
+TEST(ExecutorFreeze, TheScheduleMovesOnlyTrainedGradients) {
+  for (uint64_t seed = 25; seed <= 36; ++seed) {
+    const Case c = make_case(seed);
+    const int64_t L = c.cfg.num_layers;
+    ExecOptions o;
+    o.compute = c.precision.compute;
+    o.activations = c.precision.activations;
+    const StepSchedule s = build_step_schedule(c.cfg, c.batch.B, c.batch.T, Plan::every(L, 2), o);
+    std::vector<size_t> down(size_t(L), 0), added(size_t(L), 0);
+    size_t head_down = 0;
+    bool dx0 = false;
+    for (const StepOp& op : s.ops) {
+      if (op.kind == OpKind::download_grads) down[size_t(op.layer)] += op.bytes;
+      if (op.kind == OpKind::accumulate_grads) added[size_t(op.layer)] += op.bytes;
+      if (op.kind == OpKind::download_head_grads) head_down += op.bytes;
+      if (op.kind == OpKind::download_dx0) dx0 = true;
+    }
+    const std::string what = "seed " + std::to_string(seed) + ": " + c.cfg.finetune->summary(c.cfg);
+    for (int64_t l = 0; l < L; ++l) {
+      const size_t trained = SlabLayout::trained(c.cfg, SlabKind::layer, l).bytes();
+      EXPECT_EQ(down[size_t(l)], trained) << what << " layer " << l;
+      EXPECT_EQ(added[size_t(l)], trained) << what << " layer " << l;
+      if (!c.cfg.finetune->trains_layer(l)) {
+        EXPECT_EQ(trained, 0u) << what;
+      }
+    }
+    size_t head = SlabLayout::trained(c.cfg, SlabKind::head).bytes();
+    if (c.cfg.tie_word_embeddings) head += SlabLayout::trained(c.cfg, SlabKind::embedding).bytes();
+    EXPECT_EQ(head_down, head) << what;
+    EXPECT_EQ(dx0, c.cfg.finetune->embed_tokens) << what;
+  }
+}
+
+// Steps of freeze training — the executor with the previous step's update pending, 8-bit states, weight decay — equal
+// full training on the in-memory path in which every frozen tensor's gradient is zeroed and its update dropped.
+TEST(ExecutorFreeze, TrainingEqualsFullTrainingWithTheFrozenUpdatesDropped) {
+  for (uint64_t seed = 37; seed <= 42; ++seed) {
+    Case c = make_case(seed);
+    const ModelConfig& cfg = c.cfg;
+    const int64_t L = cfg.num_layers;
+    ModelConfig full_cfg = cfg;
+    full_cfg.finetune = nullptr;
+    AdamWConfig ac;
+    ac.weight_decay = 0.1;
+    ac.min_q8_numel = 64;
+    ac.max_grad_norm = 1e6;  // the clipping path, at a coefficient of 1: the two norms' last bits may differ
+    const std::string what = "seed " + std::to_string(seed) + ": " + cfg.finetune->summary(cfg);
+
+    // The freeze run: masters of the trained tensors, streamed weights of every one, the update pipelined.
+    ModelSlabs masters = trained_tensors(cfg, c.params);
+    const DType mdt = c.precision.compute == ComputeType::bf16 ? DType::bf16 : DType::f32;
+    ModelSlabs weights(cfg, mdt);
+    make_compute_copy(weights, c.params);
+    ModelSlabs grads(cfg, DType::f32, Fill::zero, SlabSet::trained);
+    HybridAdamW opt(masters, grads, ac, nullptr, mdt);
+    ExecOptions o;
+    o.compute = c.precision.compute;
+    o.activations = c.precision.activations;
+    const Plan plan = Plan::every(L, 2, Tier::host);
+    auto dev = make_cpu_device(size_t(1) << 30, LinkSpec{});
+    StreamingExecutor ex(cfg, *dev, o);
+
+    // The full run, frozen updates dropped.
+    ModelSlabs full(full_cfg);
+    {
+      const auto from = c.params.named_tensors(), to = full.named_tensors();
+      for (size_t i = 0; i < to.size(); ++i) std::memcpy(to[i].view.data, from[i].view.data, to[i].view.bytes());
+    }
+    ModelSlabs full_grads(full_cfg);
+    HybridAdamW full_opt(full, full_grads, ac);
+    auto drop_frozen = [&](ModelSlabs& slabs, const ModelSlabs* restore) {
+      auto slab = [&](SlabKind kind, int64_t layer) {
+        for (const SlabEntry& e : slabs.layout(kind, layer).entries()) {
+          if (cfg.trains(kind, layer, e.name)) continue;
+          const TensorView v = slabs.tensor(kind, layer, e.name);
+          if (restore) std::memcpy(v.data, restore->tensor(kind, layer, e.name).data, v.bytes());
+          else std::memset(v.data, 0, v.bytes());
+        }
+      };
+      slab(SlabKind::embedding, 0);
+      for (int64_t l = 0; l < L; ++l) slab(SlabKind::layer, l);
+      slab(SlabKind::head, 0);
+    };
+
+    std::optional<PendingUpdate> pending;
+    Rng rng(seed);
+    for (int step = 0; step < 3; ++step) {
+      const Batch batch = random_batch(cfg, rng, step % 2 == 1);
+      GradNormPartials partials(L);
+      GradTarget target{&partials, GradMode::overwrite};
+      const StepStats st = ex.step(grads, masters, weights, batch, plan, nullptr, pending ? &*pending : nullptr, target);
+      const StepPlan sp = opt.plan_step(partials.sum_of_squares());
+      pending = PendingUpdate{&opt, StepArgs{sp.step, 1e-2, sp.clip}, &weights};
+
+      full_grads.zero();  // the in-memory path adds into the gradients
+      const LossResult ref = model_forward_backward(full_grads, full, batch, c.precision);
+      EXPECT_EQ(st.loss_sum, ref.loss_sum) << what << " step " << step;
+      drop_frozen(full_grads, nullptr);
+      double sq = 0;  // the coefficient is 1 either way (max_grad_norm above): a plain sum will do
+      for (const auto& t : full_grads.named_tensors())
+        for (int64_t i = 0; i < t.view.numel(); ++i) sq += double(t.view.ptr<float>()[i]) * t.view.ptr<float>()[i];
+      const StepPlan fp = full_opt.plan_step(sq);
+      EXPECT_EQ(fp.clip, sp.clip) << what;
+      full_opt.update_all(StepArgs{fp.step, 1e-2, fp.clip});
+      drop_frozen(full, &c.params);
+    }
+    opt.update_all(pending->args, &weights);
+    std::map<std::string, TensorView> trained;
+    for (const auto& t : masters.named_tensors()) trained.emplace(t.hf_name, t.view);
+    for (const auto& t : full.named_tensors()) {
+      const auto it = trained.find(t.hf_name);
+      if (it == trained.end()) continue;
+      EXPECT_EQ(0, std::memcmp(t.view.data, it->second.data, t.view.bytes())) << what << ": " << t.hf_name;
+    }
+    // The streamed weights: the frozen tensors as they were, the trained ones the masters' copy.
+    ModelSlabs expect(cfg, mdt);
+    make_compute_copy(expect, full);
+    const auto w = weights.named_tensors(), e = expect.named_tensors();
+    for (size_t i = 0; i < w.size(); ++i)
+      EXPECT_EQ(0, std::memcmp(w[i].view.data, e[i].view.data, w[i].view.bytes())) << what << ": " << w[i].hf_name;
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+TEST(Freeze, LlamaFactorysRulesPickTheLayersAndModules) {
+  Rng rng(5);
+  ModelConfig cfg = testing::random_hybrid_config(rng);
+  cfg.num_layers = 6;
+  using K = LayerKind;
+  cfg.layer_types = {K::linear_attention, K::linear_attention, K::linear_attention, K::full_attention,
+                     K::linear_attention, K::full_attention};
+  const Finetune last2 = make_freeze(cfg, 2, {"all"}, {});
+  EXPECT_EQ(last2.layers, (std::vector<char>{0, 0, 0, 0, 1, 1}));
+  const Finetune first3 = make_freeze(cfg, -3, {"mlp", "self_attn"}, {"embed_tokens"});
+  EXPECT_EQ(first3.layers, (std::vector<char>{1, 1, 1, 0, 0, 0}));
+  EXPECT_TRUE(first3.trains(SlabKind::layer, 1, "mlp.up_proj.weight"));
+  EXPECT_FALSE(first3.trains(SlabKind::layer, 1, "linear_attn.in_proj_z.weight"));
+  EXPECT_FALSE(first3.trains(SlabKind::layer, 1, "input_layernorm.weight"));
+  EXPECT_FALSE(first3.trains(SlabKind::layer, 4, "mlp.up_proj.weight"));
+  EXPECT_TRUE(first3.trains(SlabKind::embedding, 0, "embed_tokens.weight"));
+  EXPECT_FALSE(first3.trains(SlabKind::head, 0, "norm.weight"));
+  EXPECT_EQ(make_freeze(cfg, 100, {"all"}, {}).layers, std::vector<char>(6, 1));  // more than L: every layer
+  testing::expect_error([&] { make_freeze(cfg, 2, {"attn"}, {}); },
+                        {"freeze_trainable_modules", "'attn'", "linear_attn", "self_attn", "mlp"});
+  testing::expect_error([&] { make_freeze(cfg, 2, {"all", "mlp"}, {}); }, {"freeze_trainable_modules", "all"});
+  testing::expect_error([&] { make_freeze(cfg, 0, {"all"}, {}); }, {"freeze_trainable_layers", "0"});
+  cfg.tie_word_embeddings = true;
+  testing::expect_error([&] { make_freeze(cfg, 2, {"all"}, {"lm_head"}); },
+                        {"freeze_extra_modules", "'lm_head'", "embed_tokens"});
+  // The trained layout of a frozen layer is empty; a trained one's MLP half starts at its first MLP entry.
+  cfg.tie_word_embeddings = false;
+  cfg.finetune = std::make_shared<const Finetune>(make_freeze(cfg, 1, {"mlp"}, {}));
+  EXPECT_EQ(SlabLayout::trained(cfg, SlabKind::layer, 0).bytes(), 0u);
+  const SlabLayout t5 = SlabLayout::trained(cfg, SlabKind::layer, 5);
+  EXPECT_EQ(t5.mlp_offset(), 0u);
+  EXPECT_EQ(t5.entries().front().name, "mlp.gate_proj.weight");
+  EXPECT_EQ(SlabLayout::trained(cfg, SlabKind::head).bytes(), 0u);
+}
+
+}  // namespace
+}  // namespace lt
