@@ -10,6 +10,7 @@
 #include "cli/commands.h"
 #include "core/error.h"
 #include "model/generate.h"
+#include "model/peft.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
 #include "train/checkpoint.h"
@@ -46,7 +47,8 @@ void register_eval(CLI::App& app) {
     LT_CHECK(!c.eval_dataset.empty(), "{}: eval_dataset is not set", o->config);
     std::string dir = o->model.empty() ? latest_checkpoint(c.output_dir) : o->model;
     LT_CHECK(!dir.empty(), "no checkpoint in {} and no --model given", c.output_dir);
-    LoadedModel m = load_hf_model(dir);
+    // A LoRA run's checkpoints are adapters (model/peft.h): on the config's base model.
+    LoadedModel m = is_adapter_dir(dir) ? load_hf_model_with_adapter(c.model_name_or_path, dir) : load_hf_model(dir);
     Tokenizer tok = Tokenizer::load(dir);
     ChatTemplate tpl = template_for(c.template_name, m.config, tok);
     EvalResult r = evaluate_exact_match(m.params, tok, tpl, resolve_datasets(c.eval_dataset, c.dataset_dir),
@@ -59,7 +61,7 @@ void register_eval(CLI::App& app) {
 
 void register_generate(CLI::App& app) {
   struct Options {
-    std::string model, prompt, template_name = "auto";
+    std::string model, prompt, template_name = "auto", adapter;
     int64_t max_new_tokens = 128;
     bool raw = false;
   };
@@ -70,8 +72,9 @@ void register_generate(CLI::App& app) {
   cmd->add_option("--template", o->template_name, "chat template: auto, qwen2_5, qwen3, qwen3_5, plain");
   cmd->add_option("--max-new-tokens", o->max_new_tokens, "generation length limit");
   cmd->add_flag("--raw", o->raw, "feed the prompt as is, without the chat template");
+  cmd->add_option("--adapter", o->adapter, "a PEFT LoRA adapter directory applied on the model (unmerged)");
   cmd->callback([o]() {
-    LoadedModel m = load_hf_model(o->model);
+    LoadedModel m = o->adapter.empty() ? load_hf_model(o->model) : load_hf_model_with_adapter(o->model, o->adapter);
     Tokenizer tok = Tokenizer::load(o->model);
     std::string text = o->prompt;
     if (!o->raw) {

@@ -17,12 +17,13 @@
 #include "exec/backend.h"
 #include "io/nvme.h"
 #include "model/model.h"
+#include "model/peft.h"
 
 namespace lt::cli {
 namespace {
 
 struct GradOptions {
-  std::string model_dir, batch_path, out_path, dtype = "f32";
+  std::string model_dir, batch_path, out_path, dtype = "f32", adapter;
   int threads = 0;
   double moe_aux_loss_coef = 0;
   DeviceOptions dev;
@@ -38,7 +39,20 @@ void run_grad(const GradOptions& o) {
   LT_CHECK(o.moe_aux_loss_coef == 0 || m.config.is_moe(),
            "--moe-aux-loss-coef {}: {} is not a Mixture-of-Experts model (model_type {})", o.moe_aux_loss_coef,
            o.model_dir, model_type_name(m.config.type));
-  ModelSlabs grads(m.config, DType::f32);
+  // --adapter: the base frozen with a PEFT LoRA adapter on it (model/peft.h); the gradients are the adapter's.
+  std::optional<ModelSlabs> adapter;
+  if (!o.adapter.empty()) {
+    ModelConfig cfg = m.config;
+    cfg.finetune = std::make_shared<const Finetune>(finetune_of_adapter(cfg, read_peft_config(o.adapter), o.adapter));
+    adapter.emplace(cfg, DType::f32, Fill::zero, SlabSet::trained);
+    load_peft_adapter(o.adapter, *adapter);
+    ModelSlabs all(cfg, DType::f32, Fill::none);
+    copy_tensors_by_name(all, m.params);
+    copy_tensors_by_name(all, *adapter);
+    m.params = std::move(all);
+    m.config = cfg;
+  }
+  ModelSlabs grads(m.config, DType::f32, Fill::zero, SlabSet::trained);
   nlohmann::json line;
   double ce = 0, aux = 0;
   if (o.dev.policy.empty() && backend.has_in_memory_path()) {
@@ -68,7 +82,8 @@ void run_grad(const GradOptions& o) {
     TraceRecorder trace;
     GradTarget target;
     target.moe_aux_weight = o.moe_aux_loss_coef;
-    StepStats st = ex.step(grads, m.params, *weights, batch, plan, o.dev.trace_path.empty() ? nullptr : &trace,
+    const ModelSlabs& masters = adapter ? *adapter : m.params;
+    StepStats st = ex.step(grads, masters, *weights, batch, plan, o.dev.trace_path.empty() ? nullptr : &trace,
                            nullptr, target);
     if (!o.dev.trace_path.empty()) trace.write_chrome_trace(o.dev.trace_path);
     line = st.to_json();
@@ -85,7 +100,13 @@ void run_grad(const GradOptions& o) {
     line["aux_loss"] = aux;
     line["moe_aux_loss_coef"] = o.moe_aux_loss_coef;
   }
-  save_safetensors(grads, o.out_path, DType::f32);
+  if (adapter) {  // under the adapter file's names (PEFT's)
+    NamedTensors named;
+    for (const auto& t : grads.named_tensors()) named[peft_name(t.hf_name)] = t.view;
+    write_safetensors(o.out_path, named);
+  } else {
+    save_safetensors(grads, o.out_path, DType::f32);
+  }
   std::printf("%s\n", line.dump().c_str());
 }
 
@@ -98,6 +119,8 @@ void register_grad(CLI::App& app) {
   cmd->add_option("--batch", o->batch_path, "batch JSON: {\"input_ids\": [[...]], \"labels\": [[...]]}")->required();
   cmd->add_option("--out", o->out_path, "where to write the f32 gradients (.safetensors)")->required();
   cmd->add_option("--dtype", o->dtype, "compute dtype of the GEMMs")->check(CLI::IsMember({"f32", "bf16"}));
+  cmd->add_option("--adapter", o->adapter,
+                  "a PEFT LoRA adapter directory on the model: the loss with it, and its gradients under its names");
   cmd->add_option("--threads", o->threads, "CPU threads (default: all cores)")->check(CLI::PositiveNumber);
   cmd->add_option("--moe-aux-loss-coef", o->moe_aux_loss_coef,
                   "MoE models: add this times the load-balancing loss to the loss and its gradient, as transformers "

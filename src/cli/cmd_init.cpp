@@ -1,12 +1,15 @@
-// cli/cmd_init.cpp — `lazytrain init`: a randomly initialised HF model directory from a config.json,
-// for training from scratch and for demos. Seeded, so the same command gives the same bytes.
+// cli/cmd_init.cpp — `lazytrain init`: a randomly initialised HF model directory from a config.json (with the
+// tokenizer files beside it), for training from scratch, as a base to adapt, and for demos. Seeded, so the same command gives the same bytes.
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "io/atomic_file.h"
+#include "io/json_file.h"
 #include "model/weights.h"
 
 namespace lt::cli {
@@ -23,6 +26,14 @@ void run_init(const InitOptions& o) {
   ModelSlabs params(cfg);
   init_random(params, o.seed, o.std);
   save_hf_model(params, o.out_dir, dtype_parse(o.dtype), size_t(5) << 30);
+  // The tokenizer beside the config, when there is one: the directory is then a model to train or adapt as it is.
+  const std::filesystem::path from = std::filesystem::is_directory(o.config_path)
+                                         ? std::filesystem::path(o.config_path)
+                                         : std::filesystem::path(o.config_path).parent_path();
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json",
+                        "generation_config.json"})
+    if (std::filesystem::exists(from / f) && !std::filesystem::equivalent(from, o.out_dir))
+      write_file_atomic((std::filesystem::path(o.out_dir) / f).string(), read_file((from / f).string()));
   nlohmann::json line = {{"out", o.out_dir}, {"parameters", cfg.num_parameters()}, {"dtype", o.dtype}};
   std::printf("%s\n", line.dump().c_str());
 }

@@ -26,6 +26,7 @@ void register_eval(CLI::App& app);
 void register_generate(CLI::App& app);
 void register_info(CLI::App& app);
 void register_devices(CLI::App& app);
+void register_export(CLI::App& app);
 // Adds `step` to the `bench` command group.
 void add_bench_step(CLI::App& bench);
 

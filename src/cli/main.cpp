@@ -40,6 +40,7 @@ int main(int argc, char** argv) {
   lt::cli::register_generate(app);
   lt::cli::register_info(app);
   lt::cli::register_devices(app);
+  lt::cli::register_export(app);
   // `bench` groups the benchmarks; each module adds its own subcommand.
   CLI::App* bench = nullptr;
   for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; }))

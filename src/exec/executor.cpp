@@ -169,6 +169,7 @@ struct StreamingExecutor::Step {
     ComputeBinding binding;
     binding.shape = BlockShape::make(cfg, batch.B, batch.T, ex.options_.activations, ex.options_.mlp_chunk_tokens);
     binding.tok = TokenInfo{tokens(), batch.doc_ids.empty() ? nullptr : tokens() + 2 * N};
+    binding.tok.dropout_key = batch.dropout_key;
     if (cfg.is_moe()) {
       moe_aux.emplace(cfg.num_experts, batch.attention_mask.empty() ? nullptr : batch.attention_mask.data(),
                       target.moe_aux_weight);
@@ -289,7 +290,11 @@ struct StreamingExecutor::Step {
   }
 
   // --- device operations ---------------------------------------------------------------------------
-  BlockView view(const StepOp& op) const { return BlockView::bind(wl(op.layer), at(op.weights)); }
+  BlockView view(const StepOp& op) const {
+    BlockView w = BlockView::bind(wl(op.layer), at(op.weights));
+    w.layer = op.layer;
+    return w;
+  }
 
   void run_device(const StepOp& op) {
     const StreamKind k = stream_of(op.lane);
@@ -507,7 +512,7 @@ StreamingExecutor::StreamingExecutor(const ModelConfig& cfg, Device& device, Exe
   // The CUDA block writes every gradient of a layer (its norms' and the mixer's vectors with their kernels): frozen
   // tensors (model/finetune.h) run on the CPU block until it skips theirs.
   LT_CHECK(options_.kernels != LayerKernels::cuda || cfg.trains_all(),
-           "frozen weights (finetuning_type freeze) run on the CPU block for now: --device cpu, or cuda-sim with f32 "
+           "frozen weights (finetuning_type freeze or lora) run on the CPU block for now: --device cpu, or cuda-sim with f32 "
            "activations; the CUDA block does not skip their gradients yet");
   compute_ = options_.kernels == LayerKernels::cuda ? cuda::make_cuda_layer_compute(device_) : make_cpu_layer_compute();
   // Host staging, host-tier boundaries, x0 and dx0 are copied by the streams: pinned, for a GPU's DMA.

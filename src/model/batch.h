@@ -22,6 +22,9 @@ struct Batch {
   // has no counted label (so causal attention never reads it for a counted token). Only the MoE load-balancing
   // loss reads it (padding is not routed into its counts); empty = every position a token.
   std::vector<uint8_t> attention_mask;
+  // LoRA dropout (model/lora.h): the key this batch's masks are drawn from; the trainer sets it from the seed, the
+  // step and the micro-batch, so a resumed run and every plan draw the same masks.
+  uint64_t dropout_key = 0;
 
   int64_t N() const { return B * T; }
   // {"input_ids": [[...], ...], "labels": [[...], ...], "position_ids": [[...], ...]} — rows of equal

@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/parallel.h"
 #include "model/carver.h"
+#include "model/finetune.h"
 #include "ops/ops.h"
 
 namespace lt {
@@ -111,6 +112,8 @@ BlockShape BlockShape::make(const ModelConfig& cfg, int64_t B, int64_t T, DType 
   s.out_gate = cfg.attn_output_gate;
   s.zero_centred = cfg.zero_centred_norms;
   s.rotary = rotary;
+  if (cfg.finetune && cfg.finetune->kind == FinetuneKind::lora)
+    s.lora = LoraShape{cfg.finetune->rank, cfg.finetune->scale(), float(cfg.finetune->dropout)};
   if (cfg.num_linear_attention_layers() > 0) {
     const DeltaMixerShape m = DeltaMixerShape::make(cfg, B, T);
     s.Hk = m.Hk, s.Hv = m.Hv, s.dk = m.dk, s.dv = m.dv, s.K = m.K;
@@ -127,11 +130,20 @@ BlockShape BlockShape::make(const ModelConfig& cfg, int64_t B, int64_t T, DType 
   return s;
 }
 
+LoraSite BlockShape::lora_site(const TokenInfo& tok, Adapted a, int64_t row0) const {
+  return LoraSite{lora.dropout > 0 ? lora_site_key(tok.dropout_key, layer, a) : 0, row0};
+}
+
 BlockView BlockView::bind(const SlabLayout& layout, const void* base_ptr) {
   LT_CHECK(layout.kind() == SlabKind::layer, "BlockView binds a layer slab");
   auto* base = static_cast<const uint8_t*>(base_ptr);
   BlockView w{};
   w.kind = layout.layer_kind();
+  for (int a = 0; a < kAdapted; ++a) {  // LoRA adapters, where the layout has them (model/finetune.h)
+    const std::string p = adapted_entry(Adapted(a));
+    if (const SlabEntry* A = layout.find(p + ".lora_A.weight"))
+      w.lora.at[a] = LoraView{WeightRef{base + A->offset, A->dtype}, matrix(layout, base, (p + ".lora_B.weight").c_str())};
+  }
   w.ln1 = f32_required(layout, base, "input_layernorm.weight");
   if (layout.find("linear_attn.in_proj_qkv.weight")) {
     w.delta = DeltaMixerView{matrix(layout, base, "linear_attn.in_proj_qkv.weight"),
@@ -142,7 +154,7 @@ BlockView BlockView::bind(const SlabLayout& layout, const void* base_ptr) {
                              f32_required(layout, base, "linear_attn.conv1d.weight"),
                              f32_required(layout, base, "linear_attn.dt_bias"),
                              f32_required(layout, base, "linear_attn.A_log"),
-                             f32_required(layout, base, "linear_attn.norm.weight")};
+                             f32_required(layout, base, "linear_attn.norm.weight"), w.lora};
   } else {
     w.wq = matrix(layout, base, "self_attn.q_proj.weight");
     w.wk = matrix(layout, base, "self_attn.k_proj.weight");
@@ -194,8 +206,13 @@ BlockGrads BlockGrads::bind(const SlabLayout& layout, void* base_ptr) {
   // backward skips a frozen matrix's weight gradient and drops a frozen vector's (with_dropped below).
   auto* base = static_cast<uint8_t*>(base_ptr);
   BlockGrads g{};
+  for (int a = 0; a < kAdapted; ++a) {
+    const std::string p = adapted_entry(Adapted(a));
+    g.lora.at[a] = LoraGrads{grad_or_null(layout, base, (p + ".lora_A.weight").c_str()),
+                             grad_or_null(layout, base, (p + ".lora_B.weight").c_str())};
+  }
   g.ln1 = grad_or_null(layout, base, "input_layernorm.weight");
-  if (layout.find("linear_attn.in_proj_qkv.weight")) {
+  if (layout.layer_kind() == LayerKind::linear_attention) {  // (a trained layout may hold none of its tensors)
     g.delta = DeltaMixerGrads{grad_or_null(layout, base, "linear_attn.in_proj_qkv.weight"),
                               grad_or_null(layout, base, "linear_attn.in_proj_z.weight"),
                               grad_or_null(layout, base, "linear_attn.in_proj_b.weight"),
@@ -204,7 +221,7 @@ BlockGrads BlockGrads::bind(const SlabLayout& layout, void* base_ptr) {
                               grad_or_null(layout, base, "linear_attn.conv1d.weight"),
                               grad_or_null(layout, base, "linear_attn.dt_bias"),
                               grad_or_null(layout, base, "linear_attn.A_log"),
-                              grad_or_null(layout, base, "linear_attn.norm.weight")};
+                              grad_or_null(layout, base, "linear_attn.norm.weight"), g.lora};
   } else {
     g.wq = grad_or_null(layout, base, "self_attn.q_proj.weight");
     g.wk = grad_or_null(layout, base, "self_attn.k_proj.weight");
@@ -519,8 +536,10 @@ void attention_forward_half(float* o, WorkingCopy& a, const BlockView& w, const 
                             const BlockShape& s, const Storage& st, const MixerOverride* mixer) {
   const int64_t N = s.N(), C = s.C, QD = s.QD(), KVD = s.KVD();
   if (s.qk_norm) {
-    linear_forward(a.q_raw, a.n1, w.wq, w.bq, N, C, s.QPD());
-    linear_forward(a.k_raw, a.n1, w.wk, w.bk, N, C, KVD);
+    adapted_forward(a.q_raw, a.n1, w.wq, w.bq, w.lora[Adapted::q_proj], s.lora, s.lora_site(tok, Adapted::q_proj), N,
+                    C, s.QPD());
+    adapted_forward(a.k_raw, a.n1, w.wk, w.bk, w.lora[Adapted::k_proj], s.lora, s.lora_site(tok, Adapted::k_proj), N,
+                    C, KVD);
     st.keep(&WorkingCopy::q_raw, a.q_raw);
     st.keep(&WorkingCopy::k_raw, a.k_raw);
     const float* q_in = a.q_raw;
@@ -533,10 +552,13 @@ void attention_forward_half(float* o, WorkingCopy& a, const BlockView& w, const 
     st.keep(&WorkingCopy::q_rstd, a.q_rstd);
     st.keep(&WorkingCopy::k_rstd, a.k_rstd);
   } else {
-    linear_forward(a.q, a.n1, w.wq, w.bq, N, C, QD);
-    linear_forward(a.k, a.n1, w.wk, w.bk, N, C, KVD);
+    adapted_forward(a.q, a.n1, w.wq, w.bq, w.lora[Adapted::q_proj], s.lora, s.lora_site(tok, Adapted::q_proj), N, C,
+                    QD);
+    adapted_forward(a.k, a.n1, w.wk, w.bk, w.lora[Adapted::k_proj], s.lora, s.lora_site(tok, Adapted::k_proj), N, C,
+                    KVD);
   }
-  linear_forward(a.v, a.n1, w.wv, w.bv, N, C, KVD);
+  adapted_forward(a.v, a.n1, w.wv, w.bv, w.lora[Adapted::v_proj], s.lora, s.lora_site(tok, Adapted::v_proj), N, C,
+                  KVD);
   rope_partial_forward(a.q, tok.pos, N, s.Hq, s.D, s.rotary, s.rope);
   rope_partial_forward(a.k, tok.pos, N, s.Hkv, s.D, s.rotary, s.rope);
   st.keep(&WorkingCopy::q, a.q);
@@ -556,7 +578,7 @@ void attention_forward_half(float* o, WorkingCopy& a, const BlockView& w, const 
     sigmoid_gate_forward(a.gated, a.att, a.q_raw + s.D, N, s.Hq, s.D, s.QPD(), 2 * s.D);
     o_in = a.gated;
   }
-  linear_forward(o, o_in, w.wo, w.bo, N, QD, C);
+  adapted_forward(o, o_in, w.wo, w.bo, w.lora[Adapted::o_proj], s.lora, s.lora_site(tok, Adapted::o_proj), N, QD, C);
 }
 
 // The attention half and n2 (everything before the MLP), with the storage hooks; x_in as f32 (widened into
@@ -590,15 +612,17 @@ const float* forward_attention_half(WorkingCopy& a, const void* x_in_ptr, const 
 
 // gate, up and h of tokens [t0, t0 + n) into gate / up / h (one chunk's rows), with the storage hooks. A sparse
 // layer routes the tokens first (a.moe) and computes its experts' grouped rows.
-void mlp_internals(float* gate, float* up, float* h, WorkingCopy& a, const BlockView& w, const BlockShape& s,
-                   const Storage& st, int64_t t0, int64_t n) {
+void mlp_internals(float* gate, float* up, float* h, WorkingCopy& a, const BlockView& w, const TokenInfo& tok,
+                   const BlockShape& s, const Storage& st, int64_t t0, int64_t n) {
   const float* n2 = a.n2 + t0 * s.C;
   if (s.sparse) {
     moe_route(a.moe, n2, w.moe, s, n);
     moe_gate_up(gate, up, a.moe, n2, w.moe, s, n);
   } else {
-    linear_forward(gate, n2, w.wgate, w.bgate, n, s.C, s.I);
-    linear_forward(up, n2, w.wup, w.bup, n, s.C, s.I);
+    adapted_forward(gate, n2, w.wgate, w.bgate, w.lora[Adapted::gate_proj], s.lora,
+                    s.lora_site(tok, Adapted::gate_proj, t0), n, s.C, s.I);
+    adapted_forward(up, n2, w.wup, w.bup, w.lora[Adapted::up_proj], s.lora, s.lora_site(tok, Adapted::up_proj, t0), n,
+                    s.C, s.I);
   }
   st.keep(&WorkingCopy::gate, gate, t0, n);
   st.keep(&WorkingCopy::up, up, t0, n);
@@ -673,10 +697,11 @@ void forward_layer(void* x_out_ptr, WorkingCopy& a, const void* x_in_ptr, const 
   for (int64_t t0 = 0; t0 < N; t0 += R) {
     const int64_t n = std::min(R, N - t0);
     float* h = mlp_row(a.h, a, s, t0);
-    mlp_internals(mlp_row(a.gate, a, s, t0), mlp_row(a.up, a, s, t0), h, a, w, s, st, t0, n);
+    mlp_internals(mlp_row(a.gate, a, s, t0), mlp_row(a.up, a, s, t0), h, a, w, tok, s, st, t0, n);
     if (s.sparse && tok.moe_aux) tok.moe_aux->add(a.moe, s, t0, n);
     if (s.sparse) moe_down_combine(y + t0 * C, a.moe, h, a.n2 + t0 * C, w.moe, s, n);
-    else linear_forward(y + t0 * C, h, w.wdown, w.bdown, n, I, C);
+    else adapted_forward(y + t0 * C, h, w.wdown, w.bdown, w.lora[Adapted::down_proj], s.lora,
+                         s.lora_site(tok, Adapted::down_proj, t0), n, I, C);
   }
   add_inplace(y, a.x_mid, N * C);
   if (b16) parallel_convert_from_f32(x_out_ptr, DType::bf16, y, size_t(N * C));
@@ -735,7 +760,7 @@ void block_backward_mlp(BlockGrads& trained, BlockScratch& b, const float* dx_ou
       st.load(&WorkingCopy::up, up, t0, n);
       st.load(&WorkingCopy::h, h, t0, n);
     } else if (saved == Saved::recompute) {
-      mlp_internals(gate, up, h, work, w, s, rounding, t0, n);
+      mlp_internals(gate, up, h, work, w, tok, s, rounding, t0, n);
     }
     const float* n2 = a.n2 + t0 * C;
     if (s.sparse) {
@@ -744,10 +769,13 @@ void block_backward_mlp(BlockGrads& trained, BlockScratch& b, const float* dx_ou
                    tok.moe_aux, t0);
       continue;
     }
-    linear_backward(b.dh, g.wdown, g.bdown, dx_out + t0 * C, h, w.wdown, n, I, C);
+    adapted_backward(b.dh, g.wdown, g.bdown, g.lora[Adapted::down_proj], dx_out + t0 * C, h, w.wdown,
+                     w.lora[Adapted::down_proj], s.lora, s.lora_site(tok, Adapted::down_proj, t0), n, I, C);
     swiglu_backward(b.dgate, b.dup, b.dh, gate, up, n * I);
-    linear_backward(b.dn + t0 * C, g.wgate, g.bgate, b.dgate, n2, w.wgate, n, C, I);
-    linear_backward(b.dtmp + t0 * C, g.wup, g.bup, b.dup, n2, w.wup, n, C, I);
+    adapted_backward(b.dn + t0 * C, g.wgate, g.bgate, g.lora[Adapted::gate_proj], b.dgate, n2, w.wgate,
+                     w.lora[Adapted::gate_proj], s.lora, s.lora_site(tok, Adapted::gate_proj, t0), n, C, I);
+    adapted_backward(b.dtmp + t0 * C, g.wup, g.bup, g.lora[Adapted::up_proj], b.dup, n2, w.wup,
+                     w.lora[Adapted::up_proj], s.lora, s.lora_site(tok, Adapted::up_proj, t0), n, C, I);
   }
   add_inplace(b.dn, b.dtmp, N * C);
   const NormWeights nw(w, s);
@@ -766,11 +794,13 @@ void attention_backward_half(BlockGrads& g, BlockScratch& b, const WorkingCopy& 
   if (s.out_gate) {
     // o_proj read gated = att × σ(gate) (not kept: recomputed, the same bits); datt first holds d gated.
     sigmoid_gate_forward(b.qtmp, a.att, a.q_raw + s.D, N, s.Hq, s.D, s.QPD(), 2 * s.D);
-    linear_backward(b.datt, g.wo, g.bo, b.dx_mid, b.qtmp, w.wo, N, QD, C);
+    adapted_backward(b.datt, g.wo, g.bo, g.lora[Adapted::o_proj], b.dx_mid, b.qtmp, w.wo, w.lora[Adapted::o_proj],
+                     s.lora, s.lora_site(tok, Adapted::o_proj), N, QD, C);
     sigmoid_gate_backward(b.qtmp, b.dq_raw + s.D, b.datt, a.att, a.q_raw + s.D, N, s.Hq, s.D, s.QPD(), 2 * s.D);
     datt = b.qtmp;  // d att
   } else {
-    linear_backward(b.datt, g.wo, g.bo, b.dx_mid, a.att, w.wo, N, QD, C);
+    adapted_backward(b.datt, g.wo, g.bo, g.lora[Adapted::o_proj], b.dx_mid, a.att, w.wo, w.lora[Adapted::o_proj],
+                     s.lora, s.lora_site(tok, Adapted::o_proj), N, QD, C);
   }
   const AttentionShape as{s.B, s.T, s.Hq, s.Hkv, s.D, s.window};
   attention_backward(b.dq, b.dk, b.dv, datt, a.att, a.lse, a.q, a.k, a.v, tok.doc_ids, as);
@@ -796,10 +826,13 @@ void attention_backward_half(BlockGrads& g, BlockScratch& b, const WorkingCopy& 
     dq_proj = b.dq_raw;
     dk_proj = b.dk_raw;
   }
-  linear_backward(b.dn, g.wq, g.bq, dq_proj, a.n1, w.wq, N, C, s.QPD());
-  linear_backward(b.dtmp, g.wk, g.bk, dk_proj, a.n1, w.wk, N, C, KVD);
+  adapted_backward(b.dn, g.wq, g.bq, g.lora[Adapted::q_proj], dq_proj, a.n1, w.wq, w.lora[Adapted::q_proj], s.lora,
+                   s.lora_site(tok, Adapted::q_proj), N, C, s.QPD());
+  adapted_backward(b.dtmp, g.wk, g.bk, g.lora[Adapted::k_proj], dk_proj, a.n1, w.wk, w.lora[Adapted::k_proj], s.lora,
+                   s.lora_site(tok, Adapted::k_proj), N, C, KVD);
   add_inplace(b.dn, b.dtmp, N * C);
-  linear_backward(b.dtmp, g.wv, g.bv, b.dv, a.n1, w.wv, N, C, KVD);
+  adapted_backward(b.dtmp, g.wv, g.bv, g.lora[Adapted::v_proj], b.dv, a.n1, w.wv, w.lora[Adapted::v_proj], s.lora,
+                   s.lora_site(tok, Adapted::v_proj), N, C, KVD);
   add_inplace(b.dn, b.dtmp, N * C);
 }
 

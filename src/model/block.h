@@ -44,6 +44,7 @@
 #include "model/config.h"
 #include "model/delta_mixer.h"
 #include "model/layout.h"
+#include "model/lora.h"
 #include "model/moe_ffn.h"
 #include "ops/linear.h"
 
@@ -87,6 +88,10 @@ struct BlockShape {
   float swiglu_limit = 0;
   bool sinks = false;
   int64_t sliding_window = 0, window = 0;
+  // LoRA (model/lora.h, model/finetune.h): the adapters' rank, scale and dropout (rank 0: none), and this layer's
+  // index (for_layer; -1 for a model-wide shape), which keys the adapters' dropout masks.
+  LoraShape lora;
+  int64_t layer = -1;
   int64_t N() const { return B * T; }
   // Tokens of gate / up / h a working copy holds: one chunk; a sparse layer's route slice.
   int64_t mlp_rows() const {
@@ -106,10 +111,14 @@ struct BlockShape {
     s.window = mixer == LayerKind::sliding_attention ? sliding_window : 0;
     return s;
   }
-  BlockShape for_layer(const ModelConfig& cfg, int64_t layer) const {
-    return for_layer(cfg.layer_kind(layer), cfg.sparse_layer(layer));
+  BlockShape for_layer(const ModelConfig& cfg, int64_t layer_index) const {
+    BlockShape s = for_layer(cfg.layer_kind(layer_index), cfg.sparse_layer(layer_index));
+    s.layer = layer_index;
+    return s;
   }
-  DeltaMixerShape mixer() const { return DeltaMixerShape{B, T, C, Hk, Hv, dk, dv, K, eps}; }
+  DeltaMixerShape mixer() const { return DeltaMixerShape{B, T, C, Hk, Hv, dk, dv, K, eps, lora, layer}; }
+  // Where an adapter's dropout mask of this layer comes from (rows from row0: an MLP chunk's first token).
+  LoraSite lora_site(const TokenInfo& tok, Adapted a, int64_t row0 = 0) const;
   // Bytes of one layer boundary [N, C] in the storage dtype.
   size_t boundary_bytes() const { return size_t(N() * C) * dtype_size(act); }
   static BlockShape make(const ModelConfig& cfg, int64_t B, int64_t T, DType act = DType::f32,
@@ -123,6 +132,8 @@ struct TokenInfo {
   // Mixture-of-Experts models: the batch's load-balancing loss (model/moe_ffn.h), or null. block_forward adds each
   // sparse layer's routing to it; block_backward adds its gradient to the router's. Host memory: the CPU block only.
   MoeAuxLoss* moe_aux = nullptr;
+  // LoRA dropout (model/lora.h): the batch's key (Batch::dropout_key), mixed with each layer and linear.
+  uint64_t dropout_key = 0;
 };
 
 // Weights of one block. Matrices in f32 or the compute dtype; vectors always f32; absent biases null. A
@@ -139,6 +150,8 @@ struct BlockView {
   WeightRef wgate, wup, wdown;       // [I, C], [I, C], [C, I]
   const float *bgate, *bup, *bdown;  // [I], [I], [C]
   MoeView moe;                       // a sparse layer's router and experts (wgate .. null there)
+  LayerAdapters lora;                // LoRA adapters of the linears that have one (model/lora.h)
+  int64_t layer = -1;                // the layer's index where the binder knows it (keys LoRA's dropout)
   bool sparse() const { return !moe.experts.empty(); }
   // Binds to a slab laid out by `layout` starting at `base` (the layout's entries say the kind).
   static BlockView bind(const SlabLayout& layout, const void* base);
@@ -156,6 +169,7 @@ struct BlockGrads {
   float *wgate, *wup, *wdown;
   float *bgate, *bup, *bdown;
   MoeGrads moe;
+  LayerAdapterGrads lora;
   static BlockGrads bind(const SlabLayout& layout, void* base);
 };
 

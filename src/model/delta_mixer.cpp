@@ -104,7 +104,11 @@ void delta_mixer_forward(float* out, DeltaMixerActs& a, const float* n1, const D
   auto keep = [&](float* DeltaMixerActs::*field) {
     if (storage) storage->keep(field, a.*field);
   };
-  linear_forward(a.qkv_pre, n1, w.in_qkv, nullptr, N, C, Dc);
+  auto site = [&](Adapted x) {
+    return LoraSite{s.lora.dropout > 0 ? lora_site_key(tok.dropout_key, s.layer, x) : 0, 0};
+  };
+  adapted_forward(a.qkv_pre, n1, w.in_qkv, nullptr, w.lora[Adapted::in_proj_qkv], s.lora, site(Adapted::in_proj_qkv), N,
+                  C, Dc);
   keep(&DeltaMixerActs::qkv_pre);
   short_conv_forward(a.qkv, a.qkv_pre, w.conv, tok.doc_ids, N, s.T, Dc, s.K);
   keep(&DeltaMixerActs::qkv);
@@ -113,9 +117,9 @@ void delta_mixer_forward(float* out, DeltaMixerActs& a, const float* n1, const D
   keep(&DeltaMixerActs::qk_hat);
   keep(&DeltaMixerActs::q_rnorm);
   keep(&DeltaMixerActs::k_rnorm);
-  linear_forward(a.z, n1, w.in_z, nullptr, N, C, VD);
-  linear_forward(a.b, n1, w.in_b, nullptr, N, C, s.Hv);
-  linear_forward(a.a, n1, w.in_a, nullptr, N, C, s.Hv);
+  adapted_forward(a.z, n1, w.in_z, nullptr, w.lora[Adapted::in_proj_z], s.lora, site(Adapted::in_proj_z), N, C, VD);
+  adapted_forward(a.b, n1, w.in_b, nullptr, w.lora[Adapted::in_proj_b], s.lora, site(Adapted::in_proj_b), N, C, s.Hv);
+  adapted_forward(a.a, n1, w.in_a, nullptr, w.lora[Adapted::in_proj_a], s.lora, site(Adapted::in_proj_a), N, C, s.Hv);
   keep(&DeltaMixerActs::z);
   keep(&DeltaMixerActs::b);
   keep(&DeltaMixerActs::a);
@@ -127,14 +131,18 @@ void delta_mixer_forward(float* out, DeltaMixerActs& a, const float* n1, const D
   gated_rmsnorm_forward(a.y, a.rstd, a.o, a.z, w.norm, N * s.Hv, s.dv, s.eps);
   keep(&DeltaMixerActs::rstd);
   keep(&DeltaMixerActs::y);
-  linear_forward(out, a.y, w.out, nullptr, N, VD, C);
+  adapted_forward(out, a.y, w.out, nullptr, w.lora[Adapted::out_proj], s.lora, site(Adapted::out_proj), N, VD, C);
 }
 
 void delta_mixer_backward(float* dn1, DeltaMixerGrads& g, DeltaMixerScratch& d, const float* dout,
                           const float* n1, const DeltaMixerActs& a, const DeltaMixerView& w, const TokenInfo& tok,
                           const DeltaMixerShape& s) {
   const int64_t N = s.N(), C = s.C, Dc = s.conv_dim(), KD = s.key_dim(), VD = s.value_dim();
-  linear_backward(d.dy, g.out, nullptr, dout, a.y, w.out, N, VD, C);
+  auto site = [&](Adapted x) {
+    return LoraSite{s.lora.dropout > 0 ? lora_site_key(tok.dropout_key, s.layer, x) : 0, 0};
+  };
+  adapted_backward(d.dy, g.out, nullptr, g.lora[Adapted::out_proj], dout, a.y, w.out, w.lora[Adapted::out_proj], s.lora,
+                   site(Adapted::out_proj), N, VD, C);
   gated_rmsnorm_backward(d.d_o, d.dz, g.norm, d.dy, a.o, a.z, w.norm, a.rstd, N * s.Hv, s.dv);
   // dq̂ | dk̂ into dqk; dv straight into its place in the conv output's gradient.
   gated_delta_backward(d.dqk, d.dqk + KD, d.dqkv + 2 * KD, d.dbeta, d.dg, d.d_o, a.qk_hat, a.qk_hat + KD,
@@ -144,12 +152,16 @@ void delta_mixer_backward(float* dn1, DeltaMixerGrads& g, DeltaMixerScratch& d, 
   short_conv_backward(d.dpre, g.conv, d.dqkv, a.qkv_pre, w.conv, tok.doc_ids, N, s.T, Dc, s.K);
   delta_gates_backward(d.db, d.da, g.A_log, g.dt_bias, d.dbeta, d.dg, a.b, a.a, w.A_log, w.dt_bias, N, s.Hv);
   // n1 feeds four projections: their input gradients summed in a fixed order (qkv, z, b, a).
-  linear_backward(dn1, g.in_qkv, nullptr, d.dpre, n1, w.in_qkv, N, C, Dc);
-  linear_backward(d.dn, g.in_z, nullptr, d.dz, n1, w.in_z, N, C, VD);
+  adapted_backward(dn1, g.in_qkv, nullptr, g.lora[Adapted::in_proj_qkv], d.dpre, n1, w.in_qkv,
+                   w.lora[Adapted::in_proj_qkv], s.lora, site(Adapted::in_proj_qkv), N, C, Dc);
+  adapted_backward(d.dn, g.in_z, nullptr, g.lora[Adapted::in_proj_z], d.dz, n1, w.in_z, w.lora[Adapted::in_proj_z],
+                   s.lora, site(Adapted::in_proj_z), N, C, VD);
   add_inplace(dn1, d.dn, N * C);
-  linear_backward(d.dn, g.in_b, nullptr, d.db, n1, w.in_b, N, C, s.Hv);
+  adapted_backward(d.dn, g.in_b, nullptr, g.lora[Adapted::in_proj_b], d.db, n1, w.in_b, w.lora[Adapted::in_proj_b],
+                   s.lora, site(Adapted::in_proj_b), N, C, s.Hv);
   add_inplace(dn1, d.dn, N * C);
-  linear_backward(d.dn, g.in_a, nullptr, d.da, n1, w.in_a, N, C, s.Hv);
+  adapted_backward(d.dn, g.in_a, nullptr, g.lora[Adapted::in_proj_a], d.da, n1, w.in_a, w.lora[Adapted::in_proj_a],
+                   s.lora, site(Adapted::in_proj_a), N, C, s.Hv);
   add_inplace(dn1, d.dn, N * C);
 }
 

@@ -23,6 +23,7 @@
 
 #include "model/config.h"
 #include "ops/gated_delta.h"
+#include "model/lora.h"
 #include "ops/linear.h"
 
 namespace lt {
@@ -32,6 +33,8 @@ struct TokenInfo;  // model/block.h
 struct DeltaMixerShape {
   int64_t B, T, C, Hk, Hv, dk, dv, K;
   float eps;  // the gated norm's (rms_norm_eps)
+  LoraShape lora{};    // the projections' LoRA adapters (model/lora.h)
+  int64_t layer = -1;  // the layer's index: keys their dropout
   int64_t N() const { return B * T; }
   int64_t key_dim() const { return Hk * dk; }                  // one of Q, K
   int64_t value_dim() const { return Hv * dv; }                // V, z, o, y
@@ -53,12 +56,14 @@ struct DeltaMixerView {
   const float* dt_bias;                     // [Hv]
   const float* A_log;                       // [Hv]
   const float* norm;                        // [dv]
+  LayerAdapters lora;                       // in_proj_* and out_proj's LoRA adapters (model/lora.h)
 };
 
 // Their f32 gradients, accumulated (+=).
 struct DeltaMixerGrads {
   float *in_qkv, *in_z, *in_b, *in_a, *out;
   float *conv, *dt_bias, *A_log, *norm;
+  LayerAdapterGrads lora;
 };
 
 // What the backward reads, in one caller-owned f32 buffer (DeltaMixerActs::floats).

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <set>
 
 #include "core/error.h"
@@ -12,20 +13,77 @@ namespace lt {
 
 std::string layer_module(const std::string& entry) { return entry.substr(0, entry.find('.')); }
 
+bool is_adapter_entry(const std::string& entry) {
+  return entry.find(".lora_A.") != std::string::npos || entry.find(".lora_B.") != std::string::npos;
+}
+
+std::vector<std::pair<std::string, std::string>> adaptable_linears(const ModelConfig& cfg, int64_t layer) {
+  std::vector<std::pair<std::string, std::string>> out;
+  if (cfg.layer_kind(layer) == LayerKind::linear_attention) {
+    for (const char* n : {"in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj"})
+      out.emplace_back(std::string("linear_attn.") + n, n);
+  } else {
+    for (const char* n : {"q_proj", "k_proj", "v_proj", "o_proj"}) out.emplace_back(std::string("self_attn.") + n, n);
+  }
+  if (!cfg.sparse_layer(layer))
+    for (const char* n : {"gate_proj", "up_proj", "down_proj"}) out.emplace_back(std::string("mlp.") + n, n);
+  return out;
+}
+
+float Finetune::scale() const {
+  return float(rslora ? alpha / std::sqrt(double(rank)) : alpha / double(rank));
+}
+
+bool Finetune::adapts(const std::string& entry_prefix) const {
+  if (kind != FinetuneKind::lora) return false;
+  const std::string name = entry_prefix.substr(entry_prefix.rfind('.') + 1);
+  return (entry_prefix.rfind("self_attn.", 0) == 0 || entry_prefix.rfind("linear_attn.", 0) == 0 ||
+          entry_prefix.rfind("mlp.", 0) == 0) &&
+         entry_prefix.find("experts") == std::string::npos && entry_prefix.find("shared_expert") == std::string::npos &&
+         std::find(targets.begin(), targets.end(), name) != targets.end();
+}
+
 bool Finetune::trains(SlabKind slab, int64_t layer, const std::string& entry) const {
   if (kind == FinetuneKind::full) return true;
   switch (slab) {
     case SlabKind::embedding: return embed_tokens;
     case SlabKind::head: return entry == "norm.weight" ? norm : lm_head;
     case SlabKind::layer:
+      if (kind == FinetuneKind::lora) return is_adapter_entry(entry);
       if (!trains_layer(layer)) return false;
       return modules.empty() || std::find(modules.begin(), modules.end(), layer_module(entry)) != modules.end();
   }
   return false;
 }
 
+namespace {
+
+// The parameters `cfg` trains (the adapters' included).
+int64_t trained_parameters(const ModelConfig& cfg) {
+  int64_t n = SlabLayout::trained(cfg, SlabKind::embedding).num_parameters() +
+              SlabLayout::trained(cfg, SlabKind::head).num_parameters();
+  for (int64_t l = 0; l < cfg.num_layers; ++l) n += SlabLayout::trained(cfg, SlabKind::layer, l).num_parameters();
+  return n;
+}
+
+}  // namespace
+
 std::string Finetune::summary(const ModelConfig& cfg) const {
   if (kind == FinetuneKind::full) return "full: every parameter trains";
+  std::vector<std::string> extra;
+  if (embed_tokens) extra.push_back("embed_tokens");
+  if (norm) extra.push_back("norm");
+  if (lm_head) extra.push_back("lm_head");
+  if (kind == FinetuneKind::lora) {
+    ModelConfig with = cfg;
+    with.finetune = std::make_shared<const Finetune>(*this);
+    const int64_t trained = trained_parameters(with);
+    return fmt::format("lora: rank {}, alpha {:g} ({}scale {:g}), dropout {:g}, on {}{}{}; {:.3f}M adapter and "
+                       "trained parameters beside {:.2f}M frozen ({:.2f}%)",
+                       rank, alpha, rslora ? "rsLoRA " : "", scale(), dropout, fmt::join(targets, ", "),
+                       extra.empty() ? "" : "; training whole: ", fmt::join(extra, ", "), double(trained) / 1e6,
+                       double(cfg.num_parameters()) / 1e6, 100.0 * double(trained) / double(cfg.num_parameters()));
+  }
   std::string ranges;
   for (int64_t l = 0; l < cfg.num_layers;) {
     if (!trains_layer(l)) {
@@ -38,23 +96,32 @@ std::string Finetune::summary(const ModelConfig& cfg) const {
     l = end + 1;
   }
   std::string mods = modules.empty() ? "all modules" : fmt::format("{}", fmt::join(modules, ", "));
-  std::vector<std::string> extra;
-  if (embed_tokens) extra.push_back("embed_tokens");
-  if (norm) extra.push_back("norm");
-  if (lm_head) extra.push_back("lm_head");
-  int64_t trained = 0;
-  auto count = [&](const SlabLayout& layout, SlabKind slab, int64_t layer) {
-    for (const SlabEntry& e : layout.entries())
-      if (trains(slab, layer, e.name)) trained += e.numel();
-  };
-  count(SlabLayout::make(cfg, SlabKind::embedding), SlabKind::embedding, 0);
-  for (int64_t l = 0; l < cfg.num_layers; ++l) count(SlabLayout::make_layer(cfg, l), SlabKind::layer, l);
-  count(SlabLayout::make(cfg, SlabKind::head), SlabKind::head, 0);
+  ModelConfig with = cfg;
+  with.finetune = std::make_shared<const Finetune>(*this);
+  const int64_t trained = trained_parameters(with);
   return fmt::format("freeze: layers {} ({}){}{}; {:.2f}M of {:.2f}M parameters train ({:.1f}%)",
                      ranges.empty() ? "none" : ranges, mods, extra.empty() ? "" : ", ", fmt::join(extra, ", "),
                      double(trained) / 1e6, double(cfg.num_parameters()) / 1e6,
                      100.0 * double(trained) / double(cfg.num_parameters()));
 }
+
+namespace {
+
+// freeze_extra_modules / additional_target: the modules outside the layers that train whole.
+void set_extra(Finetune& f, const ModelConfig& cfg, const std::vector<std::string>& extra, const std::string& key) {
+  std::vector<std::string> extras = {"embed_tokens", "norm"};
+  if (!cfg.tie_word_embeddings) extras.push_back("lm_head");
+  for (const std::string& m : extra) {
+    LT_CHECK(std::find(extras.begin(), extras.end(), m) != extras.end(),
+             "{}: '{}' is not a module outside the layers of this model; choose from {}{}", key, m,
+             fmt::join(extras, ", "), cfg.tie_word_embeddings ? " (lm_head is the tied embedding: embed_tokens)" : "");
+    if (m == "embed_tokens") f.embed_tokens = true;
+    if (m == "norm") f.norm = true;
+    if (m == "lm_head") f.lm_head = true;
+  }
+}
+
+}  // namespace
 
 Finetune make_freeze(const ModelConfig& cfg, int64_t trainable_layers, const std::vector<std::string>& modules,
                      const std::vector<std::string>& extra, const std::string& what) {
@@ -82,16 +149,37 @@ Finetune make_freeze(const ModelConfig& cfg, int64_t trainable_layers, const std
                model_type_name(cfg.type), fmt::join(have, ", "));
     f.modules = modules;
   }
-  std::vector<std::string> extras = {"embed_tokens", "norm"};
-  if (!cfg.tie_word_embeddings) extras.push_back("lm_head");
-  for (const std::string& m : extra) {
-    LT_CHECK(std::find(extras.begin(), extras.end(), m) != extras.end(),
-             "{}_extra_modules: '{}' is not a module outside the layers of this model; choose from {}{}", what, m,
-             fmt::join(extras, ", "), cfg.tie_word_embeddings ? " (lm_head is the tied embedding: embed_tokens)" : "");
-    if (m == "embed_tokens") f.embed_tokens = true;
-    if (m == "norm") f.norm = true;
-    if (m == "lm_head") f.lm_head = true;
+  set_extra(f, cfg, extra, what + "_extra_modules");
+  return f;
+}
+
+
+Finetune make_lora(const ModelConfig& cfg, int64_t rank, double alpha, double dropout, bool rslora,
+                   const std::vector<std::string>& targets, const std::vector<std::string>& additional) {
+  Finetune f;
+  f.kind = FinetuneKind::lora;
+  LT_CHECK(rank >= 1, "lora_rank: must be at least 1, got {}", rank);
+  LT_CHECK(alpha > 0, "lora_alpha: must be above 0, got {}", alpha);
+  LT_CHECK(dropout >= 0 && dropout < 1, "lora_dropout: must be in [0, 1), got {}", dropout);
+  f.rank = rank, f.alpha = alpha, f.dropout = dropout, f.rslora = rslora;
+  std::vector<std::string> have, sparse_only;  // the adaptable linears' names, in the model's order
+  for (int64_t l = 0; l < cfg.num_layers; ++l)
+    for (const auto& [prefix, name] : adaptable_linears(cfg, l))
+      if (std::find(have.begin(), have.end(), name) == have.end()) have.push_back(name);
+  LT_CHECK(!targets.empty(), "lora_target: empty (all, or some of {})", fmt::join(have, ", "));
+  const bool all = std::find(targets.begin(), targets.end(), "all") != targets.end();
+  LT_CHECK(!all || targets.size() == 1, "lora_target: \"all\" with other names ({})", fmt::join(targets, ", "));
+  for (const std::string& t : all ? have : targets) {
+    if (std::find(have.begin(), have.end(), t) == have.end()) {
+      const bool expert = cfg.is_moe() && (t == "gate_proj" || t == "up_proj" || t == "down_proj" || t == "gate");
+      LT_CHECK(!expert, "lora_target: '{}' is in {}'s sparse layers (the router and experts), which take no adapter "
+               "yet; adapt the attention projections ({})", t, model_type_name(cfg.type), fmt::join(have, ", "));
+      LT_FAIL("lora_target: '{}' is not a linear of {}'s layers; choose from all, {}", t, model_type_name(cfg.type),
+              fmt::join(have, ", "));
+    }
+    if (std::find(f.targets.begin(), f.targets.end(), t) == f.targets.end()) f.targets.push_back(t);
   }
+  set_extra(f, cfg, additional, "additional_target");
   return f;
 }
 

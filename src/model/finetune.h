@@ -8,11 +8,17 @@
 // full fine-tuning's state, laid out by SlabLayout::trained (model/layout.h) — the masters, the gradients, the
 // optimizer states, the device's gradient buffers and the planner's sizes all read that one layout.
 //
+// LoRA (`finetuning_type: lora`) freezes the whole base and adds to each target linear y = W x + b a low-rank update
+// s · B (A dropout(x)), A [r, in] and B [out, r] trained (model/lora.h): the adapters are two more entries of the
+// layer slab beside their linear ("self_attn.q_proj.lora_A.weight", PEFT's names), streamed with it, trained as any
+// trained tensor; `additional_target` modules (PEFT's modules_to_save) train whole beside them.
+//
 // ModelConfig::finetune (model/config.h) carries a Finetune; null is full fine-tuning.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "model/config.h"
@@ -21,20 +27,31 @@ namespace lt {
 
 enum class SlabKind : uint8_t;
 
-enum class FinetuneKind : uint8_t { full, freeze };
+enum class FinetuneKind : uint8_t { full, freeze, lora };
 
 struct Finetune {
   FinetuneKind kind = FinetuneKind::full;
+  // freeze
   std::vector<char> layers;          // [L]: the layer trains its `modules`
   std::vector<std::string> modules;  // the trained layers' modules that train ("self_attn", "mlp", ...); empty: all
+  // freeze (freeze_extra_modules) and LoRA (additional_target): modules outside the layers that train whole
   bool embed_tokens = false;         // the embedding table trains (tied: it is lm_head too)
   bool norm = false;                 // the final norm
   bool lm_head = false;              // an untied lm_head
+  // LoRA
+  int64_t rank = 0;                  // r
+  double alpha = 0;                  // lora_alpha
+  double dropout = 0;                // lora_dropout: on the adapter's input, deterministic (model/lora.h)
+  bool rslora = false;               // scale α / √r instead of α / r
+  std::vector<std::string> targets;  // the adapted linears' names ("q_proj", "in_proj_qkv", ...), the model's order
+  float scale() const;               // s
+  // Whether the linear `entry_prefix` of a layer slab ("self_attn.q_proj") has an adapter.
+  bool adapts(const std::string& entry_prefix) const;
 
   // Whether entry `entry` (a slab entry's name, model/layout.h) of slab `kind` (layer `layer`) trains.
   bool trains(SlabKind kind, int64_t layer, const std::string& entry) const;
-  // Whether layer `layer` trains anything.
-  bool trains_layer(int64_t layer) const { return kind == FinetuneKind::full || layers.at(size_t(layer)) != 0; }
+  // Whether layer `layer` may train anything (freeze: its index is chosen; LoRA: every layer may have adapters).
+  bool trains_layer(int64_t layer) const { return kind != FinetuneKind::freeze || layers.at(size_t(layer)) != 0; }
   // One line for the log: "freeze: layers 22-23 (all modules), embed_tokens trained; 10.5% of the parameters".
   std::string summary(const ModelConfig& cfg) const;
 };
@@ -50,7 +67,19 @@ struct Finetune {
 Finetune make_freeze(const ModelConfig& cfg, int64_t trainable_layers, const std::vector<std::string>& modules,
                      const std::vector<std::string>& extra, const std::string& what = "freeze");
 
+// LLaMA-Factory's LoRA keys: `targets` "all" (every linear of the layers: the attention or Gated DeltaNet
+// projections and the dense MLP's) or linear names (q_proj, ..., in_proj_qkv, ...), `additional` embed_tokens, norm or
+// lm_head. A sparse (MoE) layer's router and experts take no adapter: naming their linears is refused. Errors name
+// the key (lora_rank, lora_target, ...) and the choices.
+Finetune make_lora(const ModelConfig& cfg, int64_t rank, double alpha, double dropout, bool rslora,
+                   const std::vector<std::string>& targets, const std::vector<std::string>& additional);
+
 // The module a layer slab entry belongs to: its first name component ("self_attn" of "self_attn.q_proj.weight").
 std::string layer_module(const std::string& entry);
+// Whether a slab entry is a LoRA adapter's ("self_attn.q_proj.lora_A.weight").
+bool is_adapter_entry(const std::string& entry);
+// The linears of a layer an adapter may target, as (entry prefix, name): ("self_attn.q_proj", "q_proj"), ... — the
+// layer's attention or mixer projections and a dense MLP's.
+std::vector<std::pair<std::string, std::string>> adaptable_linears(const ModelConfig& cfg, int64_t layer);
 
 }  // namespace lt

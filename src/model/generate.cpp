@@ -142,7 +142,8 @@ std::vector<float> prefill(const ModelSlabs& params, const std::vector<int32_t>&
   const int64_t Pp = (P + 63) / 64 * 64;
   std::vector<int32_t> padded = prompt;
   padded.resize(size_t(Pp), 0);
-  const BlockShape sp = BlockShape::make(cfg, 1, Pp);
+  BlockShape sp = BlockShape::make(cfg, 1, Pp);
+  sp.lora.dropout = 0;  // inference: LoRA's dropout off
   std::vector<float> x(static_cast<size_t>(Pp * C)), y(static_cast<size_t>(Pp * C));
   std::vector<int32_t> pos(static_cast<size_t>(Pp));
   for (int64_t t = 0; t < Pp; ++t) pos[size_t(t)] = int32_t(t);
@@ -186,7 +187,8 @@ std::vector<int32_t> generate_greedy(const ModelSlabs& params, const std::vector
   int32_t tok = next_token(params, x.data() + (P - 1) * C, head_scratch);
 
   // Decode: one token at a time, each layer the block's own composition on one row with its mixer on the cache.
-  const BlockShape s1 = BlockShape::make(cfg, 1, 1);
+  BlockShape s1 = BlockShape::make(cfg, 1, 1);
+  s1.lora.dropout = 0;
   size_t working = 0;
   for (int64_t l = 0; l < L; ++l) working = std::max(working, WorkingCopy::floats(s1.for_layer(cfg, l)));
   AlignedBuffer<float> working_copy(working, 64, Fill::none);

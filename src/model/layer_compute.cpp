@@ -18,32 +18,37 @@ class CpuLayerCompute final : public LayerCompute {
 
   void zero(void* ptr, size_t bytes) override { std::memset(ptr, 0, bytes); }
 
-  // Each layer computes with its own kind's shape (hybrid models: the view says which mixer it has).
+  // Each layer computes with its own kind's shape (hybrid models: the view says which mixer it has) and index.
+  BlockShape shape_of(const BlockView& w) const {
+    BlockShape s = b_.shape.for_layer(w.kind, w.sparse());
+    s.layer = w.layer;
+    return s;
+  }
   void forward(void* x_out, void* kept, const void* x_in, const BlockView& w) override {
-    const BlockShape s = b_.shape.for_layer(w.kind, w.sparse());
+    const BlockShape s = shape_of(w);
     LayerInternals li = bind_internals(kept, b_.working_copy, s);
     block_forward(x_out, li.working, x_in, w, b_.tok, s, li.stored);
   }
   void recompute(void* x_out, const void* x_in, const BlockView& w) override {
-    const BlockShape s = b_.shape.for_layer(w.kind, w.sparse());
+    const BlockShape s = shape_of(w);
     LayerInternals li = bind_internals(nullptr, b_.working_copy, s);
     TokenInfo tok = b_.tok;
     tok.moe_aux = nullptr;
     block_forward(x_out, li.working, x_in, w, tok, s, li.stored);
   }
   void recompute_internals(const void* x_in, const BlockView& w) override {
-    const BlockShape s = b_.shape.for_layer(w.kind, w.sparse());
+    const BlockShape s = shape_of(w);
     LayerInternals li = bind_internals(nullptr, b_.working_copy, s);
     block_recompute_internals(li.working, x_in, w, b_.tok, s);
   }
   void backward_mlp(BlockGrads& g, const float* dx_out, void* kept, const BlockView& w) override {
-    const BlockShape s = b_.shape.for_layer(w.kind, w.sparse());
+    const BlockShape s = shape_of(w);
     LayerInternals li = bind_internals(kept, b_.working_copy, s);
     BlockScratch sc = BlockScratch::bind(b_.backward_scratch, s);
     block_backward_mlp(g, sc, dx_out, li.working, w, b_.tok, s, li.saved, li.stored);
   }
   void backward_attention(float* dx_in, BlockGrads& g, const void* x_in, void* kept, const BlockView& w) override {
-    const BlockShape s = b_.shape.for_layer(w.kind, w.sparse());
+    const BlockShape s = shape_of(w);
     LayerInternals li = bind_internals(kept, b_.working_copy, s);
     BlockScratch sc = BlockScratch::bind(b_.backward_scratch, s);
     block_backward_attention(dx_in, g, sc, x_in, li.working, w, b_.tok, s);

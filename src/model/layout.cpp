@@ -4,6 +4,7 @@
 
 #include "core/aligned.h"
 #include "core/error.h"
+#include "model/finetune.h"
 
 namespace lt {
 namespace {
@@ -25,6 +26,14 @@ class Builder {
   DType matrix_dtype_;
   size_t offset_ = 0;
 };
+
+// A LoRA adapter's two matrices (model/finetune.h) right after the linear `prefix` ([out, in]) when it has one: A [r, in]
+// and B [out, r], PEFT's names. In the slab's order, so an adapter of the MLP is in the MLP half.
+void add_adapter(Builder& b, const ModelConfig& cfg, const std::string& prefix, int64_t in, int64_t out) {
+  if (!cfg.finetune || !cfg.finetune->adapts(prefix)) return;
+  b.add(prefix + ".lora_A.weight", {cfg.finetune->rank, in});
+  b.add(prefix + ".lora_B.weight", {out, cfg.finetune->rank});
+}
 
 }  // namespace
 
@@ -53,27 +62,36 @@ SlabLayout SlabLayout::make(const ModelConfig& cfg, SlabKind kind, DType matrix_
                  model_type_name(cfg.type));
         const int64_t Dc = cfg.linear_conv_dim(), VD = cfg.linear_value_dim(), Hv = cfg.linear_num_value_heads;
         b.add("linear_attn.in_proj_qkv.weight", {Dc, C});
+        add_adapter(b, cfg, "linear_attn.in_proj_qkv", C, Dc);
         b.add("linear_attn.in_proj_z.weight", {VD, C});
+        add_adapter(b, cfg, "linear_attn.in_proj_z", C, VD);
         b.add("linear_attn.in_proj_b.weight", {Hv, C});
+        add_adapter(b, cfg, "linear_attn.in_proj_b", C, Hv);
         b.add("linear_attn.in_proj_a.weight", {Hv, C});
+        add_adapter(b, cfg, "linear_attn.in_proj_a", C, Hv);
         b.add("linear_attn.conv1d.weight", {Dc, 1, cfg.linear_conv_kernel_dim});  // 3-D: an f32 vector here
         b.add("linear_attn.dt_bias", {Hv});
         b.add("linear_attn.A_log", {Hv});
         b.add("linear_attn.norm.weight", {cfg.linear_value_head_dim});
         b.add("linear_attn.out_proj.weight", {C, VD});
+        add_adapter(b, cfg, "linear_attn.out_proj", VD, C);
       } else {
         b.add("self_attn.q_proj.weight", {QPD, C});  // [query D | gate D] per head with the output gate
         if (cfg.qkv_bias) b.add("self_attn.q_proj.bias", {QPD});
+        add_adapter(b, cfg, "self_attn.q_proj", C, QPD);
         b.add("self_attn.k_proj.weight", {KVD, C});
         if (cfg.qkv_bias) b.add("self_attn.k_proj.bias", {KVD});
+        add_adapter(b, cfg, "self_attn.k_proj", C, KVD);
         b.add("self_attn.v_proj.weight", {KVD, C});
         if (cfg.qkv_bias) b.add("self_attn.v_proj.bias", {KVD});
+        add_adapter(b, cfg, "self_attn.v_proj", C, KVD);
         if (cfg.qk_norm) {
           b.add("self_attn.q_norm.weight", {D});
           b.add("self_attn.k_norm.weight", {D});
         }
         b.add("self_attn.o_proj.weight", {C, QD});
         if (cfg.o_bias) b.add("self_attn.o_proj.bias", {C});
+        add_adapter(b, cfg, "self_attn.o_proj", QD, C);
         if (cfg.attention_sinks) b.add("self_attn.sinks", {cfg.num_heads});
       }
       b.add("post_attention_layernorm.weight", {C});
@@ -111,10 +129,13 @@ SlabLayout SlabLayout::make(const ModelConfig& cfg, SlabKind kind, DType matrix_
       }
       b.add("mlp.gate_proj.weight", {I, C});
       if (cfg.mlp_bias) b.add("mlp.gate_proj.bias", {I});
+      add_adapter(b, cfg, "mlp.gate_proj", C, I);
       b.add("mlp.up_proj.weight", {I, C});
       if (cfg.mlp_bias) b.add("mlp.up_proj.bias", {I});
+      add_adapter(b, cfg, "mlp.up_proj", C, I);
       b.add("mlp.down_proj.weight", {C, I});
       if (cfg.mlp_bias) b.add("mlp.down_proj.bias", {C});
+      add_adapter(b, cfg, "mlp.down_proj", I, C);
       break;
   }
   SlabLayout layout;

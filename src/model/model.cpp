@@ -72,13 +72,15 @@ struct ForwardState {
   }
 };
 
+// training: LoRA's dropout on (model/lora.h); off for a forward alone (an evaluation), as torch's eval mode.
 void run_forward(ForwardState& st, const ModelSlabs& params, const ModelSlabs& cw, const Batch& batch,
-                 DType activations, Workspace& ws, MoeAuxLoss* aux = nullptr) {
+                 DType activations, Workspace& ws, MoeAuxLoss* aux = nullptr, bool training = true) {
   const ModelConfig& cfg = params.config();
   const int64_t L = cfg.num_layers, N = batch.N(), C = cfg.hidden_size;
   st.shape = BlockShape::make(cfg, batch.B, batch.T, activations);
+  if (!training) st.shape.lora.dropout = 0;
   st.tok = StepTokens::make(batch);
-  st.info = TokenInfo{st.tok.pos.data(), batch.doc_ids.empty() ? nullptr : batch.doc_ids.data(), aux};
+  st.info = TokenInfo{st.tok.pos.data(), batch.doc_ids.empty() ? nullptr : batch.doc_ids.data(), aux, batch.dropout_key};
   st.boundaries = ws.get<uint8_t>("boundaries", size_t(L + 1) * st.shape.boundary_bytes());
   // Each layer's internals by its kind (hybrid models: linear-attention layers hold the mixer's instead).
   size_t internals_bytes = 0, work_floats = 0;
@@ -114,7 +116,7 @@ LossResult model_forward(const ModelSlabs& params, const Batch& batch, Precision
   Workspace& w = ws ? *ws : local;
   ComputeWeights cw(params, precision.compute);
   ForwardState st;
-  run_forward(st, params, *cw.w, batch, precision.activations, w);
+  run_forward(st, params, *cw.w, batch, precision.activations, w, nullptr, /*training=*/false);
   const ModelConfig& cfg = params.config();
   double loss = head_forward(st.boundary_f32(cfg.num_layers), st.tok.targets.data(),
                              FinalNormWeight(*cw.w).get(),

@@ -420,6 +420,32 @@ void make_compute_copy(ModelSlabs& dst, const ModelSlabs& master) {
     convert_from_f32(out[i].view.data, out[i].view.dtype, src[i].view.ptr<float>(), size_t(src[i].view.numel()));
 }
 
+size_t copy_tensors_by_name(ModelSlabs& dst, const ModelSlabs& src) {
+  std::map<std::string, TensorView> from;
+  for (const auto& t : src.named_tensors()) from.emplace(t.hf_name, t.view);
+  size_t copied = 0;
+  std::vector<float> wide;
+  for (const auto& t : dst.named_tensors()) {
+    const auto it = from.find(t.hf_name);
+    if (it == from.end()) continue;
+    const TensorView& v = it->second;
+    LT_CHECK(v.shape == t.view.shape, "{}: {} in one model, {} in the other", t.hf_name, shape_str(v.shape),
+             shape_str(t.view.shape));
+    const size_t n = size_t(v.numel());
+    if (v.dtype == t.view.dtype) {
+      std::memcpy(t.view.data, v.data, t.view.bytes());
+    } else if (v.dtype == DType::f32) {
+      convert_from_f32(t.view.data, t.view.dtype, v.ptr<float>(), n);
+    } else {
+      wide.resize(n);
+      convert_to_f32(wide.data(), v.data, v.dtype, n);
+      convert_from_f32(t.view.data, t.view.dtype, wide.data(), n);
+    }
+    ++copied;
+  }
+  return copied;
+}
+
 ModelSlabs merged_f32(const ModelSlabs& trained, const ModelSlabs& weights) {
   ModelSlabs out(weights.config(), DType::f32, Fill::none);
   std::map<std::string, TensorView> from;
@@ -435,10 +461,8 @@ ModelSlabs merged_f32(const ModelSlabs& trained, const ModelSlabs& weights) {
 
 ModelSlabs trained_tensors(const ModelConfig& cfg, const ModelSlabs& all) {
   LT_CHECK(all.set() == SlabSet::all && all.matrix_dtype() == DType::f32, "trained_tensors: from f32 slabs of every tensor");
-  ModelSlabs out(cfg, DType::f32, Fill::none, SlabSet::trained);
-  std::map<std::string, TensorView> from;
-  for (const auto& t : all.named_tensors()) from.emplace(t.hf_name, t.view);
-  for (const auto& t : out.named_tensors()) std::memcpy(t.view.data, from.at(t.hf_name).data, t.view.bytes());
+  ModelSlabs out(cfg, DType::f32, Fill::zero, SlabSet::trained);
+  copy_tensors_by_name(out, all);
   return out;
 }
 

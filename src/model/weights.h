@@ -138,6 +138,10 @@ void save_hf_model(const ModelSlabs& params, const std::string& dir, DType dtype
 // The tensors `cfg` trains (SlabSet::trained) from `all`, f32 slabs of every tensor (of `cfg`'s model, loaded before
 // its fine-tuning was known): freeze fine-tuning's masters.
 ModelSlabs trained_tensors(const ModelConfig& cfg, const ModelSlabs& all);
+// Every tensor of `dst` that `src` has by HF name, converted to `dst`'s dtype (f32 / bf16 either way); the others
+// untouched. Returns how many were copied.
+size_t copy_tensors_by_name(ModelSlabs& dst, const ModelSlabs& src);
+
 // Every tensor in f32: the trained ones from `trained`, the rest widened from `weights` (the streamed weights).
 ModelSlabs merged_f32(const ModelSlabs& trained, const ModelSlabs& weights);
 

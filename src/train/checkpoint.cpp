@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "io/json_file.h"
 #include "io/safetensors.h"
+#include "model/peft.h"
 #include "model/weights.h"
 #include "optim/adamw.h"
 
@@ -36,7 +37,9 @@ void write_checkpoint_files(const CheckpointWriter& w, const fs::path& tmp, int6
                             const HybridAdamW& optimizer, const nlohmann::json& state, const SavedExtras& extras,
                             const ModelSlabs* frozen) {
   fs::create_directories(tmp / "resume");
-  save_hf_model(params, tmp.string(), dtype_parse(w.save_dtype), w.max_shard_bytes, extras, frozen);
+  const Finetune* ft = params.config().finetune.get();
+  if (ft && ft->kind == FinetuneKind::lora) save_peft_adapter(params, tmp.string(), w.base_model);
+  else save_hf_model(params, tmp.string(), dtype_parse(w.save_dtype), w.max_shard_bytes, extras, frozen);
   if (!w.tokenizer_dir.empty()) {
     for (const char* f : {"tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",
                           "special_tokens_map.json", "generation_config.json"}) {

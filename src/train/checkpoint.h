@@ -1,6 +1,7 @@
 // train/checkpoint.h — checkpoints that Hugging Face tools load and that resume bit for bit.
 //
 // output_dir/checkpoint-STEP/
+//   LoRA runs: adapter_config.json, adapter_model.safetensors (PEFT's files, model/peft.h) in place of the model's
 //   config.json, model.safetensors (or model-0000k-of-0000N.safetensors + index) in the save dtype (the
 //     trained tensors; those the source checkpoint kept F32 stay F32) plus the tensors we do not train, carried
 //     from the source checkpoint byte for byte (qwen3_5's vision tower and MTP head: model/weights.h SavedExtras),
@@ -35,6 +36,7 @@ struct CheckpointWriter {
   std::string save_dtype = "bf16";    // model files
   size_t max_shard_bytes = size_t(5) << 30;
   std::string tokenizer_dir;          // copy tokenizer files from here ("" = none)
+  std::string base_model;             // LoRA: the adapter config's base_model_name_or_path
 };
 
 // Writes checkpoint-STEP atomically and returns its path. `state` is resume/state.json's content; `extras` what

@@ -3,6 +3,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cmath>
 #include <functional>
 #include <map>
 
@@ -127,7 +128,15 @@ const std::map<std::string, Key>& keys() {
       {"adam_epsilon", number(&TrainConfig::adam_epsilon, 0.0)},
       {"seed", number(&TrainConfig::seed, int64_t(0))},
       {"moe_aux_loss_coef", number(&TrainConfig::moe_aux_loss_coef, 0.0)},
-      {"finetuning_type", text(&TrainConfig::finetuning_type, {"full", "freeze"})},
+      {"finetuning_type", text(&TrainConfig::finetuning_type, {"full", "freeze", "lora"})},
+      {"lora_rank", number(&TrainConfig::lora_rank, int64_t(1))},
+      {"lora_alpha", number(&TrainConfig::lora_alpha, 0.0)},
+      {"lora_dropout", number(&TrainConfig::lora_dropout, 0.0)},
+      {"lora_target", names(&TrainConfig::lora_target)},
+      {"use_rslora", boolean(&TrainConfig::use_rslora)},
+      {"additional_target", names(&TrainConfig::additional_target)},
+      {"adapter_name_or_path", names(&TrainConfig::adapter_name_or_path)},
+      {"create_new_adapter", boolean(&TrainConfig::create_new_adapter)},
       {"freeze_trainable_layers", number(&TrainConfig::freeze_trainable_layers, std::numeric_limits<int64_t>::min())},
       {"freeze_trainable_modules", names(&TrainConfig::freeze_trainable_modules)},
       {"freeze_extra_modules", names(&TrainConfig::freeze_extra_modules)},
@@ -226,7 +235,8 @@ const std::vector<std::string>& TrainConfig::result_keys() {
       "warmup_ratio", "warmup_steps", "max_steps", "num_train_epochs", "max_grad_norm", "weight_decay",
       "adam_beta1", "adam_beta2", "adam_epsilon", "seed", "optimizer_state_bits", "compute_dtype",
       "activation_dtype", "finetuning_type", "freeze_trainable_layers", "freeze_trainable_modules",
-      "freeze_extra_modules"};
+      "freeze_extra_modules", "lora_rank", "lora_alpha", "lora_dropout", "lora_target", "use_rslora",
+      "additional_target", "adapter_name_or_path", "create_new_adapter"};
   return k;
 }
 
@@ -267,9 +277,15 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   LT_CHECK(c.warmup_ratio <= 1, "{}: warmup_ratio must be at most 1, got {}", path, c.warmup_ratio);
   LT_CHECK(c.max_steps > 0 || c.num_train_epochs > 0, "{}: set max_steps or num_train_epochs above 0", path);
   // A key of another fine-tuning method contradicts finetuning_type (LLaMA-Factory ignores it silently).
-  for (const std::string& k : c.given)
+  for (const std::string& k : c.given) {
     LT_CHECK(!(k.rfind("freeze_", 0) == 0 && c.finetuning_type != "freeze"),
              "{}: {} is a key of finetuning_type: freeze, but finetuning_type is {}", path, k, c.finetuning_type);
+    const bool lora_key = k.rfind("lora_", 0) == 0 || k == "use_rslora" || k == "additional_target" ||
+                          k == "adapter_name_or_path" || k == "create_new_adapter";
+    LT_CHECK(!(lora_key && c.finetuning_type != "lora"),
+             "{}: {} is a key of finetuning_type: lora, but finetuning_type is {}", path, k, c.finetuning_type);
+  }
+  LT_CHECK(c.lora_dropout < 1, "{}: lora_dropout must be below 1, got {}", path, c.lora_dropout);
   LT_CHECK(c.freeze_trainable_layers != 0,
            "{}: freeze_trainable_layers: 0 trains no layer (N > 0: the last N layers, N < 0: the first -N)", path);
   return c;
@@ -277,8 +293,12 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
 
 std::shared_ptr<const Finetune> finetune_of(const TrainConfig& c, const ModelConfig& model) {
   if (c.finetuning_type == "full") return nullptr;
-  return std::make_shared<const Finetune>(make_freeze(model, c.freeze_trainable_layers, c.freeze_trainable_modules,
-                                                      c.freeze_extra_modules, "freeze"));
+  if (c.finetuning_type == "freeze")
+    return std::make_shared<const Finetune>(make_freeze(model, c.freeze_trainable_layers, c.freeze_trainable_modules,
+                                                        c.freeze_extra_modules, "freeze"));
+  const double alpha = std::isnan(c.lora_alpha) ? 2.0 * double(c.lora_rank) : c.lora_alpha;
+  return std::make_shared<const Finetune>(
+      make_lora(model, c.lora_rank, alpha, c.lora_dropout, c.use_rslora, c.lora_target, c.additional_target));
 }
 
 }  // namespace lt

@@ -46,10 +46,18 @@ struct TrainConfig {
   // trains with output_router_logits on). Unset (NaN, written null): the model's router_aux_loss_coef; 0: none.
   double moe_aux_loss_coef = std::numeric_limits<double>::quiet_NaN();
   // --- fine-tuning method (LLaMA-Factory's keys; model/finetune.h) ---
-  std::string finetuning_type = "full";   // full | freeze (LLaMA-Factory's default is lora; LazyTrain's full)
+  std::string finetuning_type = "full";   // full | freeze | lora (LLaMA-Factory's default is lora; LazyTrain's full)
   int64_t freeze_trainable_layers = 2;    // the last N layers train; negative: the first -N
   std::vector<std::string> freeze_trainable_modules = {"all"};  // within them: all, or self_attn, mlp, ...
   std::vector<std::string> freeze_extra_modules;                // and: embed_tokens, norm, lm_head
+  int64_t lora_rank = 8;
+  double lora_alpha = std::numeric_limits<double>::quiet_NaN();  // unset (null): 2 × lora_rank
+  double lora_dropout = 0;
+  std::vector<std::string> lora_target = {"all"};  // all, or linear names: q_proj, v_proj, in_proj_qkv, ...
+  bool use_rslora = false;                         // scale α / √r
+  std::vector<std::string> additional_target;      // whole modules trained beside the adapters: embed_tokens, ...
+  std::vector<std::string> adapter_name_or_path;   // PEFT adapters: the last one trained on, the others merged first
+  bool create_new_adapter = false;                 // merge every adapter given and train a new one
   // --- output ---
   std::string output_dir;
   int64_t logging_steps = 10;

@@ -15,7 +15,9 @@
 #include "core/units.h"
 #include "io/json_file.h"
 #include "model/finetune.h"
+#include "model/lora.h"
 #include "model/model.h"
+#include "model/peft.h"
 #include "plan/measure.h"
 #include "plan/plan_file.h"
 #include "plan/planner.h"
@@ -35,8 +37,29 @@ nlohmann::json result_config(const TrainConfig& c, int ranks, double moe_aux_coe
   for (const auto& k : TrainConfig::result_keys())
     if (k != "gradient_accumulation_steps") out[k] = all[k];
   out["global_micro_batches"] = c.gradient_accumulation_steps * ranks;
+  out["lora_alpha"] = std::isnan(c.lora_alpha) ? 2.0 * double(c.lora_rank) : c.lora_alpha;  // the one in effect
   out["moe_aux_loss_coef"] = moe_aux_coef;
   return out;
+}
+
+// The adapter in `dir` to train on: its config makes the run's LoRA (rank, alpha, targets...); a key the config file
+// gives with another value contradicts it.
+std::shared_ptr<const Finetune> adapter_finetune(const TrainConfig& c, const ModelConfig& model, const std::string& dir) {
+  const PeftAdapterConfig a = read_peft_config(dir);
+  auto f = std::make_shared<const Finetune>(finetune_of_adapter(model, a, dir));
+  auto given = [&](const char* k) { return std::find(c.given.begin(), c.given.end(), k) != c.given.end(); };
+  auto clash = [&](const char* k, const std::string& mine, const std::string& theirs) {
+    LT_CHECK(!given(k) || mine == theirs,
+             "{}: {} but the adapter in {} has {}; training on an adapter keeps its settings (drop the key, or set "
+             "create_new_adapter: true to merge it and train a new one)", k, mine, dir, theirs);
+  };
+  const Finetune mine = *finetune_of(c, model);
+  clash("lora_rank", std::to_string(c.lora_rank), std::to_string(a.r));
+  clash("lora_alpha", fmt::format("{:g}", mine.alpha), fmt::format("{:g}", a.lora_alpha));
+  clash("lora_dropout", fmt::format("{:g}", c.lora_dropout), fmt::format("{:g}", a.lora_dropout));
+  clash("use_rslora", c.use_rslora ? "true" : "false", a.use_rslora ? "true" : "false");
+  clash("lora_target", fmt::format("{}", fmt::join(mine.targets, ",")), fmt::format("{}", fmt::join(f->targets, ",")));
+  return f;
 }
 
 }  // namespace
@@ -66,12 +89,28 @@ ModelSource ModelSource::load(const TrainConfig& c, const Comm& comm, ComputeTyp
   }
   if (std::shared_ptr<const Finetune> ft = finetune_of(c, m.config)) {
     // Frozen tensors live in the streamed weights alone (model/finetune.h): every tensor in the compute dtype there,
-    // f32 masters of the trained ones; the loaded f32 slabs go.
+    // f32 masters of the trained ones (LoRA: the adapters, new or read); the loaded f32 slabs go.
+    ModelSlabs base = std::move(m.params);
+    std::string resume_adapter;  // LoRA: the adapter trained on (LLaMA-Factory: the last given), the others merged
+    if (ft->kind == FinetuneKind::lora && !c.adapter_name_or_path.empty()) {
+      std::vector<std::string> merge = c.adapter_name_or_path;
+      if (!c.create_new_adapter) {
+        resume_adapter = merge.back();
+        merge.pop_back();
+      }
+      for (const std::string& dir : merge) merge_adapter_dir(base, dir);
+      if (!resume_adapter.empty()) ft = adapter_finetune(c, m.config, resume_adapter);
+    }
     m.config.finetune = std::move(ft);
+    m.params = ModelSlabs(m.config, DType::f32, Fill::zero, SlabSet::trained);
+    copy_tensors_by_name(m.params, base);  // freeze's trained tensors, LoRA's additional targets
+    if (m.config.finetune->kind == FinetuneKind::lora) {
+      if (resume_adapter.empty()) init_adapters(m.params, uint64_t(c.seed));
+      else load_peft_adapter(resume_adapter, m.params);
+    }
     m.weights.emplace(m.config, compute == ComputeType::bf16 ? DType::bf16 : DType::f32, Fill::none);
-    make_compute_copy(*m.weights, m.params);
-    ModelSlabs all = std::move(m.params);
-    m.params = trained_tensors(m.config, all);
+    copy_tensors_by_name(*m.weights, base);
+    copy_tensors_by_name(*m.weights, m.params);  // the adapters
   }
   return m;
 }
@@ -268,7 +307,8 @@ void TrainingSession::make_optimizer() {
                                                  : "");
   log_->message(fmt::format("optimizer: AdamW, {}-bit states, {:.2f} bytes/parameter{}", s_.c.optimizer_state_bits,
                             states_.bytes_per_parameter(), sharded));
-  writer_.emplace(CheckpointWriter{s_.c.output_dir, s_.c.save_total_limit, s_.c.save_dtype, size_t(5) << 30, model_.dir});
+  writer_.emplace(CheckpointWriter{s_.c.output_dir, s_.c.save_total_limit, s_.c.save_dtype, size_t(5) << 30, model_.dir,
+                                   s_.c.model_name_or_path});
 }
 
 void TrainingSession::resume() {
@@ -281,10 +321,14 @@ void TrainingSession::resume() {
     if (!saved.contains("global_micro_batches") && saved.contains("gradient_accumulation_steps"))
       saved["global_micro_batches"] = saved["gradient_accumulation_steps"];  // saved before data parallelism
     if (!saved.contains("moe_aux_loss_coef")) saved["moe_aux_loss_coef"] = 0.0;  // saved before the loss was added
-    if (!saved.contains("finetuning_type")) {  // saved before freeze fine-tuning: full, the other keys' defaults
-      const nlohmann::json defaults = TrainConfig{}.to_json();
-      for (const char* k : {"finetuning_type", "freeze_trainable_layers", "freeze_trainable_modules", "freeze_extra_modules"})
-        saved[k] = defaults[k];
+    if (!saved.contains("finetuning_type")) {  // saved before freeze and LoRA: full, the other keys' defaults
+      nlohmann::json defaults = TrainConfig{}.to_json();
+      defaults["lora_alpha"] = 2.0 * double(TrainConfig{}.lora_rank);
+      for (const auto& [k, v] : now.items())
+        if (!saved.contains(k) && (k.rfind("freeze_", 0) == 0 || k.rfind("lora_", 0) == 0 || k == "finetuning_type" ||
+                                   k == "use_rslora" || k == "additional_target" || k == "adapter_name_or_path" ||
+                                   k == "create_new_adapter"))
+          saved[k] = defaults[k];
     }
     std::string diff;
     for (const auto& [k, v] : now.items())
@@ -316,6 +360,7 @@ void TrainingSession::train_step() {
   int64_t counted = 0;
   for (int64_t m = 0; m < micro_per_step_; ++m) {
     micro.push_back(loader_->next());
+    micro.back().dropout_key = lora_batch_key(uint64_t(s_.c.seed), step_, m);  // LoRA's dropout masks (model/lora.h)
     counted += StepTokens::make(micro.back()).count;
     win_.tokens += micro.back().N();
     tokens_total_ += micro.back().N();

@@ -162,6 +162,20 @@ CASES["gpt_oss_mxfp4"] = ["--arch", "gpt_oss", "--layers", "2", "--hidden", "32"
 # passes router_logits) on rows padded by 6.
 CASES["gpt_oss_aux_padded"] = CASES["gpt_oss_bf16_weights"] + ["--pad", "6"]
 AUX_COEF = {"qwen3_moe_aux_padded": 1.0, "qwen3_5_moe_text_aux_padded": 20.0, "gpt_oss_aux_padded": 5.0}
+# LoRA (tests/reference/lora.py, src/model/lora.h): a random PEFT adapter (B not zero) on a base case; both sides run
+# `grad --adapter` and compare the loss and the adapter's gradients (and those of the modules it trains whole). Odd
+# ranks, every target kind (the attention, Gated DeltaNet and MLP projections), rsLoRA, dropout by LazyTrain's mask.
+LORA = {
+    "qwen3_lora": ("qwen3_untied", ["--r", "3", "--alpha", "5", "--modules-to-save", "norm"]),
+    "llama_bias_lora": ("llama_bias", ["--r", "1", "--alpha", "2", "--dropout", "0.3", "--targets",
+                                       "q_proj,v_proj,down_proj", "--modules-to-save", "embed_tokens,lm_head"]),
+    "qwen3_5_text_lora": ("qwen3_5_text", ["--r", "5", "--alpha", "7", "--rslora", "--dropout", "0.1", "--targets",
+                                           "q_proj,k_proj,v_proj,o_proj,in_proj_qkv,in_proj_z,in_proj_b,in_proj_a,"
+                                           "out_proj,gate_proj,up_proj,down_proj"]),
+    "qwen3_moe_lora": ("qwen3_moe", ["--r", "3", "--alpha", "6", "--targets", "q_proj,k_proj,v_proj,o_proj,gate_proj"]),
+}
+for name, (base, _) in LORA.items():
+    CASES[name] = CASES[base]
 
 BOUNDS = {"f32": (1e-5, 1e-4), "bf16": (1e-2, 5e-2)}
 # bf16 GEMMs or storage against the emulating reference (grad --emulate-bf16 / --emulate-bf16-storage); see above:
@@ -228,17 +242,25 @@ def main():
         (["--emulate-bf16-storage"] if storage == "bf16" else [])
     run_reference(["make", "--out", model, "--seed", str(args.seed)] + CASES[args.case])
     aux = ["--moe-aux-loss-coef", repr(AUX_COEF[args.case])] if args.case in AUX_COEF else []
+    adapter = os.path.join(work, "adapter")
+    if args.case in LORA:  # the adapter rides along every grad of both sides
+
+        run_reference(["make-adapter", "--model", model, "--out", adapter, "--seed", str(args.seed)] +
+                      LORA[args.case][1])
+    adapter_flags = ["--adapter", adapter] if args.case in LORA else []
     ref = last_json_line(run_reference(["grad", "--model", model, "--batch", batch,
-                                        "--out", os.path.join(work, "ref.safetensors")] + aux))
+                                        "--out", os.path.join(work, "ref.safetensors")] + aux + adapter_flags))
     if aux:
         aux_matters(work, model, batch, ref)
     if emulate:
         ref_bf16 = last_json_line(run_reference(["grad", "--model", model, "--batch", batch] + emulate_flags +
-                                                ["--out", os.path.join(work, "ref_bf16.safetensors")] + aux))
+                                                ["--out", os.path.join(work, "ref_bf16.safetensors")] + aux +
+                                                adapter_flags))
     ours = last_json_line(run([args.lazytrain, "grad", "--model", model, "--batch", batch,
                                "--out", os.path.join(work, "ours.safetensors"),
                                "--dtype", args.dtype, "--activation-dtype", args.activation_dtype,
-                               "--device", args.device] + (["--policy", args.policy] if args.policy else []) + aux))
+                               "--device", args.device] + (["--policy", args.policy] if args.policy else []) + aux +
+                              adapter_flags))
     if aux:
         print(f"load-balancing loss: lazytrain {ours['aux_loss']:.9g} torch {ref['aux_loss']:.9g}; cross-entropy "
               f"lazytrain {ours['ce_loss']:.9g} torch {ref['ce_loss']:.9g}")

@@ -34,6 +34,7 @@ except ImportError:  # the python3 on PATH may not be Debian's
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from safetensors_py import SafetensorsError, read_safetensors, write_safetensors  # noqa: E402
 import gpt_oss  # noqa: E402
+import lora  # noqa: E402
 
 IGNORE_INDEX = -100
 
@@ -1017,12 +1018,16 @@ def cmd_grad(a):
     cfg, W, _ = load_model_dir(a.model)
     ids, labels, pos, packed, mask = load_batch(a.batch, cfg.vocab)
     P = {n: t.to(cdt).clone().requires_grad_(True) for n, t in W.items()}
+    adapter = None
+    if a.adapter:  # LoRA (lora.py): the base frozen, the adapter's tensors the ones whose gradients are written
+        acfg, AT = lora.load_adapter(a.adapter)
+        adapter = (acfg, lora.attach(P, acfg, AT, cdt))
     moe = getattr(cfg, "experts", 0) > 0 and any(getattr(cfg, "sparse", []))
     if a.moe_aux_loss_coef and not moe:
         raise RefError("--moe-aux-loss-coef: not a Mixture-of-Experts model")
     routes = [] if moe else None
     logits = model_forward(cfg, P, ids, pos, packed, a.rope_precision, a.delta, a.emulate_bf16,
-                           a.emulate_bf16_storage, routes=routes)
+                           a.emulate_bf16_storage, routes=routes, adapter=adapter)
     ce, n = causal_lm_loss(logits, labels)
     # As transformers' *MoeForCausalLM with output_router_logits: loss = CE + router_aux_loss_coef · aux.
     aux = load_balancing_loss_func([r[2] for r in routes], cfg.experts, cfg.top_k, mask) if moe else None
@@ -1032,7 +1037,9 @@ def cmd_grad(a):
     for name, t in P.items():
         g = t.grad if t.grad is not None else torch.zeros_like(t)
         grads[name] = g.detach().to(torch.float32)
-    if isinstance(cfg, gpt_oss.GptOssCfg):  # LazyTrain's gradient dumps name experts one by one
+    if adapter is not None:  # the adapter's tensors alone, under its file's names
+        grads = {lora.PREFIX + n: grads[n] for n in AT}
+    elif isinstance(cfg, gpt_oss.GptOssCfg):  # LazyTrain's gradient dumps name experts one by one
         grads = gpt_oss.per_expert(cfg, grads)
     elif getattr(cfg, "fused_experts", False):
         grads = unfuse_experts(cfg, grads)
@@ -1045,6 +1052,14 @@ def cmd_grad(a):
     if moe:
         line.update({"ce_loss": float(ce.item()), "aux_loss": float(aux.item())})
     print(json.dumps(line))
+
+
+def cmd_make_adapter(a):
+    _, W, _ = load_model_dir(a.model)
+    gen = torch.Generator().manual_seed(a.seed)
+    lora.make_adapter(W, a.out, a.r, a.alpha, set(a.targets.split(",")), a.rslora, a.dropout,
+                      [m for m in a.modules_to_save.split(",") if m], gen, a.model)
+    print(json.dumps({"adapter": a.out}))
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -1796,12 +1811,14 @@ def parse_config(c):
 
 
 def model_forward(cfg, P, ids, pos, packed, rope_precision="hf", delta_impl="recurrent", emulate_bf16=False,
-                  emulate_storage=False, routes=None):
+                  emulate_storage=False, routes=None, adapter=None):
     """Logits [B, T, V]. emulate_bf16: every linear layer and the lm_head with LazyTrain's bf16 GEMM rounding
     (bf16_linear); emulate_storage: its bf16 activation storage (keep_bf16); everything else in the compute
     dtype of P. routes (qwen3_moe, qwen3_5_moe forms): a list that gets (layer prefix, router probs [B·T, E]
     detached, router logits [B·T, E]) per sparse layer."""
     lin, keep = gemm_for(emulate_bf16), keep_for(emulate_storage)
+    if adapter is not None:  # (adapter config, {id(W): adapted linear}) from lora.attach: LoRA on the linears
+        lin = lora.with_lora(lin, P, adapter[1], adapter[0])
     if isinstance(cfg, gpt_oss.GptOssCfg):
         return gpt_oss.forward(cfg, P, ids, pos, attention_mask(pos, packed), rms_norm, repeat_kv, routes, lin,
                                keep, bf16_round if emulate_bf16 else None, bf16_round if emulate_storage else None)
@@ -2355,12 +2372,25 @@ def main(argv=None):
                         "output_router_logits; default 0: CE alone, the aux value still printed)")
     g.add_argument("--delta", choices=["recurrent", "chunked"], default="recurrent",
                    help="qwen3_5: gated delta rule step by step (default, the reference) or chunked (WY, 64)")
+    g.add_argument("--adapter", default=None, help="a PEFT LoRA adapter directory on the model (lora.py): the loss "
+                   "with it and the adapter's gradients under its names")
     g.add_argument("--emulate-bf16", action="store_true",
                    help="LazyTrain's --dtype bf16 GEMM rounding: every linear layer and lm_head rounds its GEMM "
                         "operands to bf16 (forward x, W; backward dy, W and dy, x); the rest in --dtype")
     g.add_argument("--emulate-bf16-storage", action="store_true",
                    help="LazyTrain's --activation-dtype bf16: each activation its backward reads, and each layer "
                         "boundary, rounded to bf16 where it is computed (see keep_bf16)")
+
+    ma = sub.add_parser("make-adapter", help="a random PEFT LoRA adapter for a model directory (lora.py)")
+    ma.add_argument("--model", required=True)
+    ma.add_argument("--out", required=True)
+    ma.add_argument("--r", type=int, default=3)
+    ma.add_argument("--alpha", type=float, default=5.0)
+    ma.add_argument("--targets", default="q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj")
+    ma.add_argument("--rslora", action="store_true")
+    ma.add_argument("--dropout", type=float, default=0.0)
+    ma.add_argument("--modules-to-save", default="")
+    ma.add_argument("--seed", type=int, default=0)
 
     c = sub.add_parser("compare", help="relative-L2 comparison of two gradient files")
     c.add_argument("--ours", required=True)
@@ -2406,6 +2436,8 @@ def main(argv=None):
             return cmd_make(a) or 0
         if a.cmd == "grad":
             return cmd_grad(a) or 0
+        if a.cmd == "make-adapter":
+            return cmd_make_adapter(a) or 0
         if a.cmd == "selfcheck-delta":
             return cmd_selfcheck_delta(a)
         if a.cmd == "selfcheck-moe":

@@ -4,16 +4,20 @@ resumed with resume_from_checkpoint=true until it finishes must end with model f
 an uninterrupted run of the same config.
 
 Usage: check_resume_kill.py --lazytrain BIN [--kills N] [--seed S] [--steps N] [--device cpu|cuda-sim]
-                     [--model dense|moe|gpt_oss] [--freeze]
+                     [--model dense|moe|gpt_oss] [--freeze | --lora]
                      [--batch B]
 
 --freeze: freeze fine-tuning (the last layer's MLP and self-attention, and the final norm): the frozen tensors
 are the same bytes in every checkpoint, the trained ones are not, and resume/params.safetensors holds only the
-trained ones."""
+trained ones.
+--lora: LoRA (rank 4, dropout 0.1, the final norm trained whole) on a bf16 base written by `lazytrain init`: the
+checkpoints are PEFT adapter directories, compared byte for byte, and the saved adapter on its base gives PyTorch's
+loss."""
 import argparse
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -64,6 +68,7 @@ def main():
                          "GPT-OSS of its sizes (sliding and full layers, sinks, YaRN, biased clamped experts)")
     ap.add_argument("--batch", type=int, default=4, help="per_device_train_batch_size")
     ap.add_argument("--freeze", action="store_true", help="finetuning_type: freeze")
+    ap.add_argument("--lora", action="store_true", help="finetuning_type: lora")
     a = ap.parse_args()
     rng = random.Random(a.seed)
     with arith_work("lt_resume_kill_", 400, 10) as (work, paths):
@@ -80,6 +85,17 @@ def main():
         if a.freeze:
             common += ["finetuning_type=freeze", "freeze_trainable_layers=1",
                        "freeze_trainable_modules=[mlp, self_attn]", "freeze_extra_modules=norm"]
+        base = None
+        if a.lora:  # a base model directory to adapt (`lazytrain init`, bf16 as released checkpoints are)
+            base = os.path.join(work, "base")
+            subprocess.run([a.lazytrain, "init", "--config", paths[0].split("=", 1)[1], "--out", base, "--seed", "3",
+                            "--dtype", "bf16"], check=True, capture_output=True)
+            for name in ("tokenizer.json", "tokenizer_config.json"):
+                src = os.path.join(os.path.dirname(paths[0].split("=", 1)[1]), name)
+                if os.path.exists(src):
+                    shutil.copy(src, os.path.join(base, name))
+            common = [f"model_name_or_path={base}"] + common[1:]
+            common += ["finetuning_type=lora", "lora_rank=4", "lora_dropout=0.1", "additional_target=norm"]
 
         def run(out, extra=(), kill_after=None):
             cmd = [a.lazytrain, "train", config, f"output_dir={out}"] + common + list(extra)
@@ -112,7 +128,9 @@ def main():
                     print(f"kill {kills}: latest = {open(latest).read().strip() if os.path.exists(latest) else 'none'}")
             else:
                 done = run(killed, ["resume_from_checkpoint=true"])
-        for name in ("model.safetensors", "config.json", "resume/optimizer.safetensors", "resume/params.safetensors"):
+        model_files = ("adapter_model.safetensors", "adapter_config.json") if a.lora else ("model.safetensors",
+                                                                                            "config.json")
+        for name in model_files + ("resume/optimizer.safetensors", "resume/params.safetensors"):
             x = open(os.path.join(ref, f"checkpoint-{a.steps}", name), "rb").read()
             y = open(os.path.join(killed, f"checkpoint-{a.steps}", name), "rb").read()
             if x != y:
@@ -126,11 +144,12 @@ def main():
         batch = os.path.join(work, "batch.json")
         ids = [[rng.randrange(259) for _ in range(40)] for _ in range(2)]
         json.dump({"input_ids": ids, "labels": ids}, open(batch, "w"))
-        ours = json.loads(subprocess.run([a.lazytrain, "grad", "--model", ckpt, "--batch", batch, "--out",
+        model = ["--model", base, "--adapter", ckpt] if a.lora else ["--model", ckpt]  # LoRA: the adapter on its base
+        ours = json.loads(subprocess.run([a.lazytrain, "grad"] + model + ["--batch", batch, "--out",
                                           os.path.join(work, "g1.safetensors")], check=True, capture_output=True,
                                          text=True).stdout.strip().splitlines()[-1])
         theirs = json.loads(subprocess.run(["/usr/bin/python3", os.path.join(ROOT, "tests/reference/torch_reference.py"),
-                                            "grad", "--model", ckpt, "--batch", batch, "--out",
+                                            "grad"] + model + ["--batch", batch, "--out",
                                             os.path.join(work, "g2.safetensors")], check=True, capture_output=True,
                                            text=True).stdout.strip().splitlines()[-1])
         rel = abs(ours["loss"] - theirs["loss"]) / abs(theirs["loss"])

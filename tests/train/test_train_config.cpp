@@ -1,6 +1,7 @@
 // Training configs: LLaMA-Factory keys, LazyTrain keys, overrides, and every kind of mistake named.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <fstream>
 
 #include "core/error.h"
@@ -123,6 +124,38 @@ TEST(TrainConfig, FinetuningTypeAndFreezeKeys) {
   expect_error(std::string(kGood) + "finetuning_type: freeze\n", {"freeze_trainable_layers=0"},
                {"freeze_trainable_layers", "0"});
   expect_error(std::string(kGood) + "finetuning_type: qlora\n", {}, {"finetuning_type", "qlora", "full, freeze"});
+}
+
+}  // namespace
+}  // namespace lt
+
+namespace lt {
+namespace {
+
+// LLaMA-Factory's LoRA keys and defaults (alpha 2 x rank), and the keys of another method refused by name.
+TEST(TrainConfig, LoraKeys) {
+  TrainConfig c = load_train_config(write_yaml("lora.yaml", std::string(kGood) + "finetuning_type: lora\n"),
+                                    {"lora_rank=16", "lora_target=q_proj,v_proj", "use_rslora=true",
+                                     "lora_dropout=0.05", "additional_target=embed_tokens",
+                                     "adapter_name_or_path=a1,a2", "create_new_adapter=true"});
+  EXPECT_EQ(c.finetuning_type, "lora");
+  EXPECT_EQ(c.lora_rank, 16);
+  EXPECT_TRUE(std::isnan(c.lora_alpha));  // unset: 2 x lora_rank where it is used
+  EXPECT_EQ(c.lora_target, (std::vector<std::string>{"q_proj", "v_proj"}));
+  EXPECT_TRUE(c.use_rslora);
+  EXPECT_DOUBLE_EQ(c.lora_dropout, 0.05);
+  EXPECT_EQ(c.additional_target, (std::vector<std::string>{"embed_tokens"}));
+  EXPECT_EQ(c.adapter_name_or_path, (std::vector<std::string>{"a1", "a2"}));
+  EXPECT_TRUE(c.create_new_adapter);
+  TrainConfig d = load_train_config(write_yaml("lora2.yaml", std::string(kGood) + "finetuning_type: lora\n"));
+  EXPECT_EQ(d.lora_rank, 8);
+  EXPECT_EQ(d.lora_target, (std::vector<std::string>{"all"}));
+  expect_error(std::string(kGood) + "lora_rank: 4\n", {}, {"lora_rank", "finetuning_type: lora", "full"});
+  expect_error(std::string(kGood) + "finetuning_type: freeze\n", {"additional_target=norm"},
+               {"additional_target", "finetuning_type: lora", "freeze"});
+  expect_error(std::string(kGood) + "finetuning_type: lora\n", {"lora_dropout=1"}, {"lora_dropout", "below 1"});
+  expect_error(std::string(kGood) + "finetuning_type: lora\n", {"lora_rank=0"}, {"lora_rank", "at least 1"});
+  expect_error(std::string(kGood) + "finetuning_type: lora\nlora_rnak: 4\n", {}, {"lora_rnak", "lora_rank"});
 }
 
 }  // namespace

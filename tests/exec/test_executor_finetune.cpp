@@ -1,6 +1,7 @@
-// Freeze fine-tuning (model/finetune.h) on the in-memory path and the streaming executor: the trained tensors'
-// gradients are bit for bit the full run's, every plan gives the in-memory path's bits with the predicted peak, and
-// a frozen tensor moves no gradient (the schedule downloads and adds only trained bytes).
+// Freeze and LoRA fine-tuning (model/finetune.h, model/lora.h) on the in-memory path and the streaming executor: the
+// trained tensors' gradients are bit for bit the full run's (freeze), every plan gives the in-memory path's bits with
+// the predicted peak (freeze and LoRA, dropout included), a frozen tensor moves no gradient (the schedule downloads and
+// adds only trained bytes), and LLaMA-Factory's selection rules.
 #include <algorithm>
 #include <cstring>
 #include <map>
@@ -71,6 +72,27 @@ ModelConfig config_for(uint64_t seed, Rng& rng) {
   }
 }
 
+// A random LoRA for `cfg`: odd ranks, all or a random subset of the linears, rsLoRA half the time, dropout a third
+// of the time, an additional target half the time.
+std::shared_ptr<const Finetune> random_lora(const ModelConfig& cfg, Rng& rng) {
+  std::vector<std::string> have, targets;
+  for (int64_t l = 0; l < cfg.num_layers; ++l)
+    for (const auto& [prefix, name] : adaptable_linears(cfg, l))
+      if (std::find(have.begin(), have.end(), name) == have.end()) have.push_back(name);
+  if (rng.below(2)) {
+    targets = {"all"};
+  } else {
+    for (const std::string& n : have)
+      if (rng.below(2)) targets.push_back(n);
+    if (targets.empty()) targets.push_back(have.back());
+  }
+  std::vector<std::string> extra;
+  if (rng.below(2)) extra.push_back(rng.below(2) ? "norm" : "embed_tokens");
+  const int64_t r = 1 + 2 * int64_t(rng.below(3));  // 1, 3, 5
+  return std::make_shared<const Finetune>(make_lora(cfg, r, 0.5 + double(rng.below(16)), rng.below(3) == 0 ? 0.2 : 0.0,
+                                                    rng.below(2) == 0, targets, extra));
+}
+
 struct Case {
   ModelConfig cfg;  // with its freeze
   ModelSlabs params;
@@ -78,13 +100,15 @@ struct Case {
   Precision precision;
 };
 
-Case make_case(uint64_t seed) {
+// `lora`: a random LoRA (the base and the adapters random: B is not zero, so the adapters count), else a freeze.
+Case make_case(uint64_t seed, bool lora = false) {
   Rng rng(seed * 7919);
   Case c;
   c.cfg = config_for(seed, rng);
-  c.cfg.finetune = random_freeze(c.cfg, rng);
+  c.cfg.finetune = lora ? random_lora(c.cfg, rng) : random_freeze(c.cfg, rng);
   c.params = random_params(c.cfg, seed * 31);
   c.batch = random_batch(c.cfg, rng, seed % 2 == 0);
+  c.batch.dropout_key = rng.next_u64();
   c.precision = Precision(seed % 3 == 0 ? ComputeType::f32 : ComputeType::bf16,
                           seed % 5 < 2 ? DType::f32 : DType::bf16);
   if (c.precision.compute == ComputeType::bf16) round_frozen_to_bf16(c.params);
@@ -94,7 +118,7 @@ Case make_case(uint64_t seed) {
 // The frozen tensors change nothing but which gradients are made: the trained ones are the full run's bits.
 TEST(Freeze, TrainedGradientsAreTheFullRunsBitwise) {
   for (uint64_t seed = 1; seed <= 12; ++seed) {
-    const Case c = make_case(seed);
+    const Case c = make_case(seed, false);
     const std::string what = "seed " + std::to_string(seed) + ": " + c.cfg.finetune->summary(c.cfg);
     ModelConfig full_cfg = c.cfg;
     full_cfg.finetune = nullptr;
@@ -119,7 +143,19 @@ TEST(Freeze, TrainedGradientsAreTheFullRunsBitwise) {
 
 TEST(ExecutorFreeze, EveryPlanMatchesTheInMemoryPathBitwise) {
   for (uint64_t seed = 13; seed <= 24; ++seed) {
-    Case c = make_case(seed);
+    Case c = make_case(seed, false);
+    Rng rng(seed);
+    testing::expect_every_plan_matches(c.cfg, c.params, c.batch, c.precision, rng, seed,
+                                       c.cfg.is_moe() ? 0.01 : 0.0);
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+// LoRA: adapters beside frozen linears (dense, hybrid: the Gated DeltaNet projections, MoE: attention), dropout by
+// the batch's key — every plan gives the in-memory path's bits, recomputed layers drawing the same masks.
+TEST(ExecutorLora, EveryPlanMatchesTheInMemoryPathBitwise) {
+  for (uint64_t seed = 43; seed <= 54; ++seed) {
+    Case c = make_case(seed, /*lora=*/true);
     Rng rng(seed);
     testing::expect_every_plan_matches(c.cfg, c.params, c.batch, c.precision, rng, seed,
                                        c.cfg.is_moe() ? 0.01 : 0.0);
@@ -130,7 +166,7 @@ TEST(ExecutorFreeze, EveryPlanMatchesTheInMemoryPathBitwise) {
 // The schedule moves exactly the trained gradients: none for a frozen layer, a frozen head or a frozen embedding.
 TEST(ExecutorFreeze, TheScheduleMovesOnlyTrainedGradients) {
   for (uint64_t seed = 25; seed <= 36; ++seed) {
-    const Case c = make_case(seed);
+    const Case c = make_case(seed, false);
     const int64_t L = c.cfg.num_layers;
     ExecOptions o;
     o.compute = c.precision.compute;
@@ -165,7 +201,7 @@ TEST(ExecutorFreeze, TheScheduleMovesOnlyTrainedGradients) {
 // full training on the in-memory path in which every frozen tensor's gradient is zeroed and its update dropped.
 TEST(ExecutorFreeze, TrainingEqualsFullTrainingWithTheFrozenUpdatesDropped) {
   for (uint64_t seed = 37; seed <= 42; ++seed) {
-    Case c = make_case(seed);
+    Case c = make_case(seed, false);
     const ModelConfig& cfg = c.cfg;
     const int64_t L = cfg.num_layers;
     ModelConfig full_cfg = cfg;
@@ -285,6 +321,43 @@ TEST(Freeze, LlamaFactorysRulesPickTheLayersAndModules) {
   EXPECT_EQ(t5.mlp_offset(), 0u);
   EXPECT_EQ(t5.entries().front().name, "mlp.gate_proj.weight");
   EXPECT_EQ(SlabLayout::trained(cfg, SlabKind::head).bytes(), 0u);
+}
+
+TEST(Lora, LlamaFactorysRulesPickTheLinears) {
+  Rng rng(6);
+  ModelConfig hybrid = testing::random_hybrid_config(rng);
+  const Finetune all = make_lora(hybrid, 8, 16, 0, false, {"all"}, {});
+  std::vector<std::string> got = all.targets;  // in the model's order (its first layer's kind first)
+  std::sort(got.begin(), got.end());
+  EXPECT_EQ(got, (std::vector<std::string>{"down_proj", "gate_proj", "in_proj_a", "in_proj_b", "in_proj_qkv",
+                                           "in_proj_z", "k_proj", "o_proj", "out_proj", "q_proj", "up_proj", "v_proj"}));
+  EXPECT_FLOAT_EQ(all.scale(), 2.0f);
+  EXPECT_FLOAT_EQ(make_lora(hybrid, 16, 8, 0, true, {"q_proj"}, {}).scale(), 2.0f);  // rsLoRA: 8 / √16
+  EXPECT_TRUE(all.trains(SlabKind::layer, 0, "linear_attn.in_proj_z.lora_B.weight"));
+  EXPECT_FALSE(all.trains(SlabKind::layer, 0, "linear_attn.in_proj_z.weight"));
+  EXPECT_FALSE(all.trains(SlabKind::embedding, 0, "embed_tokens.weight"));
+  testing::expect_error([&] { make_lora(hybrid, 8, 16, 0, false, {"qkv_proj"}, {}); },
+                        {"lora_target", "'qkv_proj'", "in_proj_qkv", "q_proj"});
+  testing::expect_error([&] { make_lora(hybrid, 0, 16, 0, false, {"all"}, {}); }, {"lora_rank"});
+  testing::expect_error([&] { make_lora(hybrid, 8, 16, 1.0, false, {"all"}, {}); }, {"lora_dropout"});
+  testing::expect_error([&] { make_lora(hybrid, 8, 16, 0, false, {"all"}, {"layers"}); },
+                        {"additional_target", "'layers'", "embed_tokens"});
+  // A MoE model's experts take no adapter: named, with what can be adapted.
+  ModelConfig moe = testing::random_moe_config(rng);
+  moe.mlp_only_layers.clear();
+  testing::expect_error([&] { make_lora(moe, 4, 8, 0, false, {"q_proj", "down_proj"}, {}); },
+                        {"lora_target", "'down_proj'", "sparse layers", "q_proj"});
+  EXPECT_EQ(make_lora(moe, 4, 8, 0, false, {"all"}, {}).targets,
+            (std::vector<std::string>{"q_proj", "k_proj", "v_proj", "o_proj"}));
+  // The layout: A [r, in] and B [out, r] right after their linear, so an MLP adapter is in the MLP half.
+  ModelConfig dense = testing::random_config(rng);
+  dense.finetune = std::make_shared<const Finetune>(make_lora(dense, 3, 6, 0, false, {"v_proj", "down_proj"}, {}));
+  const SlabLayout l = SlabLayout::make_layer(dense, 0);
+  EXPECT_EQ(l.entry("self_attn.v_proj.lora_A.weight").shape, (Shape{3, dense.hidden_size}));
+  EXPECT_EQ(l.entry("mlp.down_proj.lora_B.weight").shape, (Shape{dense.hidden_size, 3}));
+  const SlabLayout t = SlabLayout::trained(dense, SlabKind::layer, 0);
+  EXPECT_EQ(t.entries().size(), 4u);
+  EXPECT_EQ(t.mlp_offset(), size_t(t.entry("mlp.down_proj.lora_A.weight").offset));
 }
 
 }  // namespace
