@@ -22,7 +22,9 @@
 #include "core/parallel.h"
 #include "core/timer.h"
 #include "io/nvme.h"
+#include "model/finetune.h"
 #include "model/model.h"
+#include "model/peft.h"
 #include "ops/gemm.h"
 #include "optim/adamw.h"
 
@@ -35,6 +37,8 @@ struct BenchStepOptions {
   bool json = false;
   bool microbatches = false;
   int accumulate = 1;
+  int64_t lora_rank = 0;          // > 0: LoRA of this rank on every linear (alpha 2 r), the base frozen
+  int64_t freeze_layers = 0;      // != 0: freeze fine-tuning, the last N layers trained (LLaMA-Factory's rule)
   DeviceOptions dev;
 };
 
@@ -81,14 +85,32 @@ void run_bench_step(const BenchStepOptions& o) {
   const ComputeType compute = o.dtype == "bf16" ? ComputeType::bf16 : ComputeType::f32;
   LoadedModel m = load_hf_model(o.model_dir);
   Batch batch = Batch::load(o.batch_path, m.config.vocab_size);
-  ModelSlabs grads(m.config, DType::f32);
   std::optional<ModelSlabs> copy;
   const ModelSlabs* weights = &m.params;
-  if (compute == ComputeType::bf16) {
+  // --lora-rank / --freeze-layers (model/finetune.h): the masters and gradients of the trained tensors alone, every
+  // tensor in the streamed weights (in the compute dtype), as a LoRA or freeze run keeps them.
+  if (o.lora_rank > 0 || o.freeze_layers != 0) {
+    LT_CHECK(!o.dev.policy.empty() && o.dev.policy != "in-memory",
+             "--lora-rank / --freeze-layers time the streamed step: give --policy");
+    ModelConfig cfg = m.config;
+    cfg.finetune = std::make_shared<const Finetune>(
+        o.lora_rank > 0 ? make_lora(cfg, o.lora_rank, 2.0 * double(o.lora_rank), 0, false, {"all"}, {})
+                        : make_freeze(cfg, o.freeze_layers, {"all"}, {}));
+    ModelSlabs masters(cfg, DType::f32, Fill::zero, SlabSet::trained);
+    copy_tensors_by_name(masters, m.params);
+    init_adapters(masters, 1);
+    copy.emplace(cfg, compute == ComputeType::bf16 ? DType::bf16 : DType::f32);
+    copy_tensors_by_name(*copy, m.params);
+    copy_tensors_by_name(*copy, masters);
+    weights = &*copy;
+    m.config = cfg;
+    m.params = std::move(masters);
+  } else if (compute == ComputeType::bf16) {
     copy.emplace(m.config, DType::bf16);
     make_compute_copy(*copy, m.params);
     weights = &*copy;
   }
+  ModelSlabs grads(m.config, DType::f32, Fill::zero, SlabSet::trained);
   // A GPU has no in-memory path: keep-all is its reference (exec/backend.h).
   const std::string policy = !o.dev.policy.empty() ? o.dev.policy : backend.reference_policy();
   nlohmann::json best;
@@ -117,7 +139,7 @@ void run_bench_step(const BenchStepOptions& o) {
   if (policy != "in-memory" && o.optimizer != "none") {
     AdamWConfig ac;
     ac.matrix_states = o.optimizer == "adamw8" ? StatePrecision::q8 : StatePrecision::f32;
-    opt = std::make_unique<HybridAdamW>(m.params, grads, ac);
+    opt = std::make_unique<HybridAdamW>(m.params, grads, ac, nullptr, copy ? copy->matrix_dtype() : DType::bf16);
   }
   for (int i = 0; i <= o.steps; ++i) {  // step 0 warms up (primitive creation, page faults)
     if (!opt) grads.zero();
@@ -179,6 +201,8 @@ void run_bench_step(const BenchStepOptions& o) {
   best["tokens_per_s"] = double(batch.N()) * o.accumulate / best_s;
   // The paper's convention (the planner's tflops_6nd): 6 · parameters · tokens / step time, recompute not counted.
   best["tflops_6nd"] = 6.0 * double(m.config.num_parameters()) * double(batch.N()) * o.accumulate / best_s / 1e12;
+  best["finetune"] = m.config.finetune ? m.config.finetune->summary(m.config) : "full";
+  best["trained_state_bytes"] = m.params.total_bytes() + grads.total_bytes() + (opt ? opt->state_report().state_bytes : 0);
   best["accumulate"] = o.accumulate;
   best["optimizer"] = policy == "in-memory" ? "none" : o.optimizer;
   best["microbatches"] = o.microbatches;
@@ -213,6 +237,8 @@ void add_bench_step(CLI::App& bench) {
   cmd->add_option("--accumulate", o->accumulate,
                   "each timed step is one optimizer step of this many micro-batches (gradient accumulation)")
       ->check(CLI::Range(1, 1024));
+  cmd->add_option("--lora-rank", o->lora_rank, "LoRA of this rank on every linear, the base frozen (a streamed policy)");
+  cmd->add_option("--freeze-layers", o->freeze_layers, "freeze fine-tuning: the last N layers trained (-N: the first)");
   cmd->add_option("--optimizer", o->optimizer,
                   "optimizer pipelined into each step's forward (streamed runs): adamw8, adamw32 or none")
       ->check(CLI::IsMember({"adamw8", "adamw32", "none"}));

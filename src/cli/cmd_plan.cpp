@@ -31,6 +31,8 @@ struct PlanOptions {
   std::string finetuning_type = "full";
   int64_t freeze_trainable_layers = 2;
   std::vector<std::string> freeze_trainable_modules = {"all"}, freeze_extra_modules;
+  int64_t lora_rank = 8;
+  std::vector<std::string> lora_target = {"all"};
   int64_t batch = 0, seq = 0, search_batch = 0;
   double time_limit = 10;
   int threads = 1, weight_buffers = 2;
@@ -44,6 +46,9 @@ void run_plan(const PlanOptions& o) {
   if (o.finetuning_type == "freeze")
     rq.cfg.finetune = std::make_shared<const Finetune>(make_freeze(
         rq.cfg, o.freeze_trainable_layers, o.freeze_trainable_modules, o.freeze_extra_modules, "--freeze"));
+  if (o.finetuning_type == "lora")
+    rq.cfg.finetune = std::make_shared<const Finetune>(
+        make_lora(rq.cfg, o.lora_rank, 2.0 * double(o.lora_rank), 0, false, o.lora_target, {}));
   rq.model_name = o.model;
   rq.B = o.batch;
   rq.T = o.seq;
@@ -116,8 +121,11 @@ void register_plan(CLI::App& app) {
   cmd->add_flag("--no-optimizer", o->no_optimizer, "leave the host optimizer out of the objective");
   o->data_parallel.add_to(*cmd);
   cmd->add_flag("--in-process", o->in_process, "run CBC in this process (no child; the time limit is CBC's own)");
-  cmd->add_option("--finetuning-type", o->finetuning_type, "full, or freeze: frozen tensors cost their streamed bytes")
-      ->check(CLI::IsMember({"full", "freeze"}));
+  cmd->add_option("--finetuning-type", o->finetuning_type,
+                  "full, freeze or lora: frozen tensors cost their streamed bytes, adapters a trained tensor's")
+      ->check(CLI::IsMember({"full", "freeze", "lora"}));
+  cmd->add_option("--lora-rank", o->lora_rank, "lora: the adapters' rank (alpha 2 x rank)");
+  cmd->add_option("--lora-target", o->lora_target, "lora: all, or linear names (q_proj, ...)")->delimiter(',');
   cmd->add_option("--freeze-trainable-layers", o->freeze_trainable_layers, "freeze: the last N layers train (-N: first)");
   cmd->add_option("--freeze-trainable-modules", o->freeze_trainable_modules, "freeze: all, or self_attn, mlp, ...")
       ->delimiter(',');

@@ -7,15 +7,20 @@
 
 namespace lt {
 
+// splitmix64: x plus the golden-ratio increment, then its finaliser — a stateless 64-bit mix (keys, seeds, hashes).
+inline uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
 class Rng {
  public:
   explicit Rng(uint64_t seed) {
     for (auto& s : s_) {
+      s = splitmix64(seed);
       seed += 0x9e3779b97f4a7c15ull;
-      uint64_t z = seed;
-      z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-      z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-      s = z ^ (z >> 31);
     }
   }
   uint64_t next_u64() {

@@ -842,11 +842,14 @@ void finish_schedule(StepSchedule& s) {
   }
   s.memory = pack_working_set(s.buffers, s.num_windows());
   s.memory.recompute_depth = s.recompute_depth;
-  for (const StepBuffer& b : s.buffers)
+  for (const StepBuffer& b : s.buffers) {
     if (b.present && b.term == PlanTerm::boundary) {
       if (b.memory == Memory::host) s.memory.host_activation_bytes += b.bytes;
       if (b.memory == Memory::nvme) s.memory.nvme_bytes += b.bytes;
+    } else if (b.present && b.memory == Memory::host) {
+      s.memory.host_staging_bytes += b.bytes;
     }
+  }
   for (int i = 0; i < int(s.memory.buffers.size()); ++i)
     s.buffers[size_t(s.memory.buffers[size_t(i)].source)].device_index = i;
   add_fences(s);

@@ -77,6 +77,7 @@ struct WorkingSet {
   // Longest run of consecutive dropped boundaries a backward recompute must rebuild at once.
   int64_t recompute_depth = 0;
   size_t host_activation_bytes = 0;    // host-tier boundaries
+  size_t host_staging_bytes = 0;       // the executor's other host buffers: gradient staging, x0, dx0, NVMe staging
   size_t nvme_bytes = 0;               // nvme-tier boundaries
   size_t device_bytes() const { return peak_bytes; }
   // [window] the fences each window's beginning needs (see FenceWait), one per (writer, on) pair.

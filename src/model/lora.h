@@ -1,19 +1,23 @@
 // model/lora.h — a LoRA adapter on a linear layer (model/finetune.h): y = x · Wᵀ + b + s · (drop(x) · Aᵀ) · Bᵀ.
 //
 // A [r, in] and B [out, r] are entries of the layer slab beside W (PEFT's names: "<linear>.lora_A.weight"), in the
-// streamed dtype: bf16 in bf16 compute, where each of the two GEMMs rounds its input to bf16 as every linear does
-// (ops/linear.h). Built from the linear ops, so every GEMM is the one a linear runs (and the one cuda-sim overrides):
+// streamed dtype: bf16 in bf16 compute, where each GEMM reads its activation operand rounded to bf16 as every linear
+// does (ops/linear.h). The scale is folded into the rank-r intermediate, so the adapter adds its update through the
+// GEMM's accumulation and never forms an [N, out] tensor (on the CPU, ops/gemm.h; the adapter's GEMMs are not routed
+// through cuda-sim's linear override):
 //
-//   forward   u = drop(x) · Aᵀ [N, r];  t = u · Bᵀ [N, out];  y += s · t
-//   backward  u again (the same bits);  dt = s · dy;  du = dt · B,  dB += dtᵀ · u;  dxd = du · A,  dA += duᵀ · drop(x);
-//             dx += mask · dxd / (1 - p)
+//   forward   u_s = s · (drop(x) · Aᵀ) [N, r];  y += u_s · Bᵀ
+//   backward  u_s again (the same bits);  du = s · (dy · B),  dB += dyᵀ · u_s;  dA += duᵀ · drop(x);
+//             dx += du · A (masked and × 1 / (1 - p) with dropout)
+//   weight gradients by token slices of kTokenSlice in order, as linear_backward's (chunked rows: the same bits)
 //
 // Dropout (p = lora_dropout) is deterministic: element (token row, feature i) of an adapter's input is kept when
 // lora_keep(key, row · in + i, p), a hash of the batch's dropout key (TokenInfo, by step and micro-batch), the layer
 // and the linear, never a generator's state — so a recompute, every plan, every MLP chunk and a resumed run draw the
 // same mask. Row is the token's index in the batch, so a chunk of rows draws its part of the same mask.
 //
-// Temporaries (u [N, r], t or dt [N, out], drop(x) [N, in] with dropout) are host scratch of the CPU block.
+// Temporaries (u_s and du [N, r], bf16 copies of the GEMM operands, drop(x) [N, in] with dropout) are host scratch
+// of the CPU block.
 #pragma once
 
 #include <cstdint>

@@ -280,6 +280,65 @@ bool is_expert_entry(const std::string& hf_name) { return hf_name.find(".mlp.exp
 
 }  // namespace
 
+void load_hf_model_by_slab(const std::string& dir, const SlabTaker& take, SavedExtras* extras) {
+  const ModelConfig cfg = load_model_config(dir);
+  const ModelSlabs names(cfg, DType::f32, Fill::none);  // the tensors' names and shapes; its pages never touched
+  // One pass per slab (the embedding with the head first): `only` gives every other tensor an empty range.
+  auto pass = [&](const std::vector<std::pair<SlabKind, int64_t>>& slabs) {
+    TensorRanges only;
+    const std::string prefix = hf_prefix(cfg);
+    auto skip = [&](SlabKind kind, int64_t layer) {
+      for (const SlabEntry& e : names.layout(kind, layer).entries())
+        only[SlabLayout::hf_name(kind, layer, e.name, prefix)] = ElementRange{0, 0};
+    };
+    auto wanted = [&](SlabKind kind, int64_t layer) {
+      return std::find(slabs.begin(), slabs.end(), std::pair{kind, layer}) != slabs.end();
+    };
+    if (!wanted(SlabKind::embedding, 0)) skip(SlabKind::embedding, 0);
+    if (!wanted(SlabKind::head, 0)) skip(SlabKind::head, 0);
+    for (int64_t l = 0; l < cfg.num_layers; ++l)
+      if (!wanted(SlabKind::layer, l)) skip(SlabKind::layer, l);
+    LoadedModel m = load_hf_model(dir, &only);
+    for (const auto& [kind, layer] : slabs) take(m.params, kind, layer);
+    return m.extras;
+  };
+  SavedExtras first = pass({{SlabKind::embedding, 0}, {SlabKind::head, 0}});
+  if (first.fused_experts) {  // fused experts are decoded per layer for every pass: read them in one pass instead
+    std::vector<std::pair<SlabKind, int64_t>> layers;
+    for (int64_t l = 0; l < cfg.num_layers; ++l) layers.emplace_back(SlabKind::layer, l);
+    pass(layers);
+  } else {
+    for (int64_t l = 0; l < cfg.num_layers; ++l) pass({{SlabKind::layer, l}});
+  }
+  if (extras) *extras = std::move(first);
+}
+
+size_t copy_slab_by_name(ModelSlabs& dst, const ModelSlabs& src, SlabKind kind, int64_t layer) {
+  const std::string prefix = hf_prefix(src.config());
+  std::map<std::string, TensorView> to;
+  for (const SlabEntry& e : dst.layout(kind, layer).entries())
+    to.emplace(e.name, dst.tensor(kind, layer, e.name));
+  size_t copied = 0;
+  std::vector<float> wide;
+  for (const SlabEntry& e : src.layout(kind, layer).entries()) {
+    const auto it = to.find(e.name);
+    if (it == to.end()) continue;
+    const TensorView v = src.tensor(kind, layer, e.name), &t = it->second;
+    LT_CHECK(v.shape == t.shape, "{}: {} in one model, {} in the other", SlabLayout::hf_name(kind, layer, e.name, prefix),
+             shape_str(v.shape), shape_str(t.shape));
+    const size_t n = size_t(v.numel());
+    if (v.dtype == t.dtype) std::memcpy(t.data, v.data, t.bytes());
+    else if (v.dtype == DType::f32) convert_from_f32(t.data, t.dtype, v.ptr<float>(), n);
+    else {
+      wide.resize(n);
+      convert_to_f32(wide.data(), v.data, v.dtype, n);
+      convert_from_f32(t.data, t.dtype, wide.data(), n);
+    }
+    ++copied;
+  }
+  return copied;
+}
+
 LoadedModel load_hf_model(const std::string& dir, const TensorRanges* only) {
   LoadedModel m{load_model_config(dir), {}, {}};
   // The files first: a directory without weights (or with a bad header) fails before the slabs, which for a
@@ -316,7 +375,10 @@ LoadedModel load_hf_model(const std::string& dir, const TensorRanges* only) {
       continue;
     }
     // Some tied checkpoints still carry lm_head.weight; accept it only if it is the embedding.
+    // (Compared when this load reads the embedding whole: not on a pass of load_hf_model_by_slab that skips it.)
     if (name == "lm_head.weight" && m.config.tie_word_embeddings) {
+      const ElementRange r = range_of(only, hf_prefix(m.config) + "embed_tokens.weight");
+      if (r.begin != 0 || r.end >= 0) continue;
       TensorView emb = m.params.lm_head();
       std::vector<float> head(size_t(emb.numel()));
       files.read_f32(name, head.data(), emb.shape);

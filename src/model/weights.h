@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <set>
 #include <string>
@@ -113,6 +114,16 @@ using TensorRanges = std::map<std::string, ElementRange>;
 LoadedModel load_hf_model(const std::string& dir, const TensorRanges* only = nullptr);
 // The range of `name` in `only` (every element when either is absent).
 ElementRange range_of(const TensorRanges* only, const std::string& name);
+
+// Loads `dir` a slab at a time — the embedding and the head, then each layer (a checkpoint of fused experts: the layers
+// in one pass) — each pass reading only its slabs' tensors into f32 slabs whose other pages are never touched, and
+// handing them to `take` (the pass's f32 slabs, which slab) before they are released: a model read into other
+// slabs (a frozen run's streamed weights and masters) without its f32 copy ever existing whole. `extras`: what
+// load_hf_model's would be.
+using SlabTaker = std::function<void(const ModelSlabs& pass, SlabKind kind, int64_t layer)>;
+void load_hf_model_by_slab(const std::string& dir, const SlabTaker& take, SavedExtras* extras);
+// copy_tensors_by_name for one slab (the entries of slab `kind` / `layer` both have).
+size_t copy_slab_by_name(ModelSlabs& dst, const ModelSlabs& src, SlabKind kind, int64_t layer);
 
 // Random initialisation for training from scratch: matrices N(0, std), norm weights 1, biases 0. qwen3_5 as
 // transformers' Qwen3_5PreTrainedModel._init_weights: zero-centred norms (decoder, final, q/k) 0, the gated

@@ -358,11 +358,10 @@ std::string PlanReport::table() const {
     full.cfg.finetune = nullptr;
     const bool bf16 = in.opt.exec.compute == ComputeType::bf16;
     s += fmt::format("\nhost memory for the parameters: {} ({}; every tensor in the {} streamed weights, f32 masters, "
-                     "gradients and {}-bit optimizer states of the trained ones; loading peaks at {}), plus host "
+                     "gradients and {}-bit optimizer states of the trained ones; read a layer at a time), plus host "
                      "activations and the data; full fine-tuning: {}\n",
                      gb(host_bytes_per_rank(in)), in.cfg.finetune->summary(in.cfg), bf16 ? "bf16" : "f32",
-                     in.opt.optimizer_state_bits, gb(double(in.cfg.num_parameters()) * (bf16 ? 6 : 8)),
-                     gb(host_bytes_per_rank(full)));
+                     in.opt.optimizer_state_bits, gb(host_bytes_per_rank(full)));
   } else if (in.opt.ranks == 1)
     s += fmt::format("\nhost memory for the parameters: {} ({} parameters{}: f32 masters and gradients{}, {}-bit optimizer "
                      "states), plus host activations and the data\n",

@@ -11,14 +11,9 @@ namespace lt {
 
 namespace {
 
-// splitmix64's finaliser: spreads (seed, epoch) over the whole state so neighbouring epochs (or seeds)
-// do not start Rng from overlapping streams.
-uint64_t mix64(uint64_t z) {
-  z += 0x9e3779b97f4a7c15ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
+// splitmix64 (core/rng.h) spreads (seed, epoch) over the whole state so neighbouring epochs (or seeds) do not start
+// Rng from overlapping streams.
+uint64_t mix64(uint64_t z) { return splitmix64(z); }
 
 constexpr uint64_t kPackStream = 0x7061636b696e67ull;  // "packing": the packing order's own stream
 

@@ -74,44 +74,62 @@ ModelSource ModelSource::load(const TrainConfig& c, const Comm& comm, ComputeTyp
     m.owned_masters = sharded_master_ranges(comm, load_model_config(cfg.string()));
   }
   fs::path p(c.model_name_or_path);
-  if (fs::is_regular_file(p)) {  // a config.json alone: train from scratch
-    m.config = load_model_config(p.string());
-    m.params = ModelSlabs(m.config);
-    init_random(m.params, uint64_t(c.seed), 0.02f);
-    m.dir = p.parent_path().string();
-    m.from_scratch = true;
-  } else {
-    LoadedModel lm = load_hf_model(p.string(), m.only());
-    m.config = lm.config;
-    m.params = std::move(lm.params);
-    m.extras = std::move(lm.extras);
-    m.dir = p.string();
+  const bool from_scratch = fs::is_regular_file(p);  // a config.json alone: train from scratch
+  const ModelConfig cfg = load_model_config(p.string());
+  std::shared_ptr<const Finetune> ft = finetune_of(c, cfg);
+  // LoRA: the adapter trained on (LLaMA-Factory: the last given; none with create_new_adapter), the others merged
+  // into the base first.
+  std::vector<std::string> merge;
+  std::string resume_adapter;
+  if (ft && ft->kind == FinetuneKind::lora && !c.adapter_name_or_path.empty()) {
+    merge = c.adapter_name_or_path;
+    if (!c.create_new_adapter) {
+      resume_adapter = merge.back();
+      merge.pop_back();
+    }
+    if (!resume_adapter.empty()) ft = adapter_finetune(c, cfg, resume_adapter);
   }
-  if (std::shared_ptr<const Finetune> ft = finetune_of(c, m.config)) {
+  m.dir = from_scratch ? p.parent_path().string() : p.string();
+  m.from_scratch = from_scratch;
+  m.config = cfg;
+  const DType streamed = compute == ComputeType::bf16 ? DType::bf16 : DType::f32;
+  if (ft) {
     // Frozen tensors live in the streamed weights alone (model/finetune.h): every tensor in the compute dtype there,
-    // f32 masters of the trained ones (LoRA: the adapters, new or read); the loaded f32 slabs go.
-    ModelSlabs base = std::move(m.params);
-    std::string resume_adapter;  // LoRA: the adapter trained on (LLaMA-Factory: the last given), the others merged
-    if (ft->kind == FinetuneKind::lora && !c.adapter_name_or_path.empty()) {
-      std::vector<std::string> merge = c.adapter_name_or_path;
-      if (!c.create_new_adapter) {
-        resume_adapter = merge.back();
-        merge.pop_back();
-      }
-      for (const std::string& dir : merge) merge_adapter_dir(base, dir);
-      if (!resume_adapter.empty()) ft = adapter_finetune(c, m.config, resume_adapter);
-    }
-    m.config.finetune = std::move(ft);
+    // f32 masters of the trained ones (LoRA: the adapters, new or read).
+    m.config.finetune = ft;
     m.params = ModelSlabs(m.config, DType::f32, Fill::zero, SlabSet::trained);
-    copy_tensors_by_name(m.params, base);  // freeze's trained tensors, LoRA's additional targets
-    if (m.config.finetune->kind == FinetuneKind::lora) {
-      if (resume_adapter.empty()) init_adapters(m.params, uint64_t(c.seed));
-      else load_peft_adapter(resume_adapter, m.params);
-    }
-    m.weights.emplace(m.config, compute == ComputeType::bf16 ? DType::bf16 : DType::f32, Fill::none);
-    copy_tensors_by_name(*m.weights, base);
-    copy_tensors_by_name(*m.weights, m.params);  // the adapters
+    m.weights.emplace(m.config, streamed, Fill::none);
   }
+  if (ft && !from_scratch && merge.empty()) {
+    // Read a slab at a time into both: the f32 model never exists whole (the load's peak is the streamed weights
+    // and the masters, and one layer in f32).
+    load_hf_model_by_slab(p.string(), [&](const ModelSlabs& pass, SlabKind kind, int64_t layer) {
+      copy_slab_by_name(m.params, pass, kind, layer);
+      copy_slab_by_name(*m.weights, pass, kind, layer);
+    }, &m.extras);
+  } else {
+    ModelSlabs base;
+    if (from_scratch) {
+      base = ModelSlabs(cfg);
+      init_random(base, uint64_t(c.seed), 0.02f);
+    } else {
+      LoadedModel lm = load_hf_model(p.string(), ft ? nullptr : m.only());
+      base = std::move(lm.params);
+      m.extras = std::move(lm.extras);
+    }
+    if (!ft) {
+      m.params = std::move(base);
+      return m;
+    }
+    for (const std::string& dir : merge) merge_adapter_dir(base, dir);
+    copy_tensors_by_name(m.params, base);  // freeze's trained tensors, LoRA's additional targets
+    copy_tensors_by_name(*m.weights, base);
+  }
+  if (ft->kind == FinetuneKind::lora) {
+    if (resume_adapter.empty()) init_adapters(m.params, uint64_t(c.seed));
+    else load_peft_adapter(resume_adapter, m.params);
+  }
+  copy_tensors_by_name(*m.weights, m.params);  // the adapters (and the trained tensors: the same values)
   return m;
 }
 
@@ -239,13 +257,14 @@ void TrainingSession::check_memory() const {
   LT_CHECK(ws_.device_bytes() <= s_.device_bytes,
            "plan '{}' needs {} of device memory at batch {} x {} but device_memory is {}", plan_.name,
            format_bytes(double(ws_.device_bytes())), s_.B, s_.T, format_bytes(double(s_.device_bytes)));
-  const double host_need =
-      host_parameter_bytes(c, model_.config, s_.ranks, model_.from_scratch) + double(ws_.host_activation_bytes);
+  const double host_need = host_parameter_bytes(c, model_.config, s_.ranks, model_.from_scratch) +
+                           double(ws_.host_activation_bytes) + double(ws_.host_staging_bytes);
   const size_t avail = host_memory_budget(c);
   LT_CHECK(avail == 0 || host_need < double(avail),
-           "host memory: the run needs about {} (weights, gradients, optimizer states, host activations {}) but {} "
-           "is {}",
-           format_bytes(host_need), format_bytes(double(ws_.host_activation_bytes)), host_memory_name(c),
+           "host memory: the run needs about {} (weights, gradients, optimizer states, host activations {}, the "
+           "executor's staging {}) but {} is {}",
+           format_bytes(host_need), format_bytes(double(ws_.host_activation_bytes)),
+           format_bytes(double(ws_.host_staging_bytes)), host_memory_name(c),
            format_bytes(double(avail)));
   if (ws_.nvme_bytes > 0) {
     struct statvfs sv {};
@@ -429,6 +448,7 @@ void TrainingSession::log_progress(double lr) {
                // MoE: the FLOPs each token costs are the routed ones (the active parameters)
                {"tflops", 6.0 * double(model_.config.num_active_parameters()) * tps / 1e12},
                {"peak_device_bytes", device_->memory().peak},
+               {"host_rss_bytes", rss_bytes()},  // this process's resident memory now (core/procfs.h)
                {"host_activation_bytes", ws_.host_activation_bytes},
                {"nvme_bytes", ws_.nvme_bytes},
                {"compute_s", win_.time.compute_s},

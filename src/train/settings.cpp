@@ -39,9 +39,16 @@ double host_parameter_bytes(const TrainConfig& c, const ModelConfig& mc, int ran
   const AdamWConfig ac = adamw_config(c);
   const bool copy = c.compute_dtype == "bf16";
   const double training = host_parameter_bytes_per_rank(mc, ac, copy, ranks);
-  // Freeze fine-tuning loads every tensor in f32 and then keeps the trained ones (model/finetune.h): the load's peak
-  // is that and the streamed weights made from it.
-  if (!mc.trains_all()) return std::max(training, double(mc.num_parameters()) * (4 + (copy ? 2 : 4)));
+  // Frozen tensors (freeze, LoRA; model/finetune.h): a checkpoint is read a slab at a time into the streamed weights
+  // and the masters (one slab in f32 beside them); merging adapters first, or drawing a model from scratch, holds the
+  // f32 model whole once.
+  if (!mc.trains_all()) {
+    const bool whole = from_scratch || (c.finetuning_type == "lora" && !c.adapter_name_or_path.empty() &&
+                                        (c.create_new_adapter || c.adapter_name_or_path.size() > 1));
+    size_t slab = std::max(SlabLayout::make(mc, SlabKind::embedding).bytes(), SlabLayout::make(mc, SlabKind::head).bytes());
+    for (int64_t l = 0; l < mc.num_layers; ++l) slab = std::max(slab, SlabLayout::make_layer(mc, l).bytes());
+    return whole ? std::max(training, double(mc.num_parameters()) * (4 + (copy ? 2 : 4))) : training + double(slab);
+  }
   if (!from_scratch || !copy || ranks == 1) return training;
   const double drawn = double(mc.num_parameters()) * (4 + 2) + double(model_state_report(mc, ac).state_bytes) / ranks;
   return std::max(training, drawn);

@@ -8,6 +8,7 @@
 
 #include "core/dtype.h"
 #include "model/lora.h"
+#include "ops/gemm.h"
 #include "testing/grad_check.h"
 
 namespace lt {
@@ -157,9 +158,10 @@ TEST(Lora, Bf16GemmsRoundEachInput) {
 }
 
 // A chunk of rows starting at row0 draws its rows' part of the whole batch's mask: chunked MLP rows give the bits of
-// one call over every row.
+// one call over every row. Chunks of kGemmRowBlock rows: the GEMMs' rows do not depend on how many there are in whole
+// row blocks (ops/gemm.h; the MLP's chunks are multiples of kTokenSlice).
 TEST(Lora, RowChunksDrawTheirPartOfOneMask) {
-  const Sizes z{40, 16, 8, 2, 0.3f};
+  const Sizes z{2 * kGemmRowBlock + 37, 16, 8, 2, 0.3f};
   const std::vector<float> x = random_vector(size_t(z.N * z.in), 31), A = random_vector(size_t(z.r * z.in), 32),
                            B = random_vector(size_t(z.out * z.r), 33);
   const LoraShape s{z.r, 1.f, z.p};
@@ -167,8 +169,8 @@ TEST(Lora, RowChunksDrawTheirPartOfOneMask) {
   const uint64_t key = lora_site_key(7, 2, Adapted::down_proj);
   std::vector<float> whole(size_t(z.N * z.out), 0.f), parts(whole.size(), 0.f);
   lora_forward(whole.data(), x.data(), l, s, LoraSite{key, 0}, z.N, z.in, z.out);
-  for (int64_t r0 = 0; r0 < z.N; r0 += 13) {
-    const int64_t n = std::min<int64_t>(13, z.N - r0);
+  for (int64_t r0 = 0; r0 < z.N; r0 += kGemmRowBlock) {
+    const int64_t n = std::min<int64_t>(kGemmRowBlock, z.N - r0);
     lora_forward(parts.data() + r0 * z.out, x.data() + r0 * z.in, l, s, LoraSite{key, r0}, n, z.in, z.out);
   }
   EXPECT_EQ(0, std::memcmp(whole.data(), parts.data(), whole.size() * 4));

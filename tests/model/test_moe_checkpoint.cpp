@@ -193,3 +193,43 @@ TEST(GptOssCheckpoint, ARanksLoadReadsOnlyItsRangesOfEachExpert) {
 
 }  // namespace
 }  // namespace lt
+
+namespace lt {
+namespace {
+
+// A frozen run's load (model/weights.h load_hf_model_by_slab): a pass per slab — per layer, or the layers together
+// for fused experts — gives every tensor and the extras as the whole load does.
+TEST(LoadBySlab, EveryTensorAsTheWholeLoad) {
+  Rng rng(41);
+  struct Case {
+    std::string name;
+    ModelConfig cfg;
+    bool fused;
+  };
+  const std::vector<Case> cases = {{"dense", testing::random_config(rng), false},
+                                   {"hybrid", testing::random_hybrid_config(rng), false},
+                                   {"moe_fused", testing::random_moe_config(rng), true},
+                                   {"gpt_oss", testing::random_gpt_oss_config(rng), false}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    SavedExtras extras;
+    extras.fused_experts = c.fused;
+    const std::string dir = fresh_dir("by_slab_" + c.name);
+    save_hf_model(testing::random_model_params(c.cfg, 7), dir, DType::bf16, size_t(8) << 10, extras);
+    const LoadedModel whole = load_hf_model(dir);
+    ModelSlabs got(whole.config, DType::f32, Fill::zero);
+    std::vector<std::pair<SlabKind, int64_t>> seen;
+    SavedExtras got_extras;
+    load_hf_model_by_slab(dir, [&](const ModelSlabs& pass, SlabKind kind, int64_t layer) {
+      copy_slab_by_name(got, pass, kind, layer);
+      seen.emplace_back(kind, layer);
+    }, &got_extras);
+    expect_same_slabs(got, whole.params);
+    EXPECT_EQ(seen.size(), size_t(whole.config.num_layers + 2));  // every slab once
+    EXPECT_EQ(got_extras.fused_experts, whole.extras.fused_experts);
+    EXPECT_EQ(got_extras.keep_f32, whole.extras.keep_f32);
+  }
+}
+
+}  // namespace
+}  // namespace lt

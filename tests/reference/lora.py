@@ -115,7 +115,7 @@ def with_lora(lin, P, adapters, acfg, batch_key=0):
             rows = x.numel() // shape[-1]
             m = keep_mask(site_key(batch_key, layer, linear), rows, shape[-1], p).reshape(shape)
             xd = torch.where(m, x * (1.0 / (1.0 - p)), torch.zeros_like(x))
-        return y + s * lin(lin(xd, P[an]), P[bn])
+        return y + lin(lin(xd, P[an]) * s, P[bn])  # the scale on the rank-r intermediate, where LazyTrain applies it
 
     return f
 
