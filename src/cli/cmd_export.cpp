@@ -9,10 +9,9 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
-#include "io/atomic_file.h"
-#include "io/json_file.h"
 #include "model/peft.h"
 #include "model/weights.h"
+#include "text/tokenizer.h"
 
 namespace lt::cli {
 namespace {
@@ -25,11 +24,7 @@ void run_export(const ExportOptions& o) {
   LoadedModel m = load_hf_model(o.model);
   merge_adapter_dir(m.params, o.adapter);
   save_hf_model(m.params, o.out, dtype_parse(o.dtype), size_t(5) << 30, m.extras);
-  for (const char* f : {"tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json",
-                        "generation_config.json"}) {
-    const std::filesystem::path src = std::filesystem::path(o.model) / f;
-    if (std::filesystem::exists(src)) write_file_atomic((std::filesystem::path(o.out) / f).string(), read_file(src.string()));
-  }
+  copy_tokenizer_files(o.model, o.out);
   nlohmann::json line = {{"out", o.out}, {"base", o.model}, {"adapter", o.adapter}, {"dtype", o.dtype}};
   std::printf("%s\n", line.dump().c_str());
 }

@@ -8,9 +8,8 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
-#include "io/atomic_file.h"
-#include "io/json_file.h"
 #include "model/weights.h"
+#include "text/tokenizer.h"
 
 namespace lt::cli {
 namespace {
@@ -30,10 +29,7 @@ void run_init(const InitOptions& o) {
   const std::filesystem::path from = std::filesystem::is_directory(o.config_path)
                                          ? std::filesystem::path(o.config_path)
                                          : std::filesystem::path(o.config_path).parent_path();
-  for (const char* f : {"tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json",
-                        "generation_config.json"})
-    if (std::filesystem::exists(from / f) && !std::filesystem::equivalent(from, o.out_dir))
-      write_file_atomic((std::filesystem::path(o.out_dir) / f).string(), read_file((from / f).string()));
+  if (!std::filesystem::equivalent(from, o.out_dir)) copy_tokenizer_files(from.string(), o.out_dir);
   nlohmann::json line = {{"out", o.out_dir}, {"parameters", cfg.num_parameters()}, {"dtype", o.dtype}};
   std::printf("%s\n", line.dump().c_str());
 }

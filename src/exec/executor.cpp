@@ -554,8 +554,8 @@ StepStats StreamingExecutor::step(ModelSlabs& grads, const ModelSlabs& params, c
   carried_head_ = false;
   const StepSchedule sched = build_step_schedule(cfg_, batch.B, batch.T, plan, options_, so);
   if (target.partials && !cfg_.trains_all()) {  // a frozen slab has no gradient (model/finetune.h): 0 of the norm
-    auto frozen = [&](SlabKind kind, int64_t layer) {
-      if (SlabLayout::trained(cfg_, kind, layer).bytes() == 0) target.partials->set(kind, layer, 0.0);
+    auto frozen = [&](SlabKind kind, int64_t layer) {  // the gradients' slabs are laid out by SlabLayout::trained
+      if (grads.layout(kind, layer).entries().empty()) target.partials->set(kind, layer, 0.0);
     };
     frozen(SlabKind::embedding, 0);
     for (int64_t l = 0; l < cfg_.num_layers; ++l) frozen(SlabKind::layer, l);

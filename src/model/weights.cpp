@@ -24,6 +24,25 @@ namespace lt {
 
 namespace {
 
+// dst = src (same shape) in dst's dtype: bytes as they are, or through f32 (`wide`: scratch) — exact for f32 or a
+// widening, one rounding otherwise.
+void copy_converted(const TensorView& dst, const TensorView& src, std::vector<float>& wide) {
+  const size_t n = size_t(src.numel());
+  if (src.dtype == dst.dtype) {
+    std::memcpy(dst.data, src.data, dst.bytes());
+  } else if (src.dtype == DType::f32) {
+    convert_from_f32(dst.data, dst.dtype, static_cast<const float*>(src.data), n);
+  } else {
+    wide.resize(n);
+    convert_to_f32(wide.data(), src.data, src.dtype, n);
+    convert_from_f32(dst.data, dst.dtype, wide.data(), n);
+  }
+}
+
+}  // namespace
+
+namespace {
+
 SlabLayout slab_layout(const ModelConfig& cfg, SlabKind kind, int64_t layer, DType matrix_dtype, SlabSet set) {
   if (set == SlabSet::trained) {
     LT_CHECK(matrix_dtype == DType::f32, "the trained tensors' slabs are f32, not {}", dtype_name(matrix_dtype));
@@ -326,14 +345,7 @@ size_t copy_slab_by_name(ModelSlabs& dst, const ModelSlabs& src, SlabKind kind, 
     const TensorView v = src.tensor(kind, layer, e.name), &t = it->second;
     LT_CHECK(v.shape == t.shape, "{}: {} in one model, {} in the other", SlabLayout::hf_name(kind, layer, e.name, prefix),
              shape_str(v.shape), shape_str(t.shape));
-    const size_t n = size_t(v.numel());
-    if (v.dtype == t.dtype) std::memcpy(t.data, v.data, t.bytes());
-    else if (v.dtype == DType::f32) convert_from_f32(t.data, t.dtype, v.ptr<float>(), n);
-    else {
-      wide.resize(n);
-      convert_to_f32(wide.data(), v.data, v.dtype, n);
-      convert_from_f32(t.data, t.dtype, wide.data(), n);
-    }
+    copy_converted(t, v, wide);
     ++copied;
   }
   return copied;
@@ -493,16 +505,7 @@ size_t copy_tensors_by_name(ModelSlabs& dst, const ModelSlabs& src) {
     const TensorView& v = it->second;
     LT_CHECK(v.shape == t.view.shape, "{}: {} in one model, {} in the other", t.hf_name, shape_str(v.shape),
              shape_str(t.view.shape));
-    const size_t n = size_t(v.numel());
-    if (v.dtype == t.view.dtype) {
-      std::memcpy(t.view.data, v.data, t.view.bytes());
-    } else if (v.dtype == DType::f32) {
-      convert_from_f32(t.view.data, t.view.dtype, v.ptr<float>(), n);
-    } else {
-      wide.resize(n);
-      convert_to_f32(wide.data(), v.data, v.dtype, n);
-      convert_from_f32(t.view.data, t.view.dtype, wide.data(), n);
-    }
+    copy_converted(t.view, v, wide);
     ++copied;
   }
   return copied;
@@ -510,14 +513,8 @@ size_t copy_tensors_by_name(ModelSlabs& dst, const ModelSlabs& src) {
 
 ModelSlabs merged_f32(const ModelSlabs& trained, const ModelSlabs& weights) {
   ModelSlabs out(weights.config(), DType::f32, Fill::none);
-  std::map<std::string, TensorView> from;
-  for (const auto& t : trained.named_tensors()) from.emplace(t.hf_name, t.view);
-  const std::vector<ModelSlabs::Named> w = weights.named_tensors(), o = out.named_tensors();
-  for (size_t i = 0; i < o.size(); ++i) {
-    const auto it = from.find(o[i].hf_name);
-    const TensorView& src = it != from.end() ? it->second : w[i].view;
-    parallel_convert_to_f32(o[i].view.ptr<float>(), src.data, src.dtype, size_t(src.numel()));
-  }
+  copy_tensors_by_name(out, weights);
+  copy_tensors_by_name(out, trained);  // the trained ones' f32 values over their streamed copies
   return out;
 }
 
@@ -549,18 +546,9 @@ NamedTensors export_tensors(const ModelSlabs& slabs, DType dtype, std::vector<st
   std::vector<float> wide;
   for (const auto& t : all) {
     const DType d = keep_f32.count(t.hf_name) ? DType::f32 : dtype;
-    const size_t n = size_t(t.view.numel());
-    storage.emplace_back(n * dtype_size(d));
-    if (t.view.dtype == d) {
-      std::memcpy(storage.back().data(), t.view.data, storage.back().size());
-    } else if (t.view.dtype == DType::f32) {
-      convert_from_f32(storage.back().data(), d, t.view.ptr<float>(), n);
-    } else {
-      wide.resize(n);
-      convert_to_f32(wide.data(), t.view.data, t.view.dtype, n);
-      convert_from_f32(storage.back().data(), d, wide.data(), n);
-    }
+    storage.emplace_back(size_t(t.view.numel()) * dtype_size(d));
     out[t.hf_name] = TensorView::contiguous(storage.back().data(), d, t.view.shape);
+    copy_converted(out[t.hf_name], t.view, wide);
   }
   for (const auto& name : keep_f32)
     LT_CHECK(out.count(name), "{} is to be kept F32 but is not a tensor of this {} model", name,

@@ -4,6 +4,7 @@
 #include <unordered_map>
 
 #include "core/error.h"
+#include "io/atomic_file.h"
 #include "io/json_file.h"
 #include "text/added_tokens.h"
 #include "text/bpe.h"
@@ -344,5 +345,13 @@ const std::string& Tokenizer::source() const { return impl_->source; }
 bool Tokenizer::regex_jit() const { return impl_->split && impl_->split->jit(); }
 size_t Tokenizer::cache_entries() const { return impl_->bpe->cache_entries(); }
 void Tokenizer::clear_cache() const { impl_->bpe->clear_cache(); }
+
+void copy_tokenizer_files(const std::string& from_dir, const std::string& to_dir) {
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json",
+                        "generation_config.json"}) {
+    const std::filesystem::path src = std::filesystem::path(from_dir) / f;
+    if (std::filesystem::exists(src)) write_file_atomic((std::filesystem::path(to_dir) / f).string(), read_file(src.string()));
+  }
+}
 
 }  // namespace lt

@@ -86,4 +86,9 @@ class Tokenizer {
   std::shared_ptr<const Impl> impl_;
 };
 
+// Copies the tokenizer's files that exist in `from_dir` (tokenizer.json, tokenizer_config.json, vocab.json, merges.txt,
+// special_tokens_map.json, generation_config.json) into `to_dir`, each atomically: a checkpoint, an exported or an
+// initialised model directory carries its tokenizer.
+void copy_tokenizer_files(const std::string& from_dir, const std::string& to_dir);
+
 }  // namespace lt

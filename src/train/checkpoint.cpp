@@ -15,6 +15,7 @@
 #include "model/peft.h"
 #include "model/weights.h"
 #include "optim/adamw.h"
+#include "text/tokenizer.h"
 
 namespace fs = std::filesystem;
 
@@ -40,13 +41,7 @@ void write_checkpoint_files(const CheckpointWriter& w, const fs::path& tmp, int6
   const Finetune* ft = params.config().finetune.get();
   if (ft && ft->kind == FinetuneKind::lora) save_peft_adapter(params, tmp.string(), w.base_model);
   else save_hf_model(params, tmp.string(), dtype_parse(w.save_dtype), w.max_shard_bytes, extras, frozen);
-  if (!w.tokenizer_dir.empty()) {
-    for (const char* f : {"tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",
-                          "special_tokens_map.json", "generation_config.json"}) {
-      fs::path src = fs::path(w.tokenizer_dir) / f;
-      if (fs::exists(src)) write_file_atomic((tmp / f).string(), read_file(src.string()));
-    }
-  }
+  if (!w.tokenizer_dir.empty()) copy_tokenizer_files(w.tokenizer_dir, tmp.string());
   save_safetensors(params, (tmp / "resume" / "params.safetensors").string(), DType::f32);
   optimizer.save_state((tmp / "resume" / "optimizer.safetensors").string());
   nlohmann::json st = state;
