@@ -5,10 +5,13 @@
 #include <cmath>
 #include <cstdint>
 
+#include "core/host_device.h"
+
 namespace lt {
 
-// splitmix64: x plus the golden-ratio increment, then its finaliser — a stateless 64-bit mix (keys, seeds, hashes).
-inline uint64_t splitmix64(uint64_t x) {
+// splitmix64: x plus the golden-ratio increment, then its finaliser — a stateless 64-bit mix (keys, seeds, hashes);
+// device code too (LoRA's dropout mask, model/lora_mask.h).
+LT_HD_INLINE uint64_t splitmix64(uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;

@@ -32,8 +32,8 @@ struct GemmContext {
 // workspace: head_workspace_bytes.
 struct HeadArgs {
   float* dx;             // [N, C]
-  float* dnorm_w;        // [C]
-  float* dlm_w;          // [V, C]
+  float* dnorm_w;        // [C] (null: frozen, not made)
+  float* dlm_w;          // [V, C] (null: frozen)
   double* loss;          // one f64
   const float* x;        // [N, C] the last block's output
   const int32_t* targets;  // [N]

@@ -158,10 +158,6 @@ void sim_linear_backward(float* din, float* dW, float* dbias, const float* dout,
 double sim_head_forward_backward(float* dx, float* dnorm_w, float* dlm_w, const float* x, const int32_t* targets,
                                  const float* norm_w, WeightRef lm_w, float grad_scale, HeadShape s) {
   std::vector<unsigned char> ws(head_workspace_bytes(s, lm_w.dtype));
-  // The CUDA head always makes both weight gradients: a frozen one's (null here) goes to a throwaway buffer.
-  std::vector<float> dnorm_drop(dnorm_w ? 0 : size_t(s.C)), dlm_drop(dlm_w ? 0 : size_t(s.V * s.C));
-  if (!dnorm_w) dnorm_w = dnorm_drop.data();
-  if (!dlm_w) dlm_w = dlm_drop.data();
   double loss = 0.0;
   HeadArgs a;
   a.dx = dx, a.dnorm_w = dnorm_w, a.dlm_w = dlm_w, a.loss = &loss;

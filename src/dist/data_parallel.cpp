@@ -68,9 +68,9 @@ DataParallelGrads::DataParallelGrads(const Comm& comm, const ModelSlabs& grads)
   for (int64_t l = 0; l < layers_; ++l) make(SlabKind::layer, l);
   make(SlabKind::head, 0);
   // The embedding's partials are summed as grad_sum_of_squares sums the whole table: chunks of kAccumulateChunk
-  // from its first element, which the slab's chunks are when the table is its only tensor.
+  // from its first element, which the slab's chunks are when the table is its only tensor (none: frozen).
   const SlabShards& e = shards_[0];
-  LT_CHECK(grads.layout(SlabKind::embedding).entries().size() == 1,
+  LT_CHECK(grads.layout(SlabKind::embedding).entries().size() <= 1,
            "data parallel: the embedding slab must hold the table alone");
   for (const GradChunk& c : e.chunks) LT_CHECK_EQ(c.begin % kAccumulateChunk, 0, "data parallel: embedding chunk");
   // This rank's run of chunks as an element range per tensor (a run is contiguous: at most the tensors at its
@@ -196,7 +196,18 @@ void DataParallelGrads::attach(HybridAdamW& optimizer, ModelSlabs& params, Model
            optimizer.config().block_size, kAccumulateChunk);
   // The shards were cut in the f32 gradients' layout, which f32 masters share.
   LT_CHECK(params.matrix_dtype() == DType::f32, "data parallel: the masters must be f32 slabs");
-  masters_sharded_ = copy != nullptr;
+  // Frozen tensors (model/finetune.h): the masters are the trained tensors alone (adapters, a few layers), kept whole
+  // on every rank; the streamed copy holds every tensor, the trained ones at their places there (copy_in_).
+  const bool trains_all = params.config().trains_all();
+  masters_sharded_ = copy != nullptr && trains_all;
+  copy_in_.clear();
+  if (copy) {
+    copy_in_.resize(shards_.size());
+    copy_in_[0] = params.layout(SlabKind::embedding).placed_in(copy->layout(SlabKind::embedding));
+    for (int64_t l = 0; l < layers_; ++l)
+      copy_in_[slot(SlabKind::layer, l)] = params.layout(SlabKind::layer, l).placed_in(copy->layout(SlabKind::layer, l));
+    copy_in_.back() = params.layout(SlabKind::head).placed_in(copy->layout(SlabKind::head));
+  }
   optimizer.set_after_update([this, &params, copy](SlabKind kind, int64_t layer, uint8_t* copy_slab) {
     const SlabShards& sh = shards_[slot(kind, layer)];
     auto gather = [&](uint8_t* slab, const SlabLayout& layout) {
@@ -207,7 +218,7 @@ void DataParallelGrads::attach(HybridAdamW& optimizer, ModelSlabs& params, Model
     if (!masters_sharded_ || kind == SlabKind::embedding) gather(params.slab(kind, layer), params.layout(kind, layer));
     if (copy_slab) {
       LT_CHECK(copy != nullptr && copy_slab == copy->slab(kind, layer), "data parallel: an unknown compute copy");
-      gather(copy_slab, copy->layout(kind, layer));
+      gather(copy_slab, copy_in_[slot(kind, layer)]);
     }
   });
   optimizer.set_state_gather([this](const std::vector<StatePiece>& mine, std::vector<AlignedBuffer<uint8_t>>& storage) {

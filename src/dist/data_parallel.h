@@ -29,6 +29,12 @@
 // rows) and are allgathered with the copy. A checkpoint or an evaluation gathers them on rank 0 for its duration
 // (gather_masters). In f32 compute the masters are the streamed weights: whole on every rank, allgathered.
 //
+// Freeze and LoRA (model/finetune.h): the gradients, masters and states are of the trained tensors alone (their
+// layouts SlabLayout::trained: a frozen slab has no chunks and exchanges nothing); the optimizer states are sharded,
+// the masters (small: adapters, a few layers) kept whole on every rank and allgathered; the streamed weights hold
+// every tensor, frozen ones as every rank loaded them, trained ones allgathered by the same chunks at their places
+// in the streamed slab (SlabLayout::placed_in).
+//
 //   DataParallelGrads dp(comm, grads);
 //   HybridAdamW opt(params, grads, cfg, &dp.owned_ranges());
 //   dp.attach(opt, params, copy);          // the allgathers after updates, the checkpoint's state gather
@@ -97,6 +103,7 @@ class DataParallelGrads final : public GradReducer {
   std::vector<SlabShards> shards_;            // [L + 2]: embedding, layers, head
   std::vector<std::vector<double>> partial_;  // [L + 2]: this rank's chunks' Σ g² after the latest micro-batch
   HybridAdamW::OwnedRanges owned_;            // [L + 2][tensors]: this rank's elements of each tensor
+  std::vector<SlabLayout> copy_in_;           // [L + 2]: the gradients' tensors where the compute copy has them
   uint64_t bytes_sent_ = 0;
   bool masters_sharded_ = false;
 };

@@ -509,11 +509,6 @@ StreamingExecutor::StreamingExecutor(const ModelConfig& cfg, Device& device, Exe
     : cfg_(cfg), device_(device), options_(options), nvme_(nvme) {
   LT_CHECK(options_.weight_buffers >= 1 && options_.grad_buffers >= 1 && options_.boundary_ring >= 2,
            "executor needs at least 1 weight buffer, 1 gradient buffer and 2 ring slots");
-  // The CUDA block writes every gradient of a layer (its norms' and the mixer's vectors with their kernels): frozen
-  // tensors (model/finetune.h) run on the CPU block until it skips theirs.
-  LT_CHECK(options_.kernels != LayerKernels::cuda || cfg.trains_all(),
-           "frozen weights (finetuning_type freeze or lora) run on the CPU block for now: --device cpu, or cuda-sim with f32 "
-           "activations; the CUDA block does not skip their gradients yet");
   compute_ = options_.kernels == LayerKernels::cuda ? cuda::make_cuda_layer_compute(device_) : make_cpu_layer_compute();
   // Host staging, host-tier boundaries, x0 and dx0 are copied by the streams: pinned, for a GPU's DMA.
   Device* dev = &device_;  // not `this`: the workspace unpins while the executor is being destroyed

@@ -183,6 +183,19 @@ SlabLayout SlabLayout::trained(const ModelConfig& cfg, SlabKind kind, int64_t la
   return layout;
 }
 
+SlabLayout SlabLayout::placed_in(const SlabLayout& whole) const {
+  SlabLayout l = *this;
+  for (SlabEntry& e : l.entries_) {
+    const SlabEntry& w = whole.entry(e.name);
+    LT_CHECK(w.shape == e.shape, "tensor '{}' is {} in one slab layout and {} in the other", e.name,
+             shape_str(e.shape), shape_str(w.shape));
+    e.offset = w.offset;
+    e.dtype = w.dtype;
+  }
+  l.bytes_ = whole.bytes_;
+  return l;
+}
+
 size_t SlabLayout::mlp_offset() const {
   for (const SlabEntry& e : entries_)
     if (e.name.rfind("post_attention_layernorm.", 0) == 0 || e.name.rfind("mlp.", 0) == 0) return size_t(e.offset);

@@ -43,6 +43,9 @@ class SlabLayout {
   // same order, packed (model/finetune.h) — what the f32 masters, the gradients and the optimizer states hold. Every
   // entry under full fine-tuning (make's f32 layout); none, 0 bytes, for a frozen slab.
   static SlabLayout trained(const ModelConfig& cfg, SlabKind kind, int64_t layer = 0);
+  // These entries, in this order, where `whole` lays them out (each one's offset and dtype there; bytes() whole's):
+  // a trained layout's tensors inside the streamed slab, to move them by the trained layout's chunks (dist/).
+  SlabLayout placed_in(const SlabLayout& whole) const;
 
   SlabKind kind() const { return kind_; }
   LayerKind layer_kind() const { return layer_kind_; }  // a layer slab's token mixer

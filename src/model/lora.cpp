@@ -103,11 +103,6 @@ uint64_t lora_batch_key(uint64_t seed, int64_t step, int64_t micro) {
   return splitmix64(splitmix64(seed ^ 0x4c6f5241ull) ^ splitmix64(uint64_t(step) << 20 ^ uint64_t(micro)));
 }
 
-bool lora_keep(uint64_t key, uint64_t index, float p) {
-  const uint64_t h = splitmix64(key ^ splitmix64(index));
-  return float(double(h >> 40) * 0x1.0p-24) >= p;  // 24 random bits: u in [0, 1) exactly representable in f32
-}
-
 void lora_forward(float* out, const float* in, const LoraView& l, const LoraShape& s, LoraSite site, int64_t N,
                   int64_t in_f, int64_t out_f) {
   if (!l.present() || N == 0) return;

@@ -22,6 +22,7 @@
 
 #include <cstdint>
 
+#include "model/lora_mask.h"  // lora_keep: whether element row · in + i is kept
 #include "ops/linear.h"
 
 namespace lt {
@@ -68,8 +69,6 @@ struct LoraSite {
 uint64_t lora_site_key(uint64_t batch_key, int64_t layer, Adapted a);
 // A training batch's key (Batch::dropout_key): micro-batch `micro` of optimizer step `step` of a run seeded `seed`.
 uint64_t lora_batch_key(uint64_t seed, int64_t step, int64_t micro);
-// Whether element `index` (row · in + i) is kept: a 64-bit mix of (key, index) against p.
-bool lora_keep(uint64_t key, uint64_t index, float p);
 
 // out[N, out_f] += s · (drop(in) · Aᵀ) · Bᵀ. Nothing without an adapter.
 void lora_forward(float* out, const float* in, const LoraView& l, const LoraShape& s, LoraSite site, int64_t N,

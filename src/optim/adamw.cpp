@@ -281,13 +281,13 @@ StateReport model_state_report(const ModelConfig& model, const AdamWConfig& cfg)
 double host_parameter_bytes_per_rank(const ModelConfig& model, const AdamWConfig& cfg, bool compute_copy, int ranks) {
   const double n = ranks, params = double(model.num_parameters());
   const double states = double(model_state_report(model, cfg).state_bytes) / n;
-  if (!model.trains_all()) {  // frozen tensors: the streamed copy of every tensor, masters and gradients of the trained
-    LT_CHECK(ranks == 1, "frozen weights: one process only for now");
+  if (!model.trains_all()) {  // frozen tensors: the streamed copy of every tensor, masters (whole on every rank) and
+    // gradients (a rank touches its chunks' pages only) of the trained ones (dist/data_parallel.h)
     int64_t trained = 0;
     trained += SlabLayout::trained(model, SlabKind::embedding).num_parameters();
     for (int64_t l = 0; l < model.num_layers; ++l) trained += SlabLayout::trained(model, SlabKind::layer, l).num_parameters();
     trained += SlabLayout::trained(model, SlabKind::head).num_parameters();
-    return params * (compute_copy ? 2 : 4) + double(trained) * 8 + states;
+    return params * (compute_copy ? 2 : 4) + double(trained) * (4 + 4 / n) + states;
   }
   if (!compute_copy) return params * (4 + 4 / n) + states;
   const double embed = double(model.vocab_size) * double(model.hidden_size);

@@ -230,7 +230,9 @@ StateReport model_state_report(const ModelConfig& model, const AdamWConfig& cfg)
 // Host bytes one of `ranks` data-parallel ranks keeps for the parameters while training (dist/data_parallel.h;
 // ranks 1: one process): 1/ranks of the f32 gradients and of the optimizer states; with a bf16 compute copy, the
 // copy whole and 1/ranks of the f32 masters but the embedding's whole; without one, the masters whole (they are
-// the streamed weights). The planner's host-memory line and the trainer's check before loading.
+// the streamed weights). Frozen tensors (model/finetune.h): the streamed weights of every tensor, the trained
+// ones' f32 masters whole and 1/ranks of their gradients. The planner's host-memory line and the trainer's check
+// before loading.
 double host_parameter_bytes_per_rank(const ModelConfig& model, const AdamWConfig& cfg, bool compute_copy, int ranks);
 
 // The trained tensors of one slab for the optimizer: HF names, offsets in the f32 trained layout and in the

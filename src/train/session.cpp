@@ -66,9 +66,9 @@ std::shared_ptr<const Finetune> adapter_finetune(const TrainConfig& c, const Mod
 
 ModelSource ModelSource::load(const TrainConfig& c, const Comm& comm, ComputeType compute) {
   ModelSource m;
-  LT_CHECK(c.finetuning_type == "full" || comm.size() == 1,
-           "finetuning_type: {} runs in one process for now (data parallel trains full fine-tuning)", c.finetuning_type);
-  if (comm.size() > 1 && c.compute_dtype == "bf16") {
+  // Data parallel at bf16 compute: a rank loads the f32 masters of its own chunks (dist/data_parallel.h); a frozen run's
+  // masters (the trained tensors) are whole on every rank.
+  if (comm.size() > 1 && c.compute_dtype == "bf16" && c.finetuning_type == "full") {
     fs::path cfg(c.model_name_or_path);
     if (fs::is_directory(cfg)) cfg /= "config.json";
     m.owned_masters = sharded_master_ranges(comm, load_model_config(cfg.string()));

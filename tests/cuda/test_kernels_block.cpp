@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <map>
 
@@ -15,6 +16,7 @@
 #include "cuda/layers.h"
 #include "cuda/sim_orders.h"
 #include "model/block.h"
+#include "model/finetune.h"
 #include "ops/rope.h"
 #include "core/rng.h"
 #include "testing/exec_testing.h"
@@ -154,6 +156,102 @@ TEST(CudaSimBlock, MatchesTheCpuBlockAtBf16Storage) {
       EXPECT_BITWISE_EQ(dx_in, first[1]);
     });
   }
+}
+
+// LoRA adapters (cuda/layers/lora.inl) on every linear of a layer — Qwen2 (biases), Qwen3 (q/k norms), Llama and
+// both Qwen3.5 kinds (gated attention's o_proj on its f32 input, the Gated DeltaNet projections) — with and without
+// dropout (the CPU block's mask), rsLoRA's scale, bf16 and f32 GEMMs: the output, dx_in and the adapters' gradients
+// against the CPU block to kTol, frozen matrices and vectors given no gradient; the same bits in every thread order.
+TEST(CudaSimBlock, LoraAdaptersMatchTheCpuBlock) {
+  struct LoraCase {
+    ModelType type;
+    ComputeType compute;
+    double dropout;
+    bool rslora;
+  };
+  const LoraCase cases[] = {{ModelType::qwen2, ComputeType::bf16, 0.0, false},
+                            {ModelType::qwen3, ComputeType::bf16, 0.3, true},
+                            {ModelType::llama, ComputeType::f32, 0.3, false},
+                            {ModelType::qwen3_5, ComputeType::bf16, 0.0, true},
+                            {ModelType::qwen3_5, ComputeType::f32, 0.2, false}};
+  double worst = 0;
+  for (const LoraCase& c : cases) {
+    Rng rng(uint64_t(c.type) * 31 + uint64_t(c.compute));
+    ModelConfig cfg = c.type == ModelType::qwen3_5 ? lt::testing::random_hybrid_config(rng)
+                                                   : lt::testing::small_model_config(c.type);
+    cfg.finetune = std::make_shared<const Finetune>(make_lora(cfg, 3, 5.0, c.dropout, c.rslora, {"all"}, {}));
+    const int64_t B = 2, T = 11, N = B * T, C = cfg.hidden_size;
+    const ModelSlabs params = lt::testing::random_model_params(cfg, 7);  // B random too: the adapters count
+    ModelSlabs bf16_copy(cfg, DType::bf16);
+    if (c.compute == ComputeType::bf16) make_compute_copy(bf16_copy, params);
+    const ModelSlabs& weights = c.compute == ComputeType::bf16 ? bf16_copy : params;
+    std::vector<int32_t> pos(static_cast<size_t>(N));
+    for (int64_t i = 0; i < N; ++i) pos[size_t(i)] = int32_t(i % T);
+    TokenInfo ti{pos.data(), nullptr};
+    ti.dropout_key = 0x5eedull + uint64_t(c.type);
+    const auto x_in = to_bf16(random_floats(static_cast<size_t>(N * C), 4));
+    const auto dx_out = random_floats(static_cast<size_t>(N * C), 5, -0.1f, 0.1f);
+    for (int64_t l = 0; l < cfg.num_layers; ++l) {
+      const BlockShape sh = BlockShape::make(cfg, B, T, DType::bf16).for_layer(cfg, l);
+      SCOPED_TRACE(std::string(model_type_name(c.type)) + " layer " + std::to_string(l) +
+                   (sh.linear() ? " (Gated DeltaNet)" : "") + (c.compute == ComputeType::bf16 ? " bf16" : " f32") +
+                   " GEMMs, dropout " + std::to_string(c.dropout));
+      ASSERT_EQ(sh.lora.rank, 3);
+      BlockView w = BlockView::bind(weights.layout(SlabKind::layer, l), weights.layer(l));
+      w.layer = l;
+      // The CPU block, internals kept, into the trained gradients (the adapters alone).
+      std::vector<bf16_t> x_out_cpu(static_cast<size_t>(N * C));
+      std::vector<uint8_t> stored_cpu(block_stored_bytes(sh));
+      std::vector<float> dx_in_cpu(static_cast<size_t>(N * C));
+      ModelSlabs grads_cpu(cfg, DType::f32, Fill::zero, SlabSet::trained);
+      {
+        std::vector<float> work(WorkingCopy::floats(sh)), scratch(BlockScratch::floats(sh));
+        LayerInternals li = bind_internals(stored_cpu.data(), work.data(), sh);
+        block_forward(x_out_cpu.data(), li.working, x_in.data(), w, ti, sh, li.stored);
+        BlockGrads g = BlockGrads::bind(grads_cpu.layout(SlabKind::layer, l), grads_cpu.layer(l));
+        BlockScratch bs = BlockScratch::bind(scratch.data(), sh);
+        block_backward(dx_in_cpu.data(), g, bs, dx_out.data(), x_in.data(), li.working, w, ti, sh, li.saved, li.stored);
+      }
+      std::vector<float> cos(static_cast<size_t>(T * sh.D / 2)), sin(cos.size());
+      rope_table(cos.data(), sin.data(), T, sh.rotary, sh.rope);
+      std::vector<uint8_t> gpu_scratch(cuda_block_scratch_bytes(sh));
+      const CudaBlock blk{sh, w, ti, cos.data(), sin.data(), gpu_scratch.data()};
+      std::vector<std::vector<float>> first;
+      testing::for_each_order([&] {
+        std::vector<uint8_t> stored(block_stored_bytes(sh));
+        std::vector<bf16_t> x_out(static_cast<size_t>(N * C));
+        sim::block_forward(GemmContext{}, nullptr, blk, x_out.data(), stored.data(), x_in.data());
+        ModelSlabs grads(cfg, DType::f32, Fill::zero, SlabSet::trained);
+        BlockGrads g = BlockGrads::bind(grads.layout(SlabKind::layer, l), grads.layer(l));
+        std::vector<float> dx_in(static_cast<size_t>(N * C));
+        sim::block_backward(GemmContext{}, nullptr, blk, dx_in.data(), g, dx_out.data(), x_in.data(), stored.data());
+        const double out_err = rel_l2(to_f32(x_out), to_f32(x_out_cpu)), dx_err = rel_l2(dx_in, dx_in_cpu);
+        EXPECT_LT(out_err, kTol);
+        EXPECT_LT(dx_err, kTol);
+        worst = std::max({worst, out_err, dx_err});
+        const auto ours = grads.named_tensors(), theirs = grads_cpu.named_tensors();
+        ASSERT_EQ(ours.size(), theirs.size());
+        size_t adapters = 0;
+        for (size_t i = 0; i < ours.size(); ++i) {
+          if (ours[i].hf_name.find("layers." + std::to_string(l) + ".") == std::string::npos) continue;
+          EXPECT_NE(ours[i].hf_name.find(".lora_"), std::string::npos) << ours[i].hf_name;
+          const TensorView &a = ours[i].view, &b = theirs[i].view;
+          const std::vector<float> got(a.ptr<float>(), a.ptr<float>() + a.numel());
+          const std::vector<float> want(b.ptr<float>(), b.ptr<float>() + b.numel());
+          const double err = rel_l2(got, want);
+          EXPECT_LT(err, kTol) << ours[i].hf_name;
+          worst = std::max(worst, err);
+          ++adapters;
+        }
+        EXPECT_EQ(adapters, sh.linear() ? 16u : 14u);  // A and B of each linear: 5 + 3, or 4 + 3
+        const std::vector<float> now_out = to_f32(x_out);
+        if (first.empty()) first = {now_out, dx_in};
+        EXPECT_BITWISE_EQ(now_out, first[0]);
+        EXPECT_BITWISE_EQ(dx_in, first[1]);
+      });
+    }
+  }
+  std::printf("LoRA layers: CUDA block vs CPU block, worst relative L2 %.2e\n", worst);
 }
 
 TEST(CudaSimBlock, ARecomputedLayerGivesTheKeptLayersBits) {

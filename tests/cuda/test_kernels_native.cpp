@@ -20,6 +20,7 @@
 #include "cuda/kernels.h"
 #include "cuda/layers.h"
 #include "cuda/native/cuda_check.h"
+#include "model/lora_mask.h"
 #include "ops/embedding.h"
 #include "ops/rope.h"
 
@@ -147,6 +148,50 @@ TEST(CudaNative, ElementwiseNormRopeEmbeddingKernelsGiveTheSimulatedBits) {
                              int64_t(tg.present.size()), Ce);
   sync("embedding backward");
   EXPECT_BITWISE_EQ(dtable.get(), table_sim);
+}
+
+// LoRA dropout (cuda/kernels/lora.cuh): the mask is model/lora_mask.h's 64-bit hash on the device too — the dropped
+// operand (bf16 and f32, from bf16 and f32 inputs) and the masked input gradient give cuda-sim's bits, which are the
+// CPU block's mask; a frozen norm's null dweight skips the reduction and leaves din's bits.
+TEST(CudaNative, LoraDropoutAndFrozenNormKernelsGiveTheSimulatedBits) {
+  SKIP_WITHOUT_GPU();
+  const int64_t N = 1031, in_f = 777, n = N * in_f, row0 = 4096;
+  const uint64_t key = 0x9e3779b97f4a7c15ull;
+  const float p = 0.3f;
+  const auto x = random_floats(static_cast<size_t>(n), 11), dx = random_floats(static_cast<size_t>(n), 12);
+  const auto xb = to_bf16(x);
+  std::vector<bf16_t> out_b(static_cast<size_t>(n));
+  std::vector<float> out_f(static_cast<size_t>(n)), din = random_floats(static_cast<size_t>(n), 13);
+  const std::vector<float> din0 = din;
+  sim::lora_dropout(nullptr, out_b.data(), xb.data(), key, row0, N, in_f, p);
+  sim::lora_dropout(nullptr, out_f.data(), x.data(), key, row0, N, in_f, p);
+  sim::lora_dropout_backward(nullptr, din.data(), dx.data(), key, row0, N, in_f, p);
+  int64_t kept = 0;
+  for (int64_t e = 0; e < n; ++e) kept += lora_keep(key, uint64_t(row0 * in_f + e), p) ? 1 : 0;
+  EXPECT_NEAR(double(kept) / double(n), 1.0 - p, 0.01);
+  for (int run = 0; run < 2; ++run) {
+    Dev<bf16_t> dxb(xb), dout_b(static_cast<size_t>(n));
+    Dev<float> dxf(x), dout_f(static_cast<size_t>(n)), ddx(dx), ddin(din0);
+    native::lora_dropout(nullptr, dout_b.p(), dxb.p(), key, row0, N, in_f, p);
+    native::lora_dropout(nullptr, dout_f.p(), dxf.p(), key, row0, N, in_f, p);
+    native::lora_dropout_backward(nullptr, ddin.p(), ddx.p(), key, row0, N, in_f, p);
+    sync("lora dropout");
+    EXPECT_BITWISE_EQ(dout_b.get(), out_b);
+    EXPECT_BITWISE_EQ(dout_f.get(), out_f);
+    EXPECT_BITWISE_EQ(ddin.get(), din);
+  }
+  const int64_t rows = 513, C = 1027;
+  const auto rx = random_floats(static_cast<size_t>(rows * C), 14), rg = random_floats(static_cast<size_t>(rows * C), 15);
+  const auto rw = random_floats(static_cast<size_t>(C), 16, 0.5f, 1.5f);
+  std::vector<float> rout(rx.size()), rstd(static_cast<size_t>(rows)), rdin(rx.size());
+  std::vector<unsigned char> ws(rmsnorm_backward_workspace_bytes(rows, C));
+  sim::rmsnorm_forward(nullptr, rout.data(), rstd.data(), rx.data(), rw.data(), rows, C, 1e-6f);
+  sim::rmsnorm_backward(nullptr, rdin.data(), nullptr, rg.data(), rx.data(), rw.data(), rstd.data(), rows, C, ws.data());
+  Dev<float> drx(rx), drg(rg), drw(rw), drstd(rstd), drdin(rx.size());
+  Dev<unsigned char> dws(ws.size());
+  native::rmsnorm_backward(nullptr, drdin.p(), nullptr, drg.p(), drx.p(), drw.p(), drstd.p(), rows, C, dws.p());
+  sync("rmsnorm backward, frozen weight");
+  EXPECT_BITWISE_EQ(drdin.get(), rdin);
 }
 
 // The tensor core's m16n8k16 product against mma.cuh's shuffle emulation (the fragment layout every tensor-core

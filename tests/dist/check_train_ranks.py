@@ -6,7 +6,8 @@ gradients are summed in that order (dist/data_parallel.h), so for 1 x 6, 2 x 3 a
 f32 masters, optimizer states) are byte-identical and metrics.jsonl has the same loss and gradient norm at every
 step — with tied and untied embeddings (the tied lm_head's part of the table is replayed rank by rank). Also: a run
 saved on 2 ranks resumes on 3 and on 1 and ends byte-identical to the uninterrupted run; fine-tuning a model
-directory, each rank loading only its own masters, is byte-identical on 2 ranks and on 1 — for the dense demo model,
+directory, each rank loading only its own masters, is byte-identical on 2 ranks and on 1 — as are freeze and LoRA
+fine-tuning of it (the trained tensors' masters whole on every rank) — for the dense demo model,
 its Qwen3-MoE and a GPT-OSS of its sizes (whose fused experts each rank reads by its ranges); rank 0 alone writes and
 prints; each rank keeps optimizer states for about 1/N of the parameters and (bf16 compute) f32 masters of 1/N of
 the layers and head, rank 0 gathering them whole for each save and evaluation; a rank killed mid-run ends the whole
@@ -68,8 +69,8 @@ def main():
             fail(f"{ranks} ranks exited {p.returncode}: {' '.join(cmd)}\n{p.stderr[-3000:]}")
         return p
 
-    def same(ref, out, step, what):
-        for name in FILES:
+    def same(ref, out, step, what, files=FILES):
+        for name in files:
             x = open(os.path.join(ref, f"checkpoint-{step}", name), "rb").read()
             y = open(os.path.join(out, f"checkpoint-{step}", name), "rb").read()
             if x != y:
@@ -175,6 +176,27 @@ def main():
             tuned[ranks] = out
         same(tuned[1], tuned[2], 2, "fine-tuned from a model directory on 2 ranks")
         print("pass: fine-tuning a model directory on 2 ranks (each loading its own masters) byte-identical to 1")
+
+        # Freeze and LoRA fine-tuning of the same directory (model/finetune.h): the trained tensors' gradients and
+        # states sharded, their masters whole on every rank, the streamed weights' trained tensors allgathered after
+        # each update (dist/data_parallel.h): the one-process bits, adapters (PEFT files) and frozen model alike.
+        lora_files = ("adapter_model.safetensors", "adapter_config.json", "resume/optimizer.safetensors",
+                      "resume/params.safetensors")
+        for kind, keys, files in (
+                ("freeze", ["finetuning_type=freeze", "freeze_trainable_layers=1",
+                            "freeze_trainable_modules=[mlp, self_attn]", "freeze_extra_modules=norm"], FILES),
+                ("lora", ["finetuning_type=lora", "lora_rank=4", "lora_dropout=0.1", "additional_target=norm"],
+                 lora_files)):
+            runs = {}
+            for ranks, accum in ((1, 4), (2, 2)):
+                out = os.path.join(work, f"{kind}-{ranks}x{accum}")
+                train(ranks, out, common + [f"model_name_or_path={ref}/checkpoint-4", "max_steps=2", "eval_steps=0",
+                                            f"gradient_accumulation_steps={accum}"] + keys)
+                runs[ranks] = out
+            same(runs[1], runs[2], 2, f"{kind} fine-tuning on 2 ranks", files)
+            if metrics(runs[2]) != metrics(runs[1]):
+                fail(f"{kind} on 2 ranks: metrics differ:\n{metrics(runs[2])}\n{metrics(runs[1])}")
+            print(f"pass: {kind} fine-tuning on 2 ranks byte-identical to 1 (checkpoints, metrics)")
 
         # Mixture-of-Experts: the demo's Qwen3-MoE and a GPT-OSS of its sizes (fused experts on disk, which each rank
         # reads by its own ranges), from scratch on 2 ranks x 2 and fine-tuned from a directory: the one-process bits.

@@ -241,13 +241,16 @@ inline std::unique_ptr<NvmeStore> nvme_store_for(const ModelConfig& cfg, const B
 
 // The streaming executor on the CUDA block (under cuda-sim: ExecOptions::kernels cuda, bf16 storage) at one plan,
 // on a device of just the predicted peak, through `link`; expects the measured peak to be the predicted one. `weights`
-// is the compute copy (the masters themselves at f32 GEMMs); moe_aux: the load-balancing loss's weight.
+// is the compute copy (the masters themselves at f32 GEMMs); moe_aux: the load-balancing loss's weight. With frozen
+// tensors (cfg.finetune) the executor gets what a run keeps: the trained tensors' masters, every tensor streamed, and
+// `grads` are of the trained tensors (SlabSet::trained).
 class CudaBlockSteps {
  public:
   CudaBlockSteps(const ModelConfig& cfg, const ModelSlabs& params, const Batch& batch, ComputeType compute,
                  double moe_aux = 0)
       : cfg_(cfg), params_(params), batch_(batch), copy_(cfg, DType::bf16), moe_aux_(moe_aux) {
     if (compute == ComputeType::bf16) make_compute_copy(copy_, params);
+    if (!cfg.trains_all()) masters_ = trained_tensors(cfg, params);
     o_.kernels = LayerKernels::cuda;
     o_.compute = compute;
     o_.activations = DType::bf16;
@@ -260,7 +263,8 @@ class CudaBlockSteps {
     GradTarget target;
     target.moe_aux_weight = moe_aux_;
     const ModelSlabs& weights = o_.compute == ComputeType::bf16 ? copy_ : params_;
-    const StepStats st = ex.step(grads, params_, weights, batch_, plan, nullptr, nullptr, target);
+    const StepStats st =
+        ex.step(grads, cfg_.trains_all() ? params_ : masters_, weights, batch_, plan, nullptr, nullptr, target);
     EXPECT_EQ(st.peak_device_bytes, predicted) << what << " plan " << plan.to_json().dump();
     return st;
   }
@@ -269,7 +273,7 @@ class CudaBlockSteps {
   const ModelConfig& cfg_;
   const ModelSlabs& params_;
   const Batch& batch_;
-  ModelSlabs copy_;
+  ModelSlabs copy_, masters_;
   ExecOptions o_;
   double moe_aux_;
 };

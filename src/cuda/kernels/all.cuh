@@ -10,6 +10,7 @@
 #include "cuda/kernels/embedding.cuh"
 #include "cuda/kernels/gated_delta.cuh"
 #include "cuda/kernels/linear_attention.cuh"
+#include "cuda/kernels/lora.cuh"
 #include "cuda/kernels/mma.cuh"
 #include "cuda/kernels/moe.cuh"
 #include "cuda/kernels/rmsnorm.cuh"

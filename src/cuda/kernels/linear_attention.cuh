@@ -231,8 +231,8 @@ __global__ void delta_gates_backward_params_kernel(float* dA_log, float* ddt_bia
       dgsp += partial[t * 2 * Hv + h];
       dai += partial[t * 2 * Hv + Hv + h];
     }
-    dA_log[h] += float(double(-expf(A_log[h])) * dgsp);
-    ddt_bias[h] += float(dai);
+    if (dA_log) dA_log[h] += float(double(-expf(A_log[h])) * dgsp);
+    if (ddt_bias) ddt_bias[h] += float(dai);
   }
 }
 
@@ -382,6 +382,7 @@ void short_conv_backward(Stream s, float* dx, float* dweight, const float* dout,
   const int64_t n_chunks = (N + chunk - 1) / chunk;
   double* partial = static_cast<double*>(workspace);  // [n_chunks, K, Cc]
   LT_ELEMENTWISE(short_conv_backward_dx_kernel<T>, N * Cc, dx, dout, x, weight, doc_ids, N, T_, Cc, K);
+  if (!dweight) return;  // a frozen weight (model/finetune.h): no gradient
   LT_ELEMENTWISE(short_conv_backward_partial_kernel<T>, n_chunks * Cc, partial, dout, x, weight, doc_ids, N, T_,
                     Cc, K, chunk, n_chunks);
   LT_ELEMENTWISE(short_conv_backward_dweight_kernel, K * Cc, dweight, partial, n_chunks, Cc, K);
@@ -418,6 +419,7 @@ void gated_rmsnorm_backward(Stream s, float* dx, float* dz, float* dweight, cons
   if (rows == 0) return;
   LT_LAUNCH(gated_rmsnorm_backward_kernel<T>, dim3(norm_blocks(rows)), dim3(kNormThreads), 0, native_stream(s),
             dx, dz, dout, x, z, weight, rstd, rows, dv);
+  if (!dweight) return;  // a frozen weight (model/finetune.h): no gradient
   const int64_t chunk_rows = rmsnorm_dweight_chunk_rows(rows);
   const int64_t n_chunks = (rows + chunk_rows - 1) / chunk_rows;
   double* partial = static_cast<double*>(workspace);  // [n_chunks, dv]
@@ -493,10 +495,12 @@ void delta_gates_backward(Stream s, float* db, float* da, float* dA_log, float* 
   const int64_t chunk = delta_gates_param_chunk_tokens(N);
   const int64_t n_chunks = (N + chunk - 1) / chunk;
   double* partial = static_cast<double*>(workspace);  // [n_chunks, 2, Hv]
-  LT_ELEMENTWISE(delta_gates_backward_partial_kernel, n_chunks * Hv, partial, dg, a, A_log, dt_bias, N, Hv,
-                    chunk, n_chunks);
+  const bool params = dA_log || ddt_bias;  // both null: frozen (model/finetune.h)
+  if (params)
+    LT_ELEMENTWISE(delta_gates_backward_partial_kernel, n_chunks * Hv, partial, dg, a, A_log, dt_bias, N, Hv,
+                   chunk, n_chunks);
   LT_ELEMENTWISE(delta_gates_backward_kernel, N * Hv, db, da, dbeta, dg, b, a, A_log, dt_bias, N, Hv);
-  LT_ELEMENTWISE(delta_gates_backward_params_kernel, Hv, dA_log, ddt_bias, partial, A_log, Hv, n_chunks);
+  if (params) LT_ELEMENTWISE(delta_gates_backward_params_kernel, Hv, dA_log, ddt_bias, partial, A_log, Hv, n_chunks);
 }
 
 void gated_rmsnorm_forward(Stream s, float* out, float* rstd, const float* x, const float* z,

@@ -124,6 +124,7 @@ void rmsnorm_backward(Stream s, float* din, float* dweight, const float* dout, c
   if (rows == 0) return;
   LT_LAUNCH(rmsnorm_backward_din_kernel<T>, dim3(norm_blocks(rows)), dim3(kNormThreads), 0, native_stream(s),
             din, dout, in, weight, rstd, rows, C);
+  if (!dweight) return;  // a frozen weight (model/finetune.h): no gradient
   const int64_t chunk_rows = rmsnorm_dweight_chunk_rows(rows);
   const int64_t chunks = (rows + chunk_rows - 1) / chunk_rows;
   const unsigned col_blocks = unsigned((C + kNormThreads - 1) / kNormThreads);

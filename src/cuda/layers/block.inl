@@ -66,6 +66,7 @@ struct BlockScratchCuda {
   bf16_t *gate_c, *up_c, *h_c;                // [R, I]: a recomputed layer's MLP internals, one chunk
   void *norm_ws, *attn_ws, *conv_ws, *gates_ws, *delta_ws;
   MoeScratchCuda moe;                         // a sparse layer's
+  LoraScratchCuda lora;                       // the adapters' (cuda/layers/lora.inl; none without LoRA)
   size_t bytes;
   static BlockScratchCuda carve(void* base, const BlockShape& s) {
     const int64_t N = s.N(), C = s.C, QD = s.QD(), KVD = s.KVD(), I = s.sparse ? 0 : s.I, R = s.mlp_rows();
@@ -109,6 +110,8 @@ struct BlockScratchCuda {
     }
     b.norm_ws = c.take_bytes(norm_ws);
     if (s.sparse) b.moe = MoeScratchCuda::carve(c, s);
+    // An adapter's input is n1 or n2 [N, C], att [N, QD], y [N, VD] or one chunk's h [R, I]: all within `wide`.
+    b.lora = LoraScratchCuda::carve(c, s.lora, std::max(N, R), wide);
     b.bytes = c.bytes();
     return b;
   }
@@ -147,6 +150,20 @@ struct NormWeightsGpu {
   }
 };
 
+// The layer's adapter on linear `which` (model/lora.h; none: an AdapterCall that adds nothing), its mask rows from
+// row0 (an MLP chunk's first token), with its gradients when `gr` is given (the backward).
+inline AdapterCall adapter(const CudaBlock& blk, const BlockScratchCuda& b, Adapted which, int64_t row0 = 0,
+                           const BlockGrads* gr = nullptr) {
+  AdapterCall a;
+  a.view = blk.weights.lora[which];
+  if (!a.present()) return a;
+  if (gr) a.grads = gr->lora[which];
+  a.shape = blk.shape.lora;
+  a.site = blk.shape.lora_site(blk.tok, which, row0);
+  a.scratch = b.lora;
+  return a;
+}
+
 }  // namespace detail
 
 namespace detail {
@@ -159,20 +176,20 @@ inline void mixer_forward(const GemmContext& g, Stream s, const CudaBlock& blk, 
   const DeltaMixerView& w = blk.weights.delta;
   const int64_t N = m.N(), C = m.C, Dc = m.conv_dim(), KD = m.key_dim(), VD = m.value_dim(), Hv = m.Hv;
   const int32_t* doc = blk.tok.doc_ids;
-  gpu_linear(g, s, b.p, st.n1, w.in_qkv, nullptr, N, C, Dc, b.x32);
+  gpu_linear(g, s, b.p, st.n1, w.in_qkv, nullptr, N, C, Dc, b.x32, adapter(blk, b, Adapted::in_proj_qkv));
   convert(s, st.qkv_pre, b.p, N * Dc);
   short_conv_forward(s, st.qkv, st.qkv_pre, w.conv, doc, N, m.T, Dc, m.K);
   l2norm_forward(s, st.qk_hat, st.q_rnorm, st.qkv, N, m.Hk, m.dk, 2 * KD, Dc, kQkNormEps);
   l2norm_forward(s, st.qk_hat + KD, st.k_rnorm, st.qkv + KD, N, m.Hk, m.dk, 2 * KD, Dc, kQkNormEps);
-  gpu_linear(g, s, b.p, st.n1, w.in_z, nullptr, N, C, VD, b.x32);
+  gpu_linear(g, s, b.p, st.n1, w.in_z, nullptr, N, C, VD, b.x32, adapter(blk, b, Adapted::in_proj_z));
   convert(s, st.z, b.p, N * VD);
-  gpu_linear(g, s, st.b, st.n1, w.in_b, nullptr, N, C, Hv, b.x32);  // b and a stay f32
-  gpu_linear(g, s, st.a, st.n1, w.in_a, nullptr, N, C, Hv, b.x32);
+  gpu_linear(g, s, st.b, st.n1, w.in_b, nullptr, N, C, Hv, b.x32, adapter(blk, b, Adapted::in_proj_b));  // b, a: f32
+  gpu_linear(g, s, st.a, st.n1, w.in_a, nullptr, N, C, Hv, b.x32, adapter(blk, b, Adapted::in_proj_a));
   delta_gates_forward(s, st.beta, st.g, st.b, st.a, w.A_log, w.dt_bias, N, Hv);
   gated_delta_forward(s, st.o, st.qk_hat, st.qk_hat + KD, st.qkv + 2 * KD, st.beta, st.g, doc, delta_shape(m),
                       b.delta_ws);
   gated_rmsnorm_forward(s, st.y, st.rstd_o, st.o, st.z, w.norm, N * Hv, m.dv, m.eps);
-  gpu_linear(g, s, out, st.y, w.out, nullptr, N, VD, C, b.p2);
+  gpu_linear(g, s, out, st.y, w.out, nullptr, N, VD, C, b.p2, adapter(blk, b, Adapted::out_proj));
 }
 
 // Gated DeltaNet's mixer backward: dn1 [N, C] written from dout [N, C] (the mixer output's gradient), the
@@ -185,7 +202,8 @@ inline void mixer_backward(const GemmContext& g, Stream s, const CudaBlock& blk,
   const int64_t N = m.N(), C = m.C, Dc = m.conv_dim(), KD = m.key_dim(), VD = m.value_dim(), Hv = m.Hv;
   const int32_t* doc = blk.tok.doc_ids;
   // Widening buffers (f32 GEMM mode): y into p before dpre (which lives there) is written; n1 into x32.
-  gpu_linear_backward(g, s, b.m_dy, gd.out, nullptr, dout, st.y, w.out, N, VD, C, b.operand, b.p);
+  gpu_linear_backward(g, s, b.m_dy, gd.out, nullptr, dout, st.y, w.out, N, VD, C, b.operand, b.p,
+                      adapter(blk, b, Adapted::out_proj, 0, &gr));
   gated_rmsnorm_backward(s, b.m_do, b.m_dz, gd.norm, b.m_dy, st.o, st.z, w.norm, st.rstd_o, N * Hv, m.dv, b.norm_ws);
   // dq̂ | dk̂ into m_dqk; dv straight into its place in the conv output's gradient.
   gated_delta_backward(s, b.m_dqk, b.m_dqk + KD, b.m_dqkv + 2 * KD, b.m_dbeta, b.m_dg, b.m_do, st.qk_hat,
@@ -195,12 +213,16 @@ inline void mixer_backward(const GemmContext& g, Stream s, const CudaBlock& blk,
   short_conv_backward(s, b.m_dpre, gd.conv, b.m_dqkv, st.qkv_pre, w.conv, doc, N, m.T, Dc, m.K, b.conv_ws);
   delta_gates_backward(s, b.m_db, b.m_da, gd.A_log, gd.dt_bias, b.m_dbeta, b.m_dg, st.b, st.a, w.A_log, w.dt_bias,
                        N, Hv, b.gates_ws);
-  gpu_linear_backward(g, s, dn1, gd.in_qkv, nullptr, b.m_dpre, st.n1, w.in_qkv, N, C, Dc, b.operand, b.x32);
-  gpu_linear_backward(g, s, b.dtmp, gd.in_z, nullptr, b.m_dz, st.n1, w.in_z, N, C, VD, b.operand, b.x32);
+  gpu_linear_backward(g, s, dn1, gd.in_qkv, nullptr, b.m_dpre, st.n1, w.in_qkv, N, C, Dc, b.operand, b.x32,
+                      adapter(blk, b, Adapted::in_proj_qkv, 0, &gr));
+  gpu_linear_backward(g, s, b.dtmp, gd.in_z, nullptr, b.m_dz, st.n1, w.in_z, N, C, VD, b.operand, b.x32,
+                      adapter(blk, b, Adapted::in_proj_z, 0, &gr));
   accumulate(s, dn1, b.dtmp, N * C);
-  gpu_linear_backward(g, s, b.dtmp, gd.in_b, nullptr, b.m_db, st.n1, w.in_b, N, C, Hv, b.operand, b.x32);
+  gpu_linear_backward(g, s, b.dtmp, gd.in_b, nullptr, b.m_db, st.n1, w.in_b, N, C, Hv, b.operand, b.x32,
+                      adapter(blk, b, Adapted::in_proj_b, 0, &gr));
   accumulate(s, dn1, b.dtmp, N * C);
-  gpu_linear_backward(g, s, b.dtmp, gd.in_a, nullptr, b.m_da, st.n1, w.in_a, N, C, Hv, b.operand, b.x32);
+  gpu_linear_backward(g, s, b.dtmp, gd.in_a, nullptr, b.m_da, st.n1, w.in_a, N, C, Hv, b.operand, b.x32,
+                      adapter(blk, b, Adapted::in_proj_a, 0, &gr));
   accumulate(s, dn1, b.dtmp, N * C);
 }
 
@@ -217,9 +239,9 @@ inline void forward_attention_half(const GemmContext& g, Stream s, const CudaBlo
   } else {
     // q and k: projection (f32) → [rounded q_raw (gated: queries gathered) → norm per head (f32)] → RoPE (f32)
     // → rounded into the store.
-    auto query_key = [&](const WeightRef& W, const float* bias, const float* norm_w, bf16_t* raw, float* rstd,
-                         bf16_t* out, int64_t width, int64_t heads, bool gated) {
-      gpu_linear(g, s, b.p, st.n1, W, bias, N, C, width, b.x32);
+    auto query_key = [&](const WeightRef& W, const float* bias, Adapted which, const float* norm_w, bf16_t* raw,
+                         float* rstd, bf16_t* out, int64_t width, int64_t heads, bool gated) {
+      gpu_linear(g, s, b.p, st.n1, W, bias, N, C, width, b.x32, adapter(blk, b, which));
       float* x = b.p;
       if (sh.qk_norm) {
         convert(s, raw, b.p, N * width);
@@ -236,9 +258,9 @@ inline void forward_attention_half(const GemmContext& g, Stream s, const CudaBlo
       rope_partial_forward(s, x, blk.tok.pos, blk.rope_cos, blk.rope_sin, N, heads, sh.D, R);
       convert(s, out, x, N * heads * sh.D);
     };
-    query_key(w.wq, w.bq, nw.q_norm, st.q_raw, st.q_rstd, st.q, sh.QPD(), sh.Hq, sh.out_gate);
-    query_key(w.wk, w.bk, nw.k_norm, st.k_raw, st.k_rstd, st.k, KVD, sh.Hkv, false);
-    gpu_linear(g, s, b.p, st.n1, w.wv, w.bv, N, C, KVD, b.x32);
+    query_key(w.wq, w.bq, Adapted::q_proj, nw.q_norm, st.q_raw, st.q_rstd, st.q, sh.QPD(), sh.Hq, sh.out_gate);
+    query_key(w.wk, w.bk, Adapted::k_proj, nw.k_norm, st.k_raw, st.k_rstd, st.k, KVD, sh.Hkv, false);
+    gpu_linear(g, s, b.p, st.n1, w.wv, w.bv, N, C, KVD, b.x32, adapter(blk, b, Adapted::v_proj));
     convert(s, st.v, b.p, N * KVD);
     // GPT-OSS: a sliding layer's window, and the sinks applied where att is stored (rounded once, as the CPU block).
     attention_forward(s, st.att, st.lse, st.q, st.k, st.v, blk.tok.doc_ids,
@@ -247,9 +269,9 @@ inline void forward_attention_half(const GemmContext& g, Stream s, const CudaBlo
       convert(s, b.gated, st.att, N * QD);
       convert(s, b.p, st.q_raw, N * sh.QPD());
       sigmoid_gate_forward(s, b.gated, b.gated, b.p + sh.D, N, sh.Hq, sh.D, sh.QPD(), 2 * sh.D);
-      gpu_linear_f32_input(g, s, b.p, b.gated, w.wo, w.bo, N, QD, C, b.operand);
+      gpu_linear_f32_input(g, s, b.p, b.gated, w.wo, w.bo, N, QD, C, b.operand, adapter(blk, b, Adapted::o_proj));
     } else {
-      gpu_linear(g, s, b.p, st.att, w.wo, w.bo, N, QD, C, b.p2);
+      gpu_linear(g, s, b.p, st.att, w.wo, w.bo, N, QD, C, b.p2, adapter(blk, b, Adapted::o_proj));
     }
   }
   // x_mid = x_in + the mixer's output (p), in f32, rounded into the store; n2 from the rounded x_mid.
@@ -259,14 +281,14 @@ inline void forward_attention_half(const GemmContext& g, Stream s, const CudaBlo
   rmsnorm_forward(s, st.n2, st.rstd2, st.x_mid, nw.ln2, N, C, sh.eps);
 }
 
-// gate, up (rounded) and h = silu(gate)·up of the n tokens whose n2 rows start at n2, into gate / up / h.
+// gate, up (rounded) and h = silu(gate)·up of the n tokens from t0 (their n2 rows start at n2), into gate / up / h.
 inline void mlp_internals(const GemmContext& g, Stream s, const CudaBlock& blk, const BlockScratchCuda& b, bf16_t* gate,
-                          bf16_t* up, bf16_t* h, const bf16_t* n2, int64_t n) {
+                          bf16_t* up, bf16_t* h, const bf16_t* n2, int64_t t0, int64_t n) {
   const BlockView& w = blk.weights;
   const int64_t C = blk.shape.C, I = blk.shape.I;
-  gpu_linear(g, s, b.pm, n2, w.wgate, w.bgate, n, C, I, b.x32);
+  gpu_linear(g, s, b.pm, n2, w.wgate, w.bgate, n, C, I, b.x32, adapter(blk, b, Adapted::gate_proj, t0));
   convert(s, gate, b.pm, n * I);
-  gpu_linear(g, s, b.pm, n2, w.wup, w.bup, n, C, I, b.x32);
+  gpu_linear(g, s, b.pm, n2, w.wup, w.bup, n, C, I, b.x32, adapter(blk, b, Adapted::up_proj, t0));
   convert(s, up, b.pm, n * I);
   swiglu_forward(s, h, gate, up, n * I);
 }
@@ -296,8 +318,9 @@ void block_forward(const GemmContext& g, Stream s, const CudaBlock& blk, bf16_t*
       detail::moe_down_combine(g, s, sh, w.moe, b.moe, offsets, b.p2 + t0 * C, h, n2, n, b.x32);
       continue;
     }
-    detail::mlp_internals(g, s, blk, b, gate, up, h, n2, n);
-    detail::gpu_linear(g, s, b.p2 + t0 * C, h, w.wdown, w.bdown, n, I, C, b.pm);
+    detail::mlp_internals(g, s, blk, b, gate, up, h, n2, t0, n);
+    detail::gpu_linear(g, s, b.p2 + t0 * C, h, w.wdown, w.bdown, n, I, C, b.pm,
+                       detail::adapter(blk, b, Adapted::down_proj, t0));
   }
   convert(s, b.x32, st.x_mid, N * C);
   accumulate(s, b.p2, b.x32, N * C);
@@ -338,15 +361,16 @@ void block_backward_mlp(const GemmContext& g, Stream s, const CudaBlock& blk, Bl
       continue;
     }
     if (saved == Saved::recompute) {  // this chunk's gate, up, h again, as the forward computed them
-      detail::mlp_internals(g, s, blk, b, b.gate_c, b.up_c, b.h_c, n2, n);
+      detail::mlp_internals(g, s, blk, b, b.gate_c, b.up_c, b.h_c, n2, t0, n);
       h = b.h_c, gate = b.gate_c, up = b.up_c;
     }
     detail::gpu_linear_backward(g, s, b.dh, gr.wdown, gr.bdown, dx_out + t0 * C, h, w.wdown, n, I, C, b.operand,
-                                wide);
+                                wide, detail::adapter(blk, b, Adapted::down_proj, t0, &gr));
     swiglu_backward(s, b.dgate, b.dup, b.dh, gate, up, n * I);
     detail::gpu_linear_backward(g, s, b.dn + t0 * C, gr.wgate, gr.bgate, b.dgate, n2, w.wgate, n, C, I, b.operand,
-                                wide);
-    detail::gpu_linear_backward(g, s, b.dtmp + t0 * C, gr.wup, gr.bup, b.dup, n2, w.wup, n, C, I, b.operand, wide);
+                                wide, detail::adapter(blk, b, Adapted::gate_proj, t0, &gr));
+    detail::gpu_linear_backward(g, s, b.dtmp + t0 * C, gr.wup, gr.bup, b.dup, n2, w.wup, n, C, I, b.operand, wide,
+                                detail::adapter(blk, b, Adapted::up_proj, t0, &gr));
   }
   accumulate(s, b.dn, b.dtmp, N * C);
   const detail::NormWeightsGpu nw = detail::NormWeightsGpu::make(s, sh, w, b);
@@ -375,15 +399,16 @@ void block_backward_attention(const GemmContext& g, Stream s, const CudaBlock& b
       convert(s, b.p, st.q_raw, N * sh.QPD());
       sigmoid_gate_forward(s, b.gated, b.gated, b.p + sh.D, N, sh.Hq, sh.D, sh.QPD(), 2 * sh.D);
       detail::gpu_linear_backward_f32_input(g, s, b.datt, gr.wo, gr.bo, b.dx_mid, b.gated, w.wo, N, QD, C,
-                                            b.operand, b.qb);
+                                            b.operand, b.qb, detail::adapter(blk, b, Adapted::o_proj, 0, &gr));
       sigmoid_gate_backward(s, b.datt, b.dq_raw + sh.D, b.datt, st.att, st.q_raw + sh.D, N, sh.Hq, sh.D, sh.QPD(),
                             2 * sh.D);
     } else {
-      detail::gpu_linear_backward(g, s, b.datt, gr.wo, gr.bo, b.dx_mid, st.att, w.wo, N, QD, C, b.operand, wide);
+      detail::gpu_linear_backward(g, s, b.datt, gr.wo, gr.bo, b.dx_mid, st.att, w.wo, N, QD, C, b.operand, wide,
+                                  detail::adapter(blk, b, Adapted::o_proj, 0, &gr));
     }
     const AttentionShape as{sh.B, sh.T, sh.Hq, sh.Hkv, sh.D, sh.window};
     attention_backward(s, b.dq, b.dk, b.dv, datt, st.att, st.lse, st.q, st.k, st.v, blk.tok.doc_ids, as, b.attn_ws);
-    if (w.sinks) {  // the sinks' gradient from the same stored att and lse (ops/attention.h)
+    if (w.sinks && gr.sinks) {  // the sinks' gradient from the same stored att and lse (ops/attention.h); frozen: none
       attention_sinks_backward(s, b.dsinks, datt, st.att, st.lse, w.sinks, as);
       accumulate(s, gr.sinks, b.dsinks, sh.Hq);
     }
@@ -402,10 +427,13 @@ void block_backward_attention(const GemmContext& g, Stream s, const CudaBlock& b
       rmsnorm_backward(s, b.dk_raw, gr.k_norm, b.dk, st.k_raw, nw.k_norm, st.k_rstd, N * sh.Hkv, sh.D, b.norm_ws);
       dq_proj = b.dq_raw, dk_proj = b.dk_raw;
     }
-    detail::gpu_linear_backward(g, s, b.dn, gr.wq, gr.bq, dq_proj, st.n1, w.wq, N, C, sh.QPD(), b.operand, wide);
-    detail::gpu_linear_backward(g, s, b.dtmp, gr.wk, gr.bk, dk_proj, st.n1, w.wk, N, C, KVD, b.operand, wide);
+    detail::gpu_linear_backward(g, s, b.dn, gr.wq, gr.bq, dq_proj, st.n1, w.wq, N, C, sh.QPD(), b.operand, wide,
+                                detail::adapter(blk, b, Adapted::q_proj, 0, &gr));
+    detail::gpu_linear_backward(g, s, b.dtmp, gr.wk, gr.bk, dk_proj, st.n1, w.wk, N, C, KVD, b.operand, wide,
+                                detail::adapter(blk, b, Adapted::k_proj, 0, &gr));
     accumulate(s, b.dn, b.dtmp, N * C);
-    detail::gpu_linear_backward(g, s, b.dtmp, gr.wv, gr.bv, b.dv, st.n1, w.wv, N, C, KVD, b.operand, wide);
+    detail::gpu_linear_backward(g, s, b.dtmp, gr.wv, gr.bv, b.dv, st.n1, w.wv, N, C, KVD, b.operand, wide,
+                                detail::adapter(blk, b, Adapted::v_proj, 0, &gr));
     accumulate(s, b.dn, b.dtmp, N * C);
   }
   rmsnorm_backward(s, dx_in, gr.ln1, b.dn, x_in, nw.ln1, st.rstd1, N, C, b.norm_ws);

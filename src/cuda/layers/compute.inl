@@ -86,6 +86,7 @@ class CudaLayerCompute final : public LayerCompute {
   CudaBlock with(const BlockView& w, bool moe_aux = true) const {
     CudaBlock blk = blk_;
     blk.shape = b_.shape.for_layer(w.kind, w.sparse());  // a layer's own mixer kind and MLP (dense or sparse)
+    blk.shape.layer = w.layer;                            // keys its adapters' dropout masks (model/lora.h)
     blk.weights = w;
     if (w.sparse()) detail::check_gpu_sparse_layer(blk.shape, w.moe);
     if (!moe_aux) blk.tok.moe_aux = nullptr;

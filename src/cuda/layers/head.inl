@@ -2,7 +2,8 @@
 // into both namespaces (cuda/layers_sim.cpp, cuda/native/layers_native.cpp), so it calls that build's kernels: per chunk of tokens [n0, n0 + n)
 //   xn = rmsnorm(x) → (bf16: rounded copy) → logits = xn · lm_wᵀ (f32) → cross-entropy in place → dlogits
 //   dxn = dlogits · lm_w,  dlm_w += dlogitsᵀ · xn (token slices), dx, dnorm_w from rmsnorm's backward
-// Only one chunk's logits exist at a time ([chunk, V] f32 in the workspace). dnorm_w is added per chunk
+// Only one chunk's logits exist at a time ([chunk, V] f32 in the workspace). A null dnorm_w or dlm_w (frozen,
+// model/finetune.h) is not made. dnorm_w is added per chunk
 // (the CPU op sums it in f64 over all chunks first), so the two agree to f32 rounding.
 #pragma once
 
@@ -74,8 +75,9 @@ void head_forward_backward(const GemmContext& gemm, Stream s, const HeadArgs& a)
     sum_in_order(s, a.loss, w.row_loss, n);
     const void* dlogits_op = b16 ? static_cast<const void*>(w.dlogits_b) : w.logits;
     run_matmul(gemm, linear_dinput_matmul(w.dxn, dlogits_op, a.lm_w, in_type, n, sh.V, sh.C), s);
-    for (const Matmul& mm : linear_dweight_matmuls(a.dlm_w, dlogits_op, xn_op, in_type, n, sh.V, sh.C))
-      run_matmul(gemm, mm, s);
+    if (a.dlm_w)  // null: a frozen lm_head (model/finetune.h)
+      for (const Matmul& mm : linear_dweight_matmuls(a.dlm_w, dlogits_op, xn_op, in_type, n, sh.V, sh.C))
+        run_matmul(gemm, mm, s);
     rmsnorm_backward(s, a.dx + n0 * sh.C, a.dnorm_w, w.dxn, x, a.norm_w, w.rstd, n, sh.C, w.norm_ws);
   }
 }

@@ -219,6 +219,9 @@ inline void moe_backward(const GemmContext& g, Stream s, const BlockShape& sh, c
                          int64_t n, const MoeAuxLoss* aux, int64_t t0, float* widened) {
   const int64_t E = sh.E, k = sh.k, C = sh.C, Ie = sh.Ie, Is = sh.Is, A = n * k, shared = A * Ie;
   const int64_t width = n * sh.mlp_width();
+  // A frozen MLP (model/finetune.h) binds no expert gradients: every weight GEMM is skipped (null dW).
+  ExpertGrads frozen{};
+  auto grads_of = [&](int64_t e) -> ExpertGrads& { return gr.experts.empty() ? frozen : gr.experts[size_t(e)]; };
   // Every matrix of the layer is in the one compute dtype: h and n2 as GEMM operands (widened for f32 GEMMs).
   const MatType t = weight_type(w.experts.front().down);
   LT_CHECK(weight_type(w.router) == t, "sparse layer: the router's GEMM dtype differs from the experts'");
@@ -247,10 +250,11 @@ inline void moe_backward(const GemmContext& g, Stream s, const BlockShape& sh, c
   moe_scale_rows(s, m.yp, m.weights, m.order, A, C);
   dy = gradient_operand(s, t, m.yp, A * C, m.operand);
   for_each_expert(offsets, [&](int64_t e, int64_t first, int64_t rows) {
-    ExpertGrads& ge = gr.experts[size_t(e)];
-    for (const Matmul& mm : linear_dweight_matmuls(ge.down, rows_at(dy, t, first, C), rows_at(hop, t, first, Ie), t,
-                                                   rows, C, Ie))
-      run_matmul(g, mm, s);
+    ExpertGrads& ge = grads_of(e);
+    if (ge.down)
+      for (const Matmul& mm : linear_dweight_matmuls(ge.down, rows_at(dy, t, first, C), rows_at(hop, t, first, Ie), t,
+                                                     rows, C, Ie))
+        run_matmul(g, mm, s);
     if (ge.down_bias) bias_grad(s, ge.down_bias, m.yp + first * C, rows, C);
   });
   if (Is > 0) {
@@ -264,9 +268,10 @@ inline void moe_backward(const GemmContext& g, Stream s, const BlockShape& sh, c
     moe_shared_gate_grad(s, m.dshared, gs, h + shared, m.sg, n, Is);
     moe_scale_by_token(s, gs, gs, m.sg, n, Is);
     moe_scale_by_token(s, m.yp, dout, m.sg, n, C);
-    for (const Matmul& mm : linear_dweight_matmuls(gr.shared.down, gradient_operand(s, t, m.yp, n * C, m.operand),
-                                                   rows_at(hop, t, shared, 1), t, n, C, Is))
-      run_matmul(g, mm, s);
+    if (gr.shared.down)
+      for (const Matmul& mm : linear_dweight_matmuls(gr.shared.down, gradient_operand(s, t, m.yp, n * C, m.operand),
+                                                     rows_at(hop, t, shared, 1), t, n, C, Is))
+        run_matmul(g, mm, s);
   }
   expert_swiglu_backward(s, sh, m.dgate, m.dup, m.dh, gate, up, width);
   // The experts' input gradients (gate into dxp, up into dxp2) and their gate / up weight (and bias) gradients.
@@ -274,7 +279,7 @@ inline void moe_backward(const GemmContext& g, Stream s, const BlockShape& sh, c
                               float* ExpertGrads::*bias) {
     const void* dop = gradient_operand(s, t, d, width, m.operand);
     for_each_expert(offsets, [&](int64_t e, int64_t first, int64_t rows) {
-      ExpertGrads& ge = gr.experts[size_t(e)];
+      ExpertGrads& ge = grads_of(e);
       linear_backward_gemms(g, s, dx + first * C, ge.*grad, ge.*bias, d + first * Ie, rows_at(dop, t, first, Ie),
                             rows_at(m.xp, t, first, C), w.experts[size_t(e)].*matrix, rows, C, Ie);
     });

@@ -217,13 +217,14 @@ double nat_head_forward_backward(float* dx, float* dnorm_w, float* dlm_w, const 
   const double zero = 0.0;
   DeviceCopy<double> d_loss(1, &zero);
   HeadArgs a;
-  a.dx = d_dx.p(), a.dnorm_w = d_dnorm.p(), a.dlm_w = d_dlm.p(), a.loss = d_loss.p();
+  a.dx = d_dx.p(), a.dnorm_w = dnorm_w ? d_dnorm.p() : nullptr, a.dlm_w = dlm_w ? d_dlm.p() : nullptr;
+  a.loss = d_loss.p();
   a.x = d_x.p(), a.targets = d_targets.p(), a.norm_w = d_norm.p(), a.lm_w = d_lm.p(), a.lm_type = lm_w.dtype;
   a.grad_scale = grad_scale, a.shape = s, a.workspace = ws.p();
   native::head_forward_backward(GemmContext{&gemm().cublas, gemm().workspace.p()}, kDefault, a);
   finish("head_forward_backward");
   d_dx.download(dx);
-  if (dnorm_w) d_dnorm.download(dnorm_w);  // null: frozen, its gradient made on the device and dropped
+  if (dnorm_w) d_dnorm.download(dnorm_w);  // null: frozen, not made
   if (dlm_w) d_dlm.download(dlm_w);
   double loss = 0;
   d_loss.download(&loss);
