@@ -13,6 +13,7 @@
 #include "exec/weight_buffers.h"
 #include "io/nvme.h"
 #include "model/block.h"
+#include "model/finetune.h"
 
 namespace lt {
 
@@ -75,6 +76,7 @@ class Builder {
              "the CUDA block stores bf16 activations, not {} (activation_dtype)", dtype_name(shape_.act));
     mdt_ = o.compute == ComputeType::bf16 ? DType::bf16 : DType::f32;
     s_.boundary_bytes = shape_.boundary_bytes();
+    lowest_ = lowest_backward_layer(cfg);
     for (int64_t i = 0; i < L_; ++i)
       if (!plan.stored(i)) s_.recompute_depth = std::max(s_.recompute_depth, i - plan.source_below(i));
   }
@@ -453,6 +455,7 @@ class Builder {
     auto it = reload_at_.find(window);
     if (it == reload_at_.end()) return;
     for (auto [i, k] : it->second) {
+      if (i < lowest_) continue;  // below the backward's last layer: its own backward never reads it
       const auto& parts = plan().reload_parts[size_t(i)];
       Prefetch& f = prefetch_[size_t(i)];
       if (f.ring < 0) {
@@ -608,11 +611,13 @@ class Builder {
     }
   }
 
+  // Down to lowest_ (model/finetune.h: below a frozen run's lowest trained layer, with a frozen embedding, nothing
+  // wants a gradient).
   void backward() {
     wslots_.begin_backward();
     int cur = 0;  // dx[cur] holds the gradient of the current layer's output
     int last_compute = -1;
-    for (int64_t l = L_ - 1; l >= 0; --l) {
+    for (int64_t l = L_ - 1; l >= lowest_; --l) {
       begin_window(backward_window(L_, l));
       issue_reloads(backward_window(L_, l));
       const Boundary xin = get_boundary(l);
@@ -734,6 +739,7 @@ class Builder {
   BlockShape shape_{};
   DType mdt_ = DType::f32;
   size_t head_w_bytes_ = 0, head_g_bytes_ = 0;
+  int64_t lowest_ = 0;  // the backward's last layer (lowest_backward_layer)
   int window_ = 0;
   std::vector<int> pending_[kNumStreams];
 

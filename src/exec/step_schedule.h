@@ -17,6 +17,7 @@
 //   h2d:      W1  W2 ... head         W  x(reload) ...     (the next layer's weights while this one computes)
 //   d2h:          x(offload) ...  dHead dW(L-1)   ... dW0 dx0
 //   host:                         acc   acc       ... acc  embedding backward
+//   (a frozen run's backward ends at lowest_backward_layer, model/finetune.h: its windows below are empty)
 //
 // Lanes: the device's three streams (compute, h2d, d2h), each in order; three host threads, each in order — the host
 // lane (gradient accumulation, the embedding backward), the optimizer lane (the previous step's update, slab by

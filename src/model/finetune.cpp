@@ -11,6 +11,13 @@
 
 namespace lt {
 
+int64_t lowest_backward_layer(const ModelConfig& cfg) {
+  if (cfg.trains_all() || SlabLayout::trained(cfg, SlabKind::embedding).bytes() > 0) return 0;
+  for (int64_t l = 0; l < cfg.num_layers; ++l)
+    if (SlabLayout::trained(cfg, SlabKind::layer, l).bytes() > 0) return l;
+  return cfg.num_layers;
+}
+
 std::string layer_module(const std::string& entry) { return entry.substr(0, entry.find('.')); }
 
 bool is_adapter_entry(const std::string& entry) {

@@ -74,6 +74,11 @@ Finetune make_freeze(const ModelConfig& cfg, int64_t trainable_layers, const std
 Finetune make_lora(const ModelConfig& cfg, int64_t rank, double alpha, double dropout, bool rslora,
                    const std::vector<std::string>& targets, const std::vector<std::string>& additional);
 
+// The lowest layer whose backward a step runs: 0 when the embedding trains (full fine-tuning, or a trained table:
+// its gradient is boundary 0's), else the lowest layer with a trained tensor (num_layers when none) — below it no
+// tensor wants a gradient, so the backward stops there, as PyTorch's autograd does (exec/step_schedule.cpp).
+int64_t lowest_backward_layer(const ModelConfig& cfg);
+
 // The module a layer slab entry belongs to: its first name component ("self_attn" of "self_attn.q_proj.weight").
 std::string layer_module(const std::string& entry);
 // Whether a slab entry is a LoRA adapter's ("self_attn.q_proj.lora_A.weight").

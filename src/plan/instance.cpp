@@ -6,6 +6,7 @@
 #include "core/aligned.h"
 #include "core/error.h"
 #include "model/block.h"
+#include "model/finetune.h"
 #include "model/layout.h"
 #include "plan/hardware.h"
 
@@ -139,6 +140,8 @@ Instance make_instance(const ModelConfig& cfg, int64_t B, int64_t T, const Profi
 
   in.f = profile.forward_s;
   in.b = profile.backward_s;
+  // A frozen run's backward stops at its lowest trained layer (model/finetune.h lowest_backward_layer): none below.
+  for (int64_t l = 0; l < std::min<int64_t>(lowest_backward_layer(cfg), in.L); ++l) in.b[size_t(l)] = 0;
   in.r = profile.recompute_s;
   in.head = profile.head_s;
   in.embed_f = profile.embed_forward_s;

@@ -59,12 +59,13 @@ struct CpuRun {
   std::vector<float> dx_in;
   ModelSlabs grads;
 };
-// Layer `layer`'s gradients; a sparse layer's auxiliary loss (ti.moe_aux) finished between forward and backward.
+// Layer `layer`'s gradients (of the trained tensors alone when cfg.finetune freezes some); a sparse layer's auxiliary
+// loss (ti.moe_aux) finished between forward and backward.
 CpuRun run_cpu_block(const ModelConfig& cfg, const BlockShape& sh, const BlockView& w, const TokenInfo& ti,
                      const std::vector<bf16_t>& x_in, const std::vector<float>& dx_out, int64_t layer = 0) {
   const size_t n = static_cast<size_t>(sh.N() * sh.C);
   CpuRun r{std::vector<bf16_t>(n), std::vector<uint8_t>(block_stored_bytes(sh)), std::vector<float>(n),
-           ModelSlabs(cfg)};
+           ModelSlabs(cfg, DType::f32, Fill::zero, cfg.trains_all() ? SlabSet::all : SlabSet::trained)};
   std::vector<float> work(WorkingCopy::floats(sh)), scratch(BlockScratch::floats(sh));
   LayerInternals li = bind_internals(r.stored.data(), work.data(), sh);
   block_forward(r.x_out.data(), li.working, x_in.data(), w, ti, sh, li.stored);
@@ -74,6 +75,32 @@ CpuRun run_cpu_block(const ModelConfig& cfg, const BlockShape& sh, const BlockVi
   block_backward(r.dx_in.data(), g, bs, dx_out.data(), x_in.data(), li.working, w, ti, sh, li.saved, li.stored);
   return r;
 }
+
+// The CUDA block of one layer under cuda-sim: its RoPE table (the rotated dims) and scratch. run() is a forward with
+// the internals stored and the backward from them into layer `layer` of `grads`.
+struct SimBlock {
+  std::vector<float> cos, sin;
+  std::vector<uint8_t> scratch;
+  CudaBlock blk;
+  SimBlock(const BlockShape& sh, const BlockView& w, const TokenInfo& ti)
+      : cos(static_cast<size_t>(sh.T * sh.D / 2)), sin(cos.size()), scratch(cuda_block_scratch_bytes(sh)) {
+    rope_table(cos.data(), sin.data(), sh.T, sh.rotary, sh.rope);
+    blk = CudaBlock{sh, w, ti, cos.data(), sin.data(), scratch.data()};
+  }
+  struct Out {
+    std::vector<bf16_t> x_out;
+    std::vector<uint8_t> stored;
+    std::vector<float> dx_in;
+  };
+  Out run(ModelSlabs& grads, int64_t layer, const std::vector<bf16_t>& x_in, const std::vector<float>& dx_out) const {
+    const size_t n = static_cast<size_t>(blk.shape.N() * blk.shape.C);
+    Out o{std::vector<bf16_t>(n), std::vector<uint8_t>(block_stored_bytes(blk.shape)), std::vector<float>(n)};
+    sim::block_forward(GemmContext{}, nullptr, blk, o.x_out.data(), o.stored.data(), x_in.data());
+    BlockGrads g = BlockGrads::bind(grads.layout(SlabKind::layer, layer), grads.layer(layer));
+    sim::block_backward(GemmContext{}, nullptr, blk, o.dx_in.data(), g, dx_out.data(), x_in.data(), o.stored.data());
+    return o;
+  }
+};
 
 struct Case {
   ModelType type;
@@ -115,19 +142,11 @@ TEST(CudaSimBlock, MatchesTheCpuBlockAtBf16Storage) {
     const std::vector<float>& dx_in_cpu = cpu.dx_in;
     const ModelSlabs& grads_cpu = cpu.grads;
     // The CUDA block under cuda-sim.
-    std::vector<float> cos(static_cast<size_t>(T * sh.D / 2)), sin(cos.size());
-    rope_table(cos.data(), sin.data(), T, sh.D, sh.rope);
-    std::vector<uint8_t> gpu_scratch(cuda_block_scratch_bytes(sh));
-    const CudaBlock blk{sh, w, ti, cos.data(), sin.data(), gpu_scratch.data()};
+    const SimBlock gpu(sh, w, ti);
     std::vector<std::vector<float>> first;
     testing::for_each_order([&] {
-      std::vector<uint8_t> stored(block_stored_bytes(sh));
-      std::vector<bf16_t> x_out(static_cast<size_t>(N * C));
-      sim::block_forward(GemmContext{}, nullptr, blk, x_out.data(), stored.data(), x_in.data());
       ModelSlabs grads(cfg);
-      BlockGrads g = BlockGrads::bind(grads.layout(SlabKind::layer), grads.layer(0));
-      std::vector<float> dx_in(static_cast<size_t>(N * C));
-      sim::block_backward(GemmContext{}, nullptr, blk, dx_in.data(), g, dx_out.data(), x_in.data(), stored.data());
+      const auto [x_out, stored, dx_in] = gpu.run(grads, 0, x_in, dx_out);
 
       const StoredOffsets o = block_stored_offsets(sh);
       EXPECT_BITWISE_EQ(floats_at(stored, o.n1, N * C, true), floats_at(stored_cpu, o.n1, N * C, true));
@@ -199,37 +218,18 @@ TEST(CudaSimBlock, LoraAdaptersMatchTheCpuBlock) {
       ASSERT_EQ(sh.lora.rank, 3);
       BlockView w = BlockView::bind(weights.layout(SlabKind::layer, l), weights.layer(l));
       w.layer = l;
-      // The CPU block, internals kept, into the trained gradients (the adapters alone).
-      std::vector<bf16_t> x_out_cpu(static_cast<size_t>(N * C));
-      std::vector<uint8_t> stored_cpu(block_stored_bytes(sh));
-      std::vector<float> dx_in_cpu(static_cast<size_t>(N * C));
-      ModelSlabs grads_cpu(cfg, DType::f32, Fill::zero, SlabSet::trained);
-      {
-        std::vector<float> work(WorkingCopy::floats(sh)), scratch(BlockScratch::floats(sh));
-        LayerInternals li = bind_internals(stored_cpu.data(), work.data(), sh);
-        block_forward(x_out_cpu.data(), li.working, x_in.data(), w, ti, sh, li.stored);
-        BlockGrads g = BlockGrads::bind(grads_cpu.layout(SlabKind::layer, l), grads_cpu.layer(l));
-        BlockScratch bs = BlockScratch::bind(scratch.data(), sh);
-        block_backward(dx_in_cpu.data(), g, bs, dx_out.data(), x_in.data(), li.working, w, ti, sh, li.saved, li.stored);
-      }
-      std::vector<float> cos(static_cast<size_t>(T * sh.D / 2)), sin(cos.size());
-      rope_table(cos.data(), sin.data(), T, sh.rotary, sh.rope);
-      std::vector<uint8_t> gpu_scratch(cuda_block_scratch_bytes(sh));
-      const CudaBlock blk{sh, w, ti, cos.data(), sin.data(), gpu_scratch.data()};
+      // The CPU block, internals kept, into the trained gradients (the adapters alone); then the CUDA block's.
+      const CpuRun cpu = run_cpu_block(cfg, sh, w, ti, x_in, dx_out, l);
+      const SimBlock gpu(sh, w, ti);
       std::vector<std::vector<float>> first;
       testing::for_each_order([&] {
-        std::vector<uint8_t> stored(block_stored_bytes(sh));
-        std::vector<bf16_t> x_out(static_cast<size_t>(N * C));
-        sim::block_forward(GemmContext{}, nullptr, blk, x_out.data(), stored.data(), x_in.data());
         ModelSlabs grads(cfg, DType::f32, Fill::zero, SlabSet::trained);
-        BlockGrads g = BlockGrads::bind(grads.layout(SlabKind::layer, l), grads.layer(l));
-        std::vector<float> dx_in(static_cast<size_t>(N * C));
-        sim::block_backward(GemmContext{}, nullptr, blk, dx_in.data(), g, dx_out.data(), x_in.data(), stored.data());
-        const double out_err = rel_l2(to_f32(x_out), to_f32(x_out_cpu)), dx_err = rel_l2(dx_in, dx_in_cpu);
+        const auto [x_out, stored, dx_in] = gpu.run(grads, l, x_in, dx_out);
+        const double out_err = rel_l2(to_f32(x_out), to_f32(cpu.x_out)), dx_err = rel_l2(dx_in, cpu.dx_in);
         EXPECT_LT(out_err, kTol);
         EXPECT_LT(dx_err, kTol);
         worst = std::max({worst, out_err, dx_err});
-        const auto ours = grads.named_tensors(), theirs = grads_cpu.named_tensors();
+        const auto ours = grads.named_tensors(), theirs = cpu.grads.named_tensors();
         ASSERT_EQ(ours.size(), theirs.size());
         size_t adapters = 0;
         for (size_t i = 0; i < ours.size(); ++i) {
