@@ -205,9 +205,9 @@ TEST(ExecutorFinetune, TheCudaBlockGivesTheKeepAllBitsUnderEveryPlanAndTheCpuBlo
       for (const auto& t : ref_grads.named_tensors())
         EXPECT_EQ(0, std::memcmp(t.view.data, by_name.at(t.hf_name).data, t.view.bytes())) << what << ": " << t.hf_name;
     }
-    // Recomputed layers (their adapters' masks drawn again), host-tier boundaries, transfer windows (the NVMe tier's
-    // frozen runs are ExecutorFreeze's and ExecutorLora's, on the CPU block).
-    const std::vector<Plan> plans = {Plan::every(L, 1), Plan::every(L, 2, Tier::host),
+    // Recomputed layers (their adapters' masks drawn again), host-tier boundaries with transfer windows (the NVMe
+    // tier's frozen runs are ExecutorFreeze's and ExecutorLora's, on the CPU block).
+    const std::vector<Plan> plans = {Plan::every(L, 1),
                                      testing::with_random_windows(testing::random_host_plan(L, rng), rng)};
     for (const Plan& plan : plans) {
       ModelSlabs grads(c.cfg, DType::f32, Fill::zero, SlabSet::trained);
