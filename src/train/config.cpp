@@ -291,6 +291,17 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   return c;
 }
 
+LoraAdapters lora_adapters(const TrainConfig& c) {
+  LoraAdapters a;
+  if (c.finetuning_type != "lora" || c.adapter_name_or_path.empty()) return a;
+  a.merge = c.adapter_name_or_path;
+  if (!c.create_new_adapter) {
+    a.resume = a.merge.back();
+    a.merge.pop_back();
+  }
+  return a;
+}
+
 std::shared_ptr<const Finetune> finetune_of(const TrainConfig& c, const ModelConfig& model) {
   if (c.finetuning_type == "full") return nullptr;
   if (c.finetuning_type == "freeze")

@@ -101,6 +101,13 @@ struct TrainConfig {
 
 // The tensors a run of `c` trains on `model` (model/finetune.h): null for full fine-tuning. Errors name the key.
 std::shared_ptr<const Finetune> finetune_of(const TrainConfig& c, const ModelConfig& model);
+// A LoRA run's adapter_name_or_path as LLaMA-Factory reads it: the adapters merged into the base first, and the one
+// training continues (empty: a new adapter — none given, or create_new_adapter). Both empty for other methods.
+struct LoraAdapters {
+  std::vector<std::string> merge;
+  std::string resume;
+};
+LoraAdapters lora_adapters(const TrainConfig& c);
 
 // Reads CONFIG.yaml and applies `overrides` ("key=value"); validates everything.
 TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides = {});

@@ -11,10 +11,6 @@ namespace lt {
 
 namespace {
 
-// splitmix64 (core/rng.h) spreads (seed, epoch) over the whole state so neighbouring epochs (or seeds) do not start
-// Rng from overlapping streams.
-uint64_t mix64(uint64_t z) { return splitmix64(z); }
-
 constexpr uint64_t kPackStream = 0x7061636b696e67ull;  // "packing": the packing order's own stream
 
 std::vector<int64_t> identity(int64_t n) {
@@ -83,7 +79,7 @@ DataLoader::DataLoader(TokenizedDataset data, LoaderOptions options) : data_(std
 
   // Units: one example each, or examples packed greedily (next fit) in the packing order.
   const std::vector<int64_t> pack_order =
-      o.order == Order::shuffled && packed ? permutation(n, mix64(o.seed ^ kPackStream)) : identity(n);
+      o.order == Order::shuffled && packed ? permutation(n, splitmix64(o.seed ^ kPackStream)) : identity(n);
   unit_members_ = pack_order;
   unit_begin_.push_back(0);
   int64_t fill = 0;
@@ -117,7 +113,9 @@ void DataLoader::start_epoch(int64_t epoch) {
   if (order_epoch_ == epoch) return;
   const int64_t U = units_per_epoch();
   if (options_.order == Order::shuffled) {
-    order_ = permutation(U, mix64(options_.seed ^ mix64(uint64_t(epoch))));
+    // splitmix64 spreads (seed, epoch) over the whole state: neighbouring epochs (or seeds) start Rng from distant
+    // streams.
+    order_ = permutation(U, splitmix64(options_.seed ^ splitmix64(uint64_t(epoch))));
   } else {
     order_ = identity(U);
   }

@@ -66,29 +66,16 @@ std::shared_ptr<const Finetune> adapter_finetune(const TrainConfig& c, const Mod
 
 ModelSource ModelSource::load(const TrainConfig& c, const Comm& comm, ComputeType compute) {
   ModelSource m;
-  // Data parallel at bf16 compute: a rank loads the f32 masters of its own chunks (dist/data_parallel.h); a frozen run's
-  // masters (the trained tensors) are whole on every rank.
-  if (comm.size() > 1 && c.compute_dtype == "bf16" && c.finetuning_type == "full") {
-    fs::path cfg(c.model_name_or_path);
-    if (fs::is_directory(cfg)) cfg /= "config.json";
-    m.owned_masters = sharded_master_ranges(comm, load_model_config(cfg.string()));
-  }
   fs::path p(c.model_name_or_path);
   const bool from_scratch = fs::is_regular_file(p);  // a config.json alone: train from scratch
   const ModelConfig cfg = load_model_config(p.string());
   std::shared_ptr<const Finetune> ft = finetune_of(c, cfg);
-  // LoRA: the adapter trained on (LLaMA-Factory: the last given; none with create_new_adapter), the others merged
-  // into the base first.
-  std::vector<std::string> merge;
-  std::string resume_adapter;
-  if (ft && ft->kind == FinetuneKind::lora && !c.adapter_name_or_path.empty()) {
-    merge = c.adapter_name_or_path;
-    if (!c.create_new_adapter) {
-      resume_adapter = merge.back();
-      merge.pop_back();
-    }
-    if (!resume_adapter.empty()) ft = adapter_finetune(c, cfg, resume_adapter);
-  }
+  // Data parallel at bf16 compute: a rank loads the f32 masters of its own chunks (dist/data_parallel.h); a frozen run's
+  // masters (the trained tensors) are whole on every rank.
+  if (comm.size() > 1 && c.compute_dtype == "bf16" && !ft) m.owned_masters = sharded_master_ranges(comm, cfg);
+  // LoRA: the adapter trained on, the others merged into the base first.
+  const auto [merge, resume_adapter] = lora_adapters(c);
+  if (!resume_adapter.empty()) ft = adapter_finetune(c, cfg, resume_adapter);
   m.dir = from_scratch ? p.parent_path().string() : p.string();
   m.from_scratch = from_scratch;
   m.config = cfg;

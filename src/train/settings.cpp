@@ -43,8 +43,7 @@ double host_parameter_bytes(const TrainConfig& c, const ModelConfig& mc, int ran
   // and the masters (one slab in f32 beside them); merging adapters first, or drawing a model from scratch, holds the
   // f32 model whole once.
   if (!mc.trains_all()) {
-    const bool whole = from_scratch || (c.finetuning_type == "lora" && !c.adapter_name_or_path.empty() &&
-                                        (c.create_new_adapter || c.adapter_name_or_path.size() > 1));
+    const bool whole = from_scratch || !lora_adapters(c).merge.empty();
     size_t slab = std::max(SlabLayout::make(mc, SlabKind::embedding).bytes(), SlabLayout::make(mc, SlabKind::head).bytes());
     for (int64_t l = 0; l < mc.num_layers; ++l) slab = std::max(slab, SlabLayout::make_layer(mc, l).bytes());
     return whole ? std::max(training, double(mc.num_parameters()) * (4 + (copy ? 2 : 4))) : training + double(slab);

@@ -17,7 +17,6 @@ import argparse
 import json
 import os
 import random
-import shutil
 import signal
 import subprocess
 import sys
@@ -89,11 +88,7 @@ def main():
         if a.lora:  # a base model directory to adapt (`lazytrain init`, bf16 as released checkpoints are)
             base = os.path.join(work, "base")
             subprocess.run([a.lazytrain, "init", "--config", paths[0].split("=", 1)[1], "--out", base, "--seed", "3",
-                            "--dtype", "bf16"], check=True, capture_output=True)
-            for name in ("tokenizer.json", "tokenizer_config.json"):
-                src = os.path.join(os.path.dirname(paths[0].split("=", 1)[1]), name)
-                if os.path.exists(src):
-                    shutil.copy(src, os.path.join(base, name))
+                            "--dtype", "bf16"], check=True, capture_output=True)  # with the tokenizer beside it
             common = [f"model_name_or_path={base}"] + common[1:]
             common += ["finetuning_type=lora", "lora_rank=4", "lora_dropout=0.1", "additional_target=norm"]
 
