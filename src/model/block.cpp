@@ -41,6 +41,33 @@ float* grad_or_null(const SlabLayout& layout, uint8_t* base, const char* name) {
   return reinterpret_cast<float*>(base + e->offset);
 }
 
+// The LoRA adapter of the linear `prefix` ("mlp.experts.3.up_proj"), and its gradients: none where the layout has
+// no "<prefix>.lora_A.weight".
+LoraView lora_view(const SlabLayout& layout, const uint8_t* base, const std::string& prefix) {
+  const SlabEntry* A = layout.find(prefix + ".lora_A.weight");
+  if (!A) return {};
+  return LoraView{WeightRef{base + A->offset, A->dtype}, matrix(layout, base, (prefix + ".lora_B.weight").c_str())};
+}
+LoraGrads lora_grads(const SlabLayout& layout, uint8_t* base, const std::string& prefix) {
+  return LoraGrads{grad_or_null(layout, base, (prefix + ".lora_A.weight").c_str()),
+                   grad_or_null(layout, base, (prefix + ".lora_B.weight").c_str())};
+}
+
+// Whether a layout holds any tensor of expert e (its matrices or, in a LoRA run's trained layout, its adapters).
+bool has_expert(const SlabLayout& layout, int64_t e) {
+  const std::string p = fmt::format("mlp.experts.{}.", e);
+  for (const char* m : {"gate_proj.weight", "gate_proj.lora_A.weight", "up_proj.lora_A.weight", "down_proj.lora_A.weight"})
+    if (layout.find(p + m)) return true;
+  return false;
+}
+// Whether a layout holds a sparse MLP's tensors (any of them: a trained layout may have only some adapters).
+bool has_sparse_mlp(const SlabLayout& layout) {
+  for (const SlabEntry& e : layout.entries())
+    for (const char* p : {"mlp.gate.", "mlp.router.", "mlp.experts.", "mlp.shared_expert"})
+      if (e.name.rfind(p, 0) == 0) return true;
+  return false;
+}
+
 // The gradients with every frozen vector's (null: model/finetune.h) pointed at a throwaway buffer: the ops that make
 // a vector's gradient with an activation gradient (the norms, the mixer's convolution, gates and gated norm) write it
 // there and it is dropped. A frozen matrix's stays null: linear_backward then skips its GEMMs.
@@ -139,11 +166,8 @@ BlockView BlockView::bind(const SlabLayout& layout, const void* base_ptr) {
   auto* base = static_cast<const uint8_t*>(base_ptr);
   BlockView w{};
   w.kind = layout.layer_kind();
-  for (int a = 0; a < kAdapted; ++a) {  // LoRA adapters, where the layout has them (model/finetune.h)
-    const std::string p = adapted_entry(Adapted(a));
-    if (const SlabEntry* A = layout.find(p + ".lora_A.weight"))
-      w.lora.at[a] = LoraView{WeightRef{base + A->offset, A->dtype}, matrix(layout, base, (p + ".lora_B.weight").c_str())};
-  }
+  for (int a = 0; a < kAdapted; ++a)  // LoRA adapters, where the layout has them (model/finetune.h)
+    w.lora.at[a] = lora_view(layout, base, adapted_entry(Adapted(a)));
   w.ln1 = f32_required(layout, base, "input_layernorm.weight");
   if (layout.find("linear_attn.in_proj_qkv.weight")) {
     w.delta = DeltaMixerView{matrix(layout, base, "linear_attn.in_proj_qkv.weight"),
@@ -182,13 +206,20 @@ BlockView BlockView::bind(const SlabLayout& layout, const void* base_ptr) {
                                matrix(layout, base, (p + "down_proj.weight").c_str()),
                                f32_or_null(layout, base, (p + "gate_proj.bias").c_str()),
                                f32_or_null(layout, base, (p + "up_proj.bias").c_str()),
-                               f32_or_null(layout, base, (p + "down_proj.bias").c_str())});
+                               f32_or_null(layout, base, (p + "down_proj.bias").c_str()),
+                               lora_view(layout, base, p + "gate_proj"), lora_view(layout, base, p + "up_proj"),
+                               lora_view(layout, base, p + "down_proj")});
     }
+    w.moe.router_lora = w.lora[Adapted::router];
     if (layout.find("mlp.shared_expert_gate.weight")) {
       w.moe.shared = {matrix(layout, base, "mlp.shared_expert.gate_proj.weight"),
                       matrix(layout, base, "mlp.shared_expert.up_proj.weight"),
-                      matrix(layout, base, "mlp.shared_expert.down_proj.weight")};
+                      matrix(layout, base, "mlp.shared_expert.down_proj.weight"),
+                      nullptr, nullptr, nullptr,
+                      w.lora[Adapted::shared_gate_proj], w.lora[Adapted::shared_up_proj],
+                      w.lora[Adapted::shared_down_proj]};
       w.moe.shared_gate = matrix(layout, base, "mlp.shared_expert_gate.weight");
+      w.moe.shared_gate_lora = w.lora[Adapted::shared_expert_gate];
     }
     return w;
   }
@@ -206,11 +237,7 @@ BlockGrads BlockGrads::bind(const SlabLayout& layout, void* base_ptr) {
   // backward skips a frozen matrix's weight gradient and drops a frozen vector's (with_dropped below).
   auto* base = static_cast<uint8_t*>(base_ptr);
   BlockGrads g{};
-  for (int a = 0; a < kAdapted; ++a) {
-    const std::string p = adapted_entry(Adapted(a));
-    g.lora.at[a] = LoraGrads{grad_or_null(layout, base, (p + ".lora_A.weight").c_str()),
-                             grad_or_null(layout, base, (p + ".lora_B.weight").c_str())};
-  }
+  for (int a = 0; a < kAdapted; ++a) g.lora.at[a] = lora_grads(layout, base, adapted_entry(Adapted(a)));
   g.ln1 = grad_or_null(layout, base, "input_layernorm.weight");
   if (layout.layer_kind() == LayerKind::linear_attention) {  // (a trained layout may hold none of its tensors)
     g.delta = DeltaMixerGrads{grad_or_null(layout, base, "linear_attn.in_proj_qkv.weight"),
@@ -237,23 +264,31 @@ BlockGrads BlockGrads::bind(const SlabLayout& layout, void* base_ptr) {
   }
   g.ln2 = grad_or_null(layout, base, "post_attention_layernorm.weight");
   const char* router = layout.find("mlp.router.weight") ? "mlp.router" : "mlp.gate";
-  if (layout.find(std::string(router) + ".weight")) {  // a frozen sparse MLP: no router, no experts (moe_backward)
+  // A sparse MLP's: a frozen one binds no experts (moe_backward skips their weight GEMMs); a LoRA run's trained
+  // layout binds their adapters alone.
+  if (has_sparse_mlp(layout)) {
     g.moe.router = grad_or_null(layout, base, (std::string(router) + ".weight").c_str());
     g.moe.router_bias = grad_or_null(layout, base, (std::string(router) + ".bias").c_str());
-    for (int64_t e = 0;; ++e) {
+    for (int64_t e = 0; has_expert(layout, e); ++e) {
       const std::string p = fmt::format("mlp.experts.{}.", e);
-      if (!layout.find(p + "gate_proj.weight")) break;
       g.moe.experts.push_back({grad_or_null(layout, base, (p + "gate_proj.weight").c_str()),
                                grad_or_null(layout, base, (p + "up_proj.weight").c_str()),
                                grad_or_null(layout, base, (p + "down_proj.weight").c_str()),
                                grad_or_null(layout, base, (p + "gate_proj.bias").c_str()),
                                grad_or_null(layout, base, (p + "up_proj.bias").c_str()),
-                               grad_or_null(layout, base, (p + "down_proj.bias").c_str())});
+                               grad_or_null(layout, base, (p + "down_proj.bias").c_str()),
+                               lora_grads(layout, base, p + "gate_proj"), lora_grads(layout, base, p + "up_proj"),
+                               lora_grads(layout, base, p + "down_proj")});
     }
+    g.moe.router_lora = g.lora[Adapted::router];
     g.moe.shared = {grad_or_null(layout, base, "mlp.shared_expert.gate_proj.weight"),
                     grad_or_null(layout, base, "mlp.shared_expert.up_proj.weight"),
-                    grad_or_null(layout, base, "mlp.shared_expert.down_proj.weight")};
+                    grad_or_null(layout, base, "mlp.shared_expert.down_proj.weight"),
+                    nullptr, nullptr, nullptr,
+                    g.lora[Adapted::shared_gate_proj], g.lora[Adapted::shared_up_proj],
+                    g.lora[Adapted::shared_down_proj]};
     g.moe.shared_gate = grad_or_null(layout, base, "mlp.shared_expert_gate.weight");
+    g.moe.shared_gate_lora = g.lora[Adapted::shared_expert_gate];
     return g;
   }
   g.wgate = grad_or_null(layout, base, "mlp.gate_proj.weight");
@@ -616,7 +651,7 @@ void mlp_internals(float* gate, float* up, float* h, WorkingCopy& a, const Block
                    const BlockShape& s, const Storage& st, int64_t t0, int64_t n) {
   const float* n2 = a.n2 + t0 * s.C;
   if (s.sparse) {
-    moe_route(a.moe, n2, w.moe, s, n);
+    moe_route(a.moe, n2, w.moe, s, n, t0, tok.dropout_key);
     moe_gate_up(gate, up, a.moe, n2, w.moe, s, n);
   } else {
     adapted_forward(gate, n2, w.wgate, w.bgate, w.lora[Adapted::gate_proj], s.lora,
@@ -764,7 +799,7 @@ void block_backward_mlp(BlockGrads& trained, BlockScratch& b, const float* dx_ou
     }
     const float* n2 = a.n2 + t0 * C;
     if (s.sparse) {
-      if (saved != Saved::recompute) moe_route(work.moe, n2, w.moe, s, n);
+      if (saved != Saved::recompute) moe_route(work.moe, n2, w.moe, s, n, t0, tok.dropout_key);
       moe_backward(b.dn + t0 * C, b.dtmp + t0 * C, g.moe, b.moe, a.moe, dx_out + t0 * C, n2, gate, up, h, w.moe, s, n,
                    tok.moe_aux, t0);
       continue;

@@ -32,8 +32,19 @@ std::vector<std::pair<std::string, std::string>> adaptable_linears(const ModelCo
   } else {
     for (const char* n : {"q_proj", "k_proj", "v_proj", "o_proj"}) out.emplace_back(std::string("self_attn.") + n, n);
   }
-  if (!cfg.sparse_layer(layer))
+  if (!cfg.sparse_layer(layer)) {
     for (const char* n : {"gate_proj", "up_proj", "down_proj"}) out.emplace_back(std::string("mlp.") + n, n);
+    return out;
+  }
+  if (cfg.gpt_oss()) return out;  // fused 3-D experts and a router that is not a Linear: nothing PEFT adapts
+  out.emplace_back("mlp.gate", "gate");  // the router
+  for (int64_t e = 0; e < cfg.num_experts; ++e)
+    for (const char* n : {"gate_proj", "up_proj", "down_proj"})
+      out.emplace_back(fmt::format("mlp.experts.{}.{}", e, n), n);
+  if (cfg.shared_expert_intermediate_size > 0) {
+    for (const char* n : {"gate_proj", "up_proj", "down_proj"}) out.emplace_back(std::string("mlp.shared_expert.") + n, n);
+    out.emplace_back("mlp.shared_expert_gate", "shared_expert_gate");
+  }
   return out;
 }
 
@@ -44,9 +55,10 @@ float Finetune::scale() const {
 bool Finetune::adapts(const std::string& entry_prefix) const {
   if (kind != FinetuneKind::lora) return false;
   const std::string name = entry_prefix.substr(entry_prefix.rfind('.') + 1);
+  // PEFT's matching: a target names the linear's last component ("gate" the router alone, "gate_proj" every
+  // expert's, the shared expert's and a dense MLP's).
   return (entry_prefix.rfind("self_attn.", 0) == 0 || entry_prefix.rfind("linear_attn.", 0) == 0 ||
           entry_prefix.rfind("mlp.", 0) == 0) &&
-         entry_prefix.find("experts") == std::string::npos && entry_prefix.find("shared_expert") == std::string::npos &&
          std::find(targets.begin(), targets.end(), name) != targets.end();
 }
 
@@ -178,9 +190,10 @@ Finetune make_lora(const ModelConfig& cfg, int64_t rank, double alpha, double dr
   LT_CHECK(!all || targets.size() == 1, "lora_target: \"all\" with other names ({})", fmt::join(targets, ", "));
   for (const std::string& t : all ? have : targets) {
     if (std::find(have.begin(), have.end(), t) == have.end()) {
-      const bool expert = cfg.is_moe() && (t == "gate_proj" || t == "up_proj" || t == "down_proj" || t == "gate");
-      LT_CHECK(!expert, "lora_target: '{}' is in {}'s sparse layers (the router and experts), which take no adapter "
-               "yet; adapt the attention projections ({})", t, model_type_name(cfg.type), fmt::join(have, ", "));
+      const bool expert = cfg.gpt_oss() && (t == "gate_proj" || t == "up_proj" || t == "down_proj" || t == "router");
+      LT_CHECK(!expert, "lora_target: '{}' is in gpt_oss's sparse layers, whose experts are fused 3-D tensors and "
+               "whose router is not a Linear module: PEFT's LoRA adapts neither; choose from all, {}", t,
+               fmt::join(have, ", "));
       LT_FAIL("lora_target: '{}' is not a linear of {}'s layers; choose from all, {}", t, model_type_name(cfg.type),
               fmt::join(have, ", "));
     }

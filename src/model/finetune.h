@@ -67,9 +67,12 @@ struct Finetune {
 Finetune make_freeze(const ModelConfig& cfg, int64_t trainable_layers, const std::vector<std::string>& modules,
                      const std::vector<std::string>& extra, const std::string& what = "freeze");
 
-// LLaMA-Factory's LoRA keys: `targets` "all" (every linear of the layers: the attention or Gated DeltaNet
-// projections and the dense MLP's) or linear names (q_proj, ..., in_proj_qkv, ...), `additional` embed_tokens, norm or
-// lm_head. A sparse (MoE) layer's router and experts take no adapter: naming their linears is refused. Errors name
+// LLaMA-Factory's LoRA keys: `targets` "all" (every Linear module of the layers, as LLaMA-Factory finds them: the
+// attention or Gated DeltaNet projections, the dense MLP's; a sparse layer's router `gate`, each routed expert's
+// gate_proj / up_proj / down_proj, the shared expert's and its `shared_expert_gate`) or linear names (q_proj, ...,
+// in_proj_qkv, ..., gate), `additional` embed_tokens, norm or lm_head. A name adapts every linear whose last
+// component it is, as PEFT's target_modules does: gate_proj is each expert's, the shared expert's and a dense
+// layer's. GPT-OSS's experts (fused 3-D tensors) and router (not a Linear) take no adapter, as in PEFT. Errors name
 // the key (lora_rank, lora_target, ...) and the choices.
 Finetune make_lora(const ModelConfig& cfg, int64_t rank, double alpha, double dropout, bool rslora,
                    const std::vector<std::string>& targets, const std::vector<std::string>& additional);
@@ -84,7 +87,8 @@ std::string layer_module(const std::string& entry);
 // Whether a slab entry is a LoRA adapter's ("self_attn.q_proj.lora_A.weight").
 bool is_adapter_entry(const std::string& entry);
 // The linears of a layer an adapter may target, as (entry prefix, name): ("self_attn.q_proj", "q_proj"), ... — the
-// layer's attention or mixer projections and a dense MLP's.
+// layer's attention or mixer projections, a dense MLP's, a sparse MLP's router ("mlp.gate", "gate"), experts
+// ("mlp.experts.3.up_proj", "up_proj") and shared expert (none for GPT-OSS).
 std::vector<std::pair<std::string, std::string>> adaptable_linears(const ModelConfig& cfg, int64_t layer);
 
 }  // namespace lt

@@ -114,16 +114,25 @@ SlabLayout SlabLayout::make(const ModelConfig& cfg, SlabKind kind, DType matrix_
           break;
         }
         b.add("mlp.gate.weight", {E, C});
-        for (int64_t e = 0; e < E; ++e) {
-          b.add(fmt::format("mlp.experts.{}.gate_proj.weight", e), {Ie, C});
-          b.add(fmt::format("mlp.experts.{}.up_proj.weight", e), {Ie, C});
-          b.add(fmt::format("mlp.experts.{}.down_proj.weight", e), {C, Ie});
+        add_adapter(b, cfg, "mlp.gate", C, E);
+        for (int64_t e = 0; e < E; ++e) {  // (a LoRA adapter beside each expert's matrix)
+          const std::string p = fmt::format("mlp.experts.{}.", e);
+          b.add(p + "gate_proj.weight", {Ie, C});
+          add_adapter(b, cfg, p + "gate_proj", C, Ie);
+          b.add(p + "up_proj.weight", {Ie, C});
+          add_adapter(b, cfg, p + "up_proj", C, Ie);
+          b.add(p + "down_proj.weight", {C, Ie});
+          add_adapter(b, cfg, p + "down_proj", Ie, C);
         }
         if (const int64_t Is = cfg.shared_expert_intermediate_size) {  // qwen3_5_moe's shared expert and its gate
           b.add("mlp.shared_expert.gate_proj.weight", {Is, C});
+          add_adapter(b, cfg, "mlp.shared_expert.gate_proj", C, Is);
           b.add("mlp.shared_expert.up_proj.weight", {Is, C});
+          add_adapter(b, cfg, "mlp.shared_expert.up_proj", C, Is);
           b.add("mlp.shared_expert.down_proj.weight", {C, Is});
+          add_adapter(b, cfg, "mlp.shared_expert.down_proj", Is, C);
           b.add("mlp.shared_expert_gate.weight", {1, C});
+          add_adapter(b, cfg, "mlp.shared_expert_gate", C, 1);
         }
         break;
       }

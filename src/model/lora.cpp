@@ -31,7 +31,7 @@ const float* dropped(const float* in, const LoraShape& s, LoraSite site, int64_t
   float* xd = take(buf, N * in_f);
   const float keep_scale = 1.0f / (1.0f - s.dropout);
   parallel_for(N, [&](int64_t n) {
-    const uint64_t row = uint64_t(site.row0 + n) * uint64_t(in_f);
+    const uint64_t row = uint64_t(site.row(n)) * uint64_t(in_f);
     for (int64_t i = 0; i < in_f; ++i)
       xd[n * in_f + i] = lora_keep(site.key, row + uint64_t(i), s.dropout) ? in[n * in_f + i] * keep_scale : 0.0f;
   });
@@ -90,13 +90,27 @@ const char* adapted_entry(Adapted a) {
   static const char* const names[kAdapted] = {
       "self_attn.q_proj",      "self_attn.k_proj",    "self_attn.v_proj",    "self_attn.o_proj",
       "linear_attn.in_proj_qkv", "linear_attn.in_proj_z", "linear_attn.in_proj_b", "linear_attn.in_proj_a",
-      "linear_attn.out_proj",  "mlp.gate_proj",       "mlp.up_proj",         "mlp.down_proj"};
+      "linear_attn.out_proj",  "mlp.gate_proj",       "mlp.up_proj",         "mlp.down_proj",
+      "mlp.gate",              "mlp.shared_expert.gate_proj", "mlp.shared_expert.up_proj",
+      "mlp.shared_expert.down_proj", "mlp.shared_expert_gate"};
   LT_CHECK(int(a) < kAdapted, "adapted_entry: no linear {}", int(a));
   return names[int(a)];
 }
 
+std::string expert_entry(int64_t expert, Adapted a) {
+  LT_CHECK(a == Adapted::gate_proj || a == Adapted::up_proj || a == Adapted::down_proj,
+           "expert_entry: an expert has gate_proj, up_proj and down_proj, not {}", adapted_entry(a));
+  const std::string linear = adapted_entry(a);  // "mlp.gate_proj"
+  return "mlp.experts." + std::to_string(expert) + linear.substr(3);
+}
+
 uint64_t lora_site_key(uint64_t batch_key, int64_t layer, Adapted a) {
-  return splitmix64(batch_key ^ splitmix64(uint64_t(layer) * 16 + uint64_t(a) + 1));
+  static_assert(kAdapted < 32, "lora_site_key keys 32 linears a layer");
+  return splitmix64(batch_key ^ splitmix64(uint64_t(layer) * 32 + uint64_t(a) + 1));
+}
+
+uint64_t lora_expert_key(uint64_t site_key, int64_t expert) {
+  return splitmix64(site_key ^ splitmix64(~uint64_t(expert)));
 }
 
 uint64_t lora_batch_key(uint64_t seed, int64_t step, int64_t micro) {
@@ -146,7 +160,7 @@ void lora_backward(float* din, const LoraGrads& g, const float* dout, const floa
   gemm(Trans::no, Trans::no, N, in_f, r, duop, r, l.A, in_f, dxd, in_f, Accumulate::no);
   const float keep_scale = 1.0f / (1.0f - s.dropout);
   parallel_for(N, [&](int64_t n) {
-    const uint64_t row = uint64_t(site.row0 + n) * uint64_t(in_f);
+    const uint64_t row = uint64_t(site.row(n)) * uint64_t(in_f);
     for (int64_t i = 0; i < in_f; ++i)
       if (lora_keep(site.key, row + uint64_t(i), s.dropout)) din[n * in_f + i] += dxd[n * in_f + i] * keep_scale;
   });

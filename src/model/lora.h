@@ -21,20 +21,25 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "model/lora_mask.h"  // lora_keep: whether element row · in + i is kept
 #include "ops/linear.h"
 
 namespace lt {
 
-// The linears an adapter may sit on, in the order model/finetune.h's adaptable_linears lists them.
+// The linears an adapter may sit on, in the order model/finetune.h's adaptable_linears lists them. A sparse layer's
+// routed experts use gate_proj / up_proj / down_proj (each expert's own adapter, its dropout key mixed with the
+// expert: lora_expert_key); its router ("mlp.gate") and shared expert have their own.
 enum class Adapted : uint8_t {
   q_proj, k_proj, v_proj, o_proj, in_proj_qkv, in_proj_z, in_proj_b, in_proj_a, out_proj, gate_proj, up_proj,
-  down_proj, count
+  down_proj, router, shared_gate_proj, shared_up_proj, shared_down_proj, shared_expert_gate, count
 };
 inline constexpr int kAdapted = int(Adapted::count);
-// Its slab entry prefix: "self_attn.q_proj", "linear_attn.in_proj_qkv", "mlp.down_proj", ...
+// Its slab entry prefix: "self_attn.q_proj", "linear_attn.in_proj_qkv", "mlp.down_proj", "mlp.gate",
+// "mlp.shared_expert.up_proj", ... (a routed expert's: "mlp.experts.{e}." + the linear's name, expert_entry).
 const char* adapted_entry(Adapted a);
+std::string expert_entry(int64_t expert, Adapted a);
 
 // One linear's adapter: A [r, in], B [out, r] (null: none).
 struct LoraView {
@@ -65,8 +70,16 @@ struct LoraShape {
 struct LoraSite {
   uint64_t key = 0;  // the batch's dropout key mixed with the layer and the linear (lora_site_key)
   int64_t row0 = 0;  // the first row's token index in the batch (an MLP chunk starts at its t0)
+  // An expert's grouped rows: row n is token row0 + gather[n] / per_token (model/lora_mask.h's lora_row); null:
+  // consecutive tokens.
+  const int32_t* gather = nullptr;
+  int64_t per_token = 1;
+  int64_t row(int64_t n) const { return lora_row(row0, gather, per_token, n); }
 };
 uint64_t lora_site_key(uint64_t batch_key, int64_t layer, Adapted a);
+// A routed expert's key from its linear's site key: each expert draws its own mask on its tokens' rows, as each of
+// PyTorch's expert modules applies its own dropout to its input.
+uint64_t lora_expert_key(uint64_t site_key, int64_t expert);
 // A training batch's key (Batch::dropout_key): micro-batch `micro` of optimizer step `step` of a run seeded `seed`.
 uint64_t lora_batch_key(uint64_t seed, int64_t step, int64_t micro);
 

@@ -16,4 +16,11 @@ LT_HD_INLINE bool lora_keep(uint64_t key, uint64_t index, float p) {
   return float(double(h >> 40) * 0x1.0p-24) >= p;  // 24 random bits: u in [0, 1) exactly representable in f32
 }
 
+// The token row of an adapter input's row n: row0 + n, or, for a sparse layer's grouped rows (an expert's tokens,
+// model/moe_ffn.h), row0 + gather[n] / per_token — gather holds each row's assignment t·k + j, so the mask of an
+// expert's input row is its token's, whatever the routing put before it.
+LT_HD_INLINE int64_t lora_row(int64_t row0, const int32_t* gather, int64_t per_token, int64_t n) {
+  return gather ? row0 + int64_t(gather[n]) / per_token : row0 + n;
+}
+
 }  // namespace lt

@@ -60,8 +60,21 @@ float sigmoid(float x) { return float(1.0 / (1.0 + std::exp(-double(x)))); }
 
 // The shared expert (qwen3_5_moe) of one slice's n tokens: its gate [n] = σ(n2 · w_sg), into r.shared_gate.
 void shared_gate_forward(const MoeRouting& r, const float* n2, const MoeView& w, const BlockShape& s, int64_t n) {
-  linear_forward(r.shared_gate, n2, w.shared_gate, nullptr, n, s.C, 1);
+  adapted_forward(r.shared_gate, n2, w.shared_gate, nullptr, w.shared_gate_lora, s.lora,
+                  moe_lora_site(r, s, Adapted::shared_expert_gate), n, s.C, 1);
   for (int64_t t = 0; t < n; ++t) r.shared_gate[t] = sigmoid(r.shared_gate[t]);
+}
+
+// With LoRA on a down projection the expert's output is h·W_downᵀ + L(h), so the gradient of the weight that scales
+// it reads dout·L(h) beside moe_weight_grads' (dout·W_down)·h: dweights[at(row)] += dout_rows[row]·lora_out[row]
+// over C (one double sum in order, as moe_weight_grads'), at(row) = order[row] (null order: row).
+void add_adapter_dots(float* dweights, const float* dout_rows, const float* lora_out, const int32_t* order,
+                      int64_t rows, int64_t C) {
+  for (int64_t row = 0; row < rows; ++row) {
+    double dot = 0;
+    for (int64_t c = 0; c < C; ++c) dot += double(dout_rows[row * C + c]) * double(lora_out[row * C + c]);
+    dweights[order ? order[row] : row] += float(dot);
+  }
 }
 
 // The shared expert's backward, after the routed experts' (their rows of dh and d h done, dyp free): d its h into
@@ -74,6 +87,12 @@ void shared_down_backward(MoeGrads& g, MoeScratch& b, const MoeRouting& r, const
   // gs = dout·W_down_s; d σ = gs·hs (moe_weight_grads with one "assignment" per token, weight σ), gs ← σ·gs = d hs.
   linear_backward_input(gs, dout, w.shared.down, n, Is, C);
   moe_weight_grads(b.dshared, gs, hs, r.shared_gate, r.identity, r.identity, dout, nullptr, n, 1, Is, C);
+  const LoraSite down_site = moe_lora_site(r, s, Adapted::shared_down_proj);
+  if (w.shared.down_lora.present()) {  // d σ += dout·L_s(hs), L_s in dyp for a moment
+    std::fill_n(b.dyp, n * C, 0.0f);
+    lora_forward(b.dyp, hs, w.shared.down_lora, s.lora, down_site, n, Is, C);
+    add_adapter_dots(b.dshared, dout, b.dyp, nullptr, n, C);
+  }
   for (int64_t t = 0; t < n; ++t) {
     const float sg = r.shared_gate[t];
     b.dshared[t] *= sg * (1.0f - sg);  // through σ to the logit
@@ -82,6 +101,8 @@ void shared_down_backward(MoeGrads& g, MoeScratch& b, const MoeRouting& r, const
     for (int64_t c = 0; c < C; ++c) o[c] = sg * d[c];
   }
   linear_backward(nullptr, g.shared.down, nullptr, b.dyp, hs, w.shared.down, n, Is, C);
+  // The adapter's part: d hs += its input gradient (gs is σ·dout·W_down_s already), its gradients from σ·dout.
+  lora_backward(gs, g.shared.down_lora, b.dyp, hs, w.shared.down_lora, s.lora, down_site, n, Is, C);
 }
 
 }  // namespace
@@ -109,10 +130,20 @@ RouterShape router_shape(const BlockShape& s, int64_t n) {
   return RouterShape{n, s.E, s.k, s.topk_softmax ? RouterKind::topk_softmax : RouterKind::softmax_topk, s.renorm_topk};
 }
 
-void moe_route(MoeRouting& r, const float* n2, const MoeView& w, const BlockShape& s, int64_t n) {
+LoraSite moe_lora_site(const MoeRouting& r, const BlockShape& s, Adapted a, int64_t expert, int64_t first) {
+  if (s.lora.dropout == 0) return LoraSite{0, r.t0};  // no mask to draw
+  const uint64_t key = lora_site_key(r.dropout_key, s.layer, a);
+  if (expert < 0) return LoraSite{key, r.t0};
+  return LoraSite{lora_expert_key(key, expert), r.t0, r.order + first, s.k};
+}
+
+void moe_route(MoeRouting& r, const float* n2, const MoeView& w, const BlockShape& s, int64_t n, int64_t t0,
+               uint64_t dropout_key) {
   LT_CHECK(n > 0 && n <= s.mlp_rows(), "moe_route: {} tokens in a route slice of {}", n, s.mlp_rows());
   LT_CHECK(int64_t(w.experts.size()) == s.E, "moe_route: {} experts bound, the layer has {}", w.experts.size(), s.E);
-  linear_forward(r.logits, n2, w.router, w.router_bias, n, s.C, s.E);
+  r.t0 = t0, r.dropout_key = dropout_key;
+  adapted_forward(r.logits, n2, w.router, w.router_bias, w.router_lora, s.lora, moe_lora_site(r, s, Adapted::router), n,
+                  s.C, s.E);
   router_forward(r.ids, r.weights, r.probs, r.logits, router_shape(s, n));
   moe_permute(r.offsets, r.order, r.row_of, r.ids, n, s.k, s.E);
   moe_gather(r.xp, n2, r.order, n * s.k, s.k, s.C);
@@ -122,25 +153,32 @@ void moe_gate_up(float* gate, float* up, const MoeRouting& r, const float* n2, c
                  int64_t n) {
   for_each_expert(r, s, [&](int64_t e, int64_t first, int64_t rows) {
     const ExpertView& x = w.experts[size_t(e)];
-    linear_forward(gate + first * s.Ie, r.xp + first * s.C, x.gate, x.gate_bias, rows, s.C, s.Ie);
-    linear_forward(up + first * s.Ie, r.xp + first * s.C, x.up, x.up_bias, rows, s.C, s.Ie);
+    const float* xp = r.xp + first * s.C;
+    adapted_forward(gate + first * s.Ie, xp, x.gate, x.gate_bias, x.gate_lora, s.lora,
+                    moe_lora_site(r, s, Adapted::gate_proj, e, first), rows, s.C, s.Ie);
+    adapted_forward(up + first * s.Ie, xp, x.up, x.up_bias, x.up_lora, s.lora,
+                    moe_lora_site(r, s, Adapted::up_proj, e, first), rows, s.C, s.Ie);
   });
   if (s.Is == 0) return;
   const int64_t shared = n * s.k * s.Ie;  // the shared expert's rows follow the grouped ones
-  linear_forward(gate + shared, n2, w.shared.gate, nullptr, n, s.C, s.Is);
-  linear_forward(up + shared, n2, w.shared.up, nullptr, n, s.C, s.Is);
+  adapted_forward(gate + shared, n2, w.shared.gate, nullptr, w.shared.gate_lora, s.lora,
+                  moe_lora_site(r, s, Adapted::shared_gate_proj), n, s.C, s.Is);
+  adapted_forward(up + shared, n2, w.shared.up, nullptr, w.shared.up_lora, s.lora,
+                  moe_lora_site(r, s, Adapted::shared_up_proj), n, s.C, s.Is);
 }
 
 void moe_down_combine(float* y, MoeRouting& r, const float* h, const float* n2, const MoeView& w, const BlockShape& s,
                       int64_t n) {
   for_each_expert(r, s, [&](int64_t e, int64_t first, int64_t rows) {
     const ExpertView& x = w.experts[size_t(e)];
-    linear_forward(r.yp + first * s.C, h + first * s.Ie, x.down, x.down_bias, rows, s.Ie, s.C);
+    adapted_forward(r.yp + first * s.C, h + first * s.Ie, x.down, x.down_bias, x.down_lora, s.lora,
+                    moe_lora_site(r, s, Adapted::down_proj, e, first), rows, s.Ie, s.C);
   });
   moe_combine_forward(y, r.yp, r.weights, r.row_of, n, s.k, s.C);
   if (s.Is == 0) return;
   // The shared expert's output into yp's first n rows (free after the combine), times its gate, added.
-  linear_forward(r.yp, h + n * s.k * s.Ie, w.shared.down, nullptr, n, s.Is, s.C);
+  adapted_forward(r.yp, h + n * s.k * s.Ie, w.shared.down, nullptr, w.shared.down_lora, s.lora,
+                  moe_lora_site(r, s, Adapted::shared_down_proj), n, s.Is, s.C);
   shared_gate_forward(r, n2, w, s, n);
   for (int64_t t = 0; t < n; ++t) {
     const float sg = r.shared_gate[t];
@@ -196,16 +234,31 @@ void moe_backward(float* dn2, float* dn_router, MoeGrads& g, MoeScratch& b, cons
     for (int64_t e = 0; e < s.E; ++e)
       std::copy_n(w.experts[size_t(e)].down_bias, C, down_bias.begin() + std::ptrdiff_t(e * C));
   }
+  // LoRA on the experts' down projections: their adapters' outputs L(h) [A, C] into dxp (free until the input
+  // gradients) for the weights' gradient (add_adapter_dots).
+  const bool down_adapted = w.experts.front().down_lora.present();
+  if (down_adapted) {
+    std::fill_n(b.dxp, A * C, 0.0f);
+    for_each_expert(r, s, [&](int64_t e, int64_t first, int64_t rows) {
+      lora_forward(b.dxp + first * C, h + first * Ie, w.experts[size_t(e)].down_lora, s.lora,
+                   moe_lora_site(r, s, Adapted::down_proj, e, first), rows, Ie, C);
+    });
+  }
   moe_weight_grads(b.dweights, b.dh, h, r.weights, r.order, r.ids, dout, down_bias.empty() ? nullptr : down_bias.data(),
                    A, s.k, Ie, C);
+  if (down_adapted) add_adapter_dots(b.dweights, b.dyp, b.dxp, r.order, A, C);
   for (int64_t row = 0; row < A; ++row) {
     const float wt = r.weights[r.order[row]];
     float* d = b.dyp + row * C;
     for (int64_t c = 0; c < C; ++c) d[c] *= wt;
   }
   for_each_expert(r, s, [&](int64_t e, int64_t first, int64_t rows) {
-    linear_backward(nullptr, grads_of(e).down, grads_of(e).down_bias, b.dyp + first * C,
-                    h + first * Ie, w.experts[size_t(e)].down, rows, Ie, C);
+    const ExpertView& x = w.experts[size_t(e)];
+    linear_backward(nullptr, grads_of(e).down, grads_of(e).down_bias, b.dyp + first * C, h + first * Ie, x.down, rows,
+                    Ie, C);
+    // dh (w·g already) += the adapter's input gradient; its gradients from w·dout.
+    lora_backward(b.dh + first * Ie, grads_of(e).down_lora, b.dyp + first * C, h + first * Ie, x.down_lora, s.lora,
+                  moe_lora_site(r, s, Adapted::down_proj, e, first), rows, Ie, C);
   });
   if (s.Is > 0) {
     shared_gate_forward(r, n2, w, s, n);  // σ again from n2: the forward's bits
@@ -219,24 +272,29 @@ void moe_backward(float* dn2, float* dn_router, MoeGrads& g, MoeScratch& b, cons
   for_each_expert(r, s, [&](int64_t e, int64_t first, int64_t rows) {
     const ExpertView& x = w.experts[size_t(e)];
     ExpertGrads& gx = grads_of(e);
-    linear_backward(b.dxp + first * C, gx.gate, gx.gate_bias, b.dgate + first * Ie, r.xp + first * C, x.gate, rows,
-                    C, Ie);
-    linear_backward(b.dxp2 + first * C, gx.up, gx.up_bias, b.dup + first * Ie, r.xp + first * C, x.up, rows, C, Ie);
+    adapted_backward(b.dxp + first * C, gx.gate, gx.gate_bias, gx.gate_lora, b.dgate + first * Ie, r.xp + first * C,
+                     x.gate, x.gate_lora, s.lora, moe_lora_site(r, s, Adapted::gate_proj, e, first), rows, C, Ie);
+    adapted_backward(b.dxp2 + first * C, gx.up, gx.up_bias, gx.up_lora, b.dup + first * Ie, r.xp + first * C, x.up,
+                     x.up_lora, s.lora, moe_lora_site(r, s, Adapted::up_proj, e, first), rows, C, Ie);
   });
   for (int64_t i = 0; i < A * C; ++i) b.dxp[i] += b.dxp2[i];
   moe_scatter_add(dn2, b.dxp, r.row_of, n, s.k, C);
   if (s.Is > 0) {
     // The shared expert's input gradients (gate, up, then its gate's logit) into dxp's first n rows, added to dn2.
-    linear_backward(b.dxp, g.shared.gate, nullptr, b.dgate + shared, n2, w.shared.gate, n, C, s.Is);
-    linear_backward(b.dxp2, g.shared.up, nullptr, b.dup + shared, n2, w.shared.up, n, C, s.Is);
+    adapted_backward(b.dxp, g.shared.gate, nullptr, g.shared.gate_lora, b.dgate + shared, n2, w.shared.gate,
+                     w.shared.gate_lora, s.lora, moe_lora_site(r, s, Adapted::shared_gate_proj), n, C, s.Is);
+    adapted_backward(b.dxp2, g.shared.up, nullptr, g.shared.up_lora, b.dup + shared, n2, w.shared.up,
+                     w.shared.up_lora, s.lora, moe_lora_site(r, s, Adapted::shared_up_proj), n, C, s.Is);
     for (int64_t i = 0; i < n * C; ++i) b.dxp[i] += b.dxp2[i];
-    linear_backward(b.dxp2, g.shared_gate, nullptr, b.dshared, n2, w.shared_gate, n, C, 1);
+    adapted_backward(b.dxp2, g.shared_gate, nullptr, g.shared_gate_lora, b.dshared, n2, w.shared_gate,
+                     w.shared_gate_lora, s.lora, moe_lora_site(r, s, Adapted::shared_expert_gate), n, C, 1);
     for (int64_t i = 0; i < n * C; ++i) dn2[i] += b.dxp[i] + b.dxp2[i];
   }
   // The router: its weights' gradient through top-k and softmax (plus the auxiliary loss's), then the linear.
   router_backward(b.dlogits, b.dweights, aux ? aux->dprobs() : nullptr, aux ? aux->counted(t0) : nullptr, r.ids,
                   r.weights, r.probs, router_shape(s, n));
-  linear_backward(dn_router, g.router, g.router_bias, b.dlogits, n2, w.router, n, C, s.E);
+  adapted_backward(dn_router, g.router, g.router_bias, g.router_lora, b.dlogits, n2, w.router, w.router_lora, s.lora,
+                   moe_lora_site(r, s, Adapted::router), n, C, s.E);
 }
 
 }  // namespace lt

@@ -21,6 +21,12 @@
 // is (dout·W_down)·h (moe_weight_grads), and dout·W_down is the GEMM the down projection's input gradient needs anyway;
 // the shared expert's gate gradient likewise.
 //
+// LoRA (model/lora.h): the router, each routed expert's three projections, the shared expert's and its gate may
+// carry adapters (MoeView's LoraViews). An expert's adapter runs on its grouped rows beside its GEMM; its dropout mask
+// is drawn per (token, expert): the linear's site key mixed with the expert, rows named by their tokens through
+// `order` (moe_lora_site). With an adapter on a down projection the routing weight's gradient also reads dout·L(h),
+// L(h) formed again in the backward (the shared expert's gate likewise).
+//
 // Legend: n tokens of the slice (≤ S), C hidden, E experts, k per token, Ie an expert's intermediate size.
 #pragma once
 
@@ -28,6 +34,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "model/lora.h"
 #include "ops/linear.h"
 #include "ops/moe.h"
 
@@ -38,6 +45,7 @@ struct BlockShape;
 struct ExpertView {
   WeightRef gate, up, down;  // [Ie, C], [Ie, C], [C, Ie]
   const float *gate_bias = nullptr, *up_bias = nullptr, *down_bias = nullptr;  // [Ie], [Ie], [C] (gpt_oss)
+  LoraView gate_lora{}, up_lora{}, down_lora{};  // LoRA adapters (model/lora.h; absent: none)
 };
 struct MoeView {
   WeightRef router;                 // [E, C] (mlp.gate.weight; gpt_oss: mlp.router.weight)
@@ -45,10 +53,12 @@ struct MoeView {
   std::vector<ExpertView> experts;  // [E]
   ExpertView shared;                // [Is, C], [Is, C], [C, Is] (qwen3_5_moe; null data: none)
   WeightRef shared_gate;            // [1, C]
+  LoraView router_lora{}, shared_gate_lora{};
 };
 struct ExpertGrads {
   float *gate, *up, *down;
   float *gate_bias = nullptr, *up_bias = nullptr, *down_bias = nullptr;
+  LoraGrads gate_lora{}, up_lora{}, down_lora{};
 };
 struct MoeGrads {
   float* router;
@@ -56,6 +66,7 @@ struct MoeGrads {
   std::vector<ExpertGrads> experts;
   ExpertGrads shared;  // null without a shared expert
   float* shared_gate;
+  LoraGrads router_lora{}, shared_gate_lora{};
 };
 
 // One slice's routing and grouped rows (in the layer's working copy; a forward temporary, rebuilt by the backward).
@@ -71,6 +82,10 @@ struct MoeRouting {
   float* yp;         // [S·k, C] the experts' outputs (forward), then the shared expert's [S, C]
   float* shared_gate;       // [S] σ(n2 · w_sg) (shared expert only)
   int32_t* identity;        // [S] 0, 1, ..: the shared expert's rows as moe_weight_grads' one assignment per token
+  // Where the slice's adapters draw their dropout masks (moe_route sets them): its first token and the layer's
+  // site keys, and the adapters' shape (model/lora.h).
+  int64_t t0 = 0;
+  uint64_t dropout_key = 0;
   static size_t floats(const BlockShape& s);
   static MoeRouting bind(float* buffer, const BlockShape& s);
 };
@@ -88,8 +103,14 @@ struct MoeScratch {
 
 RouterShape router_shape(const BlockShape& s, int64_t n);
 
-// Routes the slice's n2 rows [n, C]: r's logits .. xp.
-void moe_route(MoeRouting& r, const float* n2, const MoeView& w, const BlockShape& s, int64_t n);
+// Routes the slice's n2 rows [n, C] (tokens [t0, t0 + n) of the batch whose dropout key is `dropout_key`, for the
+// adapters' masks): r's logits .. xp.
+void moe_route(MoeRouting& r, const float* n2, const MoeView& w, const BlockShape& s, int64_t n, int64_t t0 = 0,
+               uint64_t dropout_key = 0);
+
+// A sparse layer's adapter site (model/lora.h): linear `a` of the slice's tokens (the router, the shared expert and
+// its gate) or, with `expert` >= 0, the expert's grouped rows from `first`.
+LoraSite moe_lora_site(const MoeRouting& r, const BlockShape& s, Adapted a, int64_t expert = -1, int64_t first = 0);
 // gate, up [n·k, Ie] of the grouped rows from r.xp, then the shared expert's [n, Is] from n2 (the caller computes
 // h = silu(gate)·up between, with its storage hooks).
 void moe_gate_up(float* gate, float* up, const MoeRouting& r, const float* n2, const MoeView& w, const BlockShape& s,

@@ -178,7 +178,9 @@ TEST(CudaSimBlock, MatchesTheCpuBlockAtBf16Storage) {
 }
 
 // LoRA adapters (cuda/layers/lora.inl) on every linear of a layer — Qwen2 (biases), Qwen3 (q/k norms), Llama and
-// both Qwen3.5 kinds (gated attention's o_proj on its f32 input, the Gated DeltaNet projections) — with and without
+// both Qwen3.5 kinds (gated attention's o_proj on its f32 input, the Gated DeltaNet projections), Qwen3-MoE and
+// Qwen3.5-MoE sparse layers (the router, each routed expert on its grouped rows with its own masks on its tokens'
+// rows, the shared expert and its gate; a down projection's adapter in the routing weights' gradient) — with and without
 // dropout (the CPU block's mask), rsLoRA's scale, bf16 and f32 GEMMs: the output, dx_in and the adapters' gradients
 // against the CPU block to kTol, frozen matrices and vectors given no gradient; the same bits in every thread order
 // (on Qwen3 with dropout: the mask kernels and an attention layer; the adapters add only GEMMs and elementwise
@@ -190,16 +192,22 @@ TEST(CudaSimBlock, LoraAdaptersMatchTheCpuBlock) {
     double dropout;
     bool rslora;
     bool every_order;
+    bool moe = false;  // sparse layers: the router, the routed experts (and the shared expert and its gate)
   };
   const LoraCase cases[] = {{ModelType::qwen2, ComputeType::bf16, 0.0, false, false},
                             {ModelType::qwen3, ComputeType::bf16, 0.3, true, true},
                             {ModelType::llama, ComputeType::f32, 0.3, false, false},
                             {ModelType::qwen3_5, ComputeType::bf16, 0.0, true, false},
-                            {ModelType::qwen3_5, ComputeType::f32, 0.2, false, false}};
+                            {ModelType::qwen3_5, ComputeType::f32, 0.2, false, false},
+                            {ModelType::qwen3_moe, ComputeType::bf16, 0.2, false, false, true},
+                            {ModelType::qwen3_5, ComputeType::f32, 0.3, true, false, true},
+                            {ModelType::qwen3_5, ComputeType::bf16, 0.1, false, false, true}};
   double worst = 0;
   for (const LoraCase& c : cases) {
-    Rng rng(uint64_t(c.type) * 31 + uint64_t(c.compute));
-    ModelConfig cfg = c.type == ModelType::qwen3_5 ? lt::testing::random_hybrid_config(rng)
+    Rng rng(uint64_t(c.type) * 31 + uint64_t(c.compute) + (c.moe ? 7 : 0));
+    ModelConfig cfg = c.moe ? (c.type == ModelType::qwen3_5 ? lt::testing::random_hybrid_moe_config(rng)
+                                                            : lt::testing::random_moe_config(rng))
+                    : c.type == ModelType::qwen3_5 ? lt::testing::random_hybrid_config(rng)
                                                    : lt::testing::small_model_config(c.type);
     cfg.finetune = std::make_shared<const Finetune>(make_lora(cfg, 3, 5.0, c.dropout, c.rslora, {"all"}, {}));
     const int64_t B = 2, T = 11, N = B * T, C = cfg.hidden_size;
@@ -250,7 +258,7 @@ TEST(CudaSimBlock, LoraAdaptersMatchTheCpuBlock) {
           worst = std::max(worst, err);
           ++adapters;
         }
-        EXPECT_EQ(adapters, sh.linear() ? 16u : 14u);  // A and B of each linear: 5 + 3, or 4 + 3
+        EXPECT_EQ(adapters, 2 * adaptable_linears(cfg, l).size());  // A and B of each linear
         const std::vector<float> now_out = to_f32(x_out);
         if (first.empty()) first = {now_out, dx_in};
         EXPECT_BITWISE_EQ(now_out, first[0]);

@@ -151,8 +151,9 @@ TEST(CudaNative, ElementwiseNormRopeEmbeddingKernelsGiveTheSimulatedBits) {
 }
 
 // LoRA dropout (cuda/kernels/lora.cuh): the mask is model/lora_mask.h's 64-bit hash on the device too — the dropped
-// operand (bf16 and f32, from bf16 and f32 inputs) and the masked input gradient give cuda-sim's bits, which are the
-// CPU block's mask; a frozen norm's null dweight skips the reduction and leaves din's bits.
+// operand (bf16 and f32, from bf16 and f32 inputs), an expert's grouped rows (each row's token through `gather`) and
+// the masked input gradient give cuda-sim's bits, which are the CPU block's mask; a frozen norm's null dweight skips
+// the reduction and leaves din's bits.
 TEST(CudaNative, LoraDropoutAndFrozenNormKernelsGiveTheSimulatedBits) {
   SKIP_WITHOUT_GPU();
   const int64_t N = 1031, in_f = 777, n = N * in_f, row0 = 4096;
@@ -163,21 +164,34 @@ TEST(CudaNative, LoraDropoutAndFrozenNormKernelsGiveTheSimulatedBits) {
   std::vector<bf16_t> out_b(static_cast<size_t>(n));
   std::vector<float> out_f(static_cast<size_t>(n)), din = random_floats(static_cast<size_t>(n), 13);
   const std::vector<float> din0 = din;
-  sim::lora_dropout(nullptr, out_b.data(), xb.data(), key, row0, N, in_f, p);
-  sim::lora_dropout(nullptr, out_f.data(), x.data(), key, row0, N, in_f, p);
-  sim::lora_dropout_backward(nullptr, din.data(), dx.data(), key, row0, N, in_f, p);
+  // Grouped rows: row r holds assignment gather[r] = t·k + j of token row0 + t (k = 3).
+  std::vector<int32_t> gather(static_cast<size_t>(N));
+  for (int64_t r = 0; r < N; ++r) gather[size_t(r)] = int32_t((r * 389) % (3 * N));
+  std::vector<float> out_g(static_cast<size_t>(n));
+  sim::lora_dropout(nullptr, out_b.data(), xb.data(), key, row0, nullptr, 1, N, in_f, p);
+  sim::lora_dropout(nullptr, out_f.data(), x.data(), key, row0, nullptr, 1, N, in_f, p);
+  sim::lora_dropout(nullptr, out_g.data(), x.data(), key, row0, gather.data(), 3, N, in_f, p);
+  sim::lora_dropout_backward(nullptr, din.data(), dx.data(), key, row0, nullptr, 1, N, in_f, p);
+  for (int64_t r : {int64_t(0), int64_t(517), N - 1})
+    for (int64_t i : {int64_t(0), in_f - 1}) {
+      const uint64_t token = uint64_t(row0 + gather[size_t(r)] / 3);
+      EXPECT_EQ(out_g[size_t(r * in_f + i)] != 0.0f, lora_keep(key, token * uint64_t(in_f) + uint64_t(i), p));
+    }
   int64_t kept = 0;
   for (int64_t e = 0; e < n; ++e) kept += lora_keep(key, uint64_t(row0 * in_f + e), p) ? 1 : 0;
   EXPECT_NEAR(double(kept) / double(n), 1.0 - p, 0.01);
   for (int run = 0; run < 2; ++run) {
     Dev<bf16_t> dxb(xb), dout_b(static_cast<size_t>(n));
-    Dev<float> dxf(x), dout_f(static_cast<size_t>(n)), ddx(dx), ddin(din0);
-    native::lora_dropout(nullptr, dout_b.p(), dxb.p(), key, row0, N, in_f, p);
-    native::lora_dropout(nullptr, dout_f.p(), dxf.p(), key, row0, N, in_f, p);
-    native::lora_dropout_backward(nullptr, ddin.p(), ddx.p(), key, row0, N, in_f, p);
+    Dev<float> dxf(x), dout_f(static_cast<size_t>(n)), dout_g(static_cast<size_t>(n)), ddx(dx), ddin(din0);
+    Dev<int32_t> dgather(gather);
+    native::lora_dropout(nullptr, dout_b.p(), dxb.p(), key, row0, nullptr, 1, N, in_f, p);
+    native::lora_dropout(nullptr, dout_f.p(), dxf.p(), key, row0, nullptr, 1, N, in_f, p);
+    native::lora_dropout(nullptr, dout_g.p(), dxf.p(), key, row0, dgather.p(), 3, N, in_f, p);
+    native::lora_dropout_backward(nullptr, ddin.p(), ddx.p(), key, row0, nullptr, 1, N, in_f, p);
     sync("lora dropout");
     EXPECT_BITWISE_EQ(dout_b.get(), out_b);
     EXPECT_BITWISE_EQ(dout_f.get(), out_f);
+    EXPECT_BITWISE_EQ(dout_g.get(), out_g);
     EXPECT_BITWISE_EQ(ddin.get(), din);
   }
   const int64_t rows = 513, C = 1027;

@@ -44,7 +44,7 @@ GpuRun run_gpu(const ModelConfig& cfg, const ModelSlabs& params, const ModelSlab
 }
 
 TEST(CudaExecutor, EveryPolicyGivesTheKeepAllBitsAndTheCpuBlockToBf16Rounding) {
-  for (uint64_t seed = 301; seed <= 306; ++seed) {
+  for (uint64_t seed = 301; seed <= 304; ++seed) {  // qwen2, qwen3, llama; bf16 and f32
     Rng rng(seed);
     ModelConfig cfg = testing::random_config(rng, int(seed % 3));  // qwen2, qwen3, llama in turn
     ModelSlabs params = testing::random_params(cfg, seed * 7);

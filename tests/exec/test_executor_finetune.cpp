@@ -2,6 +2,8 @@
 // trained tensors' gradients are bit for bit the full run's (freeze), every plan gives the in-memory path's bits with
 // the predicted peak (freeze and LoRA, dropout included), a frozen tensor moves no gradient (the schedule downloads and
 // adds only trained bytes), and LLaMA-Factory's selection rules.
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -64,11 +66,12 @@ void round_frozen_to_bf16(ModelSlabs& params) {
   round(SlabKind::head, 0);
 }
 
-ModelConfig config_for(uint64_t seed, Rng& rng) {
+// LoRA's seeds 6 mod 8 take a Qwen3.5-MoE hybrid (adapters on its shared expert and gate too).
+ModelConfig config_for(uint64_t seed, Rng& rng, bool lora) {
   switch (seed % 4) {
     case 0: return testing::random_config(rng);
     case 1: return testing::random_hybrid_config(rng);
-    case 2: return testing::random_moe_config(rng);
+    case 2: return lora && seed % 8 == 6 ? testing::random_hybrid_moe_config(rng) : testing::random_moe_config(rng);
     default: return testing::random_gpt_oss_config(rng);
   }
 }
@@ -105,7 +108,7 @@ struct Case {
 Case make_case(uint64_t seed, bool lora = false) {
   Rng rng(seed * 7919);
   Case c;
-  c.cfg = config_for(seed, rng);
+  c.cfg = config_for(seed, rng, lora);
   c.cfg.finetune = lora ? random_lora(c.cfg, rng) : random_freeze(c.cfg, rng);
   c.params = random_params(c.cfg, seed * 31);
   c.batch = random_batch(c.cfg, rng, seed % 2 == 0);
@@ -152,8 +155,9 @@ TEST(ExecutorFreeze, EveryPlanMatchesTheInMemoryPathBitwise) {
   }
 }
 
-// LoRA: adapters beside frozen linears (dense, hybrid: the Gated DeltaNet projections, MoE: attention), dropout by
-// the batch's key — every plan gives the in-memory path's bits, recomputed layers drawing the same masks.
+// LoRA: adapters beside frozen linears (dense, hybrid: the Gated DeltaNet projections, MoE: the router, the routed
+// and shared experts), dropout by the batch's key — every plan gives the in-memory path's bits, recomputed layers
+// drawing the same masks.
 TEST(ExecutorLora, EveryPlanMatchesTheInMemoryPathBitwise) {
   for (uint64_t seed = 43; seed <= 54; ++seed) {
     Case c = make_case(seed, /*lora=*/true);
@@ -169,9 +173,11 @@ TEST(ExecutorLora, EveryPlanMatchesTheInMemoryPathBitwise) {
 // Every plan gives the keep-all bits with the predicted peak; the result is the CPU block's to f32 rounding carried
 // through bf16 storage; a freeze's trained gradients are the CUDA block's full run's bit for bit.
 TEST(ExecutorFinetune, TheCudaBlockGivesTheKeepAllBitsUnderEveryPlanAndTheCpuBlockToRounding) {
-  // Freezes of a hybrid, a Qwen3-MoE and a dense model, LoRAs of a hybrid, a GPT-OSS and a dense one (make_case's
-  // kinds by seed % 4; the CPU block's every-plan tests take every pairing).
-  for (const uint64_t seed : {61, 62, 64, 65, 67, 68}) {
+  // Freezes of a hybrid, a Qwen3-MoE and a dense model; LoRAs of a hybrid, a dense model and two Qwen3.5-MoE hybrids
+  // (seed 70: the experts' and shared expert's up_proj with dropout, masks on each expert's token rows; seed 78: every
+  // linear — the router, the routed experts, the shared expert and its gate) (make_case's kinds by seed % 4; the CPU
+  // block's every-plan tests take every pairing, GPT-OSS's LoRA included).
+  for (const uint64_t seed : {61, 62, 64, 65, 68, 70, 78}) {
     Case c = make_case(seed, /*lora=*/seed >= 65);
     Rng rng(seed);
     const ComputeType ct = c.precision.compute;
@@ -188,7 +194,8 @@ TEST(ExecutorFinetune, TheCudaBlockGivesTheKeepAllBitsUnderEveryPlanAndTheCpuBlo
     // sparse models and LoRA: a bf16 operand's flip carries into every layer below. Seed 62 (Qwen3-MoE, freeze): 7.0e-4
     // on the trained tensors, 7.2e-4 over its full run's — the freeze adds nothing (its trained gradients are that
     // run's bits, checked below). Seed 68 (dense, rsLoRA scale 2 with random B: layer 0's gradients 100× the last
-    // layer's): 9.3e-4; its f32 GEMMs 3e-7, and each layer alone (CudaSimBlock.LoraAdaptersMatchTheCpuBlock) 4e-5.
+    // layer's): 9.3e-4 under an earlier dropout key (4.7e-8 now): amplified flips; its f32 GEMMs 3e-7, and each
+    // layer alone (CudaSimBlock.LoraAdaptersMatchTheCpuBlock) 4e-5.
     const bool loose = (c.cfg.is_moe() || c.cfg.finetune->kind == FinetuneKind::lora) && ct == ComputeType::bf16;
     const double rel = testing::relative_error(ref_grads, cpu);
     const double loss_rel = std::fabs(ref.loss_sum - cpu_loss.loss_sum) / std::fabs(cpu_loss.loss_sum);
@@ -408,12 +415,25 @@ TEST(Lora, LlamaFactorysRulesPickTheLinears) {
   testing::expect_error([&] { make_lora(hybrid, 8, 16, 1.0, false, {"all"}, {}); }, {"lora_dropout"});
   testing::expect_error([&] { make_lora(hybrid, 8, 16, 0, false, {"all"}, {"layers"}); },
                         {"additional_target", "'layers'", "embed_tokens"});
-  // A MoE model's experts take no adapter: named, with what can be adapted.
+  // A MoE model: "all" is every Linear module, as LLaMA-Factory finds them (the router `gate` and each expert's
+  // projections); a name adapts every linear it ends (gate_proj: each expert's); GPT-OSS's fused experts take none.
   ModelConfig moe = testing::random_moe_config(rng);
   moe.mlp_only_layers.clear();
-  testing::expect_error([&] { make_lora(moe, 4, 8, 0, false, {"q_proj", "down_proj"}, {}); },
-                        {"lora_target", "'down_proj'", "sparse layers", "q_proj"});
   EXPECT_EQ(make_lora(moe, 4, 8, 0, false, {"all"}, {}).targets,
+            (std::vector<std::string>{"q_proj", "k_proj", "v_proj", "o_proj", "gate", "gate_proj", "up_proj",
+                                      "down_proj"}));
+  moe.finetune = std::make_shared<const Finetune>(make_lora(moe, 3, 6, 0, false, {"gate", "down_proj"}, {}));
+  const SlabLayout sparse = SlabLayout::make_layer(moe, 0);
+  const int64_t E = moe.num_experts, C = moe.hidden_size, Ie = moe.moe_intermediate_size;
+  EXPECT_EQ(sparse.entry("mlp.gate.lora_B.weight").shape, (Shape{E, 3}));
+  EXPECT_EQ(sparse.entry(fmt::format("mlp.experts.{}.down_proj.lora_A.weight", E - 1)).shape, (Shape{3, Ie}));
+  EXPECT_EQ(sparse.entry("mlp.experts.0.down_proj.lora_B.weight").shape, (Shape{C, 3}));
+  EXPECT_EQ(sparse.find("mlp.experts.0.up_proj.lora_A.weight"), nullptr);
+  EXPECT_EQ(SlabLayout::trained(moe, SlabKind::layer, 0).entries().size(), size_t(2 + 2 * E));
+  ModelConfig gpt_oss = testing::random_gpt_oss_config(rng);
+  testing::expect_error([&] { make_lora(gpt_oss, 4, 8, 0, false, {"q_proj", "down_proj"}, {}); },
+                        {"lora_target", "'down_proj'", "fused", "q_proj"});
+  EXPECT_EQ(make_lora(gpt_oss, 4, 8, 0, false, {"all"}, {}).targets,
             (std::vector<std::string>{"q_proj", "k_proj", "v_proj", "o_proj"}));
   // The layout: A [r, in] and B [out, r] right after their linear, so an MLP adapter is in the MLP half.
   ModelConfig dense = testing::random_config(rng);

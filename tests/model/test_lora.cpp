@@ -194,6 +194,8 @@ TEST(Lora, TheMaskKeepsOneMinusPOfTheElements) {
 }  // namespace lt
 
 // PEFT's files (model/peft.h): written, read back and written again byte for byte; the config's fields; mistakes named.
+#include <fmt/format.h>
+
 #include <filesystem>
 #include <fstream>
 
@@ -212,8 +214,10 @@ std::string read_bytes(const std::string& path) {
 
 TEST(PeftFiles, SaveLoadSaveIsByteForByte) {
   Rng rng(3);
-  for (int k = 0; k < 3; ++k) {
-    ModelConfig cfg = k == 1 ? testing::random_hybrid_config(rng) : testing::random_config(rng);
+  for (int k = 0; k < 4; ++k) {  // dense, hybrid, dense with lm_head, Qwen3.5-MoE (router, experts, shared expert)
+    ModelConfig cfg = k == 1 ? testing::random_hybrid_config(rng)
+                      : k == 3 ? testing::random_hybrid_moe_config(rng)
+                               : testing::random_config(rng);
     cfg.tie_word_embeddings = k == 2 ? false : cfg.tie_word_embeddings;
     std::vector<std::string> extra = {"norm"};
     if (k == 2) extra.push_back("lm_head");
@@ -239,13 +243,21 @@ TEST(PeftFiles, SaveLoadSaveIsByteForByte) {
     EXPECT_EQ(j["task_type"], "CAUSAL_LM");
     // The adapter's names: base_model.model.<HF name>, A [r, in] and B [out, r].
     const SafetensorsFile f = SafetensorsFile::open(d1 + "/adapter_model.safetensors");
-    const std::string l0 = k == 1 && cfg.layer_kind(0) == LayerKind::linear_attention ? "linear_attn.in_proj_z"
+    const std::string l0 = k == 3 ? "mlp.experts.1.gate_proj"
+                           : k == 1 && cfg.layer_kind(0) == LayerKind::linear_attention ? "linear_attn.in_proj_z"
                                                                                         : "mlp.up_proj";
     const SafetensorsTensorInfo& A = f.info("base_model.model.model.layers.0." + l0 + ".lora_A.weight");
     const SafetensorsTensorInfo& B = f.info("base_model.model.model.layers.0." + l0 + ".lora_B.weight");
     EXPECT_EQ(A.shape, (Shape{3 + k, cfg.hidden_size}));
     EXPECT_EQ(B.shape[1], 3 + k);
     EXPECT_TRUE(f.contains("base_model.model.model.norm.weight"));
+    if (k == 3) {  // PEFT's names of the per-expert modules, the router and the shared expert's gate
+      EXPECT_EQ(f.info("base_model.model.model.layers.0.mlp.gate.lora_B.weight").shape, (Shape{cfg.num_experts, 6}));
+      EXPECT_EQ(f.info("base_model.model.model.layers.0.mlp.shared_expert_gate.lora_B.weight").shape, (Shape{1, 6}));
+      EXPECT_TRUE(f.contains(fmt::format("base_model.model.model.layers.{}.mlp.experts.{}.down_proj.lora_A.weight",
+                                         cfg.num_layers - 1, cfg.num_experts - 1)));
+      EXPECT_TRUE(f.contains("base_model.model.model.layers.0.mlp.shared_expert.up_proj.lora_A.weight"));
+    }
   }
 }
 
@@ -287,31 +299,53 @@ TEST(PeftFiles, MistakesAreNamed) {
   testing::expect_error([&] { read_peft_config(d + "/nowhere"); }, {"nowhere", "adapter_config.json"});
 }
 
-// A merged model is W + s · B A: its linear gives the adapted linear's output.
-TEST(PeftFiles, MergingAddsTheScaledProductToEachAdaptedWeight) {
-  Rng rng(5);
-  ModelConfig cfg = testing::random_config(rng);
-  ModelConfig base_cfg = cfg;
-  cfg.finetune = std::make_shared<const Finetune>(make_lora(cfg, 3, 5, 0, true, {"all"}, {"norm"}));
-  ModelSlabs all = testing::random_params(cfg, 9);
-  ModelSlabs trained(cfg, DType::f32, Fill::zero, SlabSet::trained);
-  copy_tensors_by_name(trained, all);
-  ModelSlabs base(base_cfg);
-  copy_tensors_by_name(base, all);
-  merge_adapters(base, trained);
-  const float s = cfg.finetune->scale();
-  const TensorView W = base.tensor(SlabKind::layer, 0, "self_attn.o_proj.weight");
-  const TensorView W0 = all.tensor(SlabKind::layer, 0, "self_attn.o_proj.weight");
-  const TensorView A = all.tensor(SlabKind::layer, 0, "self_attn.o_proj.lora_A.weight");
-  const TensorView B = all.tensor(SlabKind::layer, 0, "self_attn.o_proj.lora_B.weight");
+// `merged` (layer 0's `linear`) is `all`'s W + s · B A (its adapter's, in `all`).
+void expect_merged(const ModelSlabs& merged, const ModelSlabs& all, const std::string& linear, float s) {
+  const TensorView W = merged.tensor(SlabKind::layer, 0, linear + ".weight");
+  const TensorView W0 = all.tensor(SlabKind::layer, 0, linear + ".weight");
+  const TensorView A = all.tensor(SlabKind::layer, 0, linear + ".lora_A.weight");
+  const TensorView B = all.tensor(SlabKind::layer, 0, linear + ".lora_B.weight");
   for (int64_t i = 0; i < W.shape[0]; ++i)
     for (int64_t j = 0; j < W.shape[1]; ++j) {
       double d = 0;
-      for (int64_t k = 0; k < 3; ++k) d += double(B.get({i, k})) * double(A.get({k, j}));
-      EXPECT_NEAR(W.get({i, j}), W0.get({i, j}) + s * d, 1e-5) << i << "," << j;
+      for (int64_t k = 0; k < A.shape[0]; ++k) d += double(B.get({i, k})) * double(A.get({k, j}));
+      EXPECT_NEAR(W.get({i, j}), W0.get({i, j}) + s * d, 1e-5) << linear << " " << i << "," << j;
     }
-  EXPECT_EQ(0, std::memcmp(base.tensor(SlabKind::head, 0, "norm.weight").data,
-                           all.tensor(SlabKind::head, 0, "norm.weight").data, size_t(cfg.hidden_size) * 4));
+}
+
+// A random LoRA (every linear) of `base_cfg` and its base merged with it (merge_adapters).
+struct MergedCase {
+  ModelConfig cfg;     // with the LoRA
+  ModelSlabs all;      // the base's tensors and the adapters, random
+  ModelSlabs merged;   // the base with the adapters merged
+};
+MergedCase merge_random(const ModelConfig& base_cfg, int64_t r, double alpha, bool rslora,
+                        const std::vector<std::string>& extra, uint64_t seed) {
+  ModelConfig cfg = base_cfg;
+  cfg.finetune = std::make_shared<const Finetune>(make_lora(cfg, r, alpha, 0, rslora, {"all"}, extra));
+  ModelSlabs all = testing::random_params(cfg, seed);
+  ModelSlabs trained(cfg, DType::f32, Fill::zero, SlabSet::trained);
+  copy_tensors_by_name(trained, all);
+  ModelSlabs merged(base_cfg);
+  copy_tensors_by_name(merged, all);
+  merge_adapters(merged, trained);
+  return MergedCase{cfg, std::move(all), std::move(merged)};
+}
+
+// A merged model is W + s · B A: its linear gives the adapted linear's output.
+TEST(PeftFiles, MergingAddsTheScaledProductToEachAdaptedWeight) {
+  Rng rng(5);
+  const MergedCase dense = merge_random(testing::random_config(rng), 3, 5, true, {"norm"}, 9);
+  expect_merged(dense.merged, dense.all, "self_attn.o_proj", dense.cfg.finetune->scale());
+  EXPECT_EQ(0, std::memcmp(dense.merged.tensor(SlabKind::head, 0, "norm.weight").data,
+                           dense.all.tensor(SlabKind::head, 0, "norm.weight").data, size_t(dense.cfg.hidden_size) * 4));
+  // A Mixture-of-Experts model: each expert's own adapter merged into its matrix, the router's into the router.
+  ModelConfig moe_base = testing::random_moe_config(rng);
+  moe_base.mlp_only_layers.clear();
+  const MergedCase moe = merge_random(moe_base, 2, 3, false, {}, 10);
+  expect_merged(moe.merged, moe.all, "mlp.gate", moe.cfg.finetune->scale());
+  expect_merged(moe.merged, moe.all, fmt::format("mlp.experts.{}.down_proj", moe.cfg.num_experts - 1),
+                moe.cfg.finetune->scale());
 }
 
 }  // namespace

@@ -172,7 +172,13 @@ LORA = {
     "qwen3_5_text_lora": ("qwen3_5_text", ["--r", "5", "--alpha", "7", "--rslora", "--dropout", "0.1", "--targets",
                                            "q_proj,k_proj,v_proj,o_proj,in_proj_qkv,in_proj_z,in_proj_b,in_proj_a,"
                                            "out_proj,gate_proj,up_proj,down_proj"]),
-    "qwen3_moe_lora": ("qwen3_moe", ["--r", "3", "--alpha", "6", "--targets", "q_proj,k_proj,v_proj,o_proj,gate_proj"]),
+    # Qwen3-MoE: the router (gate), each routed expert's three projections (dropout masks on each expert's token
+    # rows) and the dense layer's MLP; Qwen3.5-MoE: the shared expert and its gate too, rsLoRA.
+    "qwen3_moe_lora": ("qwen3_moe", ["--r", "3", "--alpha", "6", "--dropout", "0.2", "--targets",
+                                     "q_proj,k_proj,v_proj,o_proj,gate,gate_proj,up_proj,down_proj"]),
+    "qwen3_5_moe_text_lora": ("qwen3_5_moe_text", ["--r", "2", "--alpha", "3", "--rslora", "--dropout", "0.1",
+                                                   "--targets", "in_proj_qkv,o_proj,gate,gate_proj,up_proj,down_proj,"
+                                                   "shared_expert_gate"]),
 }
 for name, (base, _) in LORA.items():
     CASES[name] = CASES[base]

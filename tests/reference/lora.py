@@ -15,9 +15,11 @@ import torch
 from safetensors_py import read_safetensors, write_safetensors
 
 PREFIX = "base_model.model."
-# model/lora.h's Adapted order: the dropout key of a linear mixes its index.
+# model/lora.h's Adapted order: the dropout key of a linear mixes its index (a routed expert's linear is the dense
+# MLP's gate_proj / up_proj / down_proj, its key mixed with the expert: expert_key).
 ADAPTED = ["q_proj", "k_proj", "v_proj", "o_proj", "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj",
-           "gate_proj", "up_proj", "down_proj"]
+           "gate_proj", "up_proj", "down_proj", "gate", "shared_expert.gate_proj", "shared_expert.up_proj",
+           "shared_expert.down_proj", "shared_expert_gate"]
 M64 = (1 << 64) - 1
 
 
@@ -44,16 +46,20 @@ def splitmix64_t(x):
     return x ^ _shr(x, 31)
 
 
-def site_key(batch_key, layer, linear):
-    return splitmix64(batch_key ^ splitmix64((layer * 16 + ADAPTED.index(linear) + 1) & M64))
+def site_key(batch_key, layer, linear, expert=None):
+    key = splitmix64(batch_key ^ splitmix64((layer * 32 + ADAPTED.index(linear) + 1) & M64))
+    return key if expert is None else splitmix64(key ^ splitmix64(~expert & M64))
 
 
 def keep_mask(key, rows, cols, p):
-    """[rows, cols] bool: element (r, i) kept when lora_keep(key, r·cols + i, p) (model/lora.cpp)."""
-    idx = torch.arange(rows * cols, dtype=torch.int64)
+    """[rows, cols] bool: element (r, i) kept when lora_keep(key, r·cols + i, p) (model/lora.cpp); rows a count
+    (rows 0 .. rows − 1) or a tensor of token indices (an expert's tokens)."""
+    if not torch.is_tensor(rows):
+        rows = torch.arange(rows, dtype=torch.int64)
+    idx = (rows.to(torch.int64)[:, None] * cols + torch.arange(cols, dtype=torch.int64)[None, :]).reshape(-1)
     h = splitmix64_t(torch.full_like(idx, _signed(key)) ^ splitmix64_t(idx))
     u = _shr(h, 40).to(torch.float64) * 2.0 ** -24
-    return (u >= float(torch.tensor(p, dtype=torch.float32))).reshape(rows, cols)
+    return (u >= float(torch.tensor(p, dtype=torch.float32))).reshape(len(rows), cols)
 
 
 def load_adapter(d):
@@ -94,29 +100,39 @@ def attach(P, acfg, A, dtype):
         w = base + ".weight"
         parts = base.split(".")
         layer = int(parts[parts.index("layers") + 1])
-        adapters[id(P[w])] = (n, base + ".lora_B.weight", layer, parts[-1])
+        linear = "shared_expert." + parts[-1] if parts[-2] == "shared_expert" else parts[-1]
+        expert = int(parts[parts.index("experts") + 1]) if "experts" in parts else None
+        adapters[id(P[w])] = (n, base + ".lora_B.weight", layer, linear, expert)
     return adapters
 
 
 def with_lora(lin, P, adapters, acfg, batch_key=0):
     """`lin` (F.linear or the bf16 emulation) with each adapted weight's update added; the adapter's two GEMMs run on
-    `lin` too, as LazyTrain's run on its linear op."""
+    `lin` too, as LazyTrain's run on its linear op. f(x, w, b, rows): rows, an expert's token indices (x holds their
+    rows) for its dropout mask; f.update(x, w, rows) the adapter's update alone (None: no adapter), for the expert
+    down projections the reference computes without `lin`."""
     s, p = scale(acfg), float(acfg.get("lora_dropout", 0.0))
 
-    def f(x, w, b=None):
-        y = lin(x, w, b)
+    def update(x, w, rows=None):
         ad = adapters.get(id(w))
         if ad is None:
-            return y
-        an, bn, layer, linear = ad
+            return None
+        an, bn, layer, linear, expert = ad
         xd = x
         if p > 0:
             shape = x.shape
-            rows = x.numel() // shape[-1]
-            m = keep_mask(site_key(batch_key, layer, linear), rows, shape[-1], p).reshape(shape)
+            rows = x.numel() // shape[-1] if rows is None else rows
+            m = keep_mask(site_key(batch_key, layer, linear, expert), rows, shape[-1], p).reshape(shape)
             xd = torch.where(m, x * (1.0 / (1.0 - p)), torch.zeros_like(x))
-        return y + lin(lin(xd, P[an]) * s, P[bn])  # the scale on the rank-r intermediate, where LazyTrain applies it
+        return lin(lin(xd, P[an]) * s, P[bn])  # the scale on the rank-r intermediate, where LazyTrain applies it
 
+    def f(x, w, b=None, rows=None):
+        y = lin(x, w, b)
+        u = update(x, w, rows)
+        return y if u is None else y + u
+
+    f.update = update
+    f.base = lin
     return f
 
 
@@ -128,7 +144,7 @@ def make_adapter(P, out, r, alpha, targets, rslora, dropout, modules_to_save, ge
         if not n.endswith(".weight") or w.dim() != 2:
             continue
         leaf = n[: -len(".weight")].split(".")[-1]
-        if ".layers." not in n or leaf not in targets or ".experts." in n:
+        if ".layers." not in n or leaf not in targets:
             continue
         base = n[: -len(".weight")]
         out_f, in_f = w.shape

@@ -583,11 +583,16 @@ def moe_mlp(cfg, P, p, h, lin=F.linear, keep=keep_f32, routes=None):
             continue
         wg, wu, wd = expert_weights(cfg, P, p, e)
         xe = x[tok]
-        g = keep(lin(xe, wg))
-        u = keep(lin(xe, wu))
+        lora = getattr(lin, "update", None)  # LoRA (lora.with_lora): the expert's adapters, masks on its tokens' rows
+        g = keep(lin(xe, wg, rows=tok) if lora else lin(xe, wg))
+        u = keep(lin(xe, wu, rows=tok) if lora else lin(xe, wu))
         he = keep(F.silu(g) * u)
         we = w[tok, slot]
-        y = _ExpertDown.apply(he, wd, we, bf16_round) if lin is bf16_linear else F.linear(he, wd) * we[:, None]
+        bf16 = getattr(lin, "base", lin) is bf16_linear
+        y = _ExpertDown.apply(he, wd, we, bf16_round) if bf16 else F.linear(he, wd) * we[:, None]
+        ud = lora(he, wd, rows=tok) if lora else None
+        if ud is not None:  # the adapter's output joins the expert's, scaled by its routing weight
+            y = y + ud * we[:, None]
         out = out.index_add(0, tok, y)
     return out.view(B, T, C)
 

@@ -182,14 +182,32 @@ __global__ void moe_add_gated_kernel(float* y, const float* ys, const float* sg,
 }
 
 // One thread per token: the shared gate's logit gradient (gs·hs in double, times σ(1 − σ) in f32).
+// With an adapter on the shared down projection, its output's part dout·L_s(hs) (double, over C) joins in f32
+// before the σ factor, as model/moe_ffn.cpp adds it.
 __global__ void moe_shared_gate_grad_kernel(float* dlogit, const float* gs, const bf16* hs, const float* sg, int64_t n,
-                                            int64_t Is) {
+                                            int64_t Is, const float* dout, const float* lora_out, int64_t C) {
   const int64_t t = global_thread();
   if (t >= n) return;
   double dot = 0;
   for (int64_t i = 0; i < Is; ++i) dot += double(gs[t * Is + i]) * double(load(hs + t * Is + i));
+  float d = float(dot);
+  if (lora_out) {
+    double extra = 0;
+    for (int64_t c = 0; c < C; ++c) extra += double(dout[t * C + c]) * double(lora_out[t * C + c]);
+    d += float(extra);
+  }
   const float s = sg[t];
-  dlogit[t] = float(dot) * (s * (1.0f - s));
+  dlogit[t] = d * (s * (1.0f - s));
+}
+
+// One thread per row: dweights[order[r]] += dout_rows[r]·lora_out[r] over C (double, in order).
+__global__ void moe_adapter_dots_kernel(float* dweights, const float* dout_rows, const float* lora_out,
+                                        const int32_t* order, int64_t rows, int64_t C) {
+  const int64_t r = global_thread();
+  if (r >= rows) return;
+  double dot = 0;
+  for (int64_t c = 0; c < C; ++c) dot += double(dout_rows[r * C + c]) * double(lora_out[r * C + c]);
+  dweights[order ? int64_t(order[r]) : r] += float(dot);
 }
 
 __global__ void moe_scale_by_token_kernel(float* out, const float* in, const float* sg, int64_t n, int64_t width) {
@@ -277,10 +295,17 @@ void moe_add_gated(Stream s, float* y, const float* ys, const float* gate, int64
 }
 
 void moe_shared_gate_grad(Stream s, float* dlogit, const float* gs, const bf16_t* hs, const float* gate, int64_t n,
-                          int64_t Is) {
+                          int64_t Is, const float* dout, const float* lora_out, int64_t C) {
   if (n > 0)
     LT_LAUNCH(moe_shared_gate_grad_kernel, dim3(blocks_for(n, kRouterThreads)), dim3(kRouterThreads), 0,
-              native_stream(s), dlogit, gs, dev(hs), gate, n, Is);
+              native_stream(s), dlogit, gs, dev(hs), gate, n, Is, dout, lora_out, C);
+}
+
+void moe_adapter_dots(Stream s, float* dweights, const float* dout_rows, const float* lora_out, const int32_t* order,
+                      int64_t rows, int64_t C) {
+  if (rows > 0)
+    LT_LAUNCH(moe_adapter_dots_kernel, dim3(blocks_for(rows, kRouterThreads)), dim3(kRouterThreads), 0,
+              native_stream(s), dweights, dout_rows, lora_out, order, rows, C);
 }
 
 void moe_scale_by_token(Stream s, float* out, const float* in, const float* gate, int64_t n, int64_t width) {

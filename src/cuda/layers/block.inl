@@ -110,8 +110,10 @@ struct BlockScratchCuda {
     }
     b.norm_ws = c.take_bytes(norm_ws);
     if (s.sparse) b.moe = MoeScratchCuda::carve(c, s);
-    // An adapter's input is n1 or n2 [N, C], att [N, QD], y [N, VD] or one chunk's h [R, I]: all within `wide`.
-    b.lora = LoraScratchCuda::carve(c, s.lora, std::max(N, R), wide);
+    // An adapter's input is n1 or n2 [N, C], att [N, QD], y [N, VD], one chunk's h [R, I] (all within `wide`), or a
+    // route slice's expert rows ([R, C] within it; [R, Ie] of h) or shared expert's h [R, Is].
+    const int64_t expert_in = s.sparse ? R * std::max(s.Ie, s.Is) : 0;
+    b.lora = LoraScratchCuda::carve(c, s.lora, std::max(N, R), std::max(wide, expert_in));
     b.bytes = c.bytes();
     return b;
   }
@@ -162,6 +164,17 @@ inline AdapterCall adapter(const CudaBlock& blk, const BlockScratchCuda& b, Adap
   a.site = blk.shape.lora_site(blk.tok, which, row0);
   a.scratch = b.lora;
   return a;
+}
+
+// A sparse layer's adapters at the route slice from token t0 (cuda/layers/moe.inl).
+inline MoeAdapters moe_adapters(const CudaBlock& blk, const BlockScratchCuda& b, int64_t t0) {
+  MoeAdapters ad;
+  ad.shape = &blk.shape;
+  ad.routing.order = b.moe.order;
+  ad.routing.t0 = t0;
+  ad.routing.dropout_key = blk.tok.dropout_key;
+  ad.scratch = b.lora;
+  return ad;
 }
 
 }  // namespace detail
@@ -312,10 +325,11 @@ void block_forward(const GemmContext& g, Stream s, const CudaBlock& blk, bf16_t*
     bf16_t *gate = st.gate + t0 * Wm, *up = st.up + t0 * Wm, *h = st.h + t0 * Wm;
     const bf16_t* n2 = st.n2 + t0 * C;
     if (sh.sparse) {
+      const detail::MoeAdapters ad = detail::moe_adapters(blk, b, t0);
       const std::vector<int64_t> offsets =
-          detail::moe_route_slice(g, s, sh, w.moe, b.moe, n2, n, blk.tok.moe_aux, t0, b.x32);
-      detail::moe_internals(g, s, sh, w.moe, b.moe, offsets, gate, up, h, n2, n, b.x32);
-      detail::moe_down_combine(g, s, sh, w.moe, b.moe, offsets, b.p2 + t0 * C, h, n2, n, b.x32);
+          detail::moe_route_slice(g, s, sh, w.moe, b.moe, n2, n, blk.tok.moe_aux, t0, b.x32, ad);
+      detail::moe_internals(g, s, sh, w.moe, b.moe, offsets, gate, up, h, n2, n, b.x32, ad);
+      detail::moe_down_combine(g, s, sh, w.moe, b.moe, offsets, b.p2 + t0 * C, h, n2, n, b.x32, ad);
       continue;
     }
     detail::mlp_internals(g, s, blk, b, gate, up, h, n2, t0, n);
@@ -351,13 +365,15 @@ void block_backward_mlp(const GemmContext& g, Stream s, const CudaBlock& blk, Bl
     const bf16_t *h = st.h + t0 * Wm, *gate = st.gate + t0 * Wm, *up = st.up + t0 * Wm;
     if (sh.sparse) {  // routed again from n2 (the forward's bits), its internals recomputed where not kept
       const detail::MoeScratchCuda& m = b.moe;
-      const std::vector<int64_t> offsets = detail::moe_route_slice(g, s, sh, w.moe, m, n2, n, nullptr, t0, b.x32);
+      const detail::MoeAdapters ad = detail::moe_adapters(blk, b, t0);
+      const std::vector<int64_t> offsets =
+          detail::moe_route_slice(g, s, sh, w.moe, m, n2, n, nullptr, t0, b.x32, ad);
       if (saved == Saved::recompute) {
-        detail::moe_internals(g, s, sh, w.moe, m, offsets, m.gate_c, m.up_c, m.h_c, n2, n, b.x32);
+        detail::moe_internals(g, s, sh, w.moe, m, offsets, m.gate_c, m.up_c, m.h_c, n2, n, b.x32, ad);
         h = m.h_c, gate = m.gate_c, up = m.up_c;
       }
       detail::moe_backward(g, s, sh, w.moe, gr.moe, m, offsets, b.dn + t0 * C, b.dtmp + t0 * C, dx_out + t0 * C, n2,
-                           gate, up, h, n, blk.tok.moe_aux, t0, b.x32);
+                           gate, up, h, n, blk.tok.moe_aux, t0, b.x32, ad);
       continue;
     }
     if (saved == Saved::recompute) {  // this chunk's gate, up, h again, as the forward computed them

@@ -61,8 +61,11 @@ template <class T>
 const void* lora_input(Stream s, const AdapterCall& a, const T* x, int64_t N, int64_t in_f) {
   const bool b16 = bf16_operands(a);
   if (a.shape.dropout > 0) {
-    if (b16) lora_dropout(s, static_cast<bf16_t*>(a.scratch.x), x, a.site.key, a.site.row0, N, in_f, a.shape.dropout);
-    else lora_dropout(s, static_cast<float*>(a.scratch.x), x, a.site.key, a.site.row0, N, in_f, a.shape.dropout);
+    const LoraSite& t = a.site;
+    if (b16) lora_dropout(s, static_cast<bf16_t*>(a.scratch.x), x, t.key, t.row0, t.gather, t.per_token, N, in_f,
+                          a.shape.dropout);
+    else lora_dropout(s, static_cast<float*>(a.scratch.x), x, t.key, t.row0, t.gather, t.per_token, N, in_f,
+                      a.shape.dropout);
     return a.scratch.x;
   }
   constexpr bool in_bf16 = std::is_same_v<T, bf16_t>;
@@ -125,7 +128,9 @@ void lora_backward(const GemmContext& g, Stream s, float* din, const AdapterCall
   Matmul dx = linear_dinput_matmul(masked ? sc.dx : din, duop, a.view.A.data, t, N, r, in_f);
   dx.name = "lora A dinput", dx.beta = masked ? 0.0f : 1.0f;
   run_matmul(g, dx, s);
-  if (masked) lora_dropout_backward(s, din, sc.dx, a.site.key, a.site.row0, N, in_f, a.shape.dropout);
+  if (masked)
+    lora_dropout_backward(s, din, sc.dx, a.site.key, a.site.row0, a.site.gather, a.site.per_token, N, in_f,
+                          a.shape.dropout);
 }
 
 }  // namespace detail

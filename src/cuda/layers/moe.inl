@@ -99,6 +99,40 @@ struct MoeScratchCuda {
   }
 };
 
+// A sparse layer's adapters at one route slice (model/moe_ffn.h): the router's, each expert's on its grouped rows
+// (masks by moe_lora_site on the device's order, the CPU block's rows), the shared expert's and its gate's. Without
+// LoRA every call adds nothing.
+struct MoeAdapters {
+  const BlockShape* shape = nullptr;
+  MoeRouting routing{};  // order (the device's), t0 and the batch's dropout key: what moe_lora_site reads
+  LoraScratchCuda scratch{};
+  AdapterCall at(const LoraView& view, Adapted a, const LoraGrads* grads = nullptr, int64_t expert = -1,
+                 int64_t first = 0) const {
+    AdapterCall c;
+    c.view = view;
+    if (!c.present()) return c;
+    if (grads) c.grads = *grads;
+    c.shape = shape->lora;
+    c.site = moe_lora_site(routing, *shape, a, expert, first);
+    c.scratch = scratch;
+    return c;
+  }
+};
+
+// An adapter on rows stored in the GEMM dtype t (xp, h widened or not, n2 widened or not).
+inline void lora_forward_rows(const GemmContext& g, Stream s, float* out, const AdapterCall& a, const void* x, MatType t,
+                              int64_t N, int64_t in_f, int64_t out_f) {
+  if (!a.present()) return;
+  if (t == MatType::bf16) lora_forward(g, s, out, a, static_cast<const bf16_t*>(x), N, in_f, out_f);
+  else lora_forward(g, s, out, a, static_cast<const float*>(x), N, in_f, out_f);
+}
+inline void lora_backward_rows(const GemmContext& g, Stream s, float* din, const AdapterCall& a, const void* dy,
+                               const void* x, MatType t, int64_t N, int64_t in_f, int64_t out_f) {
+  if (!a.present()) return;
+  if (t == MatType::bf16) lora_backward(g, s, din, a, dy, static_cast<const bf16_t*>(x), N, in_f, out_f);
+  else lora_backward(g, s, din, a, dy, static_cast<const float*>(x), N, in_f, out_f);
+}
+
 inline void check_gpu_sparse_layer(const BlockShape& sh, const MoeView& w) {
   LT_CHECK(int64_t(w.experts.size()) == sh.E, "sparse layer: {} experts bound, the shape has {}", w.experts.size(), sh.E);
 }
@@ -132,9 +166,9 @@ void for_each_expert(const std::vector<int64_t>& offsets, F&& f) {
 // for an f32 router.
 inline std::vector<int64_t> moe_route_slice(const GemmContext& g, Stream s, const BlockShape& sh, const MoeView& w,
                                             const MoeScratchCuda& m, const bf16_t* n2, int64_t n, MoeAuxLoss* aux,
-                                            int64_t t0, float* widened) {
+                                            int64_t t0, float* widened, const MoeAdapters& ad) {
   const int64_t E = sh.E, k = sh.k, C = sh.C, A = n * k;
-  gpu_linear(g, s, m.logits, n2, w.router, w.router_bias, n, C, E, widened);
+  gpu_linear(g, s, m.logits, n2, w.router, w.router_bias, n, C, E, widened, ad.at(w.router_lora, Adapted::router));
   moe_router_forward(s, m.ids, m.weights, m.probs, m.bad(E), m.logits, n, E, k, sh.topk_softmax, sh.renorm_topk);
   moe_permute(s, m.offsets(), m.order, m.row_of, m.ids, n, k, E, m.permute_ws);
   const uint8_t* mask = aux ? aux->counted(t0) : nullptr;
@@ -162,19 +196,25 @@ inline std::vector<int64_t> moe_route_slice(const GemmContext& g, Stream s, cons
 // slice; `widened` [n, C] f32 (the shared expert's n2, f32 GEMMs).
 inline void moe_internals(const GemmContext& g, Stream s, const BlockShape& sh, const MoeView& w,
                           const MoeScratchCuda& m, const std::vector<int64_t>& offsets, bf16_t* gate, bf16_t* up,
-                          bf16_t* h, const bf16_t* n2, int64_t n, float* widened) {
+                          bf16_t* h, const bf16_t* n2, int64_t n, float* widened, const MoeAdapters& ad) {
   const int64_t C = sh.C, Ie = sh.Ie, shared = n * sh.k * Ie, width = n * sh.mlp_width();
   const MatType t = weight_type(w.experts.front().gate);
-  auto project = [&](bf16_t* store, WeightRef ExpertView::*matrix, const float* ExpertView::*bias) {
+  auto project = [&](bf16_t* store, WeightRef ExpertView::*matrix, const float* ExpertView::*bias,
+                     LoraView ExpertView::*lora, Adapted routed, Adapted shared_a) {
     for_each_expert(offsets, [&](int64_t e, int64_t first, int64_t rows) {
       const ExpertView& x = w.experts[size_t(e)];
-      linear_gemms(g, s, m.out32 + first * Ie, rows_at(m.xp, t, first, C), x.*matrix, x.*bias, rows, C, Ie);
+      const void* xp = rows_at(m.xp, t, first, C);
+      linear_gemms(g, s, m.out32 + first * Ie, xp, x.*matrix, x.*bias, rows, C, Ie);
+      lora_forward_rows(g, s, m.out32 + first * Ie, ad.at(x.*lora, routed, nullptr, e, first), xp, t, rows, C, Ie);
     });
-    if (sh.Is > 0) gpu_linear(g, s, m.out32 + shared, n2, w.shared.*matrix, nullptr, n, C, sh.Is, widened);
+    if (sh.Is > 0)
+      gpu_linear(g, s, m.out32 + shared, n2, w.shared.*matrix, nullptr, n, C, sh.Is, widened,
+                 ad.at(w.shared.*lora, shared_a));
     convert(s, store, m.out32, width);
   };
-  project(gate, &ExpertView::gate, &ExpertView::gate_bias);
-  project(up, &ExpertView::up, &ExpertView::up_bias);
+  project(gate, &ExpertView::gate, &ExpertView::gate_bias, &ExpertView::gate_lora, Adapted::gate_proj,
+          Adapted::shared_gate_proj);
+  project(up, &ExpertView::up, &ExpertView::up_bias, &ExpertView::up_lora, Adapted::up_proj, Adapted::shared_up_proj);
   expert_swiglu(s, sh, h, gate, up, width);
 }
 
@@ -182,7 +222,7 @@ inline void moe_internals(const GemmContext& g, Stream s, const BlockShape& sh, 
 // expert's output times its gate.
 inline void moe_down_combine(const GemmContext& g, Stream s, const BlockShape& sh, const MoeView& w,
                              const MoeScratchCuda& m, const std::vector<int64_t>& offsets, float* y, const bf16_t* h,
-                             const bf16_t* n2, int64_t n, float* widened) {
+                             const bf16_t* n2, int64_t n, float* widened, const MoeAdapters& ad) {
   const int64_t C = sh.C, Ie = sh.Ie, shared = n * sh.k * Ie;
   const MatType t = weight_type(w.experts.front().down);
   const void* hop = h;
@@ -192,12 +232,18 @@ inline void moe_down_combine(const GemmContext& g, Stream s, const BlockShape& s
   }
   for_each_expert(offsets, [&](int64_t e, int64_t first, int64_t rows) {
     const ExpertView& x = w.experts[size_t(e)];
-    linear_gemms(g, s, m.yp + first * C, rows_at(hop, t, first, Ie), x.down, x.down_bias, rows, Ie, C);
+    const void* hr = rows_at(hop, t, first, Ie);
+    linear_gemms(g, s, m.yp + first * C, hr, x.down, x.down_bias, rows, Ie, C);
+    lora_forward_rows(g, s, m.yp + first * C, ad.at(x.down_lora, Adapted::down_proj, nullptr, e, first), hr, t, rows,
+                      Ie, C);
   });
   moe_combine_forward(s, y, m.yp, m.weights, m.row_of, n, sh.k, C);
   if (sh.Is == 0) return;
   linear_gemms(g, s, m.yp, rows_at(hop, t, shared, 1), w.shared.down, nullptr, n, sh.Is, C);
-  gpu_linear(g, s, m.sg, n2, w.shared_gate, nullptr, n, C, 1, widened);
+  lora_forward_rows(g, s, m.yp, ad.at(w.shared.down_lora, Adapted::shared_down_proj), rows_at(hop, t, shared, 1), t, n,
+                    sh.Is, C);
+  gpu_linear(g, s, m.sg, n2, w.shared_gate, nullptr, n, C, 1, widened,
+             ad.at(w.shared_gate_lora, Adapted::shared_expert_gate));
   moe_shared_gate(s, m.sg, n);
   moe_add_gated(s, y, m.yp, m.sg, n, C);
 }
@@ -216,7 +262,7 @@ inline const void* gradient_operand(Stream s, MatType t, const float* dy, int64_
 inline void moe_backward(const GemmContext& g, Stream s, const BlockShape& sh, const MoeView& w, MoeGrads& gr,
                          const MoeScratchCuda& m, const std::vector<int64_t>& offsets, float* dn2, float* dn_router,
                          const float* dout, const bf16_t* n2, const bf16_t* gate, const bf16_t* up, const bf16_t* h,
-                         int64_t n, const MoeAuxLoss* aux, int64_t t0, float* widened) {
+                         int64_t n, const MoeAuxLoss* aux, int64_t t0, float* widened, const MoeAdapters& ad) {
   const int64_t E = sh.E, k = sh.k, C = sh.C, Ie = sh.Ie, Is = sh.Is, A = n * k, shared = A * Ie;
   const int64_t width = n * sh.mlp_width();
   // A frozen MLP (model/finetune.h) binds no expert gradients: every weight GEMM is skipped (null dW).
@@ -244,8 +290,20 @@ inline void moe_backward(const GemmContext& g, Stream s, const BlockShape& sh, c
     zero(s, m.down_bias, E * C);
     for (int64_t e = 0; e < E; ++e) accumulate(s, m.down_bias + e * C, w.experts[size_t(e)].down_bias, C);
   }
+  // LoRA on the experts' down projections: their adapters' outputs L(h) [A, C] into dxp (free until the input
+  // gradients) for the weights' gradient, dout·L(h) (moe_adapter_dots, after moe_weight_grads as the CPU's).
+  const bool down_adapted = w.experts.front().down_lora.present();
+  if (down_adapted) {
+    zero(s, m.dxp, A * C);
+    for_each_expert(offsets, [&](int64_t e, int64_t first, int64_t rows) {
+      lora_forward_rows(g, s, m.dxp + first * C, ad.at(w.experts[size_t(e)].down_lora, Adapted::down_proj, nullptr, e,
+                                                        first),
+                        rows_at(hop, t, first, Ie), t, rows, Ie, C);
+    });
+  }
   moe_weight_grads(s, m.dweights, m.dh, h, m.weights, m.order, m.ids, down_bias ? dout : nullptr,
                    down_bias ? m.down_bias : nullptr, A, k, Ie, C);
+  if (down_adapted) moe_adapter_dots(s, m.dweights, m.yp, m.dxp, m.order, A, C);
   // W_down's gradient (and its bias's) from dyp = w·dout.
   moe_scale_rows(s, m.yp, m.weights, m.order, A, C);
   dy = gradient_operand(s, t, m.yp, A * C, m.operand);
@@ -256,49 +314,73 @@ inline void moe_backward(const GemmContext& g, Stream s, const BlockShape& sh, c
                                                      rows, C, Ie))
         run_matmul(g, mm, s);
     if (ge.down_bias) bias_grad(s, ge.down_bias, m.yp + first * C, rows, C);
+    // dh (w·g already) += the adapter's input gradient; its gradients from w·dout.
+    lora_backward_rows(g, s, m.dh + first * Ie,
+                       ad.at(w.experts[size_t(e)].down_lora, Adapted::down_proj, &ge.down_lora, e, first),
+                       rows_at(dy, t, first, C), rows_at(hop, t, first, Ie), t, rows, Ie, C);
   });
   if (Is > 0) {
     // The shared expert: σ again from n2, gs = dout·W_down_s, the gate logit's gradient, d hs = σ·gs, then W_down_s's
     // gradient from σ·dout.
     linear_gemms(g, s, m.sg, n2op, w.shared_gate, nullptr, n, C, 1);
+    lora_forward_rows(g, s, m.sg, ad.at(w.shared_gate_lora, Adapted::shared_expert_gate), n2op, t, n, C, 1);
     moe_shared_gate(s, m.sg, n);
     float* gs = m.dh + shared;
+    const void* hs = rows_at(hop, t, shared, 1);
     run_matmul(g, linear_dinput_matmul(gs, gradient_operand(s, t, dout, n * C, m.operand), w.shared.down.data, t, n,
                                        C, Is), s);
-    moe_shared_gate_grad(s, m.dshared, gs, h + shared, m.sg, n, Is);
+    // With an adapter on the shared down projection its output L_s(hs) (in dxp for a moment) joins the gate's
+    // gradient.
+    const AdapterCall down_lora = ad.at(w.shared.down_lora, Adapted::shared_down_proj, &gr.shared.down_lora);
+    if (down_lora.present()) {
+      zero(s, m.dxp, n * C);
+      lora_forward_rows(g, s, m.dxp, down_lora, hs, t, n, Is, C);
+    }
+    moe_shared_gate_grad(s, m.dshared, gs, h + shared, m.sg, n, Is, dout, down_lora.present() ? m.dxp : nullptr, C);
     moe_scale_by_token(s, gs, gs, m.sg, n, Is);
     moe_scale_by_token(s, m.yp, dout, m.sg, n, C);
+    const void* dys = gradient_operand(s, t, m.yp, n * C, m.operand);
     if (gr.shared.down)
-      for (const Matmul& mm : linear_dweight_matmuls(gr.shared.down, gradient_operand(s, t, m.yp, n * C, m.operand),
-                                                     rows_at(hop, t, shared, 1), t, n, C, Is))
-        run_matmul(g, mm, s);
+      for (const Matmul& mm : linear_dweight_matmuls(gr.shared.down, dys, hs, t, n, C, Is)) run_matmul(g, mm, s);
+    lora_backward_rows(g, s, gs, down_lora, dys, hs, t, n, Is, C);  // d hs += the adapter's input gradient
   }
   expert_swiglu_backward(s, sh, m.dgate, m.dup, m.dh, gate, up, width);
   // The experts' input gradients (gate into dxp, up into dxp2) and their gate / up weight (and bias) gradients.
   auto experts_backward = [&](float* dx, const float* d, WeightRef ExpertView::*matrix, float* ExpertGrads::*grad,
-                              float* ExpertGrads::*bias) {
+                              float* ExpertGrads::*bias, LoraView ExpertView::*lora, LoraGrads ExpertGrads::*lgrad,
+                              Adapted a) {
     const void* dop = gradient_operand(s, t, d, width, m.operand);
     for_each_expert(offsets, [&](int64_t e, int64_t first, int64_t rows) {
       ExpertGrads& ge = grads_of(e);
-      linear_backward_gemms(g, s, dx + first * C, ge.*grad, ge.*bias, d + first * Ie, rows_at(dop, t, first, Ie),
-                            rows_at(m.xp, t, first, C), w.experts[size_t(e)].*matrix, rows, C, Ie);
+      const ExpertView& x = w.experts[size_t(e)];
+      const void *dy = rows_at(dop, t, first, Ie), *xp = rows_at(m.xp, t, first, C);
+      linear_backward_gemms(g, s, dx + first * C, ge.*grad, ge.*bias, d + first * Ie, dy, xp, x.*matrix, rows, C, Ie);
+      lora_backward_rows(g, s, dx + first * C, ad.at(x.*lora, a, &(ge.*lgrad), e, first), dy, xp, t, rows, C, Ie);
     });
   };
-  experts_backward(m.dxp, m.dgate, &ExpertView::gate, &ExpertGrads::gate, &ExpertGrads::gate_bias);
-  experts_backward(m.dxp2, m.dup, &ExpertView::up, &ExpertGrads::up, &ExpertGrads::up_bias);
+  experts_backward(m.dxp, m.dgate, &ExpertView::gate, &ExpertGrads::gate, &ExpertGrads::gate_bias,
+                   &ExpertView::gate_lora, &ExpertGrads::gate_lora, Adapted::gate_proj);
+  experts_backward(m.dxp2, m.dup, &ExpertView::up, &ExpertGrads::up, &ExpertGrads::up_bias, &ExpertView::up_lora,
+                   &ExpertGrads::up_lora, Adapted::up_proj);
   accumulate(s, m.dxp, m.dxp2, A * C);
   moe_scatter_add(s, dn2, m.dxp, m.row_of, n, k, C);
   if (Is > 0) {
     // The shared expert's input gradients (gate, up, then its gate's logit) into dxp's first n rows, added to dn2.
-    auto shared_backward = [&](float* dx, const float* d, WeightRef ExpertView::*matrix, float* ExpertGrads::*grad) {
+    auto shared_backward = [&](float* dx, const float* d, WeightRef ExpertView::*matrix, float* ExpertGrads::*grad,
+                               LoraView ExpertView::*lora, LoraGrads ExpertGrads::*lgrad, Adapted a) {
       const void* dop = gradient_operand(s, t, d, n * Is, m.operand);
       linear_backward_gemms(g, s, dx, gr.shared.*grad, nullptr, nullptr, dop, n2op, w.shared.*matrix, n, C, Is);
+      lora_backward_rows(g, s, dx, ad.at(w.shared.*lora, a, &(gr.shared.*lgrad)), dop, n2op, t, n, C, Is);
     };
-    shared_backward(m.dxp, m.dgate + shared, &ExpertView::gate, &ExpertGrads::gate);
-    shared_backward(m.dxp2, m.dup + shared, &ExpertView::up, &ExpertGrads::up);
+    shared_backward(m.dxp, m.dgate + shared, &ExpertView::gate, &ExpertGrads::gate, &ExpertView::gate_lora,
+                    &ExpertGrads::gate_lora, Adapted::shared_gate_proj);
+    shared_backward(m.dxp2, m.dup + shared, &ExpertView::up, &ExpertGrads::up, &ExpertView::up_lora,
+                    &ExpertGrads::up_lora, Adapted::shared_up_proj);
     accumulate(s, m.dxp, m.dxp2, n * C);
-    linear_backward_gemms(g, s, m.dxp2, gr.shared_gate, nullptr, nullptr,
-                          gradient_operand(s, t, m.dshared, n, m.operand), n2op, w.shared_gate, n, C, 1);
+    const void* dsop = gradient_operand(s, t, m.dshared, n, m.operand);
+    linear_backward_gemms(g, s, m.dxp2, gr.shared_gate, nullptr, nullptr, dsop, n2op, w.shared_gate, n, C, 1);
+    lora_backward_rows(g, s, m.dxp2, ad.at(w.shared_gate_lora, Adapted::shared_expert_gate, &gr.shared_gate_lora),
+                       dsop, n2op, t, n, C, 1);
     accumulate(s, m.dxp, m.dxp2, n * C);
     accumulate(s, dn2, m.dxp, n * C);
   }
@@ -309,8 +391,9 @@ inline void moe_backward(const GemmContext& g, Stream s, const BlockShape& sh, c
   if (mask) copy_to_device_now(s, m.counted, mask, size_t(n));
   moe_router_backward(s, m.dlogits, m.dweights, extra ? m.dprobs : nullptr, mask ? m.counted : nullptr, m.ids,
                       m.weights, m.probs, n, E, k, sh.topk_softmax, sh.renorm_topk);
-  linear_backward_gemms(g, s, dn_router, gr.router, gr.router_bias, m.dlogits,
-                        gradient_operand(s, t, m.dlogits, n * E, m.operand), n2op, w.router, n, C, E);
+  const void* dlop = gradient_operand(s, t, m.dlogits, n * E, m.operand);
+  linear_backward_gemms(g, s, dn_router, gr.router, gr.router_bias, m.dlogits, dlop, n2op, w.router, n, C, E);
+  lora_backward_rows(g, s, dn_router, ad.at(w.router_lora, Adapted::router, &gr.router_lora), dlop, n2op, t, n, C, E);
 }
 
 }  // namespace detail
