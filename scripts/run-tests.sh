@@ -7,8 +7,10 @@
 # What depends on the instruction set: the kernels (labels core, ops, optim), the block and model on them (model),
 # the executor's exactness on them (exec, but the CUDA block's tests: cuda-sim's kernels are not dispatched), and
 # the whole model against PyTorch at each GEMM dtype (model_vs_torch.CASE.f32 / .bf16). Not the parsers, the planner,
-# the tokenizer, the file formats, cuda-sim or the CLI's plumbing: their results are the same on every host, and
-# the native pass has run them.
+# the tokenizer, the file formats, cuda-sim (the op table's CUDA rows among them) or the CLI's plumbing: their
+# results are the same on every host, and the native pass has run them. Nor the finite-difference checks: they test
+# the formulas, which the native pass checks on its kernels, and the op table holds each capped kernel to the plain
+# reference (and model_vs_torch the capped model to PyTorch's gradients).
 set -euo pipefail
 build=${1:-build}
 jobs=${2:-$(nproc)}
@@ -29,11 +31,12 @@ run "native ($( ((has_avx512)) && echo avx512 || { ((has_avx2)) && echo avx2 || 
   ctest --output-on-failure -j "$jobs"
 if ((has_avx512)); then
   run "capped at avx2 (LT_MAX_ISA=avx2): kernels, model, executor" env LT_MAX_ISA=avx2 \
-    ctest --output-on-failure -j "$jobs" -L '^(core|ops|optim|model|exec)$' -E 'CudaExecutor|TheCudaBlock'
+    ctest --output-on-failure -j "$jobs" -L '^(core|ops|optim|model|exec)$' \
+    -E 'CudaExecutor|TheCudaBlock|OpTable.*_cuda|FiniteDifferences'
   run "capped at avx2 (LT_MAX_ISA=avx2): the model against PyTorch" env LT_MAX_ISA=avx2 \
     ctest --output-on-failure -j "$jobs" -R '^model_vs_torch\.[a-z0-9_]+\.(f32|bf16)$' -E '_fused_'
 else
   echo "== run-tests: this host has no AVX-512; the native run above is the AVX2 run"
 fi
 run "kernels capped at plain (LT_MAX_ISA=plain, labels core|ops|optim)" \
-  env LT_MAX_ISA=plain ctest --output-on-failure -j "$jobs" -L '^(core|ops|optim)$'
+  env LT_MAX_ISA=plain ctest --output-on-failure -j "$jobs" -L '^(core|ops|optim)$' -E 'OpTable.*_cuda|FiniteDifferences'
