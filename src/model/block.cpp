@@ -801,7 +801,7 @@ void block_backward_mlp(BlockGrads& trained, BlockScratch& b, const float* dx_ou
     if (s.sparse) {
       if (saved != Saved::recompute) moe_route(work.moe, n2, w.moe, s, n, t0, tok.dropout_key);
       moe_backward(b.dn + t0 * C, b.dtmp + t0 * C, g.moe, b.moe, a.moe, dx_out + t0 * C, n2, gate, up, h, w.moe, s, n,
-                   tok.moe_aux, t0);
+                   tok.moe_aux);
       continue;
     }
     adapted_backward(b.dh, g.wdown, g.bdown, g.lora[Adapted::down_proj], dx_out + t0 * C, h, w.wdown,

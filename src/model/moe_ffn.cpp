@@ -216,7 +216,7 @@ double MoeAuxLoss::finish() {
 
 void moe_backward(float* dn2, float* dn_router, MoeGrads& g, MoeScratch& b, const MoeRouting& r, const float* dout,
                   const float* n2, const float* gate, const float* up, const float* h, const MoeView& w,
-                  const BlockShape& s, int64_t n, const MoeAuxLoss* aux, int64_t t0) {
+                  const BlockShape& s, int64_t n, const MoeAuxLoss* aux) {
   const int64_t A = n * s.k, C = s.C, Ie = s.Ie, shared = A * Ie;  // the shared expert's rows start at `shared`
   // A frozen MLP (model/finetune.h) binds no expert gradients: every weight GEMM is skipped (null dW).
   ExpertGrads frozen{};
@@ -291,7 +291,7 @@ void moe_backward(float* dn2, float* dn_router, MoeGrads& g, MoeScratch& b, cons
     for (int64_t i = 0; i < n * C; ++i) dn2[i] += b.dxp[i] + b.dxp2[i];
   }
   // The router: its weights' gradient through top-k and softmax (plus the auxiliary loss's), then the linear.
-  router_backward(b.dlogits, b.dweights, aux ? aux->dprobs() : nullptr, aux ? aux->counted(t0) : nullptr, r.ids,
+  router_backward(b.dlogits, b.dweights, aux ? aux->dprobs() : nullptr, aux ? aux->counted(r.t0) : nullptr, r.ids,
                   r.weights, r.probs, router_shape(s, n));
   adapted_backward(dn_router, g.router, g.router_bias, g.router_lora, b.dlogits, n2, w.router, w.router_lora, s.lora,
                    moe_lora_site(r, s, Adapted::router), n, C, s.E);

@@ -155,9 +155,9 @@ class MoeAuxLoss {
 
 // The slice's backward from dout[n, C], with r routed again (moe_route) and gate, up, h as the forward had them:
 // dn2[n, C] (written) the experts' input gradient, dn_router[n, C] (written) the router's; the parameter gradients
-// accumulated. aux (or null): the auxiliary loss's gradient on the counted tokens of the slice [t0, t0 + n).
+// accumulated. aux (or null): the auxiliary loss's gradient on the counted tokens of the slice [r.t0, r.t0 + n).
 void moe_backward(float* dn2, float* dn_router, MoeGrads& g, MoeScratch& b, const MoeRouting& r, const float* dout,
                   const float* n2, const float* gate, const float* up, const float* h, const MoeView& w,
-                  const BlockShape& s, int64_t n, const MoeAuxLoss* aux, int64_t t0);
+                  const BlockShape& s, int64_t n, const MoeAuxLoss* aux);
 
 }  // namespace lt

@@ -339,10 +339,12 @@ inline void moe_backward(const GemmContext& g, Stream s, const BlockShape& sh, c
     moe_shared_gate_grad(s, m.dshared, gs, h + shared, m.sg, n, Is, dout, down_lora.present() ? m.dxp : nullptr, C);
     moe_scale_by_token(s, gs, gs, m.sg, n, Is);
     moe_scale_by_token(s, m.yp, dout, m.sg, n, C);
-    const void* dys = gradient_operand(s, t, m.yp, n * C, m.operand);
-    if (gr.shared.down)
-      for (const Matmul& mm : linear_dweight_matmuls(gr.shared.down, dys, hs, t, n, C, Is)) run_matmul(g, mm, s);
-    lora_backward_rows(g, s, gs, down_lora, dys, hs, t, n, Is, C);  // d hs += the adapter's input gradient
+    if (gr.shared.down || down_lora.present()) {  // (σ·dout as the GEMM operand only where a GEMM reads it)
+      const void* dys = gradient_operand(s, t, m.yp, n * C, m.operand);
+      if (gr.shared.down)
+        for (const Matmul& mm : linear_dweight_matmuls(gr.shared.down, dys, hs, t, n, C, Is)) run_matmul(g, mm, s);
+      lora_backward_rows(g, s, gs, down_lora, dys, hs, t, n, Is, C);  // d hs += the adapter's input gradient
+    }
   }
   expert_swiglu_backward(s, sh, m.dgate, m.dup, m.dh, gate, up, width);
   // The experts' input gradients (gate into dxp, up into dxp2) and their gate / up weight (and bias) gradients.
