@@ -61,9 +61,12 @@ void check_attention_shape(const char* op, AttentionShape s);
 // lt::Error naming the op unless every tensor is 16-byte aligned, as the tensor-core kernels' 16-byte copies need
 // (every device allocation and workspace carve is; a caller's offset view might not be).
 void check_attention_alignment(const char* op, std::initializer_list<const void*> tensors);
+// The dynamic shared memory an sm_86 / sm_89 block (RTX 30 / 40, A40, L40) may opt into: 99 KiB. The attention
+// kernels' blocks fit it, or the launcher picks one that does (cuda/kernels/attention_mma.cuh).
+inline constexpr size_t kSm89BlockSharedBytes = 99 * 1024;
 // Whether bf16-storage attention at head dim D runs on tensor cores (cuda/kernels/attention_mma.cuh), with its
 // bf16 rounding of P, dS and dO; every other case runs on CUDA cores (attention.cuh).
-inline bool attention_on_tensor_cores(int64_t D) { return D == 64 || D == 128; }
+inline bool attention_on_tensor_cores(int64_t D) { return D == 64 || D == 128 || D == 256; }
 
 // The gated delta rule's kernels (cuda/kernels/gated_delta.cuh): threads per block, and one block's slice of
 // the workspace in floats — one chunk's quantities (ops/cpu/gated_delta.cpp's Chunk) and the forward's state; the

@@ -94,6 +94,21 @@ constexpr size_t kDefaultStackBytes = 256 * 1024;
 // beyond 48 KiB the device needs cudaFuncSetAttribute(..., MaxDynamicSharedMemorySize, ...)).
 constexpr size_t kMaxDynamicSharedBytes = 227 * 1024;
 
+// The per-block limit launches are held to, and what a launcher asking the device for its opt-in maximum is told:
+// kMaxDynamicSharedBytes unless a SharedMemoryLimit emulates a GPU with less.
+size_t max_dynamic_shared_bytes();
+// Within its lifetime (process-wide, not nested across threads), the emulated GPU's per-block limit is `bytes`.
+class SharedMemoryLimit {
+ public:
+  explicit SharedMemoryLimit(size_t bytes);
+  ~SharedMemoryLimit();
+  SharedMemoryLimit(const SharedMemoryLimit&) = delete;
+  SharedMemoryLimit& operator=(const SharedMemoryLimit&) = delete;
+
+ private:
+  size_t saved_;
+};
+
 struct Options {
   std::optional<Order> order{};    // unset: the process default (see default_order)
   std::optional<uint64_t> seed{};  // Order::random's seed; unset: the process default's seed

@@ -184,9 +184,9 @@ class Launch {
              name_, format_index(block_));
     LT_CHECK(grid_.x <= 2147483647u && grid_.y <= 65535 && grid_.z <= 65535,
              "cuda-sim: kernel '{}': grid {} exceeds CUDA's limits (2^31-1, 65535, 65535)", name_, format_index(grid_));
-    LT_CHECK(shared_bytes <= kMaxDynamicSharedBytes,
+    LT_CHECK(shared_bytes <= max_dynamic_shared_bytes(),
              "cuda-sim: kernel '{}': {} bytes of dynamic shared memory exceed the per-block maximum of {}", name_,
-             shared_bytes, kMaxDynamicSharedBytes);
+             shared_bytes, max_dynamic_shared_bytes());
   }
 
   template <class T>

@@ -9,10 +9,11 @@ layers), whose CUDA block strings together the hybrid kernels; the in-memory pat
 gated delta rule kernel (the one hybrid kernel that does not give its CPU op's bits). --arch qwen3_tc: head dim
 64, so at bf16 attention runs on the tensor-core kernels (cuda/kernels/attention_mma.cuh, their shuffle
 emulation here), over more than one 64-token tile; the result is also held within the bf16 bound (relative L2
-5e-2, scripts/grad_diff.py) of the CPU's f32 path. --arch qwen3_moe / qwen3_5_moe: sparse layers (a dense one
+5e-2, scripts/grad_diff.py) of the CPU's f32 path. --arch qwen3_5_tc: the same for head dim 256 in a Qwen3.5's
+gated attention (cuda/kernels/attention_mma_wide.cuh's dK/dV pass). --arch qwen3_moe / qwen3_5_moe: sparse layers (a dense one
 between, or a shared expert) with the load-balancing loss on right-padded rows: the CUDA block's route slices
 (cuda/layers/moe.inl) against the CPU block on the MoE kernels (cuda/kernels/moe.cuh, the CPU ops' bits). Usage:
---lazytrain BIN --dtype f32|bf16 [--arch qwen3|qwen3_5|qwen3_tc|qwen3_moe|qwen3_5_moe]"""
+--lazytrain BIN --dtype f32|bf16 [--arch qwen3|qwen3_5|qwen3_tc|qwen3_5_tc|qwen3_moe|qwen3_5_moe]"""
 import argparse
 import json
 import os
@@ -35,6 +36,12 @@ HYBRID = ["--arch", "qwen3_5", "--layers", "3", "--layer-types", "linear,full,li
 TENSOR_CORE = ["--arch", "qwen3", "--layers", "2", "--hidden", "40", "--heads", "4", "--kv-heads", "2",
                "--head-dim", "64", "--intermediate", "56", "--vocab", "101", "--no-tie", "--batch", "2", "--seq", "70",
                "--docs", "2"]
+# Head dim 256 (Qwen3.5 / 3.6's full attention): the wide tensor-core kernels (attention_mma_wide.cuh) in the gated
+# attention layer; T = 70 spans three of the 32-key tiles and two 64-row query tiles.
+TENSOR_CORE_D256 = ["--arch", "qwen3_5", "--layers", "2", "--layer-types", "linear,full", "--hidden", "40", "--heads",
+                    "2", "--kv-heads", "1", "--head-dim", "256", "--partial-rotary-factor", "0.25", "--intermediate",
+                    "56", "--vocab", "101", "--linear-key-heads", "2", "--linear-value-heads", "4",
+                    "--linear-key-dim", "12", "--linear-value-dim", "10", "--batch", "2", "--seq", "70", "--docs", "2"]
 # Qwen3-MoE: sparse, dense, sparse layers, top-2 of 6; rows padded (attention_mask) for the aux loss.
 MOE = ["--arch", "qwen3_moe", "--layers", "3", "--mlp-only-layers", "1", "--hidden", "40", "--heads", "4",
        "--kv-heads", "2", "--head-dim", "12", "--intermediate", "56", "--vocab", "101", "--no-tie", "--experts", "6",
@@ -59,12 +66,13 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lazytrain", required=True)
     ap.add_argument("--dtype", default="bf16", choices=["f32", "bf16"])
-    ap.add_argument("--arch", default="qwen3", choices=["qwen3", "qwen3_5", "qwen3_tc", "qwen3_moe", "qwen3_5_moe"])
+    ap.add_argument("--arch", default="qwen3", choices=["qwen3", "qwen3_5", "qwen3_tc", "qwen3_5_tc", "qwen3_moe",
+                                                          "qwen3_5_moe"])
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="lt_cuda_sim_policies_")
     model = os.path.join(work, "model")
-    shape = {"qwen3": MODEL, "qwen3_5": HYBRID, "qwen3_tc": TENSOR_CORE, "qwen3_moe": MOE,
-             "qwen3_5_moe": HYBRID_MOE}[args.arch]
+    shape = {"qwen3": MODEL, "qwen3_5": HYBRID, "qwen3_tc": TENSOR_CORE, "qwen3_5_tc": TENSOR_CORE_D256,
+             "qwen3_moe": MOE, "qwen3_5_moe": HYBRID_MOE}[args.arch]
     aux = ["--moe-aux-loss-coef", "0.5"] if args.arch.endswith("moe") else []
     run([sys.executable, REFERENCE, "make", "--out", model, "--seed", "5"] + shape)
     batch = os.path.join(model, "batch.json")
@@ -87,7 +95,7 @@ def main():
                      f"gradient files {'equal' if data == ref_bytes else 'differ'}")
         print(f"{policy}: loss {loss!r}, {len(data)} gradient bytes identical to the in-memory path")
     print(f"cuda-sim [{args.arch}, {args.dtype}]: every policy bitwise equal to the in-memory path")
-    if args.arch == "qwen3_tc":
+    if args.arch.endswith("_tc"):
         grad("cpu_f32", [], device="cpu", dtype="f32")
         print(run([sys.executable, os.path.join(os.path.dirname(os.path.dirname(HERE)), "scripts", "grad_diff.py"),
                    os.path.join(work, "in_memory.safetensors"), os.path.join(work, "cpu_f32.safetensors"),

@@ -13,6 +13,7 @@
 #include "cuda/kernel_testing.h"
 #include "cuda/kernels.h"
 #include "cuda/sim_orders.h"
+#include "cuda_sim/cuda_sim.h"
 #include "ops/attention.h"
 
 namespace lt::cuda {
@@ -33,13 +34,16 @@ struct Case {
 };
 // The first eight span three tensor-core tiles of 64 with grouped heads (double-buffered loads, per-head dK/dV
 // partials summed in order), one with documents. Then GPT-OSS's sliding windows (shape.window) and sinks: a
-// window inside a tile and across tiles, on tensor cores (64, 128) and CUDA cores (40), with documents.
+// window inside a tile and across tiles, on tensor cores (64, 128) and CUDA cores (40), with documents. The last
+// two span the head dim 256 kernels' tiles (32-key forward tiles, 16-key dQ tiles, 32 × 32 dK/dV tiles, two query
+// tiles of 64) with grouped heads and documents, then with a window and sinks.
 const Case kCases[] = {{{2, 37, 4, 2, 64}, false},        {{1, 45, 3, 1, 128}, true},
                        {{1, 19, 2, 2, 256}, false},       {{1, 1, 2, 1, 64}, false},
                        {{2, 23, 6, 2, 40}, true},         {{1, 17, 2, 1, 96}, false},
                        {{1, 150, 4, 2, 64}, false},       {{1, 131, 3, 1, 128}, true},
                        {{2, 37, 4, 2, 64, 5}, false, true}, {{1, 150, 4, 2, 64, 70}, true, true},
-                       {{1, 131, 3, 1, 128, 64}, false},  {{1, 45, 3, 1, 40, 9}, false, true}};
+                       {{1, 131, 3, 1, 128, 64}, false},  {{1, 45, 3, 1, 40, 9}, false, true},
+                       {{1, 75, 4, 2, 256}, true},        {{2, 70, 2, 1, 256, 40}, false, true}};
 
 std::string name(const Case& c) {
   return "B=" + std::to_string(c.s.B) + " T=" + std::to_string(c.s.T) + " Hq=" + std::to_string(c.s.Hq) +
@@ -175,8 +179,10 @@ TEST(CudaSimAttention, Bf16StorageIsTheCpuOpOnTheWidenedInputs) {
 
 // The tensor-core kernels' double-buffered copies and their barriers: every thread order gives the forward
 // order's bits (a missing barrier reads a tile before its copy or overwrites one still read).
+// Head dim 256 adds the dK/dV pass's Pᵀ and dSᵀ through shared memory between two barriers.
 TEST(CudaSimAttention, TensorCoresAreTheSameInEveryThreadOrder) {
-  const AttentionShape s{1, 150, 4, 2, 64};
+  for (const AttentionShape s : {AttentionShape{1, 150, 4, 2, 64}, AttentionShape{1, 83, 2, 1, 256}}) {
+  SCOPED_TRACE(s.D);
   ASSERT_TRUE(attention_on_tensor_cores(s.D));
   const Inputs in = inputs_for(s, 5);
   const auto qb = to_bf16(in.q), kb = to_bf16(in.k), vb = to_bf16(in.v);
@@ -192,6 +198,38 @@ TEST(CudaSimAttention, TensorCoresAreTheSameInEveryThreadOrder) {
     if (first.empty()) first = now;
     for (size_t i = 0; i < now.size(); ++i) EXPECT_BITWISE_EQ(now[i], first[i]);
   });
+  }
+}
+
+// On a GPU whose blocks may opt into 99 KiB of shared memory (sm_86 / sm_89) the narrow dK/dV block at head dim 128
+// (103 KiB) cannot launch: the launcher takes the wide kernel (32 keys × 32 queries, accumulators split over dims).
+// It sums in the same order (query k-steps of 16, ascending) from the same bf16 P and dS, so under cuda-sim it gives
+// the narrow kernel's bits; every thread order the same. cuda-sim refuses a launch over the emulated limit, so the
+// narrow block cannot have run.
+TEST(CudaSimAttention, AnSm89TakesTheWideDkDvKernelAtHeadDim128WithTheSameBits) {
+  for (const Case& c : {Case{{1, 150, 4, 2, 128}, true}, Case{{2, 45, 3, 1, 128, 20}, false}}) {
+    SCOPED_TRACE(name(c));
+    const AttentionShape s = c.s;
+    const Inputs in = inputs_for(s, 9);
+    const auto docs = doc_ids_for(c);
+    const int32_t* doc_ids = docs.empty() ? nullptr : docs.data();
+    const auto qb = to_bf16(in.q), kb = to_bf16(in.k), vb = to_bf16(in.v);
+    auto backward = [&] {
+      std::vector<bf16_t> out(q_size(s));
+      std::vector<float> lse(lse_size(s)), dq(q_size(s)), dk(kv_size(s)), dv(kv_size(s));
+      std::vector<unsigned char> workspace(attention_backward_workspace_bytes(s));
+      sim::attention_forward(kStream, out.data(), lse.data(), qb.data(), kb.data(), vb.data(), doc_ids, s);
+      sim::attention_backward(kStream, dq.data(), dk.data(), dv.data(), in.dout.data(), out.data(), lse.data(),
+                              qb.data(), kb.data(), vb.data(), doc_ids, s, workspace.data());
+      return std::vector<std::vector<float>>{dq, dk, dv};
+    };
+    const auto narrow = backward();
+    const cuda_sim::SharedMemoryLimit sm89(kSm89BlockSharedBytes);
+    for_each_order([&] {
+      const auto wide = backward();
+      for (size_t i = 0; i < wide.size(); ++i) EXPECT_BITWISE_EQ(wide[i], narrow[i]);
+    });
+  }
 }
 
 TEST(CudaSimAttention, BackwardMatchesFiniteDifferencesOfTheForwardKernel) {

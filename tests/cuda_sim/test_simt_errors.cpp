@@ -143,6 +143,14 @@ TEST(Errors, InvalidLaunchConfigurations) {
   expect_launch_error([&] { LT_LAUNCH(trivial, 0, 32, 0, 0, p); }, {"grid (0,1,1) has a dimension of 0"});
   expect_launch_error([&] { LT_LAUNCH(trivial, 1, dim3(4, 0), 0, 0, p); }, {"block (4,0,1) has a dimension of 0"});
   expect_launch_error([&] { LT_LAUNCH(trivial, 1, 32, 300000, 0, p); }, {"300000 bytes of dynamic shared memory"});
+  {  // an emulated sm_89: its blocks may opt into 99 KiB, and launchers asking are told so
+    const cuda_sim::SharedMemoryLimit sm89(99 * 1024);
+    EXPECT_EQ(cuda_sim::max_dynamic_shared_bytes(), size_t(99 * 1024));
+    expect_launch_error([&] { LT_LAUNCH(trivial, 1, 32, 99 * 1024 + 16, 0, p); },
+                        {"101392 bytes of dynamic shared memory", "maximum of 101376"});
+    LT_LAUNCH(trivial, 1, 32, 99 * 1024, 0, p);
+  }
+  EXPECT_EQ(cuda_sim::max_dynamic_shared_bytes(), cuda_sim::kMaxDynamicSharedBytes);
   expect_launch_error([&] { launch(trivial, 1, 2000, 0, p); }, {"unnamed kernel of type void (*)(int*)"});
   expect_launch_error([&] { LT_LAUNCH(launches_inside, 1, 2, 0, 0, p); },
                       {"launched from inside a kernel", "launches_inside"});

@@ -16,8 +16,8 @@
 //   pass 2, block (query tile, query head, batch row): dQ = scale · Σ_key tiles dS K, recomputing S and dP.
 // This is the CPU op's algorithm (ops/cpu/attention.cpp); the order of the sums inside a dot product differs
 // (sequential over D here, the CPU's register-blocked GEMM there), so results agree to f32 rounding, not bits.
-// This version uses CUDA cores: f32 storage, and head dims other than 64 and 128. bf16 storage at 64 and 128 runs
-// on tensor cores (attention_mma.cuh), which round P, dS and dO to bf16 for the products.
+// This version uses CUDA cores: f32 storage, and head dims other than 64, 128 and 256. bf16 storage at 64, 128 and
+// 256 runs on tensor cores (attention_mma.cuh), which round P, dS and dO to bf16 for the products.
 #pragma once
 
 #include <cmath>
@@ -345,8 +345,9 @@ void attention_forward_any(Stream st, Dev* out, float* lse, const Dev* q, const 
   if (s.B * s.T == 0) return;
   if constexpr (std::is_same_v<Dev, bf16>) {
     if (attention_on_tensor_cores(s.D)) {
-      if (s.D == 64) attention_forward_mma<64>(st, out, lse, q, k, v, doc_ids, sinks, s, attention_scale(s.D));
-      else attention_forward_mma<128>(st, out, lse, q, k, v, doc_ids, sinks, s, attention_scale(s.D));
+      with_head_dim(s.D, "attention_forward", [&]<int DH>() {
+        attention_forward_mma<DH>(st, out, lse, q, k, v, doc_ids, sinks, s, attention_scale(s.D));
+      });
       return;
     }
   }
@@ -363,8 +364,9 @@ void attention_backward_any(Stream st, float* dq, float* dk, float* dv, const fl
   if constexpr (std::is_same_v<Dev, bf16>) {
     if (attention_on_tensor_cores(s.D)) {
       const float scale = attention_scale(s.D);
-      if (s.D == 64) attention_backward_mma<64>(st, dq, dk, dv, dout, out, lse, q, k, v, doc_ids, s, scale, workspace);
-      else attention_backward_mma<128>(st, dq, dk, dv, dout, out, lse, q, k, v, doc_ids, s, scale, workspace);
+      with_head_dim(s.D, "attention_backward", [&]<int DH>() {
+        attention_backward_mma<DH>(st, dq, dk, dv, dout, out, lse, q, k, v, doc_ids, s, scale, workspace);
+      });
       return;
     }
   }

@@ -49,6 +49,20 @@ void allow_shared(Kernel kernel, size_t bytes) {
 #endif
 }
 
+// The most dynamic shared memory a block may opt into on the current GPU (cuda-sim: the GPU it emulates), for the
+// launchers whose tiles would exceed it on sm_86 / sm_89.
+inline size_t max_block_shared_bytes() {
+#ifdef __CUDACC__
+  int device = 0, bytes = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess)
+    return 0;  // the launch that follows reports the error
+  return size_t(bytes);
+#else
+  return cuda_sim::max_dynamic_shared_bytes();
+#endif
+}
+
 inline float attention_scale(int64_t D) { return float(1.0 / std::sqrt(double(D))); }  // the CPU op's
 
 }  // namespace detail

@@ -1,0 +1,220 @@
+// cuda/kernels/attention_mma_tiles.cuh — the pieces the tensor-core attention kernels (attention_mma.cuh,
+// attention_mma_wide.cuh) are built of: tile shapes per head dim, cp.async copies of head rows into padded shared
+// tiles, warp-wide fragment products over a tile (mma.cuh), the quad reductions of a fragment row, and the test
+// for a tile the mask cannot touch.
+//
+// Shared tiles are row-major with rows DH + 8 bf16 long (the stride), so the 8 rows an ldmatrix reads fall on
+// different banks. A warp's products are 16 rows by 8·n columns: its A operand comes from registers or from a
+// shared tile through a functor a(kk, frag) giving the fragment of k-step kk.
+#pragma once
+
+#include <cmath>
+
+#include "cuda/kernels/async_copy.cuh"
+#include "cuda/kernels/attention_common.cuh"
+#include "cuda/kernels/mma.cuh"
+
+namespace lt::cuda::LT_KERNELS_NS {
+
+constexpr int kMmaTile = 64;  // query rows per forward / dQ block (16 per warp); keys per dK/dV block at DH ≤ 128
+constexpr int kMmaThreads = 128;
+
+// A head dim's tiles. At DH ≤ 128 a warp keeps its query (and dO) fragments in registers and a key tile is 64
+// keys. At DH = 256 the f32 accumulator of 16 rows alone takes 128 registers a thread, so those fragments are
+// read from shared memory each key tile and the tiles narrow until the block's shared memory fits the 99 KiB of
+// sm_86 / sm_89: forward Q [64] + K, V [2][32] rows, dQ Q, dO [64] + K, V [2][16] rows (101376 bytes each).
+template <int DH>
+struct MmaTiles {
+  static_assert(DH == 64 || DH == 128 || DH == 256, "tensor-core attention is built for head dims 64, 128, 256");
+  static constexpr bool kWide = DH > 128;
+  static constexpr int kStride = DH + 8;               // a shared row, in bf16
+  static constexpr int kForwardKeys = kWide ? 32 : 64;  // keys per tile of the forward
+  static constexpr int kDqKeys = kWide ? 16 : 64;       // keys per tile of the dQ pass
+};
+
+// Issues the copy of rows [row0, row0 + ROWS) of head h of a bf16 [B, T, H, DH] tensor into dst[ROWS, DH + 8]
+// (shared); rows past T become 0. Every thread takes 16-byte pieces.
+template <int DH, int ROWS>
+__device__ __forceinline__ void copy_rows_async(bf16* dst, const bf16* src, int64_t b, int64_t row0, int64_t h,
+                                                int64_t T, int64_t H) {
+  constexpr int kPieces = DH / 8;
+  for (int e = int(threadIdx.x); e < ROWS * kPieces; e += kMmaThreads) {
+    const int r = e / kPieces, c = 8 * (e % kPieces);
+    const bool valid = row0 + r < T;
+    copy16_async(dst + r * (DH + 8) + c, valid ? src + head_row(b, row0 + r, h, T, H, DH) + c : src, valid);
+  }
+}
+
+// Issues the copy of the ROWS per-row statistics row[row0 .. row0 + ROWS) (0 past T) into dst[ROWS] (shared).
+template <int ROWS>
+__device__ __forceinline__ void copy_stats_async(float* dst, const float* row, int64_t row0, int64_t T) {
+  const int i = int(threadIdx.x);
+  if (i < ROWS) copy4_async(dst + i, row0 + i < T ? row + row0 + i : row, row0 + i < T);
+}
+
+// Issues key tile i of kv head hk (K and V rows [KEYS i, KEYS i + KEYS)) into buffer i % 2 of Ks, Vs
+// ([2][KEYS, DH + 8]).
+template <int DH, int KEYS>
+__device__ __forceinline__ void copy_key_tile_async(bf16* Ks, bf16* Vs, const bf16* k, const bf16* v, int64_t b,
+                                                    int64_t i, int64_t hk, const AttentionShape& s) {
+  constexpr int kTile = KEYS * (DH + 8);
+  copy_rows_async<DH, KEYS>(Ks + (i & 1) * kTile, k, b, i * KEYS, hk, s.T, s.Hkv);
+  copy_rows_async<DH, KEYS>(Vs + (i & 1) * kTile, v, b, i * KEYS, hk, s.T, s.Hkv);
+}
+
+// One step of a double buffer: issue tile it + 1 (issue(it + 1) copies it into the other buffer, read last in the
+// previous iteration) when there is one, then wait for this thread's copies of tile it. A __syncthreads must
+// follow before tile it is read (the other threads' copies).
+template <class Issue>
+__device__ __forceinline__ void prefetch_next_and_wait(int64_t it, int64_t tiles, Issue issue) {
+  if (it + 1 < tiles) {
+    issue(it + 1);
+    async_commit();
+    async_wait<1>();
+  } else {
+    async_wait<0>();
+  }
+}
+
+// A fragments of the 16 rows [row0, row0 + 16) of head h (rows past T are 0), over DH in k-steps of 16.
+template <int DH>
+__device__ __forceinline__ void load_a_fragments(uint32_t (&frag)[DH / 16][4], const bf16* src, int64_t b,
+                                                 int64_t row0, int64_t h, int64_t T, int64_t H) {
+  const int lane = int(threadIdx.x) & 31, g = lane >> 2, t = lane & 3;
+  for (int half = 0; half < 2; ++half) {
+    const int64_t row = row0 + g + 8 * half;
+    for (int kk = 0; kk < DH / 16; ++kk) {
+      frag[kk][half] = row < T ? load_pair(src + head_row(b, row, h, T, H, DH) + kk * 16 + 2 * t) : 0u;
+      frag[kk][2 + half] = row < T ? load_pair(src + head_row(b, row, h, T, H, DH) + kk * 16 + 8 + 2 * t) : 0u;
+    }
+  }
+}
+
+// The same from a shared row-major tile of row stride STRIDE, its rows [r0, r0 + 16) at columns [16 kk, 16 kk + 16):
+// one ldmatrix (matrices: rows r0 and r0 + 8 at columns 16 kk, then at 16 kk + 8).
+template <int STRIDE>
+__device__ __forceinline__ void shared_a_fragment(uint32_t (&a)[4], const bf16* tile, int r0, int kk) {
+  const int lane = int(threadIdx.x) & 31, m = lane >> 3;
+  ldmatrix_x4<false>(a, tile + (r0 + 8 * (m & 1) + (lane & 7)) * STRIDE + kk * 16 + 8 * (m >> 1));
+}
+
+// The A functor of fragments held in registers, frag[DH / 16][4].
+template <int KSTEPS>
+__device__ __forceinline__ auto register_a(const uint32_t (&frag)[KSTEPS][4]) {
+  return [&frag](int kk, uint32_t(&a)[4]) {
+    for (int i = 0; i < 4; ++i) a[i] = frag[kk][i];
+  };
+}
+
+// The A functor of a shared tile's rows [r0, r0 + 16).
+template <int STRIDE>
+__device__ __forceinline__ auto shared_a(const bf16* tile, int r0) {
+  return [tile, r0](int kk, uint32_t(&a)[4]) { shared_a_fragment<STRIDE>(a, tile, r0, kk); };
+}
+
+// The A functor of a product's f32 C fragments p[2·KSTEPS][4] (16 rows by 16·KSTEPS columns), rounded to bf16:
+// two neighbouring n-tiles' C layout is one k-step's A layout (mma.cuh).
+template <int NT>
+__device__ __forceinline__ auto c_fragments_as_a(const float (&p)[NT][4]) {
+  return [&p](int kk, uint32_t(&a)[4]) {
+    a[0] = pack_bf16(p[2 * kk][0], p[2 * kk][1]);
+    a[1] = pack_bf16(p[2 * kk][2], p[2 * kk][3]);
+    a[2] = pack_bf16(p[2 * kk + 1][0], p[2 * kk + 1][1]);
+    a[3] = pack_bf16(p[2 * kk + 1][2], p[2 * kk + 1][3]);
+  };
+}
+
+// out[16, 8·NT] = A[16, DH] · tileᵀ, tile [8·NT, DH] rows of stride DH + 8 in shared: its rows are the product's
+// columns. One ldmatrix gives the B fragments of n-tiles j and j + 1 (matrices: rows 8j and 8j + 8 at columns
+// 16 kk and 16 kk + 8).
+template <int DH, int NT, class AFragment>
+__device__ __forceinline__ void mma_rows_by_tile(float (&out)[NT][4], AFragment a, const bf16* tile) {
+  static_assert(NT % 2 == 0, "n-tiles come in pairs, one ldmatrix each");
+  constexpr int S = DH + 8;
+  const int lane = int(threadIdx.x) & 31, m = lane >> 3;
+  for (int j = 0; j < NT; ++j)
+    for (int e = 0; e < 4; ++e) out[j][e] = 0.0f;
+  const bf16* lane_row = tile + (8 * (m >> 1) + (lane & 7)) * S + 8 * (m & 1);
+  for (int kk = 0; kk < DH / 16; ++kk) {
+    uint32_t af[4];
+    a(kk, af);
+    for (int j = 0; j < NT; j += 2) {
+      uint32_t bf[4];
+      ldmatrix_x4<false>(bf, lane_row + j * 8 * S + kk * 16);
+      mma_bf16_16816(out[j], af, bf, out[j]);
+      mma_bf16_16816(out[j + 1], af, bf + 2, out[j + 1]);
+    }
+  }
+}
+
+// acc[16, 8·ND] += A[16, 16·KSTEPS] · tile[16·KSTEPS, 8·ND], tile row-major of stride STRIDE in shared (the
+// pointer at its first column). One transposed ldmatrix gives the B fragments of column tiles nd and nd + 1
+// (matrices: rows 16 kk and 16 kk + 8 at columns 8 nd, then at 8 nd + 8).
+template <int KSTEPS, int ND, int STRIDE, class AFragment>
+__device__ __forceinline__ void mma_accumulate_by_tile(float (&acc)[ND][4], AFragment a, const bf16* tile) {
+  static_assert(ND % 2 == 0, "column tiles come in pairs, one ldmatrix each");
+  const int lane = int(threadIdx.x) & 31, m = lane >> 3;
+  const bf16* lane_row = tile + (8 * (m & 1) + (lane & 7)) * STRIDE + 8 * (m >> 1);
+  for (int kk = 0; kk < KSTEPS; ++kk) {
+    uint32_t af[4];
+    a(kk, af);
+    for (int nd = 0; nd < ND; nd += 2) {
+      uint32_t bf[4];
+      ldmatrix_x4<true>(bf, lane_row + kk * 16 * STRIDE + nd * 8);
+      mma_bf16_16816(acc[nd], af, bf, acc[nd]);
+      mma_bf16_16816(acc[nd + 1], af, bf + 2, acc[nd + 1]);
+    }
+  }
+}
+
+// Sum over the quad of lanes sharing a fragment row (lanes 4g .. 4g + 3), in a fixed order.
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+
+// Whether every pair (query, key) of queries [r0, r0 + 16) and keys [k0, k0 + keys) attends (warp-uniform): the
+// tile lies below the diagonal, inside T and the sliding window, and there are no documents. Such tiles skip the
+// per-element mask.
+__device__ __forceinline__ bool tile_unmasked(const int32_t* doc_ids, int64_t T, int64_t window, int64_t r0,
+                                              int64_t k0, int64_t keys) {
+  return doc_ids == nullptr && k0 + keys - 1 <= r0 && r0 + 15 < T && (window <= 0 || k0 > r0 + 15 - window);
+}
+
+// P and dS of one score: P = exp(scale·S − lse) where the pair attends, dS = P ∘ (dP − Di).
+__device__ __forceinline__ void probability_and_grad(float& s_then_p, float& dp_then_ds, bool valid, float scale,
+                                                     float lse, float Di) {
+  const float p = valid ? expf(s_then_p * scale - lse) : 0.0f;
+  dp_then_ds = p * (dp_then_ds - Di);
+  s_then_p = p;
+}
+
+// Writes a warp's dK, dV accumulators (fragment rows: its keys [w0, w0 + 16), columns: dims [d0, d0 + 8·ND)) to
+// dk, dv [B, T, Hkv, DH] (G = Hq / Hkv = 1: the results, dK scaled) or to query head h's partials
+// [G, B, T, Hkv, DH] (G > 1: unscaled, at h % G; attention_kv_reduce_kernel sums and scales them).
+template <int DH, int ND>
+__device__ __forceinline__ void store_key_grads(float* dk, float* dv, const float (&dka)[ND][4],
+                                                const float (&dva)[ND][4], int64_t b, int64_t w0, int d0, int64_t h,
+                                                const AttentionShape& s, float scale) {
+  const int t = int(threadIdx.x) & 3, g = (int(threadIdx.x) & 31) >> 2;
+  const int64_t G = s.Hq / s.Hkv, hk = h / G;
+  const float dk_scale = G == 1 ? scale : 1.0f;  // partials are scaled once summed
+  const int64_t part = G == 1 ? 0 : (h % G) * s.B * s.T * s.Hkv * DH;
+  for (int r = 0; r < 2; ++r) {
+    const int64_t key = w0 + g + 8 * r;
+    if (key >= s.T) continue;
+    float* dk_row = dk + part + head_row(b, key, hk, s.T, s.Hkv, DH) + d0;
+    float* dv_row = dv + part + head_row(b, key, hk, s.T, s.Hkv, DH) + d0;
+    for (int nd = 0; nd < ND; ++nd)
+      for (int c = 0; c < 2; ++c) {
+        dk_row[nd * 8 + 2 * t + c] = dk_scale * dka[nd][2 * r + c];
+        dv_row[nd * 8 + 2 * t + c] = dva[nd][2 * r + c];
+      }
+  }
+}
+
+}  // namespace lt::cuda::LT_KERNELS_NS
