@@ -7,7 +7,11 @@
 //   peak_gemm_tflops  the wrapper's rate on an 8192^3 bf16 GEMM measured in the same run: the limit we compare
 //                     to (spec_bf16_tflops: the data-sheet dense bf16 figure of known GPUs, for reference)
 //   ratio             layer_tflops / peak_gemm_tflops (issue 17's target: >= 0.60)
+//   attention_*_tflops the layer's attention alone (head dim 128); attention_d256 the same at Qwen3.6-27B's full
+//                     attention (24 / 4 heads of 256, T = 4096); gated_delta the chunked gated delta rule at its
+//                     linear attention's shape (16 / 48 heads of 128) over 8192 tokens, in ms beside FLA's
 // One JSON line. Without a GPU (or a CUDA build) it prints {"skipped": reason} and exits 0.
+#include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -45,6 +49,14 @@ void fill_bf16(Buffer& b, size_t n, uint64_t seed, float scale) {
   LT_CUDA_CHECK(cudaMemcpy(b.p, h.data(), n * 2, cudaMemcpyHostToDevice), "bench upload");
 }
 
+// Fills an f32 buffer with seeded values in [lo, hi).
+void fill_f32(Buffer& b, size_t n, uint64_t seed, float lo, float hi) {
+  Rng rng(seed);
+  std::vector<float> h(n);
+  for (auto& x : h) x = rng.uniform(lo, hi);
+  LT_CUDA_CHECK(cudaMemcpy(b.p, h.data(), n * 4, cudaMemcpyHostToDevice), "bench upload");
+}
+
 // Milliseconds per call of fn (enqueued on the default stream), after one warm-up, averaged over reps.
 double time_ms(const std::function<void()>& fn, int reps = 5) {
   fn();
@@ -71,6 +83,64 @@ double spec_bf16_tflops(const std::string& name) {  // data-sheet dense bf16 (f3
   if (name.find("L40S") != std::string::npos) return 362.1;
   if (name.find("4090") != std::string::npos) return 165.2;
   return 0.0;
+}
+
+// Causal attention's model FLOPs: the forward's two products over the lower triangle (the backward is 2.5 times).
+double attention_forward_flops(const AttentionShape& s) {
+  return 2.0 * 2.0 * double(s.B) * double(s.Hq) * double(s.D) * double(s.T) * double(s.T + 1) / 2.0;
+}
+
+// Attention alone at a shape (bf16, causal, no documents): forward and backward milliseconds and TFLOPS.
+nlohmann::json time_attention(const AttentionShape& s) {
+  const int64_t nq = s.B * s.T * s.Hq * s.D, nkv = s.B * s.T * s.Hkv * s.D, nl = s.B * s.Hq * s.T;
+  Buffer q(nq * 2), k(nkv * 2), v(nkv * 2), out(nq * 2), lse(nl * 4), dout(nq * 4), dq(nq * 4), dk(nkv * 4),
+      dv(nkv * 4), ws(attention_backward_workspace_bytes(s));
+  fill_bf16(q, nq, 31, 1.0f), fill_bf16(k, nkv, 32, 1.0f), fill_bf16(v, nkv, 33, 1.0f);
+  fill_f32(dout, nq, 34, -1.0f, 1.0f);
+  const double fwd = time_ms([&] {
+    native::attention_forward(nullptr, out.as<bf16_t>(), lse.as<float>(), q.as<bf16_t>(), k.as<bf16_t>(),
+                              v.as<bf16_t>(), nullptr, s);
+  });
+  const double bwd = time_ms([&] {
+    native::attention_backward(nullptr, dq.as<float>(), dk.as<float>(), dv.as<float>(), dout.as<float>(),
+                               out.as<bf16_t>(), lse.as<float>(), q.as<bf16_t>(), k.as<bf16_t>(), v.as<bf16_t>(),
+                               nullptr, s, ws.p);
+  });
+  const double flops = attention_forward_flops(s);
+  return {{"shape", {{"T", s.T}, {"Hq", s.Hq}, {"Hkv", s.Hkv}, {"D", s.D}}},
+          {"forward_ms", fwd},
+          {"backward_ms", bwd},
+          {"forward_tflops", flops / (fwd * 1e-3) / 1e12},
+          {"backward_tflops", 2.5 * flops / (bwd * 1e-3) / 1e12}};
+}
+
+// The chunked gated delta rule at the Qwen3.5 / 3.6-27B layer's shape (16 key heads, 48 value heads of 128) over
+// T tokens, bf16 q, k, v: forward and backward milliseconds, beside FLA's Triton kernels on an H200 (0.665 /
+// 1.444 ms at 8192 tokens, docs/cuda.md) and issue 35's targets (0.6 / 1.3 ms).
+nlohmann::json time_gated_delta(int64_t T) {
+  const DeltaShape s = DeltaShape::packed(1, T, 16, 48, 128, 128, float(1.0 / std::sqrt(128.0)));
+  const int64_t nqk = T * s.Hk * s.dk, nv = T * s.Hv * s.dv, ng = T * s.Hv;
+  Buffer q(nqk * 2), k(nqk * 2), v(nv * 2), o(nv * 2), beta(ng * 4), g(ng * 4), dout(nv * 4), dq(nqk * 4),
+      dk(nqk * 4), dv(nv * 4), dbeta(ng * 4), dg(ng * 4);
+  Buffer fws(gated_delta_forward_workspace_bytes(s)), bws(gated_delta_backward_workspace_bytes(s));
+  // q and k as the layer hands them over: L2-normalised rows (values of 1/sqrt(dk)), gates in their ranges.
+  const float unit = float(1.0 / std::sqrt(128.0));
+  fill_bf16(q, nqk, 41, unit), fill_bf16(k, nqk, 42, unit), fill_bf16(v, nv, 43, 1.0f);
+  fill_f32(beta, ng, 44, 0.0f, 1.0f), fill_f32(g, ng, 45, -0.2f, 0.0f), fill_f32(dout, nv, 46, -1.0f, 1.0f);
+  const double fwd = time_ms([&] {
+    native::gated_delta_forward(nullptr, o.as<bf16_t>(), q.as<bf16_t>(), k.as<bf16_t>(), v.as<bf16_t>(),
+                                beta.as<float>(), g.as<float>(), nullptr, s, fws.p);
+  });
+  const double bwd = time_ms([&] {
+    native::gated_delta_backward(nullptr, dq.as<float>(), dk.as<float>(), dv.as<float>(), dbeta.as<float>(),
+                                 dg.as<float>(), dout.as<float>(), q.as<bf16_t>(), k.as<bf16_t>(), v.as<bf16_t>(),
+                                 beta.as<float>(), g.as<float>(), nullptr, s, bws.p);
+  });
+  return {{"shape", {{"T", T}, {"Hk", s.Hk}, {"Hv", s.Hv}, {"dk", s.dk}, {"dv", s.dv}}},
+          {"forward_ms", fwd},
+          {"backward_ms", bwd},
+          {"fla_triton_h200_ms", {0.665, 1.444}},
+          {"target_ms", {0.6, 1.3}}};
 }
 
 nlohmann::json run() {
@@ -146,7 +216,7 @@ nlohmann::json run() {
   other_ms += 2 * time_ms([&] { native::add(nullptr, xo.as<bf16_t>(), x.as<bf16_t>(), n1.as<bf16_t>(), T * C); });
   other_ms += 7 * time_ms([&] { native::convert(nullptr, gb16.as<bf16_t>(), g32.as<float>(), T * C); });
 
-  const double attn_fwd_flops = 2.0 * 2.0 * double(Hq) * double(D) * double(T) * double(T + 1) / 2.0;
+  const double attn_fwd_flops = attention_forward_flops(as);
   const double layer_flops = gemm_flops + attn_fwd_flops * 3.5;
   const double layer_ms = gemm_ms + attn_fwd_ms + attn_bwd_ms + other_ms;
 
@@ -165,6 +235,11 @@ nlohmann::json run() {
           {"gemm_tflops", gemm_flops / (gemm_ms * 1e-3) / 1e12},
           {"attention_forward_ms", attn_fwd_ms},
           {"attention_backward_ms", attn_bwd_ms},
+          {"attention_forward_tflops", attn_fwd_flops / (attn_fwd_ms * 1e-3) / 1e12},
+          {"attention_backward_tflops", 2.5 * attn_fwd_flops / (attn_bwd_ms * 1e-3) / 1e12},
+          // Qwen3.6-27B's full attention (24 query / 4 kv heads of 256) and its Gated DeltaNet's core.
+          {"attention_d256", time_attention(AttentionShape{1, T, 24, 4, 256})},
+          {"gated_delta", time_gated_delta(8192)},
           {"other_kernels_ms", other_ms},
           {"peak_gemm_tflops", peak},
           {"spec_bf16_tflops", spec_bf16_tflops(prop.name)},

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # scripts/gpu-steps.sh LAZYTRAIN DEVICE OUT — the executor on DEVICE (cuda; cuda-sim to rehearse on the CPU), as
 # `make gpu-check` runs it. Writes OUT/grad.json and OUT/step/step_{plan,every4}.json; exits 1 on any failure.
-#   grad   `lazytrain grad` on examples/tiny-qwen3, tiny-qwen35, tiny-qwen3 at head dim 64 (tensor-core attention) and a
-#          tiny Qwen3-MoE (sparse layers), bf16, random inits no test has seen: keep-all twice (same bytes: determinism), every
+#   grad   `lazytrain grad` on examples/tiny-qwen3, tiny-qwen35, tiny-qwen3 at head dim 64 and tiny-qwen35 at 256
+#          (tensor-core attention) and a tiny Qwen3-MoE (sparse layers), bf16, random inits no test has seen: keep-all twice (same bytes: determinism), every
 #          policy (recompute, host, NVMe) byte-identical to keep-all, the same step under cuda-sim (the GPU
 #          block's host run) within bf16 rounding, and the CPU's f32 in-memory path within the bf16 bound
 #          model_vs_torch uses (relative L2 5e-2) (scripts/grad_diff.py)
@@ -66,6 +66,15 @@ c = json.load(open('examples/tiny-qwen3/config.json'))
 c.update(head_dim=64, num_attention_heads=4, num_key_value_heads=2)
 json.dump(c, open(sys.argv[1], 'w'))" "$OUT/tiny-qwen3-d64/config.json"
 grad_suite tiny-qwen3-d64 "$OUT/tiny-qwen3-d64/config.json"
+# Head dim 256: Qwen3.5's gated attention at its real head dim, on the wide tensor-core kernels
+# (cuda/kernels/attention_mma_wide.cuh).
+mkdir -p "$OUT/tiny-qwen35-d256"
+python3 -c "
+import json, sys
+c = json.load(open('examples/tiny-qwen35/config.json'))
+c.update(head_dim=256, num_attention_heads=2, num_key_value_heads=1)
+json.dump(c, open(sys.argv[1], 'w'))" "$OUT/tiny-qwen35-d256/config.json"
+grad_suite tiny-qwen35-d256 "$OUT/tiny-qwen35-d256/config.json"
 # Qwen3-MoE: sparse layers after a dense one (cuda/layers/moe.inl: the router, permutation and combine kernels,
 # one cuBLASLt call per expert, each slice's offsets read back to the host).
 mkdir -p "$OUT/tiny-qwen3-moe"
@@ -77,7 +86,7 @@ c.update(model_type='qwen3_moe', architectures=['Qwen3MoeForCausalLM'], num_expe
          router_aux_loss_coef=0.001)
 json.dump(c, open(sys.argv[1], 'w'))" "$OUT/tiny-qwen3-moe/config.json"
 grad_suite tiny-qwen3-moe "$OUT/tiny-qwen3-moe/config.json"
-python3 - "$OUT" "$OUT/grad.json" tiny-qwen3 tiny-qwen35 tiny-qwen3-d64 tiny-qwen3-moe <<'PY' || status=1
+python3 - "$OUT" "$OUT/grad.json" tiny-qwen3 tiny-qwen35 tiny-qwen3-d64 tiny-qwen35-d256 tiny-qwen3-moe <<'PY' || status=1
 import json, subprocess, sys
 out, report, models = sys.argv[1], sys.argv[2], sys.argv[3:]
 def diff(tiny, a, b):

@@ -5,6 +5,8 @@
 // forward kernels — in every thread order, on odd shapes, with sentinel guards around every output.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <cmath>
 #include <numeric>
 
@@ -244,6 +246,39 @@ TEST(CudaSimKernels, AddAccumulateZeroAndConvertAreExact) {
       EXPECT_TRUE(out.guards_intact() && acc.guards_intact() && widened.guards_intact() && out_b.guards_intact() &&
                   rounded.guards_intact() && zeroed.guards_intact());
     });
+  }
+}
+
+// The kernels above take 16 bytes a load where every pointer is 16-byte aligned (the buffers above are) and one
+// element at a time otherwise: an offset view (one element in, as a token chunk's may be) gives the same bits.
+TEST(CudaSimKernels, ElementwiseKernelsGiveTheSameBitsOnUnalignedViews) {
+  const int64_t n = 203;  // 25 packs of 8 and a tail of 3 when aligned
+  const auto a0 = random_floats(static_cast<size_t>(n), 81, -9.0f, 9.0f), b0 = random_floats(size_t(n), 82);
+  auto run = [&](int64_t at) {  // every input and output placed at element offset `at` of its buffer
+    auto placed = [&](const std::vector<float>& v) {
+      std::vector<float> out(size_t(n + 1), 0.5f);
+      std::copy(v.begin(), v.end(), out.begin() + at);
+      return out;
+    };
+    const auto a = placed(a0), b = placed(b0);
+    const auto ab = to_bf16(a), bb = to_bf16(b);
+    std::vector<float> sum(size_t(n + 1)), acc(b), dg(size_t(n + 1)), du(size_t(n + 1)), wide(size_t(n + 1));
+    std::vector<bf16_t> sum_b(size_t(n + 1)), h(size_t(n + 1)), rounded(size_t(n + 1));
+    sim::add(kStream, sum.data() + at, a.data() + at, b.data() + at, n);
+    sim::add(kStream, sum_b.data() + at, ab.data() + at, bb.data() + at, n);
+    sim::accumulate(kStream, acc.data() + at, a.data() + at, n);
+    sim::swiglu_forward(kStream, h.data() + at, ab.data() + at, bb.data() + at, n);
+    sim::swiglu_backward(kStream, dg.data() + at, du.data() + at, b.data() + at, ab.data() + at, bb.data() + at, n);
+    sim::convert(kStream, rounded.data() + at, a.data() + at, n);
+    sim::convert(kStream, wide.data() + at, ab.data() + at, n);
+    auto view = [&](const auto& v) { return std::vector(v.begin() + at, v.begin() + at + n); };
+    return std::vector<std::vector<float>>{view(sum), to_f32(view(sum_b)), view(acc), to_f32(view(h)),
+                                           view(dg),  view(du),            to_f32(view(rounded)), view(wide)};
+  };
+  const auto aligned = run(0), offset = run(1);
+  for (size_t i = 0; i < aligned.size(); ++i) {
+    SCOPED_TRACE("output " + std::to_string(i));
+    EXPECT_BITWISE_EQ(offset[i], aligned[i]);
   }
 }
 
