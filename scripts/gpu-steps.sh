@@ -58,34 +58,26 @@ grad_suite() {  # grad_suite NAME CONFIG: OUT/NAME/*.safetensors
 }
 grad_suite tiny-qwen3 examples/tiny-qwen3/config.json
 grad_suite tiny-qwen35 examples/tiny-qwen35/config.json
-# Head dim 64: attention on tensor cores (cuda/kernels/attention_mma.cuh) in the bf16 runs.
-mkdir -p "$OUT/tiny-qwen3-d64"
-python3 -c "
+variant_suite() {  # variant_suite NAME BASE_CONFIG 'KEY=VALUE, ...': grad_suite on BASE_CONFIG with those keys changed
+  mkdir -p "$OUT/$1"
+  python3 -c "
 import json, sys
-c = json.load(open('examples/tiny-qwen3/config.json'))
-c.update(head_dim=64, num_attention_heads=4, num_key_value_heads=2)
-json.dump(c, open(sys.argv[1], 'w'))" "$OUT/tiny-qwen3-d64/config.json"
-grad_suite tiny-qwen3-d64 "$OUT/tiny-qwen3-d64/config.json"
+c = json.load(open(sys.argv[1]))
+c.update(dict($3))
+json.dump(c, open(sys.argv[2], 'w'))" "$2" "$OUT/$1/config.json"
+  grad_suite "$1" "$OUT/$1/config.json"
+}
+# Head dim 64: attention on tensor cores (cuda/kernels/attention_mma.cuh) in the bf16 runs.
+variant_suite tiny-qwen3-d64 examples/tiny-qwen3/config.json 'head_dim=64, num_attention_heads=4, num_key_value_heads=2'
 # Head dim 256: Qwen3.5's gated attention at its real head dim, on the wide tensor-core kernels
 # (cuda/kernels/attention_mma_wide.cuh).
-mkdir -p "$OUT/tiny-qwen35-d256"
-python3 -c "
-import json, sys
-c = json.load(open('examples/tiny-qwen35/config.json'))
-c.update(head_dim=256, num_attention_heads=2, num_key_value_heads=1)
-json.dump(c, open(sys.argv[1], 'w'))" "$OUT/tiny-qwen35-d256/config.json"
-grad_suite tiny-qwen35-d256 "$OUT/tiny-qwen35-d256/config.json"
+variant_suite tiny-qwen35-d256 examples/tiny-qwen35/config.json \
+  'head_dim=256, num_attention_heads=2, num_key_value_heads=1'
 # Qwen3-MoE: sparse layers after a dense one (cuda/layers/moe.inl: the router, permutation and combine kernels,
 # one cuBLASLt call per expert, each slice's offsets read back to the host).
-mkdir -p "$OUT/tiny-qwen3-moe"
-python3 -c "
-import json, sys
-c = json.load(open('examples/tiny-qwen3/config.json'))
-c.update(model_type='qwen3_moe', architectures=['Qwen3MoeForCausalLM'], num_experts=8, num_experts_per_tok=2,
-         moe_intermediate_size=96, decoder_sparse_step=1, mlp_only_layers=[0], norm_topk_prob=True,
-         router_aux_loss_coef=0.001)
-json.dump(c, open(sys.argv[1], 'w'))" "$OUT/tiny-qwen3-moe/config.json"
-grad_suite tiny-qwen3-moe "$OUT/tiny-qwen3-moe/config.json"
+variant_suite tiny-qwen3-moe examples/tiny-qwen3/config.json "model_type='qwen3_moe', \
+  architectures=['Qwen3MoeForCausalLM'], num_experts=8, num_experts_per_tok=2, moe_intermediate_size=96, \
+  decoder_sparse_step=1, mlp_only_layers=[0], norm_topk_prob=True, router_aux_loss_coef=0.001"
 python3 - "$OUT" "$OUT/grad.json" tiny-qwen3 tiny-qwen35 tiny-qwen3-d64 tiny-qwen35-d256 tiny-qwen3-moe <<'PY' || status=1
 import json, subprocess, sys
 out, report, models = sys.argv[1], sys.argv[2], sys.argv[3:]
