@@ -2,6 +2,7 @@
 #include "cuda/kernels.h"
 
 #include <algorithm>
+#include <atomic>
 
 #include "core/error.h"
 #include "cuda/scratch.h"
@@ -35,13 +36,28 @@ size_t attention_backward_workspace_bytes(AttentionShape s) {
   return size_t(s.B) * size_t(s.Hq) * size_t(s.T) * sizeof(float);
 }
 
+namespace {
+std::atomic<int64_t> g_attention_partial_bytes{kAttentionPartialBytes};
+}  // namespace
+
+int64_t attention_partial_bytes() { return g_attention_partial_bytes.load(std::memory_order_relaxed); }
+AttentionPartialBudget::AttentionPartialBudget(int64_t bytes) : saved_(g_attention_partial_bytes.exchange(bytes)) {}
+AttentionPartialBudget::~AttentionPartialBudget() { g_attention_partial_bytes.store(saved_); }
+
+int64_t attention_partial_rows(AttentionShape s) {
+  const int64_t row_bytes = 2 * (s.Hq / s.Hkv) * s.T * s.Hkv * s.D * int64_t(sizeof(float));
+  const int64_t rows = row_bytes > 0 ? attention_partial_bytes() / row_bytes : s.B;
+  return std::clamp<int64_t>(rows, 1, std::max<int64_t>(s.B, 1));
+}
+
 AttentionMmaWorkspace AttentionMmaWorkspace::carve(void* base, AttentionShape s) {
   ScratchCarver c(base);
   AttentionMmaWorkspace w;
   w.Di = c.take<float>(s.B * s.Hq * s.T);
   w.dout = c.take<bf16_t>(s.B * s.T * s.Hq * s.D);
   if (s.Hq > s.Hkv) {
-    const int64_t partials = (s.Hq / s.Hkv) * s.B * s.T * s.Hkv * s.D;
+    w.partial_rows = attention_partial_rows(s);
+    const int64_t partials = (s.Hq / s.Hkv) * w.partial_rows * s.T * s.Hkv * s.D;
     w.dk_part = c.take<float>(partials);
     w.dv_part = c.take<float>(partials);
   }

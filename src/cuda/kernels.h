@@ -44,15 +44,34 @@ size_t delta_gates_backward_workspace_bytes(int64_t N, int64_t Hv);
 size_t attention_backward_workspace_bytes(AttentionShape s);
 // The tensor-core backward's workspace (cuda/kernels/attention_mma.cuh), carved 256-byte aligned in this order:
 // Di f32 [B, Hq, T]; dO rounded to bf16 [B, T, Hq, D]; with grouped heads (G = Hq / Hkv > 1) each query head's
-// partial dK and dV, f32 [G, B, T, Hkv, D] each (null for G = 1: the kernel writes dk and dv itself). With a
-// null base it only measures (bytes).
+// partial dK and dV for `partial_rows` batch rows at a time, f32 [G, partial_rows, T, Hkv, D] each (null for G = 1:
+// the kernel writes dk and dv itself). With a null base it only measures (bytes).
 struct AttentionMmaWorkspace {
   float* Di = nullptr;
   bf16_t* dout = nullptr;
   float* dk_part = nullptr;
   float* dv_part = nullptr;
+  int64_t partial_rows = 0;
   size_t bytes = 0;
   static AttentionMmaWorkspace carve(void* base, AttentionShape s);
+};
+// The dK/dV partials of every row of a large batch would outweigh the rest of a layer's scratch (2·G·N·Hkv·D·4
+// bytes: 4.2 GB at Qwen2.5-7B's shape and 144 × 1024 tokens), so the backward sums them a group of rows at a time:
+// as many rows as fit attention_partial_bytes() (at least one). The groups' launches still hold thousands of blocks.
+inline constexpr int64_t kAttentionPartialBytes = int64_t(256) << 20;
+int64_t attention_partial_rows(AttentionShape s);
+// The budget in force: kAttentionPartialBytes, unless an AttentionPartialBudget (a test's, so that a small batch
+// takes several groups) holds another for its lifetime. Workspace sizes and launches read the same value.
+int64_t attention_partial_bytes();
+class AttentionPartialBudget {
+ public:
+  explicit AttentionPartialBudget(int64_t bytes);
+  ~AttentionPartialBudget();
+  AttentionPartialBudget(const AttentionPartialBudget&) = delete;
+  AttentionPartialBudget& operator=(const AttentionPartialBudget&) = delete;
+
+ private:
+  int64_t saved_;
 };
 // lt::Error naming the op unless the shape is one the attention kernels take (B, T ≥ 0; Hq a multiple of
 // Hkv; grid limits), and for an unsupported head dimension (the kernels take 1 to 256).

@@ -232,6 +232,39 @@ TEST(CudaSimAttention, AnSm89TakesTheWideDkDvKernelAtHeadDim128WithTheSameBits) 
   }
 }
 
+// With grouped heads the dK/dV partials are summed a group of batch rows at a time (AttentionMmaWorkspace): a budget
+// of one row's partials makes a batch of two take two groups, with the one group's bits and a smaller workspace.
+TEST(CudaSimAttention, DkDvPartialsSummedAGroupOfRowsAtATimeGiveTheSameBits) {
+  for (const Case& c : {Case{{2, 37, 4, 2, 64}, true}, Case{{3, 70, 2, 1, 256, 40}, false}}) {
+    SCOPED_TRACE(name(c));
+    const AttentionShape s = c.s;
+    const Inputs in = inputs_for(s, 10);
+    const auto docs = doc_ids_for(c);
+    const int32_t* doc_ids = docs.empty() ? nullptr : docs.data();
+    const auto qb = to_bf16(in.q), kb = to_bf16(in.k), vb = to_bf16(in.v);
+    auto backward = [&] {
+      std::vector<bf16_t> out(q_size(s));
+      std::vector<float> lse(lse_size(s));
+      Guarded<float> dq(q_size(s)), dk(kv_size(s)), dv(kv_size(s));
+      Guarded<unsigned char> workspace(attention_backward_workspace_bytes(s));
+      sim::attention_forward(kStream, out.data(), lse.data(), qb.data(), kb.data(), vb.data(), doc_ids, s);
+      sim::attention_backward(kStream, dq.data(), dk.data(), dv.data(), in.dout.data(), out.data(), lse.data(),
+                              qb.data(), kb.data(), vb.data(), doc_ids, s, workspace.data());
+      EXPECT_TRUE(dq.guards_intact() && dk.guards_intact() && dv.guards_intact() && workspace.guards_intact());
+      return std::vector<std::vector<float>>{dq.values(), dk.values(), dv.values()};
+    };
+    const auto whole = backward();
+    ASSERT_EQ(attention_partial_rows(s), s.B);
+    const size_t whole_bytes = attention_backward_workspace_bytes(s);
+    const int64_t row_bytes = 2 * s.Hq * s.T * s.D * int64_t(sizeof(float));  // G · Hkv = Hq
+    const AttentionPartialBudget one_row(row_bytes);
+    ASSERT_EQ(attention_partial_rows(s), 1);
+    EXPECT_LT(attention_backward_workspace_bytes(s), whole_bytes);
+    const auto grouped = backward();
+    for (size_t i = 0; i < whole.size(); ++i) EXPECT_BITWISE_EQ(grouped[i], whole[i]);
+  }
+}
+
 TEST(CudaSimAttention, BackwardMatchesFiniteDifferencesOfTheForwardKernel) {
   const AttentionShape s{1, 21, 2, 1, 64};
   const Inputs in = inputs_for(s, 77);

@@ -26,6 +26,8 @@
 // complete when issued.
 #pragma once
 
+#include <algorithm>
+
 #include "cuda/kernels/attention_mma_tiles.cuh"
 #include "cuda/kernels/attention_mma_wide.cuh"
 
@@ -331,30 +333,41 @@ void attention_backward_mma(Stream st, float* dq, float* dk, float* dv, const fl
             native_stream(st), w.Di, dout_bf16, dout, out, s);
   const unsigned query_tiles = unsigned((s.T + kMmaTile - 1) / kMmaTile);
   const size_t kv_shared = attention_mma_backward_kv_shared<DH>(), q_shared = attention_mma_backward_q_shared<DH>();
-  float* dk_out = G == 1 ? dk : w.dk_part;
-  float* dv_out = G == 1 ? dv : w.dv_part;
   // The dK/dV pass: the wide kernel at head dim 256, and at 128 where the narrow block's 103 KiB of shared memory
   // exceed what the GPU's blocks may opt into (sm_86 / sm_89: 99 KiB).
   const bool wide = DH == 256 || (DH == 128 && kv_shared > max_block_shared_bytes());
-  if (wide) {
-    if constexpr (DH >= 128) {
-      const size_t wide_shared = attention_mma_backward_kv_wide_shared(DH);
-      const unsigned key_tiles = unsigned((s.T + kWideKeys - 1) / kWideKeys);
-      allow_shared(attention_backward_kv_wide_mma_kernel<DH>, wide_shared);
-      LT_LAUNCH(attention_backward_kv_wide_mma_kernel<DH>, dim3(key_tiles, unsigned(s.Hq), unsigned(s.B)),
-                dim3(kMmaThreads), wide_shared, native_stream(st), dk_out, dv_out, dout_bf16, lse, w.Di, q, k, v,
-                doc_ids, s, scale);
+  // Rows [b0, b0 + r.B) of the batch into dk_out, dv_out (their first row's).
+  auto launch_kv = [&](int64_t b0, AttentionShape r, float* dk_out, float* dv_out) {
+    const int64_t qo = b0 * s.T * s.Hq * DH, kvo = b0 * s.T * s.Hkv * DH, so = b0 * s.Hq * s.T;
+    const int32_t* docs = doc_ids ? doc_ids + b0 * s.T : nullptr;
+    if (wide) {
+      if constexpr (DH >= 128) {
+        const size_t wide_shared = attention_mma_backward_kv_wide_shared(DH);
+        const unsigned key_tiles = unsigned((s.T + kWideKeys - 1) / kWideKeys);
+        allow_shared(attention_backward_kv_wide_mma_kernel<DH>, wide_shared);
+        LT_LAUNCH(attention_backward_kv_wide_mma_kernel<DH>, dim3(key_tiles, unsigned(s.Hq), unsigned(r.B)),
+                  dim3(kMmaThreads), wide_shared, native_stream(st), dk_out, dv_out, dout_bf16 + qo, lse + so,
+                  w.Di + so, q + qo, k + kvo, v + kvo, docs, r, scale);
+      }
+    } else if constexpr (DH <= 128) {
+      allow_shared(attention_backward_kv_mma_kernel<DH>, kv_shared);
+      LT_LAUNCH(attention_backward_kv_mma_kernel<DH>, dim3(query_tiles, unsigned(s.Hq), unsigned(r.B)),
+                dim3(kMmaThreads), kv_shared, native_stream(st), dk_out, dv_out, dout_bf16 + qo, lse + so, w.Di + so,
+                q + qo, k + kvo, v + kvo, docs, r, scale);
     }
-  } else if constexpr (DH <= 128) {
-    allow_shared(attention_backward_kv_mma_kernel<DH>, kv_shared);
-    LT_LAUNCH(attention_backward_kv_mma_kernel<DH>, dim3(query_tiles, unsigned(s.Hq), unsigned(s.B)),
-              dim3(kMmaThreads), kv_shared, native_stream(st), dk_out, dv_out, dout_bf16, lse, w.Di, q, k, v, doc_ids,
-              s, scale);
-  }
-  if (G > 1) {
-    const int64_t n = s.B * s.T * s.Hkv * DH;
-    LT_LAUNCH(attention_kv_reduce_kernel, dim3(elementwise_blocks(n)), dim3(kElementwiseThreads), 0, native_stream(st),
-              dk, dv, w.dk_part, w.dv_part, n, G, scale);
+  };
+  if (G == 1) {
+    launch_kv(0, s, dk, dv);
+  } else {  // per group of rows: each query head's partials, then their sum in head order
+    for (int64_t b0 = 0; b0 < s.B; b0 += w.partial_rows) {
+      AttentionShape r = s;
+      r.B = std::min(w.partial_rows, s.B - b0);
+      launch_kv(b0, r, w.dk_part, w.dv_part);
+      const int64_t n = r.B * s.T * s.Hkv * DH;
+      LT_LAUNCH(attention_kv_reduce_kernel, dim3(elementwise_blocks(n)), dim3(kElementwiseThreads), 0,
+                native_stream(st), dk + b0 * s.T * s.Hkv * DH, dv + b0 * s.T * s.Hkv * DH, w.dk_part, w.dv_part, n,
+                G, scale);
+    }
   }
   allow_shared(attention_backward_q_mma_kernel<DH>, q_shared);
   LT_LAUNCH(attention_backward_q_mma_kernel<DH>, dim3(query_tiles, unsigned(s.Hq), unsigned(s.B)), dim3(kMmaThreads),
