@@ -6,13 +6,15 @@
 #   3. the kernel tests natively (each native kernel against its cuda-sim run, run twice for determinism;
 #      cuBLASLt against its emulation and row-independent), twice over (--gtest_repeat=2), and the CUDA device's
 #   4. the cuda-sim suite (ctest -L cuda-sim), so the comparison has its CPU side on this host too
-#   5. bench_cuda_layer: a Qwen2.5-7B layer's kernels and GEMMs in TFLOPS against an 8192^3 GEMM measured here
+#   5. bench_cuda_layer: a Qwen2.5-7B layer's kernels and GEMMs in TFLOPS against an 8192^3 GEMM measured here;
+#      attention alone at head dims 128 and 256 (Qwen3.6-27B's), the gated delta rule at Qwen3.6-27B's shape
 #   6. scripts/gpu-steps.sh: `lazytrain grad --device cuda` bitwise across plans and runs, within bf16 rounding
 #      of cuda-sim and of the CPU's f32 path; a streamed step of a Qwen2.5-1.5B shape with the plan solved from
 #      a profile measured on the GPU, against every:4; with PAPER_STEP=1 also the paper's setting (Qwen2.5-7B
-#      shape, 144 x 1024 tokens a step; a few minutes more and about 100 GB of host memory)
+#      shape, 144 x 1024 tokens a step; a few minutes more and about 100 GB of host memory), the solved plan and
+#      every:4 side by side; GPU_STEPS=paper27 the same for 12 of Qwen3.6-27B's layers at 72 x 1024
 # GPU_CHECKS picks steps 3 to 6 (a comma list of tests, layer, steps; default all): a second call within the
-# lease's warm window can then run only `GPU_CHECKS=steps GPU_STEPS=paper PAPER_STEP=1`.
+# lease's warm window can then run only `GPU_CHECKS=steps GPU_STEPS=paper,paper27`.
 # LT_PREBUILT=DIR runs on the programs scripts/gpu-bundle.sh packed into DIR elsewhere (a GPU host with no package
 # registry or no time to build): step 1 becomes unpacking, step 4 is left to the machine that built them, and
 # cuBLASLt is taken from this host's CUDA install (LT_CUBLAS_DIR, or found under /usr/local, /opt, /usr/lib).

@@ -11,7 +11,8 @@
 #          baseline's device need and keep-all's, and `bench step` of it against every:4
 #   paper  the paper's setting on this GPU: a Qwen2.5-7B shape (random init), 144 x 1024 tokens a step,
 #          profiled here, planned for PAPER_DEVICE_MEMORY (default 120GiB) and 8 GiB of host activations, one
-#          timed step after a warm-up (about 100 GB of host memory): OUT/paper/step.json
+#          timed step after a warm-up, the plan's and every:4's (about 100 GB of host memory): OUT/paper/step_*.json
+#   paper27 the same for Qwen3.6-27B's layers (PAPER27_LAYERS of them, default 12) at 72 x 1024
 # GPU_STEPS picks the parts (a comma list, default grad,step); PAPER_STEP=1 adds paper.
 set -uo pipefail
 LT=$1 DEVICE=$2 OUT=$3
@@ -159,33 +160,63 @@ if plan["peak_device_bytes"] > budget:
 PY
 fi
 
+# paper_step NAME CONFIG B T ANCHOR: init CONFIG (random, bf16), profile it on DEVICE at B x T, plan it for PMEM and 8
+# GiB of host activations, then `bench step` of the plan and of every:4 side by side (one timed step each after a
+# warm-up): OUT/NAME/step_{plan,every4}.json; the line printed compares with the paper's TFLOPS (ANCHOR).
+paper_step() {
+  local dir="$OUT/$1" config=$2 b=$3 t=$4 anchor=$5
+  mkdir -p "$dir"
+  cp "$config" "$dir/config.json"
+  random_batch "$dir/config.json" "$dir/batch.json" "$b" "$t" 7
+  # init writes 15 GB (its draws run in parallel chunks since the first GPU session, where one sequential
+  # generator outlasted 200 s).
+  STEP_TIMEOUT=${PAPER_INIT_TIMEOUT:-600} run "$dir/init.log" "$LT" init --config "$dir/config.json" \
+    --out "$dir/model" --dtype bf16 --seed 2
+  run "$dir/profile.log" "$LT" profile --model "$dir/model" --batch "$b" --seq "$t" --device "$DEVICE" \
+    --device-memory "$PMEM" --dtype bf16 --out "$dir/profile.json"
+  run "$dir/plan.log" "$LT" plan --model "$dir/model" --hardware "$dir/profile.json" --batch "$b" --seq "$t" \
+    --device-memory "$PMEM" --host-act-memory 8GiB --out "$dir/plan.json"
+  for policy in plan every4; do
+    local p="$dir/plan.json"
+    [ "$policy" = every4 ] && p=every:4
+    run "$dir/step_$policy.json" "$LT" bench step --model "$dir/model" --batch "$dir/batch.json" --dtype bf16 \
+      --device "$DEVICE" --device-memory "$PMEM" --policy "$p" --steps 1 --json
+  done
+  python3 - "$dir" "$1, $b x $t" "$anchor" <<'PY' || status=1
+import json, sys
+d, what, anchor = sys.argv[1], sys.argv[2], float(sys.argv[3])
+r = {p: json.loads(open(f"{d}/step_{p}.json").read().strip().splitlines()[-1]) for p in ["plan", "every4"]}
+p, e = r["plan"], r["every4"]
+print(f"{what}: solved plan {p['step_s']:.2f} s, {p['tflops_6nd']:.1f} TFLOPS 6ND ({p['tflops_6nd'] / anchor:.2f}x "
+      f"the paper's {anchor}), peak {p['peak_device_bytes'] / 2**30:.1f} GiB; every:4 {e['tflops_6nd']:.1f} TFLOPS "
+      f"(the plan {p['tflops_6nd'] / e['tflops_6nd']:.2f}x)")
+PY
+  rm -rf "$dir/model"
+}
+
 if want paper; then
-  paper="$OUT/paper"
   PMEM=${PAPER_DEVICE_MEMORY:-120GiB}
-  mkdir -p "$paper"
-  cat >"$paper/config.json" <<'JSON'
+  # The paper's Qwen2.5-7B setting: 144 x 1024 tokens a step (LazyTrain 199.84 TFLOPS on an H800).
+  cat >"$OUT/qwen2.5-7b.json" <<'JSON'
 {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "vocab_size": 152064, "hidden_size": 3584,
  "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
  "max_position_embeddings": 32768, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "tie_word_embeddings": false,
  "torch_dtype": "bfloat16"}
 JSON
-  random_batch "$paper/config.json" "$paper/batch.json" 144 1024 7
-  # init writes 15 GB (its 7.6e9 draws run in parallel chunks since the first GPU session, where one
-  # sequential generator outlasted 200 s).
-  STEP_TIMEOUT=${PAPER_INIT_TIMEOUT:-600} run "$paper/init.log" "$LT" init --config "$paper/config.json" \
-    --out "$paper/model" --dtype bf16 --seed 2
-  run "$paper/profile.log" "$LT" profile --model "$paper/model" --batch 144 --seq 1024 --device "$DEVICE" \
-    --device-memory "$PMEM" --dtype bf16 --out "$paper/profile.json"
-  run "$paper/plan.log" "$LT" plan --model "$paper/model" --hardware "$paper/profile.json" --batch 144 --seq 1024 \
-    --device-memory "$PMEM" --host-act-memory 8GiB --out "$paper/plan.json"
-  run "$paper/step.json" "$LT" bench step --model "$paper/model" --batch "$paper/batch.json" --dtype bf16 \
-    --device "$DEVICE" --device-memory "$PMEM" --policy "$paper/plan.json" --steps 1 --json
-  python3 - "$paper/step.json" <<'PY' || status=1
+  paper_step paper "$OUT/qwen2.5-7b.json" 144 1024 199.84
+fi
+if want paper27; then
+  PMEM=${PAPER_DEVICE_MEMORY:-120GiB}
+  # Qwen3.6-27B's layers (3 Gated DeltaNet : 1 gated attention of head dim 256) at 72 x 1024 tokens (the paper's
+  # 219.95 TFLOPS on an H800), as many layers as 128 GiB of host memory holds with room to spare: PAPER27_LAYERS
+  # (default 12: 79.7 GiB of parameter state by `lazytrain plan`, 7.1e9 parameters; 8 layers 62.6 GiB).
+  python3 - "$OUT/qwen3.6-27b-shape.json" "${PAPER27_LAYERS:-12}" <<'PY'
 import json, sys
-r = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
-print(f"paper step (Qwen2.5-7B shape, 144 x 1024): {r['step_s']:.2f} s, {r['tflops_6nd']:.1f} TFLOPS 6ND "
-      f"({r['tflops_6nd'] / 199.84:.2f}x the paper's 199.84 on an H800), peak {r['peak_device_bytes'] / 2**30:.1f} GiB")
+c = json.load(open("examples/qwen3.6-27b/config.json"))
+t, layers = c["text_config"], int(sys.argv[2])
+t["num_hidden_layers"], t["layer_types"] = layers, t["layer_types"][:layers]
+json.dump(c, open(sys.argv[1], "w"))
 PY
-  rm -rf "$paper/model"
+  paper_step paper27 "$OUT/qwen3.6-27b-shape.json" 72 1024 219.95
 fi
 exit $status
