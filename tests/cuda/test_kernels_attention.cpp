@@ -204,10 +204,9 @@ TEST(CudaSimAttention, TensorCoresAreTheSameInEveryThreadOrder) {
 // On a GPU whose blocks may opt into 99 KiB of shared memory (sm_86 / sm_89) the narrow dK/dV block at head dim 128
 // (103 KiB) cannot launch: the launcher takes the wide kernel (32 keys × 32 queries, accumulators split over dims).
 // It sums in the same order (query k-steps of 16, ascending) from the same bf16 P and dS, so under cuda-sim it gives
-// the narrow kernel's bits; every thread order the same. cuda-sim refuses a launch over the emulated limit, so the
-// narrow block cannot have run.
+// the narrow kernel's bits. cuda-sim refuses a launch over the emulated limit, so the narrow block cannot have run.
 TEST(CudaSimAttention, AnSm89TakesTheWideDkDvKernelAtHeadDim128WithTheSameBits) {
-  for (const Case& c : {Case{{1, 150, 4, 2, 128}, true}, Case{{2, 45, 3, 1, 128, 20}, false}}) {
+  for (const Case& c : {Case{{2, 75, 4, 2, 128, 40}, true}}) {  // two 64-row tiles, two rows, documents, a window
     SCOPED_TRACE(name(c));
     const AttentionShape s = c.s;
     const Inputs in = inputs_for(s, 9);
@@ -225,17 +224,15 @@ TEST(CudaSimAttention, AnSm89TakesTheWideDkDvKernelAtHeadDim128WithTheSameBits) 
     };
     const auto narrow = backward();
     const cuda_sim::SharedMemoryLimit sm89(kSm89BlockSharedBytes);
-    for_each_order([&] {
-      const auto wide = backward();
-      for (size_t i = 0; i < wide.size(); ++i) EXPECT_BITWISE_EQ(wide[i], narrow[i]);
-    });
+    const auto wide = backward();  // the wide kernel's thread orders: TensorCoresAreTheSameInEveryThreadOrder (D 256)
+    for (size_t i = 0; i < wide.size(); ++i) EXPECT_BITWISE_EQ(wide[i], narrow[i]);
   }
 }
 
 // With grouped heads the dK/dV partials are summed a group of batch rows at a time (AttentionMmaWorkspace): a budget
 // of one row's partials makes a batch of two take two groups, with the one group's bits and a smaller workspace.
 TEST(CudaSimAttention, DkDvPartialsSummedAGroupOfRowsAtATimeGiveTheSameBits) {
-  for (const Case& c : {Case{{2, 37, 4, 2, 64}, true}, Case{{3, 70, 2, 1, 256, 40}, false}}) {
+  for (const Case& c : {Case{{2, 37, 4, 2, 64}, true}, Case{{3, 40, 2, 1, 256, 24}, false}}) {
     SCOPED_TRACE(name(c));
     const AttentionShape s = c.s;
     const Inputs in = inputs_for(s, 10);
