@@ -45,6 +45,13 @@ struct HeadArgs {
   void* workspace = nullptr;
 };
 size_t head_workspace_bytes(const HeadShape& s, DType lm_type);
+// The shape the GPU head runs at: s with chunks as large as kGpuHeadLogitsBytes of logits (f32 and their bf16 copy)
+// hold, in multiples of 256 tokens from 256 to 4096. Per chunk the head re-reads lm_w twice and reads and writes all
+// of dlm_w f32 (its k = chunk GEMM): at ops/head.h's 256-token chunks that traffic, not the GEMMs, set the head's
+// time (docs/cuda.md). The GPU compute, its working set and cuda-sim's in-memory head use it alike, so they chunk
+// (and so sum dlm_w) the same way.
+inline constexpr int64_t kGpuHeadLogitsBytes = int64_t(1) << 30;
+HeadShape gpu_head_shape(HeadShape s);
 
 // One decoder layer on the GPU kernels (cuda/layers/block.inl), bf16 activation storage: the weights, token
 // metadata and RoPE table as device pointers, and the layer's scratch (cuda_block_scratch_bytes).

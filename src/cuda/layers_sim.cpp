@@ -7,11 +7,19 @@
 #include "cuda/cuda_device.h"
 #include "cuda/gemm.h"
 
+#include <algorithm>
+
 namespace lt::cuda {
 
 // The workspace layouts are the same in both builds; cuda-sim's carve measures them.
 size_t head_workspace_bytes(const HeadShape& s, DType lm_type) {
   return sim::detail::HeadScratch::carve(nullptr, s, lm_type).bytes;
+}
+
+HeadShape gpu_head_shape(HeadShape s) {
+  const int64_t per_token = std::max<int64_t>(s.V, 1) * int64_t(sizeof(float) + sizeof(bf16_t));
+  s.chunk_tokens = std::clamp<int64_t>(kGpuHeadLogitsBytes / per_token / 256 * 256, 256, 4096);
+  return s;
 }
 
 size_t cuda_block_scratch_bytes(const BlockShape& s) {
@@ -34,7 +42,7 @@ std::vector<ComputeBuffer> cuda_compute_buffers(const ModelConfig& cfg, const Bl
   size_t recompute = 0;
   for (int64_t l = 0; l < cfg.num_layers; ++l) recompute = std::max(recompute, block_stored_bytes(s.for_layer(cfg, l)));
   const size_t scratch = cuda_block_scratch_bytes(s);  // a sparse layer's route slice included (cuda/layers/moe.inl)
-  const HeadShape head{s.N(), s.C, cfg.vocab_size, float(cfg.rms_norm_eps)};
+  const HeadShape head = gpu_head_shape(HeadShape{s.N(), s.C, cfg.vocab_size, float(cfg.rms_norm_eps)});
   const size_t rope = size_t(2 * s.T * (s.D / 2)) * sizeof(float);
   return {{ComputeBufferRole::recompute_internals, "recompute internals", recompute, ComputeSpan::step, true},
           {ComputeBufferRole::block_scratch, "block scratch", scratch, ComputeSpan::step},

@@ -157,6 +157,7 @@ void sim_linear_backward(float* din, float* dW, float* dbias, const float* dout,
 
 double sim_head_forward_backward(float* dx, float* dnorm_w, float* dlm_w, const float* x, const int32_t* targets,
                                  const float* norm_w, WeightRef lm_w, float grad_scale, HeadShape s) {
+  s = gpu_head_shape(s);  // the GPU head's chunks, so this path sums dlm_w as the executor's CUDA head does
   std::vector<unsigned char> ws(head_workspace_bytes(s, lm_w.dtype));
   double loss = 0.0;
   HeadArgs a;

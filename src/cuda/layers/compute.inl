@@ -78,7 +78,7 @@ class CudaLayerCompute final : public LayerCompute {
       norm_weight_one_plus(s_, shifted, h.norm_w, h.shape.C);
       a.norm_w = shifted;
     }
-    a.shape = h.shape, a.workspace = b_.head_workspace;
+    a.shape = gpu_head_shape(h.shape), a.workspace = b_.head_workspace;  // the working set's chunks
     head_forward_backward(gemm_, s_, a);
   }
 
