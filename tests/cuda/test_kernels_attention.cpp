@@ -201,6 +201,25 @@ TEST(CudaSimAttention, TensorCoresAreTheSameInEveryThreadOrder) {
   }
 }
 
+// The tensor-core path end to end on a case's bf16 inputs (seeded): dq, dk, dv of the forward's output and lse, every
+// output and the workspace between sentinels.
+std::vector<std::vector<float>> bf16_backward(const Case& c, uint64_t seed) {
+  const AttentionShape s = c.s;
+  const Inputs in = inputs_for(s, seed);
+  const auto docs = doc_ids_for(c);
+  const int32_t* doc_ids = docs.empty() ? nullptr : docs.data();
+  const auto qb = to_bf16(in.q), kb = to_bf16(in.k), vb = to_bf16(in.v);
+  std::vector<bf16_t> out(q_size(s));
+  std::vector<float> lse(lse_size(s));
+  Guarded<float> dq(q_size(s)), dk(kv_size(s)), dv(kv_size(s));
+  Guarded<unsigned char> workspace(attention_backward_workspace_bytes(s));
+  sim::attention_forward(kStream, out.data(), lse.data(), qb.data(), kb.data(), vb.data(), doc_ids, s);
+  sim::attention_backward(kStream, dq.data(), dk.data(), dv.data(), in.dout.data(), out.data(), lse.data(), qb.data(),
+                          kb.data(), vb.data(), doc_ids, s, workspace.data());
+  EXPECT_TRUE(dq.guards_intact() && dk.guards_intact() && dv.guards_intact() && workspace.guards_intact());
+  return {dq.values(), dk.values(), dv.values()};
+}
+
 // On a GPU whose blocks may opt into 99 KiB of shared memory (sm_86 / sm_89) the narrow dK/dV block at head dim 128
 // (103 KiB) cannot launch: the launcher takes the wide kernel (32 keys × 32 queries, accumulators split over dims).
 // It sums in the same order (query k-steps of 16, ascending) from the same bf16 P and dS, so under cuda-sim it gives
@@ -208,23 +227,9 @@ TEST(CudaSimAttention, TensorCoresAreTheSameInEveryThreadOrder) {
 TEST(CudaSimAttention, AnSm89TakesTheWideDkDvKernelAtHeadDim128WithTheSameBits) {
   for (const Case& c : {Case{{2, 75, 4, 2, 128, 40}, true}}) {  // two 64-row tiles, two rows, documents, a window
     SCOPED_TRACE(name(c));
-    const AttentionShape s = c.s;
-    const Inputs in = inputs_for(s, 9);
-    const auto docs = doc_ids_for(c);
-    const int32_t* doc_ids = docs.empty() ? nullptr : docs.data();
-    const auto qb = to_bf16(in.q), kb = to_bf16(in.k), vb = to_bf16(in.v);
-    auto backward = [&] {
-      std::vector<bf16_t> out(q_size(s));
-      std::vector<float> lse(lse_size(s)), dq(q_size(s)), dk(kv_size(s)), dv(kv_size(s));
-      std::vector<unsigned char> workspace(attention_backward_workspace_bytes(s));
-      sim::attention_forward(kStream, out.data(), lse.data(), qb.data(), kb.data(), vb.data(), doc_ids, s);
-      sim::attention_backward(kStream, dq.data(), dk.data(), dv.data(), in.dout.data(), out.data(), lse.data(),
-                              qb.data(), kb.data(), vb.data(), doc_ids, s, workspace.data());
-      return std::vector<std::vector<float>>{dq, dk, dv};
-    };
-    const auto narrow = backward();
+    const auto narrow = bf16_backward(c, 9);
     const cuda_sim::SharedMemoryLimit sm89(kSm89BlockSharedBytes);
-    const auto wide = backward();  // the wide kernel's thread orders: TensorCoresAreTheSameInEveryThreadOrder (D 256)
+    const auto wide = bf16_backward(c, 9);  // its thread orders: TensorCoresAreTheSameInEveryThreadOrder (D 256)
     for (size_t i = 0; i < wide.size(); ++i) EXPECT_BITWISE_EQ(wide[i], narrow[i]);
   }
 }
@@ -235,29 +240,14 @@ TEST(CudaSimAttention, DkDvPartialsSummedAGroupOfRowsAtATimeGiveTheSameBits) {
   for (const Case& c : {Case{{2, 37, 4, 2, 64}, true}, Case{{3, 40, 2, 1, 256, 24}, false}}) {
     SCOPED_TRACE(name(c));
     const AttentionShape s = c.s;
-    const Inputs in = inputs_for(s, 10);
-    const auto docs = doc_ids_for(c);
-    const int32_t* doc_ids = docs.empty() ? nullptr : docs.data();
-    const auto qb = to_bf16(in.q), kb = to_bf16(in.k), vb = to_bf16(in.v);
-    auto backward = [&] {
-      std::vector<bf16_t> out(q_size(s));
-      std::vector<float> lse(lse_size(s));
-      Guarded<float> dq(q_size(s)), dk(kv_size(s)), dv(kv_size(s));
-      Guarded<unsigned char> workspace(attention_backward_workspace_bytes(s));
-      sim::attention_forward(kStream, out.data(), lse.data(), qb.data(), kb.data(), vb.data(), doc_ids, s);
-      sim::attention_backward(kStream, dq.data(), dk.data(), dv.data(), in.dout.data(), out.data(), lse.data(),
-                              qb.data(), kb.data(), vb.data(), doc_ids, s, workspace.data());
-      EXPECT_TRUE(dq.guards_intact() && dk.guards_intact() && dv.guards_intact() && workspace.guards_intact());
-      return std::vector<std::vector<float>>{dq.values(), dk.values(), dv.values()};
-    };
-    const auto whole = backward();
+    const auto whole = bf16_backward(c, 10);
     ASSERT_EQ(attention_partial_rows(s), s.B);
     const size_t whole_bytes = attention_backward_workspace_bytes(s);
     const int64_t row_bytes = 2 * s.Hq * s.T * s.D * int64_t(sizeof(float));  // G · Hkv = Hq
     const AttentionPartialBudget one_row(row_bytes);
     ASSERT_EQ(attention_partial_rows(s), 1);
     EXPECT_LT(attention_backward_workspace_bytes(s), whole_bytes);
-    const auto grouped = backward();
+    const auto grouped = bf16_backward(c, 10);
     for (size_t i = 0; i < whole.size(); ++i) EXPECT_BITWISE_EQ(grouped[i], whole[i]);
   }
 }
