@@ -73,19 +73,71 @@ void check_attention_shape(const char* op, AttentionShape s) {
   LT_CHECK(s.window >= 0, "{}: sliding window {} (0: none)", op, s.window);
 }
 
+DeltaMmaWorkspace DeltaMmaWorkspace::carve(void* base, const DeltaShape& s) {
+  ScratchCarver c(base);
+  const int64_t tiles = (s.T + kDeltaChunk - 1) / kDeltaChunk, slots = s.B * s.Hv;
+  DeltaMmaWorkspace w;
+  w.W = c.take<bf16_t>(slots * tiles * kDeltaChunk * s.dk);
+  w.UV = c.take<bf16_t>(slots * tiles * kDeltaChunk * s.dv);
+  w.states = c.take<bf16_t>(slots * tiles * s.dk * s.dv);
+  w.bytes = c.bytes();
+  return w;
+}
+
+DeltaMmaBackwardWorkspace DeltaMmaBackwardWorkspace::carve(void* base, const DeltaShape& s) {
+  DeltaMmaBackwardWorkspace w;
+  w.rows = gated_delta_backward_rows(s);
+  DeltaShape group = s;
+  group.B = w.rows;
+  w.forward = DeltaMmaWorkspace::carve(base, group);
+  ScratchCarver c(base ? static_cast<char*>(base) + w.forward.bytes : nullptr);
+  const int64_t tiles = (s.T + kDeltaChunk - 1) / kDeltaChunk, tile_slots = w.rows * s.Hv * tiles;
+  w.dstates = c.take<bf16_t>(tile_slots * s.dk * s.dv);
+  w.dVp = c.take<float>(tile_slots * kDeltaChunk * s.dv);
+  w.dq_part = c.take<float>(tile_slots * kDeltaChunk * s.dk);
+  w.dk_part = c.take<float>(tile_slots * kDeltaChunk * s.dk);
+  w.dA = c.take<float>(tile_slots * kDeltaChunk * kDeltaChunk);
+  w.dgam = c.take<float>(tile_slots * kDeltaChunk);
+  w.bytes = w.forward.bytes + c.bytes();
+  return w;
+}
+
+namespace {
+std::atomic<int64_t> g_delta_backward_bytes{kDeltaBackwardBytes};
+}  // namespace
+
+int64_t gated_delta_backward_bytes() { return g_delta_backward_bytes.load(std::memory_order_relaxed); }
+DeltaBackwardBudget::DeltaBackwardBudget(int64_t bytes) : saved_(g_delta_backward_bytes.exchange(bytes)) {}
+DeltaBackwardBudget::~DeltaBackwardBudget() { g_delta_backward_bytes.store(saved_); }
+
+int64_t gated_delta_backward_rows(const DeltaShape& s) {
+  const int64_t tiles = (s.T + kDeltaChunk - 1) / kDeltaChunk, c = kDeltaChunk;
+  // A row's share of every buffer above, in bytes.
+  const int64_t row = s.Hv * tiles *
+                      (2 * (c * s.dk + c * s.dv + 2 * s.dk * s.dv) + 4 * (c * s.dv + 2 * c * s.dk + c * c + c));
+  if (s.B == 0 || row == 0) return s.B;
+  return std::clamp<int64_t>(gated_delta_backward_bytes() / row, 1, s.B);
+}
+
 size_t gated_delta_forward_workspace_bytes(const DeltaShape& s) {
-  return size_t(s.B * s.Hv) * size_t(gated_delta_forward_block_floats(s)) * sizeof(float);
+  const size_t cuda_cores = size_t(s.B * s.Hv) * size_t(gated_delta_forward_block_floats(s)) * sizeof(float);
+  if (!gated_delta_on_tensor_cores(s)) return cuda_cores;
+  return std::max(cuda_cores, DeltaMmaWorkspace::carve(nullptr, s).bytes);
 }
 
 size_t gated_delta_backward_workspace_bytes(const DeltaShape& s) {
-  return size_t(s.B * s.Hk) * size_t(gated_delta_backward_block_floats(s)) * sizeof(float);
+  const size_t cuda_cores = size_t(s.B * s.Hk) * size_t(gated_delta_backward_block_floats(s)) * sizeof(float);
+  if (!gated_delta_on_tensor_cores(s)) return cuda_cores;
+  return std::max(cuda_cores, DeltaMmaBackwardWorkspace::carve(nullptr, s).bytes);
 }
 
 void check_gated_delta_shape(const char* op, const DeltaShape& s) {
   LT_CHECK(s.B >= 0 && s.T >= 0 && s.Hk > 0 && s.Hv > 0 && s.Hv % s.Hk == 0 && s.dk > 0 && s.dv > 0,
            "{}: bad shape B={} T={} Hk={} Hv={} dk={} dv={} (value heads must be a multiple of key heads)", op, s.B,
            s.T, s.Hk, s.Hv, s.dk, s.dv);
-  LT_CHECK(s.B * s.Hv < (int64_t(1) << 31), "{}: B·Hv = {} blocks exceed the CUDA grid", op, s.B * s.Hv);
+  const int64_t tiles = (s.T + kDeltaChunk - 1) / kDeltaChunk;
+  LT_CHECK(s.B * s.Hv * std::max<int64_t>(tiles, 1) < (int64_t(1) << 31),
+           "{}: B·Hv·⌈T/64⌉ = {} blocks exceed the CUDA grid", op, s.B * s.Hv * tiles);
 }
 
 void check_attention_alignment(const char* op, std::initializer_list<const void*> tensors) {

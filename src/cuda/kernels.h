@@ -103,8 +103,58 @@ LT_HD_INLINE int64_t gated_delta_backward_block_floats(const DeltaShape& s) {
   return gated_delta_chunk_floats(s.dk, s.dv) + (3 + chunks) * s.dk * s.dv + c * (5 * s.dk + 4 * s.dv + 2) +
          5 * c * c + kGatedDeltaThreads;
 }
-// Device scratch of the gated delta rule's launches: a slice per block, B·Hv blocks forward, B·Hk backward
-// (at Qwen3.6's sizes, B = 8, T = 1024: 162 MiB forward, 244 MiB backward).
+// Whether the bf16 forward and backward run on tensor cores (cuda/kernels/gated_delta_mma*.cuh): key and value head
+// dims multiples of 16 up to 128. Every other case, and every f32 launch, runs gated_delta.cuh's CUDA-core kernels.
+inline bool gated_delta_on_tensor_cores(const DeltaShape& s) {
+  return s.dk % 16 == 0 && s.dv % 16 == 0 && s.dk <= 128 && s.dv <= 128;
+}
+// The tensor-core forward's workspace, carved 256-byte aligned in this order, a slot per (row, value head) and in
+// it a tile per 64 tokens: W bf16 [B, Hv, tiles, 64, dk]; U and then V' in its place, bf16 [B, Hv, tiles, 64, dv];
+// each tile's entering state S₀, bf16 [B, Hv, tiles, dk, dv]. With a null base it only measures (bytes).
+struct DeltaMmaWorkspace {
+  bf16_t* W = nullptr;
+  bf16_t* UV = nullptr;
+  bf16_t* states = nullptr;
+  size_t bytes = 0;
+  static DeltaMmaWorkspace carve(void* base, const DeltaShape& s);
+};
+// The tensor-core backward's workspace (cuda/kernels/gated_delta_mma_backward.cuh) for `rows` batch rows at a time
+// (gated_delta_backward_rows), carved 256-byte aligned: the forward's (W, then dW in its place; V'; S₀), then dS₁
+// bf16 [rows, Hv, tiles, dk, dv]; Pᵀ dO then dV' f32 [rows, Hv, tiles, 64, dv]; each value head's dq and dk f32
+// [rows, Hv, tiles, 64, dk]; dA f32 [rows, Hv, tiles, 64, 64]; dγ f32 [rows, Hv, tiles, 64].
+struct DeltaMmaBackwardWorkspace {
+  DeltaMmaWorkspace forward;
+  bf16_t* dstates = nullptr;
+  float* dVp = nullptr;
+  float* dq_part = nullptr;
+  float* dk_part = nullptr;
+  float* dA = nullptr;
+  float* dgam = nullptr;
+  int64_t rows = 0;
+  size_t bytes = 0;
+  static DeltaMmaBackwardWorkspace carve(void* base, const DeltaShape& s);
+};
+// The backward runs as many batch rows at a time as fit gated_delta_backward_bytes() (at least one): its workspace
+// is ~160 MB a row at Qwen3.6's 48 heads of 128 and 1024 tokens, 11.7 GB for the paper's 72 rows at once.
+inline constexpr int64_t kDeltaBackwardBytes = int64_t(1) << 30;
+int64_t gated_delta_backward_rows(const DeltaShape& s);
+// The budget in force: kDeltaBackwardBytes, unless a DeltaBackwardBudget (a test's, so that a small batch takes
+// several groups) holds another for its lifetime.
+int64_t gated_delta_backward_bytes();
+class DeltaBackwardBudget {
+ public:
+  explicit DeltaBackwardBudget(int64_t bytes);
+  ~DeltaBackwardBudget();
+  DeltaBackwardBudget(const DeltaBackwardBudget&) = delete;
+  DeltaBackwardBudget& operator=(const DeltaBackwardBudget&) = delete;
+
+ private:
+  int64_t saved_;
+};
+// Device scratch of the gated delta rule's launches: CUDA cores, a slice per block, B·Hv blocks forward, B·Hk
+// backward; on tensor cores the larger of that and DeltaMmaWorkspace (forward) or DeltaMmaBackwardWorkspace
+// (backward). At Qwen3.6's sizes, B = 8, T = 1024: forward 162 MiB on CUDA cores, 384 MiB on tensor cores;
+// backward 244 MiB on CUDA cores, 937 MiB on tensor cores (6 of the 8 rows at a time).
 size_t gated_delta_forward_workspace_bytes(const DeltaShape& s);
 size_t gated_delta_backward_workspace_bytes(const DeltaShape& s);
 // lt::Error naming the op unless the kernels take the shape (B, T ≥ 0; Hv a multiple of Hk; dims ≥ 1; grid).

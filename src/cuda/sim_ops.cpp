@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include "core/error.h"
@@ -175,9 +176,31 @@ double sim_head_forward(const float* x, const int32_t* targets, const float* nor
   return sim_head_forward_backward(dx.data(), dnorm.data(), dlm.data(), x, targets, norm_w, lm_w, 1.0f, s);
 }
 
+// The rows of a strided [N, width] view packed into bf16, or nothing unless every value is bf16 exactly.
+std::optional<std::vector<bf16_t>> packed_bf16(const float* x, int64_t N, int64_t width, int64_t ld) {
+  std::vector<float> rows(static_cast<size_t>(N * width));
+  for (int64_t n = 0; n < N; ++n) std::memcpy(&rows[size_t(n * width)], x + n * ld, size_t(width) * sizeof(float));
+  if (!bf16_exact(rows.data(), N * width)) return std::nullopt;
+  return rounded(rows.data(), N * width);
+}
+
+// At bf16 storage the CUDA block runs the rule on tensor cores (gated_delta_on_tensor_cores), with its own rounding
+// points; so do these, on packed bf16 copies of exact-bf16 inputs, so the in-memory path keeps the block's bits.
 void sim_gated_delta_forward(float* o, const float* q, const float* k, const float* v, const float* beta,
                              const float* g, const int32_t* doc_ids, const DeltaShape& s) {
   std::vector<unsigned char> ws(gated_delta_forward_workspace_bytes(s));
+  if (gated_delta_on_tensor_cores(s)) {
+    const int64_t N = s.N(), KD = s.Hk * s.dk, VD = s.Hv * s.dv;
+    auto qb = packed_bf16(q, N, KD, s.ldq), kb = packed_bf16(k, N, KD, s.ldk), vb = packed_bf16(v, N, VD, s.ldv);
+    if (qb && kb && vb) {
+      DeltaShape packed = s;
+      packed.ldq = packed.ldk = KD, packed.ldv = VD;
+      std::vector<bf16_t> ob(static_cast<size_t>(N * VD));
+      sim::gated_delta_forward(kSim, ob.data(), qb->data(), kb->data(), vb->data(), beta, g, doc_ids, packed, ws.data());
+      convert_bf16_to_f32(o, ob.data(), size_t(N * VD));
+      return;
+    }
+  }
   sim::gated_delta_forward(kSim, o, q, k, v, beta, g, doc_ids, s, ws.data());
 }
 
@@ -185,6 +208,23 @@ void sim_gated_delta_backward(float* dq, float* dk, float* dv, float* dbeta, flo
                               const float* q, const float* k, const float* v, const float* beta, const float* g,
                               const int32_t* doc_ids, const DeltaShape& s) {
   std::vector<unsigned char> ws(gated_delta_backward_workspace_bytes(s));
+  if (gated_delta_on_tensor_cores(s)) {  // as the forward: the CUDA block's tensor-core backward on bf16 copies
+    const int64_t N = s.N(), KD = s.Hk * s.dk, VD = s.Hv * s.dv;
+    auto qb = packed_bf16(q, N, KD, s.ldq), kb = packed_bf16(k, N, KD, s.ldk), vb = packed_bf16(v, N, VD, s.ldv);
+    if (qb && kb && vb) {
+      DeltaShape packed = s;
+      packed.ldq = packed.ldk = KD, packed.ldv = VD;
+      std::vector<float> dqp(size_t(N * KD)), dkp(size_t(N * KD)), dvp(size_t(N * VD));
+      sim::gated_delta_backward(kSim, dqp.data(), dkp.data(), dvp.data(), dbeta, dg, dout, qb->data(), kb->data(),
+                                vb->data(), beta, g, doc_ids, packed, ws.data());
+      for (int64_t n = 0; n < N; ++n) {
+        std::memcpy(dq + n * s.ldq, &dqp[size_t(n * KD)], size_t(KD) * sizeof(float));
+        std::memcpy(dk + n * s.ldk, &dkp[size_t(n * KD)], size_t(KD) * sizeof(float));
+        std::memcpy(dv + n * s.ldv, &dvp[size_t(n * VD)], size_t(VD) * sizeof(float));
+      }
+      return;
+    }
+  }
   sim::gated_delta_backward(kSim, dq, dk, dv, dbeta, dg, dout, q, k, v, beta, g, doc_ids, s, ws.data());
 }
 

@@ -10,7 +10,8 @@ gated delta rule kernel (the one hybrid kernel that does not give its CPU op's b
 64, so at bf16 attention runs on the tensor-core kernels (cuda/kernels/attention_mma.cuh, their shuffle
 emulation here), over more than one 64-token tile; the result is also held within the bf16 bound (relative L2
 5e-2, scripts/grad_diff.py) of the CPU's f32 path. --arch qwen3_5_tc: the same for head dim 256 in a Qwen3.5's
-gated attention (cuda/kernels/attention_mma_wide.cuh's dK/dV pass). --arch qwen3_moe / qwen3_5_moe: sparse layers (a dense one
+gated attention (cuda/kernels/attention_mma_wide.cuh's dK/dV pass) and for the gated delta rule's forward on tensor
+cores (cuda/kernels/gated_delta_mma.cuh). --arch qwen3_moe / qwen3_5_moe: sparse layers (a dense one
 between, or a shared expert) with the load-balancing loss on right-padded rows: the CUDA block's route slices
 (cuda/layers/moe.inl) against the CPU block on the MoE kernels (cuda/kernels/moe.cuh, the CPU ops' bits). Usage:
 --lazytrain BIN --dtype f32|bf16 [--arch qwen3|qwen3_5|qwen3_tc|qwen3_5_tc|qwen3_moe|qwen3_5_moe]"""
@@ -37,11 +38,12 @@ TENSOR_CORE = ["--arch", "qwen3", "--layers", "2", "--hidden", "40", "--heads", 
                "--head-dim", "64", "--intermediate", "56", "--vocab", "101", "--no-tie", "--batch", "2", "--seq", "70",
                "--docs", "2"]
 # Head dim 256 (Qwen3.5 / 3.6's full attention): the wide tensor-core kernels (attention_mma_wide.cuh) in the gated
-# attention layer; T = 70 spans three of the 32-key tiles and two 64-row query tiles.
+# attention layer; T = 70 spans three of the 32-key tiles and two 64-row query tiles. Delta-rule head dims of 16: the
+# gated delta rule's forward on tensor cores (gated_delta_mma.cuh) over two 64-token tiles.
 TENSOR_CORE_D256 = ["--arch", "qwen3_5", "--layers", "2", "--layer-types", "linear,full", "--hidden", "40", "--heads",
                     "2", "--kv-heads", "1", "--head-dim", "256", "--partial-rotary-factor", "0.25", "--intermediate",
                     "56", "--vocab", "101", "--linear-key-heads", "2", "--linear-value-heads", "4",
-                    "--linear-key-dim", "12", "--linear-value-dim", "10", "--batch", "2", "--seq", "70", "--docs", "2"]
+                    "--linear-key-dim", "16", "--linear-value-dim", "16", "--batch", "2", "--seq", "70", "--docs", "2"]
 # Qwen3-MoE: sparse, dense, sparse layers, top-2 of 6; rows padded (attention_mask) for the aux loss.
 MOE = ["--arch", "qwen3_moe", "--layers", "3", "--mlp-only-layers", "1", "--hidden", "40", "--heads", "4",
        "--kv-heads", "2", "--head-dim", "12", "--intermediate", "56", "--vocab", "101", "--no-tie", "--experts", "6",

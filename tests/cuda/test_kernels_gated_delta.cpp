@@ -2,7 +2,8 @@
 // f64 recurrence (ops/gated_delta.h's reference, itself checked by finite differences in tests/ops) and the CPU
 // chunked op, on packed rows, odd head dims, rows across a chunk boundary and Qwen3.6's head dims; the same bits
 // in every thread order; bf16 storage equal to the f32 kernels on the widened inputs; sentinel guards around
-// every output and the workspace.
+// every output and the workspace. The tensor-core kernels (gated_delta_mma*.cuh: bf16, head dims multiples of 16)
+// against the recurrence to bf16 bounds, across documents inside and across 64-token tiles, in row groups.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -40,7 +41,7 @@ struct Inputs {
 
 struct Case {
   int64_t B, T, Hk, Hv, dk, dv;
-  bool packed;
+  int packed;  // 0: a document per row; 1: documents starting inside chunks; 2: documents across tiles (below)
 };
 
 std::string name(const Case& c) {
@@ -65,11 +66,18 @@ Inputs make(const Case& c, uint64_t seed) {
   in.g = random_floats(size_t(N * c.Hv), seed + 2, -7.f, 2.5f);
   for (float& x : in.g) x = -std::exp(x);
   in.dout = random_floats(size_t(N * c.Hv * c.dv), seed + 3);
-  if (c.packed) {  // row 0: documents of 5, 62 (to token 67) and the rest; row 1: 1 token, then one document
+  if (c.packed == 1) {  // row 0: documents of 5, 62 (to token 67) and the rest; row 1: 1 token, then one document
     in.docs.resize(size_t(N));
     for (int64_t b = 0; b < c.B; ++b)
       for (int64_t t = 0; t < c.T; ++t)
         in.docs[size_t(b * c.T + t)] = b == 0 ? (t < 5 ? 0 : t < 67 ? 1 : 2) : (t < 1 ? 3 : 4);
+  } else if (c.packed == 2) {
+    // Row 0: [0, 40), [40, 100), [100, 128), the rest: tile 0 hands a document on, tile 1 carries it in and ends
+    // another, tile 2 starts one. Row 1: 1 token, then one document: a state carried through tile 1 into tile 2.
+    in.docs.resize(size_t(N));
+    for (int64_t b = 0; b < c.B; ++b)
+      for (int64_t t = 0; t < c.T; ++t)
+        in.docs[size_t(b * c.T + t)] = b == 0 ? (t < 40 ? 0 : t < 100 ? 1 : t < 128 ? 2 : 3) : (t < 1 ? 4 : 5);
   }
   return in;
 }
@@ -183,6 +191,65 @@ TEST(GatedDeltaKernels, Bf16StorageIsTheF32KernelOnTheWidenedInputs) {
     EXPECT_BITWISE_EQ(b16.dbeta, f32.dbeta);
     EXPECT_BITWISE_EQ(b16.dg, f32.dg);
   }
+}
+
+// Head dims that are multiples of 16 at bf16 storage: forward and backward on tensor cores (gated_delta_mma*.cuh).
+const Case kTensorCoreCases[] = {
+    {2, 150, 1, 2, 16, 32, 2},       // three tiles; documents start at a tile's first token, inside tiles, across them
+    {1, 70, 1, 2, 128, 128, 0},      // Qwen3.6's head dims: the state over a full tile into a partial one
+    {1, 45, 2, 4, 32, 48, 1},        // dv an odd multiple of 16 (16-column state blocks); value heads 2× key heads
+};
+
+TEST(GatedDeltaKernels, TensorCoresMatchTheRecurrenceWithTheSameBitsInEveryThreadOrder) {
+  // Every block fits what an sm_86 / sm_89 block may opt into (cuda-sim refuses a launch over it).
+  const cuda_sim::SharedMemoryLimit sm89(kSm89BlockSharedBytes);
+  for (const Case& c : kTensorCoreCases) {
+    SCOPED_TRACE(name(c));
+    Inputs in = make(c, 43);
+    in.qkv = to_f32(to_bf16(in.qkv));  // the inputs the bf16 kernels see, so only their own roundings differ
+    // Even value heads keep a long memory (g ≥ −0.12), so a state leaking across a document boundary or dropped at
+    // one shows; odd heads forget within a few tokens (down to e^γ ≈ 0).
+    for (size_t x = 0; x < in.g.size(); x += 2) in.g[x] *= 0.01f;
+    ASSERT_TRUE(gated_delta_on_tensor_cores(in.s));
+    const Result ref = run_cpu(in, true);
+    Result first;
+    auto check = [&] {
+      const Result gpu = run_kernels<bf16_t>(in);
+      // bf16 operands (A diag(·), S₀, V', QKᵀ ⊙ E, dO, dS₁, dV', dW rounded once each, relative 2⁻⁹) and the
+      // output's own rounding: measured o 3.4e-3 .. 4.3e-3, dq | dk | dv 3.2e-3 .. 4.3e-3, dβ 2.7e-3 .. 3.7e-3,
+      // dg 1.9e-3 .. 7e-3 against the f64 recurrence; a dropped document mask or gate term measured 0.05 .. 0.6.
+      EXPECT_LT(rel_l2(gpu.o, ref.o), 1e-2) << "o";
+      EXPECT_LT(rel_l2(gpu.dqkv, ref.dqkv), 2e-2) << "dq | dk | dv";
+      EXPECT_LT(rel_l2(gpu.dbeta, ref.dbeta), 2e-2) << "dbeta";
+      EXPECT_LT(rel_l2(gpu.dg, ref.dg), 2e-2) << "dg";
+      if (first.o.empty()) {
+        first = gpu;
+        return;
+      }
+      EXPECT_BITWISE_EQ(gpu.o, first.o);
+      EXPECT_BITWISE_EQ(gpu.dqkv, first.dqkv);
+      EXPECT_BITWISE_EQ(gpu.dbeta, first.dbeta);
+      EXPECT_BITWISE_EQ(gpu.dg, first.dg);
+    };
+    if (c.dk * c.dv <= 32 * 48)
+      for_each_order(check);
+    else
+      check();  // Qwen3.6's dims in one order (5 s a run): the small cases hold the orders
+  }
+}
+
+TEST(GatedDeltaKernels, TensorCoreBackwardByGroupsOfRowsGivesTheSameBits) {
+  // Each batch row's backward is its own: a budget of one row at a time (two groups) gives the whole batch's bits.
+  const Inputs in = make(kTensorCoreCases[0], 44);
+  const Result whole = run_kernels<bf16_t>(in);
+  ASSERT_EQ(gated_delta_backward_rows(in.s), in.s.B);
+  const DeltaBackwardBudget one_row(1);
+  ASSERT_EQ(gated_delta_backward_rows(in.s), 1);
+  const Result grouped = run_kernels<bf16_t>(in);
+  EXPECT_BITWISE_EQ(grouped.o, whole.o);
+  EXPECT_BITWISE_EQ(grouped.dqkv, whole.dqkv);
+  EXPECT_BITWISE_EQ(grouped.dbeta, whole.dbeta);
+  EXPECT_BITWISE_EQ(grouped.dg, whole.dg);
 }
 
 TEST(GatedDeltaKernels, EmptyBatchLaunchesNothingAndBadShapesAreErrors) {

@@ -495,9 +495,10 @@ TEST(CudaNative, Qwen35LayerKernelsGiveTheSimulatedBits) {
   }
 }
 
-// The gated delta rule at Qwen3.6's head dims, bf16 storage, packed rows: within f32 rounding of the simulated
-// kernels (the GPU's expf is within 2 ulp of libm's and the state carries it on: rel-L2 1e-5, where the chunked
-// form's own distance to the f64 recurrence is ~1e-6), and the same bits on a second run.
+// The gated delta rule at Qwen3.6's head dims, bf16 storage, packed rows, on tensor cores (gated_delta_mma*.cuh):
+// the tensor core sums in another order than the emulation and the GPU's expf is within 2 ulp of libm's, so a bf16
+// rounding of S₀, V', dS₁, dV' … may land one ulp (2⁻⁸) apart: within 4e-3 of the simulated kernels (as if every
+// element were one ulp off; the kernels' own distance to the f64 recurrence is ~4e-3); the same bits on a second run.
 TEST(CudaNative, GatedDeltaRuleIsDeterministicAndMatchesTheSimulation) {
   SKIP_WITHOUT_GPU();
   const int64_t B = 2, T = 300, N = B * T, Hk = 2, Hv = 4, dk = 128, dv = 128, ld = 2 * Hk * dk + Hv * dv;
@@ -534,10 +535,10 @@ TEST(CudaNative, GatedDeltaRuleIsDeterministicAndMatchesTheSimulation) {
     sync("gated delta rule");
     const auto o_got = d_o.get();
     const auto dqkv_got = d_dqkv.get(), dbeta_got = d_dbeta.get(), dg_got = d_dg.get();
-    EXPECT_LT(rel_l2(testing::to_f32(o_got), testing::to_f32(o)), 1e-5);
-    EXPECT_LT(rel_l2(dqkv_got, dqkv), 1e-5);
-    EXPECT_LT(rel_l2(dbeta_got, dbeta), 1e-5);
-    EXPECT_LT(rel_l2(dg_got, dg), 1e-5);
+    EXPECT_LT(rel_l2(testing::to_f32(o_got), testing::to_f32(o)), 4e-3);
+    EXPECT_LT(rel_l2(dqkv_got, dqkv), 4e-3);
+    EXPECT_LT(rel_l2(dbeta_got, dbeta), 4e-3);
+    EXPECT_LT(rel_l2(dg_got, dg), 4e-3);
     if (run == 0) {
       first_o = o_got, first_dqkv = dqkv_got, first_dg = dg_got;
     } else {

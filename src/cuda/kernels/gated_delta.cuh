@@ -1,6 +1,7 @@
 // cuda/kernels/gated_delta.cuh — the gated delta rule on a GPU, forward and backward: the chunked WY form of
 // ops/gated_delta.h, step for step as the CPU op (ops/cpu/gated_delta.cpp's Chunk and backward_chunk; the
-// backward's steps keep its letters (a)–(o)).
+// backward's steps keep its letters (a)–(o)). These are the CUDA-core kernels, for f32 storage and the head dims
+// the tensor-core kernels (gated_delta_mma.cuh, gated_delta_mma_backward.cuh) do not take.
 //
 // Forward: one block per (row, value head). Backward: one block per (row, key head), its value heads one after
 // the other, so dq and dk of the key head are sums in value-head order written by one block (no atomics). A
@@ -21,6 +22,8 @@
 #pragma once
 
 #include "cuda/kernels/common.cuh"
+#include "cuda/kernels/gated_delta_mma.cuh"
+#include "cuda/kernels/gated_delta_mma_backward.cuh"
 #include "ops/gated_delta.h"
 
 namespace lt::cuda::LT_KERNELS_NS {
@@ -443,6 +446,9 @@ void gated_delta_forward(Stream st, float* o, const float* q, const float* k, co
 void gated_delta_forward(Stream st, bf16_t* o, const bf16_t* q, const bf16_t* k, const bf16_t* v, const float* beta,
                          const float* g, const int32_t* doc_ids, const DeltaShape& s, void* workspace) {
   check_gated_delta_shape("gated_delta_forward", s);
+  if (s.B * s.T == 0) return;
+  if (gated_delta_on_tensor_cores(s))
+    return gated_delta_forward_mma(st, dev(o), dev(q), dev(k), dev(v), beta, g, doc_ids, s, workspace);
   gated_delta_forward_launch(st, dev(o), dev(q), dev(k), dev(v), beta, g, doc_ids, s, workspace);
 }
 void gated_delta_backward(Stream st, float* dq, float* dk, float* dv, float* dbeta, float* dg, const float* dout,
@@ -455,6 +461,10 @@ void gated_delta_backward(Stream st, float* dq, float* dk, float* dv, float* dbe
                           const bf16_t* q, const bf16_t* k, const bf16_t* v, const float* beta, const float* g,
                           const int32_t* doc_ids, const DeltaShape& s, void* workspace) {
   check_gated_delta_shape("gated_delta_backward", s);
+  if (s.B * s.T == 0) return;
+  if (gated_delta_on_tensor_cores(s))
+    return gated_delta_backward_mma(st, dq, dk, dv, dbeta, dg, dout, dev(q), dev(k), dev(v), beta, g, doc_ids, s,
+                                    workspace);
   gated_delta_backward_launch(st, dq, dk, dv, dbeta, dg, dout, dev(q), dev(k), dev(v), beta, g, doc_ids, s,
                               workspace);
 }

@@ -1,0 +1,382 @@
+// cuda/kernels/gated_delta_mma.cuh — the gated delta rule's forward on tensor cores: bf16 storage, key and value
+// head dims multiples of 16 up to 128 (gated_delta_on_tensor_cores; Qwen3.5 / Qwen3.6: 128 and 128). The chunked
+// WY form of ops/gated_delta.h in three launches, split as FLA's chunked kernels split it, so that only the state
+// recurrence runs in sequence and the rest runs a block per (tile, value head):
+//   1. prepare, a block per tile:   M = strictly_lower(diag(β) K Kᵀ ⊙ E), A = (I + M)⁻¹ (forward substitution, a
+//      column per thread: column c of A reads only column c, so no barrier), W = (A diag(β e^γ)) K and
+//      U = (A diag(β)) V to the workspace (bf16);
+//   2. states, a block per (row, value head, 16 or 32 value dims), tile after tile: S₀ to the workspace (bf16),
+//      V' = U − W S₀ in U's place, S ← e^{γ_C} S + Kᵀ (diag(e^{γ_C − γ}) V') (S in f32 in shared memory);
+//   3. output, a block per tile:    O = diag(e^γ) (scale · Q S₀) + (scale · Q Kᵀ ⊙ E) V'.
+// Tiles are a row's aligned 64-token spans, not (as the CPU op's chunks) counted from each document's start: a
+// document boundary inside a tile masks E's cross-document entries (so M's, A's and QKᵀ ⊙ E's), drops S₀'s term
+// for the tokens of every document but the one the tile continues (DeltaTileGates::first), keeps in the end state
+// only the last document's tokens (last) and S₀ only when that document is the first (carry); the state restarts
+// at zero where a tile begins a document (starts). Padding rows beyond a row's end are zero throughout.
+//
+// Rounding: every product's operands are bf16 — K, V, Q as stored; A diag(·), S₀, V' and scale·QKᵀ ⊙ E each
+// rounded once — and its sums f32 (the tensor core's); gates, S and the combinations are f32. So the output is the
+// recurrence's to bf16 rounding (tests hold it to the f64 recurrence), not the CPU op's bits. Every output element
+// is one lane's fixed sequence of mma k-steps, so the bits depend on neither the launch nor the thread order.
+//
+// Speed: the products run at mma.sync's rate from shared memory with plain pair loads (no ldmatrix, no cp.async
+// pipelining yet); the sequential launch does 2 · 64 · dk · dv FLOPs per tile and head, the parallel ones the rest.
+#pragma once
+
+#include <algorithm>
+
+#include "cuda/kernels/attention_common.cuh"
+#include "cuda/kernels/common.cuh"
+#include "cuda/kernels/mma.cuh"
+#include "ops/gated_delta.h"
+
+namespace lt::cuda::LT_KERNELS_NS {
+
+constexpr int kDeltaMmaThreads = 128;
+constexpr int kDeltaTile = int(kDeltaChunk);  // tokens per tile: 64
+constexpr int kTileLd = kDeltaTile + 8;        // row stride of a [64, 64] bf16 tile in shared memory (padded)
+
+// One tile's gates in shared memory (tokens i, j of the tile; i ≥ C are padding).
+struct DeltaTileGates {
+  float gam[kDeltaTile];   // γ_i = Σ_{m ≤ i} g_m from the tile's first token (non-increasing)
+  float eg[kDeltaTile];    // e^{γ_i}
+  float egc[kDeltaTile];   // e^{γ_{C−1} − γ_i}
+  float beta[kDeltaTile];  // β_i, 0 for padding
+  int32_t doc[kDeltaTile];  // token i's document (0 without doc_ids)
+  int C;                    // tokens in the tile
+  int starts;               // the tile's first token begins a document: the state entering it is zero
+
+  __device__ bool first(int i) const { return i < C && doc[i] == doc[0]; }     // S₀ reaches token i
+  __device__ bool last(int i) const { return i < C && doc[i] == doc[C - 1]; }  // token i reaches the end state
+  __device__ bool carry() const { return doc[0] == doc[C - 1]; }                // S₀ reaches the end state
+  // E_ij = e^{γ_i − γ_j} for j ≤ i of one document, else 0 (the masked entries are never exponentiated).
+  __device__ float decay(int i, int j) const {
+    return j <= i && i < C && doc[i] == doc[j] ? expf(gam[i] - gam[j]) : 0.0f;
+  }
+};
+
+// Tile t0 / 64 of row b for value head vh. Ends with a barrier.
+__device__ void load_tile_gates(DeltaTileGates& tg, int64_t b, int64_t t0, int64_t vh, const float* beta,
+                                const float* g, const int32_t* doc_ids, const DeltaShape& s) {
+  const int C = int(s.T - t0 < kDeltaTile ? s.T - t0 : kDeltaTile);
+  const int64_t n0 = b * s.T + t0;
+  for (int i = int(threadIdx.x); i < kDeltaTile; i += int(blockDim.x)) {
+    tg.beta[i] = i < C ? beta[(n0 + i) * s.Hv + vh] : 0.0f;
+    tg.doc[i] = i < C && doc_ids ? doc_ids[n0 + i] : 0;
+  }
+  if (threadIdx.x == 0) {
+    float gam = 0.0f;
+    for (int i = 0; i < kDeltaTile; ++i) {
+      if (i < C) gam += g[(n0 + i) * s.Hv + vh];  // adding g ≤ 0 never increases γ
+      tg.gam[i] = gam;
+    }
+    tg.C = C;
+    tg.starts = t0 == 0 || (doc_ids && doc_ids[n0 - 1] != doc_ids[n0]);
+  }
+  __syncthreads();
+  for (int i = int(threadIdx.x); i < kDeltaTile; i += int(blockDim.x)) {
+    tg.eg[i] = expf(tg.gam[i]);
+    tg.egc[i] = expf(tg.gam[C - 1] - tg.gam[i]);
+  }
+  __syncthreads();
+}
+
+// Dynamic shared memory handed out in 16-byte aligned pieces; with a null base it only counts (the launchers'
+// sizes are the kernels' own carves).
+struct SharedCarve {
+  uintptr_t base, used = 0;
+  template <class T>
+  LT_HD_INLINE T* take(int64_t n) {
+    T* at = reinterpret_cast<T*>(base + used);
+    used += (uintptr_t(n) * sizeof(T) + 15) / 16 * 16;
+    return at;
+  }
+};
+
+// rows × cols bf16 from global (row stride ld) into shared (row stride lds); rows ≥ valid are zero.
+__device__ void load_tile_rows(bf16* dst, int lds, const bf16* src, int64_t ld, int rows, int cols, int valid) {
+  for (int x = int(threadIdx.x); x < rows * cols; x += int(blockDim.x)) {
+    const int r = x / cols, c = x % cols;
+    dst[r * lds + c] = r < valid ? src[r * ld + c] : __float2bfloat16_rn(0.0f);
+  }
+}
+
+// Two bf16 `stride` elements apart as one fragment register (low half first): a pair along a tile's column.
+__device__ __forceinline__ uint32_t pair_strided(const bf16* x, int stride) {
+  return uint32_t(__bfloat16_as_ushort(x[0])) | (uint32_t(__bfloat16_as_ushort(x[stride])) << 16);
+}
+
+// acc (the C fragment of a 16 x 8 tile at rows r.., columns c..) += Σ_p A[r.., p] B[p, c..], p < K in k-steps of
+// 16 (mma.cuh's fragments); a(i, p) = (A[i][p], A[i][p+1]) and b(p, j) = (B[p][j], B[p+1][j]) as packed bf16 pairs.
+template <class FA, class FB>
+__device__ __forceinline__ void tile_product(float acc[4], int r, int c, int K, const FA& a, const FB& b) {
+  const int lane = int(threadIdx.x) & 31, g = lane >> 2, t = 2 * (lane & 3);
+  for (int p = 0; p < K; p += 16) {
+    const uint32_t fa[4] = {a(r + g, p + t), a(r + g + 8, p + t), a(r + g, p + t + 8), a(r + g + 8, p + t + 8)};
+    const uint32_t fb[2] = {b(p + t, c + g), b(p + t + 8, c + g)};
+    mma_bf16_16816(acc, fa, fb, acc);
+  }
+}
+
+// out[M, N] = A[M, K1] B1[K1, N] (and A2[M, K2] B2[K2, N]) on the block's warps, a warp per 16 x 8 tile at a time
+// (M a multiple of 16, N of 8, K of 16; every lane of a warp takes the same tiles, as mma.sync needs):
+// epilogue(i, j, Σ A B[, Σ A2 B2]) once per element, by the lane holding it. No barrier.
+template <class FA, class FB, class Epilogue>
+__device__ void block_mma(int M, int N, int K, const FA& a, const FB& b, const Epilogue& epilogue) {
+  const int lane = int(threadIdx.x) & 31, g = lane >> 2, t = 2 * (lane & 3), tiles_n = N / 8;
+  for (int tile = int(threadIdx.x) >> 5; tile < (M / 16) * tiles_n; tile += int(blockDim.x) >> 5) {
+    const int r = tile / tiles_n * 16, c = tile % tiles_n * 8;
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    tile_product(acc, r, c, K, a, b);
+    epilogue(r + g, c + t, acc[0]), epilogue(r + g, c + t + 1, acc[1]);
+    epilogue(r + g + 8, c + t, acc[2]), epilogue(r + g + 8, c + t + 1, acc[3]);
+  }
+}
+template <class FA, class FB, class FA2, class FB2, class Epilogue>
+__device__ void block_mma2(int M, int N, int K, const FA& a, const FB& b, int K2, const FA2& a2, const FB2& b2,
+                           const Epilogue& epilogue) {
+  const int lane = int(threadIdx.x) & 31, g = lane >> 2, t = 2 * (lane & 3), tiles_n = N / 8;
+  for (int tile = int(threadIdx.x) >> 5; tile < (M / 16) * tiles_n; tile += int(blockDim.x) >> 5) {
+    const int r = tile / tiles_n * 16, c = tile % tiles_n * 8;
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f}, acc2[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    tile_product(acc, r, c, K, a, b);
+    tile_product(acc2, r, c, K2, a2, b2);
+    epilogue(r + g, c + t, acc[0], acc2[0]), epilogue(r + g, c + t + 1, acc[1], acc2[1]);
+    epilogue(r + g + 8, c + t, acc[2], acc2[2]), epilogue(r + g + 8, c + t + 1, acc[3], acc2[3]);
+  }
+}
+
+// KKE_ij = (K Kᵀ)_ij E_ij below the diagonal, 0 elsewhere: f32 [64, lm] from the tile's keys ks [64, lk]. Ends with a
+// barrier.
+__device__ void tile_key_products(float* KKE, int lm, const DeltaTileGates& tg, const bf16* ks, int lk, int dk) {
+  block_mma(
+      kDeltaTile, kDeltaTile, dk, [&](int i, int p) { return load_pair(ks + i * lk + p); },
+      [&](int p, int j) { return load_pair(ks + j * lk + p); },
+      [&](int i, int j, float kk) { KKE[i * lm + j] = j < i ? kk * tg.decay(i, j) : 0.0f; });
+  __syncthreads();
+}
+
+// A = (I + M)⁻¹ with M_ij = β_i KKE_ij strictly lower: column c downwards, A_ic = δ_ic − Σ_{c ≤ m < i} M_im A_mc in
+// the CPU op's m order, a column per thread (column c reads only column c: no barrier inside). f32 [64, la]. Ends
+// with a barrier.
+__device__ void tile_unit_lower_inverse(float* A, int la, const float* KKE, int lm, const DeltaTileGates& tg) {
+  for (int c = int(threadIdx.x); c < kDeltaTile; c += int(blockDim.x))
+    for (int i = 0; i < kDeltaTile; ++i) {
+      float acc = i == c ? 1.0f : 0.0f;
+      for (int m = c; m < i; ++m) acc += -(tg.beta[i] * KKE[i * lm + m]) * A[m * la + c];
+      A[i * la + c] = acc;
+    }
+  __syncthreads();
+}
+
+// Aw = bf16(A diag(β e^γ)) and Au = bf16(A diag(β)), [64, kTileLd] each: the operands W = Aw K and U = Au V take.
+// Ends with a barrier.
+__device__ void tile_wy_operands(bf16* Aw, bf16* Au, const float* A, int la, const DeltaTileGates& tg) {
+  for (int x = int(threadIdx.x); x < kDeltaTile * kDeltaTile; x += int(blockDim.x)) {
+    const int i = x / kDeltaTile, j = x % kDeltaTile;
+    Aw[i * kTileLd + j] = __float2bfloat16_rn(A[i * la + j] * (tg.beta[j] * tg.eg[j]));
+    Au[i * kTileLd + j] = __float2bfloat16_rn(A[i * la + j] * tg.beta[j]);
+  }
+  __syncthreads();
+}
+
+// Where the blocks of a launch find their tile: blockIdx.x = slot · tiles + tile, slot = b · Hv + vh.
+struct DeltaTileAt {
+  int64_t tiles, tile, slot, b, vh, kh, t0, n0;
+  __device__ static DeltaTileAt of(int64_t index, const DeltaShape& s) {
+    DeltaTileAt at;
+    at.tiles = (s.T + kDeltaTile - 1) / kDeltaTile;
+    at.tile = index % at.tiles, at.slot = index / at.tiles;
+    at.b = at.slot / s.Hv, at.vh = at.slot % s.Hv, at.kh = at.vh / (s.Hv / s.Hk);
+    at.t0 = at.tile * kDeltaTile, at.n0 = at.b * s.T + at.t0;
+    return at;
+  }
+  __device__ int64_t index() const { return slot * tiles + tile; }
+};
+
+// ---- 1. prepare ------------------------------------------------------------------------------------------------
+
+template <class Carve>
+LT_HD_INLINE void delta_prepare_carve(Carve& sh, int dk, int dv, DeltaTileGates** tg, bf16** ks, bf16** vs,
+                                      float** KKE, float** A, bf16** Aw, bf16** Au) {
+  *tg = sh.template take<DeltaTileGates>(1);
+  *ks = sh.template take<bf16>(kDeltaTile * (dk + 8)), *vs = sh.template take<bf16>(kDeltaTile * (dv + 8));
+  *KKE = sh.template take<float>(kDeltaTile * (kDeltaTile + 1)), *A = sh.template take<float>(kDeltaTile * (kDeltaTile + 1));
+  *Aw = sh.template take<bf16>(kDeltaTile * kTileLd), *Au = sh.template take<bf16>(kDeltaTile * kTileLd);
+}
+
+__global__ void __launch_bounds__(kDeltaMmaThreads)
+    delta_prepare_kernel(bf16* W, bf16* U, const bf16* k, const bf16* v, const float* beta, const float* g,
+                         const int32_t* doc_ids, DeltaShape s) {
+  const DeltaTileAt at = DeltaTileAt::of(blockIdx.x, s);
+  const int dk = int(s.dk), dv = int(s.dv), lk = dk + 8, lv = dv + 8, lm = kDeltaTile + 1;
+  SharedCarve sh{reinterpret_cast<uintptr_t>(LT_DYNAMIC_SHARED(unsigned char))};
+  DeltaTileGates* tgp;
+  bf16 *ks, *vs, *Aw, *Au;
+  float *KKE, *A;
+  delta_prepare_carve(sh, dk, dv, &tgp, &ks, &vs, &KKE, &A, &Aw, &Au);
+  DeltaTileGates& tg = *tgp;
+  load_tile_gates(tg, at.b, at.t0, at.vh, beta, g, doc_ids, s);
+  load_tile_rows(ks, lk, k + at.n0 * s.ldk + at.kh * dk, s.ldk, kDeltaTile, dk, tg.C);
+  load_tile_rows(vs, lv, v + at.n0 * s.ldv + at.vh * dv, s.ldv, kDeltaTile, dv, tg.C);
+  __syncthreads();
+  tile_key_products(KKE, lm, tg, ks, lk, dk);
+  tile_unit_lower_inverse(A, lm, KKE, lm, tg);
+  tile_wy_operands(Aw, Au, A, lm, tg);
+  bf16* Wt = W + at.index() * kDeltaTile * dk;
+  bf16* Ut = U + at.index() * kDeltaTile * dv;
+  block_mma(
+      kDeltaTile, dk, kDeltaTile, [&](int i, int p) { return load_pair(Aw + i * kTileLd + p); },
+      [&](int p, int j) { return pair_strided(ks + p * lk + j, lk); },
+      [&](int i, int j, float w) { Wt[i * dk + j] = __float2bfloat16_rn(w); });
+  block_mma(
+      kDeltaTile, dv, kDeltaTile, [&](int i, int p) { return load_pair(Au + i * kTileLd + p); },
+      [&](int p, int j) { return pair_strided(vs + p * lv + j, lv); },
+      [&](int i, int j, float u) { Ut[i * dv + j] = __float2bfloat16_rn(u); });
+}
+
+// ---- 2. states -------------------------------------------------------------------------------------------------
+
+// The value dims of one states block: 32, or 16 where dv is an odd multiple of 16.
+LT_HD_INLINE int delta_state_cols(int64_t dv) { return dv % 32 == 0 ? 32 : 16; }
+
+template <class Carve>
+LT_HD_INLINE void delta_states_carve(Carve& sh, int dk, int cols, DeltaTileGates** tg, float** S, bf16** Sb, bf16** ws,
+                                     bf16** ks, bf16** vd) {
+  *tg = sh.template take<DeltaTileGates>(1);
+  *S = sh.template take<float>(dk * (cols + 4)), *Sb = sh.template take<bf16>(dk * (cols + 8));
+  *ws = sh.template take<bf16>(kDeltaTile * (dk + 8)), *ks = sh.template take<bf16>(kDeltaTile * (dk + 8));
+  *vd = sh.template take<bf16>(kDeltaTile * (cols + 8));
+}
+
+__global__ void __launch_bounds__(kDeltaMmaThreads)
+    delta_states_kernel(bf16* UV, bf16* states, const bf16* W, const bf16* k, const float* beta, const float* g,
+                        const int32_t* doc_ids, DeltaShape s) {
+  const int cols = delta_state_cols(s.dv), parts = int(s.dv) / cols;
+  const int64_t slot = blockIdx.x / parts, b = slot / s.Hv, vh = slot % s.Hv, kh = vh / (s.Hv / s.Hk);
+  const int64_t tiles = (s.T + kDeltaTile - 1) / kDeltaTile, j0 = int64_t(blockIdx.x % parts) * cols;
+  const int dk = int(s.dk), dv = int(s.dv), lk = dk + 8, ls = cols + 4, lb = cols + 8;
+  SharedCarve sh{reinterpret_cast<uintptr_t>(LT_DYNAMIC_SHARED(unsigned char))};
+  DeltaTileGates* tgp;
+  float* S;  // [dk, cols] f32: the state's columns j0 .. j0 + cols − 1
+  bf16 *Sb, *ws, *ks, *vd;
+  delta_states_carve(sh, dk, cols, &tgp, &S, &Sb, &ws, &ks, &vd);
+  DeltaTileGates& tg = *tgp;
+  for (int64_t tile = 0; tile < tiles; ++tile) {
+    const int64_t t0 = tile * kDeltaTile, n0 = b * s.T + t0, index = slot * tiles + tile;
+    load_tile_gates(tg, b, t0, vh, beta, g, doc_ids, s);
+    if (tg.starts)
+      for (int x = int(threadIdx.x); x < dk * cols; x += int(blockDim.x)) S[x / cols * ls + x % cols] = 0.0f;
+    load_tile_rows(ws, lk, W + index * kDeltaTile * dk, dk, kDeltaTile, dk, kDeltaTile);
+    load_tile_rows(ks, lk, k + n0 * s.ldk + kh * dk, s.ldk, kDeltaTile, dk, tg.C);
+    __syncthreads();
+    bf16* S0 = states + index * dk * dv + j0;  // [dk, dv]: this block's columns
+    for (int x = int(threadIdx.x); x < dk * cols; x += int(blockDim.x)) {
+      const int d = x / cols, j = x % cols;
+      const bf16 rounded = __float2bfloat16_rn(S[d * ls + j]);
+      Sb[d * lb + j] = rounded;
+      S0[d * dv + j] = rounded;
+    }
+    __syncthreads();
+    // V' = U − W S₀ for the tokens S₀ reaches (U elsewhere), in U's place; vd = diag(e^{γ_C − γ}) V' of the tokens
+    // that reach the end state.
+    bf16* Ut = UV + index * kDeltaTile * dv + j0;
+    block_mma(
+        kDeltaTile, cols, dk, [&](int i, int p) { return load_pair(ws + i * lk + p); },
+        [&](int p, int j) { return pair_strided(Sb + p * lb + j, lb); },
+        [&](int i, int j, float ws0) {
+          const float vp = __bfloat162float(Ut[i * dv + j]) - (tg.first(i) ? ws0 : 0.0f);
+          Ut[i * dv + j] = __float2bfloat16_rn(vp);
+          vd[i * lb + j] = __float2bfloat16_rn(tg.last(i) ? vp * tg.egc[i] : 0.0f);
+        });
+    __syncthreads();
+    // S ← e^{γ_C} S + Kᵀ vd, S₀'s term only where the tile's last document is its first.
+    const float keep = tg.carry() ? tg.eg[tg.C - 1] : 0.0f;
+    block_mma(
+        dk, cols, kDeltaTile, [&](int d, int p) { return pair_strided(ks + p * lk + d, lk); },
+        [&](int p, int j) { return pair_strided(vd + p * lb + j, lb); },
+        [&](int d, int j, float kv) { S[d * ls + j] = keep * S[d * ls + j] + kv; });
+    __syncthreads();
+  }
+}
+
+// ---- 3. output -------------------------------------------------------------------------------------------------
+
+template <class Carve>
+LT_HD_INLINE void delta_output_carve(Carve& sh, int dk, int dv, DeltaTileGates** tg, bf16** qs, bf16** ks, bf16** S0,
+                                     bf16** vp, bf16** P) {
+  *tg = sh.template take<DeltaTileGates>(1);
+  *qs = sh.template take<bf16>(kDeltaTile * (dk + 8)), *ks = sh.template take<bf16>(kDeltaTile * (dk + 8));
+  *S0 = sh.template take<bf16>(dk * (dv + 8)), *vp = sh.template take<bf16>(kDeltaTile * (dv + 8));
+  *P = sh.template take<bf16>(kDeltaTile * kTileLd);
+}
+
+__global__ void __launch_bounds__(kDeltaMmaThreads)
+    delta_output_kernel(bf16* o, const bf16* q, const bf16* k, const bf16* UV, const bf16* states, const float* beta,
+                        const float* g, const int32_t* doc_ids, DeltaShape s) {
+  const DeltaTileAt at = DeltaTileAt::of(blockIdx.x, s);
+  const int dk = int(s.dk), dv = int(s.dv), lk = dk + 8, lv = dv + 8;
+  SharedCarve sh{reinterpret_cast<uintptr_t>(LT_DYNAMIC_SHARED(unsigned char))};
+  DeltaTileGates* tgp;
+  bf16 *qs, *ks, *S0, *vp, *P;
+  delta_output_carve(sh, dk, dv, &tgp, &qs, &ks, &S0, &vp, &P);
+  DeltaTileGates& tg = *tgp;
+  load_tile_gates(tg, at.b, at.t0, at.vh, beta, g, doc_ids, s);
+  load_tile_rows(qs, lk, q + at.n0 * s.ldq + at.kh * dk, s.ldq, kDeltaTile, dk, tg.C);
+  load_tile_rows(ks, lk, k + at.n0 * s.ldk + at.kh * dk, s.ldk, kDeltaTile, dk, tg.C);
+  load_tile_rows(S0, lv, states + at.index() * dk * dv, dv, dk, dv, dk);
+  load_tile_rows(vp, lv, UV + at.index() * kDeltaTile * dv, dv, kDeltaTile, dv, kDeltaTile);
+  __syncthreads();
+  block_mma(
+      kDeltaTile, kDeltaTile, dk, [&](int i, int p) { return load_pair(qs + i * lk + p); },
+      [&](int p, int j) { return load_pair(ks + j * lk + p); },
+      [&](int i, int j, float qk) { P[i * kTileLd + j] = __float2bfloat16_rn(s.scale * qk * tg.decay(i, j)); });
+  __syncthreads();
+  const int64_t ldo = s.Hv * s.dv;
+  bf16* out = o + at.n0 * ldo + at.vh * dv;
+  block_mma2(
+      kDeltaTile, dv, dk, [&](int i, int p) { return load_pair(qs + i * lk + p); },
+      [&](int p, int j) { return pair_strided(S0 + p * lv + j, lv); }, kDeltaTile,
+      [&](int i, int p) { return load_pair(P + i * kTileLd + p); },
+      [&](int p, int j) { return pair_strided(vp + p * lv + j, lv); },
+      [&](int i, int j, float qs0, float pv) {
+        if (i < tg.C) store(out + i * ldo + j, (tg.first(i) ? s.scale * tg.eg[i] * qs0 : 0.0f) + pv);
+      });
+}
+
+// ---- launch ----------------------------------------------------------------------------------------------------
+
+struct DeltaMmaShared {
+  size_t prepare, states, output;
+  static DeltaMmaShared of(const DeltaShape& s) {
+    const int dk = int(s.dk), dv = int(s.dv);
+    DeltaTileGates* tg;
+    bf16 *b1, *b2, *b3, *b4, *b5;
+    float *f1, *f2;
+    SharedCarve p{0}, st{0}, out{0};
+    delta_prepare_carve(p, dk, dv, &tg, &b1, &b2, &f1, &f2, &b3, &b4);
+    delta_states_carve(st, dk, delta_state_cols(dv), &tg, &f1, &b1, &b2, &b3, &b4);
+    delta_output_carve(out, dk, dv, &tg, &b1, &b2, &b3, &b4, &b5);
+    return {p.used, st.used, out.used};
+  }
+};
+
+inline void gated_delta_forward_mma(Stream st, bf16* o, const bf16* q, const bf16* k, const bf16* v, const float* beta,
+                             const float* g, const int32_t* doc_ids, const DeltaShape& s, void* workspace) {
+  const DeltaMmaWorkspace w = DeltaMmaWorkspace::carve(workspace, s);
+  bf16 *W = dev(w.W), *UV = dev(w.UV), *states = dev(w.states);
+  const DeltaMmaShared shared = DeltaMmaShared::of(s);
+  const int64_t tiles = (s.T + kDeltaTile - 1) / kDeltaTile, parts = s.dv / delta_state_cols(s.dv);
+  const dim3 tile_blocks(unsigned(s.B * s.Hv * tiles)), threads(kDeltaMmaThreads);
+  detail::allow_shared(delta_prepare_kernel, shared.prepare);
+  detail::allow_shared(delta_states_kernel, shared.states);
+  detail::allow_shared(delta_output_kernel, shared.output);
+  LT_LAUNCH(delta_prepare_kernel, tile_blocks, threads, shared.prepare, native_stream(st), W, UV, k, v, beta, g,
+            doc_ids, s);
+  LT_LAUNCH(delta_states_kernel, dim3(unsigned(s.B * s.Hv * parts)), threads, shared.states, native_stream(st), UV,
+            states, W, k, beta, g, doc_ids, s);
+  LT_LAUNCH(delta_output_kernel, tile_blocks, threads, shared.output, native_stream(st), o, q, k, UV, states, beta,
+            g, doc_ids, s);
+}
+
+}  // namespace lt::cuda::LT_KERNELS_NS
