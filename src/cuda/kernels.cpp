@@ -2,7 +2,6 @@
 #include "cuda/kernels.h"
 
 #include <algorithm>
-#include <atomic>
 
 #include "core/error.h"
 #include "cuda/scratch.h"
@@ -36,13 +35,10 @@ size_t attention_backward_workspace_bytes(AttentionShape s) {
   return size_t(s.B) * size_t(s.Hq) * size_t(s.T) * sizeof(float);
 }
 
-namespace {
-std::atomic<int64_t> g_attention_partial_bytes{kAttentionPartialBytes};
-}  // namespace
-
-int64_t attention_partial_bytes() { return g_attention_partial_bytes.load(std::memory_order_relaxed); }
-AttentionPartialBudget::AttentionPartialBudget(int64_t bytes) : saved_(g_attention_partial_bytes.exchange(bytes)) {}
-AttentionPartialBudget::~AttentionPartialBudget() { g_attention_partial_bytes.store(saved_); }
+ScopedSetting<int64_t>& attention_partial_budget() {
+  static ScopedSetting<int64_t> budget{kAttentionPartialBytes};
+  return budget;
+}
 
 int64_t attention_partial_rows(AttentionShape s) {
   const int64_t row_bytes = 2 * (s.Hq / s.Hkv) * s.T * s.Hkv * s.D * int64_t(sizeof(float));
@@ -102,13 +98,10 @@ DeltaMmaBackwardWorkspace DeltaMmaBackwardWorkspace::carve(void* base, const Del
   return w;
 }
 
-namespace {
-std::atomic<int64_t> g_delta_backward_bytes{kDeltaBackwardBytes};
-}  // namespace
-
-int64_t gated_delta_backward_bytes() { return g_delta_backward_bytes.load(std::memory_order_relaxed); }
-DeltaBackwardBudget::DeltaBackwardBudget(int64_t bytes) : saved_(g_delta_backward_bytes.exchange(bytes)) {}
-DeltaBackwardBudget::~DeltaBackwardBudget() { g_delta_backward_bytes.store(saved_); }
+ScopedSetting<int64_t>& gated_delta_backward_budget() {
+  static ScopedSetting<int64_t> budget{kDeltaBackwardBytes};
+  return budget;
+}
 
 int64_t gated_delta_backward_rows(const DeltaShape& s) {
   const int64_t tiles = (s.T + kDeltaChunk - 1) / kDeltaChunk, c = kDeltaChunk;
@@ -116,7 +109,7 @@ int64_t gated_delta_backward_rows(const DeltaShape& s) {
   const int64_t row = s.Hv * tiles *
                       (2 * (c * s.dk + c * s.dv + 2 * s.dk * s.dv) + 4 * (c * s.dv + 2 * c * s.dk + c * c + c));
   if (s.B == 0 || row == 0) return s.B;
-  return std::clamp<int64_t>(gated_delta_backward_bytes() / row, 1, s.B);
+  return std::clamp<int64_t>(gated_delta_backward_budget().get() / row, 1, s.B);
 }
 
 size_t gated_delta_forward_workspace_bytes(const DeltaShape& s) {

@@ -18,6 +18,7 @@
 
 #include "core/dtype.h"
 #include "core/host_device.h"
+#include "core/scoped_setting.h"
 #include "ops/attention.h"
 #include "ops/gated_delta.h"
 
@@ -62,16 +63,10 @@ inline constexpr int64_t kAttentionPartialBytes = int64_t(256) << 20;
 int64_t attention_partial_rows(AttentionShape s);
 // The budget in force: kAttentionPartialBytes, unless an AttentionPartialBudget (a test's, so that a small batch
 // takes several groups) holds another for its lifetime. Workspace sizes and launches read the same value.
-int64_t attention_partial_bytes();
-class AttentionPartialBudget {
- public:
-  explicit AttentionPartialBudget(int64_t bytes);
-  ~AttentionPartialBudget();
-  AttentionPartialBudget(const AttentionPartialBudget&) = delete;
-  AttentionPartialBudget& operator=(const AttentionPartialBudget&) = delete;
-
- private:
-  int64_t saved_;
+ScopedSetting<int64_t>& attention_partial_budget();
+inline int64_t attention_partial_bytes() { return attention_partial_budget().get(); }
+struct AttentionPartialBudget : ScopedSetting<int64_t>::Override {
+  explicit AttentionPartialBudget(int64_t bytes) : Override(attention_partial_budget(), bytes) {}
 };
 // lt::Error naming the op unless the shape is one the attention kernels take (B, T ≥ 0; Hq a multiple of
 // Hkv; grid limits), and for an unsupported head dimension (the kernels take 1 to 256).
@@ -140,16 +135,9 @@ inline constexpr int64_t kDeltaBackwardBytes = int64_t(1) << 30;
 int64_t gated_delta_backward_rows(const DeltaShape& s);
 // The budget in force: kDeltaBackwardBytes, unless a DeltaBackwardBudget (a test's, so that a small batch takes
 // several groups) holds another for its lifetime.
-int64_t gated_delta_backward_bytes();
-class DeltaBackwardBudget {
- public:
-  explicit DeltaBackwardBudget(int64_t bytes);
-  ~DeltaBackwardBudget();
-  DeltaBackwardBudget(const DeltaBackwardBudget&) = delete;
-  DeltaBackwardBudget& operator=(const DeltaBackwardBudget&) = delete;
-
- private:
-  int64_t saved_;
+ScopedSetting<int64_t>& gated_delta_backward_budget();
+struct DeltaBackwardBudget : ScopedSetting<int64_t>::Override {
+  explicit DeltaBackwardBudget(int64_t bytes) : Override(gated_delta_backward_budget(), bytes) {}
 };
 // Device scratch of the gated delta rule's launches: CUDA cores, a slice per block, B·Hv blocks forward, B·Hk
 // backward; on tensor cores the larger of that and DeltaMmaWorkspace (forward) or DeltaMmaBackwardWorkspace

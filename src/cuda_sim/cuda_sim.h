@@ -52,6 +52,7 @@ extern __shared__ __align__(16) unsigned char lt_dynamic_shared_bytes[];
 #include <typeinfo>
 #include <utility>
 
+#include "core/scoped_setting.h"
 #include "cuda_sim/device_math.h"
 
 #define __global__
@@ -97,16 +98,10 @@ constexpr size_t kMaxDynamicSharedBytes = 227 * 1024;
 // The per-block limit launches are held to, and what a launcher asking the device for its opt-in maximum is told:
 // kMaxDynamicSharedBytes unless a SharedMemoryLimit emulates a GPU with less.
 size_t max_dynamic_shared_bytes();
+ScopedSetting<size_t>& shared_memory_limit();
 // Within its lifetime (process-wide, not nested across threads), the emulated GPU's per-block limit is `bytes`.
-class SharedMemoryLimit {
- public:
-  explicit SharedMemoryLimit(size_t bytes);
-  ~SharedMemoryLimit();
-  SharedMemoryLimit(const SharedMemoryLimit&) = delete;
-  SharedMemoryLimit& operator=(const SharedMemoryLimit&) = delete;
-
- private:
-  size_t saved_;
+struct SharedMemoryLimit : ScopedSetting<size_t>::Override {
+  explicit SharedMemoryLimit(size_t bytes) : Override(shared_memory_limit(), bytes) {}
 };
 
 struct Options {
