@@ -86,19 +86,21 @@ struct Result {
   Vec o, dqkv, dbeta, dg;
 };
 
-// The kernels' forward and backward; T_ the storage of q, k, v and o (the inputs rounded to it).
+// The kernels' forward and backward; T_ the storage of q, k, v and o (the inputs rounded to it), `offset` elements
+// into their buffer (1: views that are not 16-byte aligned).
 template <class T_>
-Result run_kernels(const Inputs& in) {
+Result run_kernels(const Inputs& in, size_t offset = 0) {
   const DeltaShape& s = in.s;
   std::vector<T_> qkv(in.qkv.size());
   if constexpr (std::is_same_v<T_, float>)
     qkv = in.qkv;
   else
     qkv = to_bf16(in.qkv);
+  qkv.insert(qkv.begin(), offset, T_{});
   Guarded<T_> o(size_t(s.N() * s.Hv * s.dv));
   Guarded<float> dqkv(in.qkv.size()), dbeta(in.beta.size()), dg(in.g.size());
   Guarded<unsigned char> fws(gated_delta_forward_workspace_bytes(s)), bws(gated_delta_backward_workspace_bytes(s));
-  const T_* q = qkv.data();
+  const T_* q = qkv.data() + offset;
   sim::gated_delta_forward(kStream, o.data(), q, q + in.k_at(), q + in.v_at(), in.beta.data(), in.g.data(),
                            in.doc_ids(), s, fws.data());
   float* d = dqkv.data();
@@ -238,10 +240,14 @@ TEST(GatedDeltaKernels, TensorCoresMatchTheRecurrenceWithTheSameBitsInEveryThrea
   }
 }
 
-TEST(GatedDeltaKernels, TensorCoreBackwardByGroupsOfRowsGivesTheSameBits) {
-  // Each batch row's backward is its own: a budget of one row at a time (two groups) gives the whole batch's bits.
+TEST(GatedDeltaKernels, TensorCoresGiveTheSameBitsByGroupsOfRowsAndOnUnalignedViews) {
+  // Each batch row's backward is its own: a budget of one row at a time (two groups) gives the whole batch's bits;
+  // q, k, v one element off 16-byte alignment take the 2-byte loads, the same values.
   const Inputs in = make(kTensorCoreCases[0], 44);
-  const Result whole = run_kernels<bf16_t>(in);
+  const Result whole = run_kernels<bf16_t>(in), unaligned = run_kernels<bf16_t>(in, 1);
+  EXPECT_BITWISE_EQ(unaligned.o, whole.o);
+  EXPECT_BITWISE_EQ(unaligned.dqkv, whole.dqkv);
+  EXPECT_BITWISE_EQ(unaligned.dg, whole.dg);
   ASSERT_EQ(gated_delta_backward_rows(in.s), in.s.B);
   const DeltaBackwardBudget one_row(1);
   ASSERT_EQ(gated_delta_backward_rows(in.s), 1);

@@ -24,6 +24,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cstring>
 
 #include "cuda/kernels/attention_common.cuh"
 #include "cuda/kernels/common.cuh"
@@ -93,8 +94,29 @@ struct SharedCarve {
   }
 };
 
-// rows × cols bf16 from global (row stride ld) into shared (row stride lds); rows ≥ valid are zero.
+// Eight bf16 (16 bytes, both addresses 16-byte aligned), or eight zeros.
+__device__ __forceinline__ void copy_bf16x8(bf16* dst, const bf16* src, bool valid) {
+#ifdef __CUDACC__
+  *reinterpret_cast<uint4*>(dst) = valid ? *reinterpret_cast<const uint4*>(src) : make_uint4(0, 0, 0, 0);
+#else
+  if (valid) std::memcpy(dst, src, 16);
+  else std::memset(dst, 0, 16);
+#endif
+}
+
+// rows × cols bf16 from global (row stride ld) into shared (row stride lds); rows ≥ valid are zero. 16 bytes a
+// thread where every row starts 16-byte aligned (a layer's q, k, v and the workspace's tiles do), else 2.
 __device__ void load_tile_rows(bf16* dst, int lds, const bf16* src, int64_t ld, int rows, int cols, int valid) {
+  const bool wide = cols % 8 == 0 && ld % 8 == 0 && lds % 8 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0 &&
+                    reinterpret_cast<uintptr_t>(dst) % 16 == 0;
+  if (wide) {
+    const int packs = cols / 8;
+    for (int x = int(threadIdx.x); x < rows * packs; x += int(blockDim.x)) {
+      const int r = x / packs, c = x % packs * 8;
+      copy_bf16x8(dst + r * lds + c, src + r * ld + c, r < valid);
+    }
+    return;
+  }
   for (int x = int(threadIdx.x); x < rows * cols; x += int(blockDim.x)) {
     const int r = x / cols, c = x % cols;
     dst[r * lds + c] = r < valid ? src[r * ld + c] : __float2bfloat16_rn(0.0f);
