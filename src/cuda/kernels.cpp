@@ -69,10 +69,11 @@ void check_attention_shape(const char* op, AttentionShape s) {
   LT_CHECK(s.window >= 0, "{}: sliding window {} (0: none)", op, s.window);
 }
 
-DeltaMmaWorkspace DeltaMmaWorkspace::carve(void* base, const DeltaShape& s) {
+DeltaMmaWorkspace DeltaMmaWorkspace::carve(void* base, const DeltaShape& s, int64_t rows) {
   ScratchCarver c(base);
-  const int64_t tiles = (s.T + kDeltaChunk - 1) / kDeltaChunk, slots = s.B * s.Hv;
+  const int64_t tiles = (s.T + kDeltaChunk - 1) / kDeltaChunk, slots = rows * s.Hv;
   DeltaMmaWorkspace w;
+  w.rows = rows;
   w.W = c.take<bf16_t>(slots * tiles * kDeltaChunk * s.dk);
   w.UV = c.take<bf16_t>(slots * tiles * kDeltaChunk * s.dv);
   w.states = c.take<bf16_t>(slots * tiles * s.dk * s.dv);
@@ -83,9 +84,7 @@ DeltaMmaWorkspace DeltaMmaWorkspace::carve(void* base, const DeltaShape& s) {
 DeltaMmaBackwardWorkspace DeltaMmaBackwardWorkspace::carve(void* base, const DeltaShape& s) {
   DeltaMmaBackwardWorkspace w;
   w.rows = gated_delta_backward_rows(s);
-  DeltaShape group = s;
-  group.B = w.rows;
-  w.forward = DeltaMmaWorkspace::carve(base, group);
+  w.forward = DeltaMmaWorkspace::carve(base, s, w.rows);  // the forward's quantities of the same rows
   ScratchCarver c(base ? static_cast<char*>(base) + w.forward.bytes : nullptr);
   const int64_t tiles = (s.T + kDeltaChunk - 1) / kDeltaChunk, tile_slots = w.rows * s.Hv * tiles;
   w.dstates = c.take<bf16_t>(tile_slots * s.dk * s.dv);
@@ -98,24 +97,34 @@ DeltaMmaBackwardWorkspace DeltaMmaBackwardWorkspace::carve(void* base, const Del
   return w;
 }
 
-ScopedSetting<int64_t>& gated_delta_backward_budget() {
-  static ScopedSetting<int64_t> budget{kDeltaBackwardBytes};
+ScopedSetting<int64_t>& gated_delta_workspace_budget() {
+  static ScopedSetting<int64_t> budget{kDeltaWorkspaceBytes};
   return budget;
 }
 
+namespace {
+// As many of the batch's rows as take at most the budget at `row_bytes` each, at least one.
+int64_t delta_rows_within_budget(const DeltaShape& s, int64_t row_bytes) {
+  if (s.B == 0 || row_bytes == 0) return s.B;
+  return std::clamp<int64_t>(gated_delta_workspace_budget().get() / row_bytes, 1, s.B);
+}
+}  // namespace
+
+// A row's share of the workspaces' buffers, in bytes: bf16 W, U / V', S₀ (and backward dS₁); f32 dV', dq, dk, dA, dγ.
+int64_t gated_delta_forward_rows(const DeltaShape& s) {
+  const int64_t tiles = (s.T + kDeltaChunk - 1) / kDeltaChunk, c = kDeltaChunk;
+  return delta_rows_within_budget(s, s.Hv * tiles * 2 * (c * s.dk + c * s.dv + s.dk * s.dv));
+}
 int64_t gated_delta_backward_rows(const DeltaShape& s) {
   const int64_t tiles = (s.T + kDeltaChunk - 1) / kDeltaChunk, c = kDeltaChunk;
-  // A row's share of every buffer above, in bytes.
-  const int64_t row = s.Hv * tiles *
-                      (2 * (c * s.dk + c * s.dv + 2 * s.dk * s.dv) + 4 * (c * s.dv + 2 * c * s.dk + c * c + c));
-  if (s.B == 0 || row == 0) return s.B;
-  return std::clamp<int64_t>(gated_delta_backward_budget().get() / row, 1, s.B);
+  return delta_rows_within_budget(
+      s, s.Hv * tiles * (2 * (c * s.dk + c * s.dv + 2 * s.dk * s.dv) + 4 * (c * s.dv + 2 * c * s.dk + c * c + c)));
 }
 
 size_t gated_delta_forward_workspace_bytes(const DeltaShape& s) {
   const size_t cuda_cores = size_t(s.B * s.Hv) * size_t(gated_delta_forward_block_floats(s)) * sizeof(float);
   if (!gated_delta_on_tensor_cores(s)) return cuda_cores;
-  return std::max(cuda_cores, DeltaMmaWorkspace::carve(nullptr, s).bytes);
+  return std::max(cuda_cores, DeltaMmaWorkspace::carve(nullptr, s, gated_delta_forward_rows(s)).bytes);
 }
 
 size_t gated_delta_backward_workspace_bytes(const DeltaShape& s) {

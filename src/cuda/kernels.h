@@ -103,15 +103,17 @@ LT_HD_INLINE int64_t gated_delta_backward_block_floats(const DeltaShape& s) {
 inline bool gated_delta_on_tensor_cores(const DeltaShape& s) {
   return s.dk % 16 == 0 && s.dv % 16 == 0 && s.dk <= 128 && s.dv <= 128;
 }
-// The tensor-core forward's workspace, carved 256-byte aligned in this order, a slot per (row, value head) and in
-// it a tile per 64 tokens: W bf16 [B, Hv, tiles, 64, dk]; U and then V' in its place, bf16 [B, Hv, tiles, 64, dv];
-// each tile's entering state S₀, bf16 [B, Hv, tiles, dk, dv]. With a null base it only measures (bytes).
+// The tensor-core forward's workspace for `rows` batch rows at a time, carved 256-byte aligned in this order, a slot
+// per (row, value head) and in it a tile per 64 tokens: W bf16 [rows, Hv, tiles, 64, dk]; U and then V' in its
+// place, bf16 [rows, Hv, tiles, 64, dv]; each tile's entering state S₀, bf16 [rows, Hv, tiles, dk, dv]. With a
+// null base it only measures (bytes).
 struct DeltaMmaWorkspace {
   bf16_t* W = nullptr;
   bf16_t* UV = nullptr;
   bf16_t* states = nullptr;
+  int64_t rows = 0;
   size_t bytes = 0;
-  static DeltaMmaWorkspace carve(void* base, const DeltaShape& s);
+  static DeltaMmaWorkspace carve(void* base, const DeltaShape& s, int64_t rows);
 };
 // The tensor-core backward's workspace (cuda/kernels/gated_delta_mma_backward.cuh) for `rows` batch rows at a time
 // (gated_delta_backward_rows), carved 256-byte aligned: the forward's (W, then dW in its place; V'; S₀), then dS₁
@@ -129,15 +131,17 @@ struct DeltaMmaBackwardWorkspace {
   size_t bytes = 0;
   static DeltaMmaBackwardWorkspace carve(void* base, const DeltaShape& s);
 };
-// The backward runs as many batch rows at a time as fit gated_delta_backward_bytes() (at least one): its workspace
-// is ~160 MB a row at Qwen3.6's 48 heads of 128 and 1024 tokens, 11.7 GB for the paper's 72 rows at once.
-inline constexpr int64_t kDeltaBackwardBytes = int64_t(1) << 30;
+// The tensor-core launches run as many batch rows at a time as their workspace fits in the budget (at least one):
+// at Qwen3.6's 48 heads of 128 and 1024 tokens a row takes ~50 MB forward, ~160 MB backward — 3.6 and 11.8 GB for
+// the paper's 72 rows at once.
+inline constexpr int64_t kDeltaWorkspaceBytes = int64_t(1) << 30;
+int64_t gated_delta_forward_rows(const DeltaShape& s);
 int64_t gated_delta_backward_rows(const DeltaShape& s);
-// The budget in force: kDeltaBackwardBytes, unless a DeltaBackwardBudget (a test's, so that a small batch takes
+// The budget in force: kDeltaWorkspaceBytes, unless a DeltaWorkspaceBudget (a test's, so that a small batch takes
 // several groups) holds another for its lifetime.
-ScopedSetting<int64_t>& gated_delta_backward_budget();
-struct DeltaBackwardBudget : ScopedSetting<int64_t>::Override {
-  explicit DeltaBackwardBudget(int64_t bytes) : Override(gated_delta_backward_budget(), bytes) {}
+ScopedSetting<int64_t>& gated_delta_workspace_budget();
+struct DeltaWorkspaceBudget : ScopedSetting<int64_t>::Override {
+  explicit DeltaWorkspaceBudget(int64_t bytes) : Override(gated_delta_workspace_budget(), bytes) {}
 };
 // Device scratch of the gated delta rule's launches: CUDA cores, a slice per block, B·Hv blocks forward, B·Hk
 // backward; on tensor cores the larger of that and DeltaMmaWorkspace (forward) or DeltaMmaBackwardWorkspace

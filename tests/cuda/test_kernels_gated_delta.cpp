@@ -241,15 +241,17 @@ TEST(GatedDeltaKernels, TensorCoresMatchTheRecurrenceWithTheSameBitsInEveryThrea
 }
 
 TEST(GatedDeltaKernels, TensorCoresGiveTheSameBitsByGroupsOfRowsAndOnUnalignedViews) {
-  // Each batch row's backward is its own: a budget of one row at a time (two groups) gives the whole batch's bits;
+  // Each batch row is its own: a budget of one row at a time (two groups) gives the whole batch's bits;
   // q, k, v one element off 16-byte alignment take the 2-byte loads, the same values.
   const Inputs in = make(kTensorCoreCases[0], 44);
   const Result whole = run_kernels<bf16_t>(in), unaligned = run_kernels<bf16_t>(in, 1);
   EXPECT_BITWISE_EQ(unaligned.o, whole.o);
   EXPECT_BITWISE_EQ(unaligned.dqkv, whole.dqkv);
   EXPECT_BITWISE_EQ(unaligned.dg, whole.dg);
+  ASSERT_EQ(gated_delta_forward_rows(in.s), in.s.B);
   ASSERT_EQ(gated_delta_backward_rows(in.s), in.s.B);
-  const DeltaBackwardBudget one_row(1);
+  const DeltaWorkspaceBudget one_row(1);
+  ASSERT_EQ(gated_delta_forward_rows(in.s), 1);
   ASSERT_EQ(gated_delta_backward_rows(in.s), 1);
   const Result grouped = run_kernels<bf16_t>(in);
   EXPECT_BITWISE_EQ(grouped.o, whole.o);

@@ -19,6 +19,9 @@
 // recurrence's to bf16 rounding (tests hold it to the f64 recurrence), not the CPU op's bits. Every output element
 // is one lane's fixed sequence of mma k-steps, so the bits depend on neither the launch nor the thread order.
 //
+// Workspace (DeltaMmaWorkspace): W, U / V' and S₀ of every tile, ~50 MB a batch row at Qwen3.6's 48 heads of 128
+// and 1024 tokens; the launcher runs groups of rows within kDeltaWorkspaceBytes.
+//
 // Speed: the products run at mma.sync's rate from shared memory with plain pair loads (no ldmatrix, no cp.async
 // pipelining yet); the sequential launch does 2 · 64 · dk · dv FLOPs per tile and head, the parallel ones the rest.
 #pragma once
@@ -383,22 +386,35 @@ struct DeltaMmaShared {
   }
 };
 
-inline void gated_delta_forward_mma(Stream st, bf16* o, const bf16* q, const bf16* k, const bf16* v, const float* beta,
-                             const float* g, const int32_t* doc_ids, const DeltaShape& s, void* workspace) {
-  const DeltaMmaWorkspace w = DeltaMmaWorkspace::carve(workspace, s);
+// Rows [b0, b0 + r.B) of the batch (r the group's shape, the pointers at its first row).
+inline void gated_delta_forward_mma_rows(Stream st, bf16* o, const bf16* q, const bf16* k, const bf16* v,
+                                         const float* beta, const float* g, const int32_t* doc_ids,
+                                         const DeltaShape& r, const DeltaMmaWorkspace& w) {
   bf16 *W = dev(w.W), *UV = dev(w.UV), *states = dev(w.states);
-  const DeltaMmaShared shared = DeltaMmaShared::of(s);
-  const int64_t tiles = (s.T + kDeltaTile - 1) / kDeltaTile, parts = s.dv / delta_state_cols(s.dv);
-  const dim3 tile_blocks(unsigned(s.B * s.Hv * tiles)), threads(kDeltaMmaThreads);
+  const DeltaMmaShared shared = DeltaMmaShared::of(r);
+  const int64_t tiles = (r.T + kDeltaTile - 1) / kDeltaTile, parts = r.dv / delta_state_cols(r.dv);
+  const dim3 tile_blocks(unsigned(r.B * r.Hv * tiles)), threads(kDeltaMmaThreads);
   detail::allow_shared(delta_prepare_kernel, shared.prepare);
   detail::allow_shared(delta_states_kernel, shared.states);
   detail::allow_shared(delta_output_kernel, shared.output);
   LT_LAUNCH(delta_prepare_kernel, tile_blocks, threads, shared.prepare, native_stream(st), W, UV, k, v, beta, g,
-            doc_ids, s);
-  LT_LAUNCH(delta_states_kernel, dim3(unsigned(s.B * s.Hv * parts)), threads, shared.states, native_stream(st), UV,
-            states, W, k, beta, g, doc_ids, s);
+            doc_ids, r);
+  LT_LAUNCH(delta_states_kernel, dim3(unsigned(r.B * r.Hv * parts)), threads, shared.states, native_stream(st), UV,
+            states, W, k, beta, g, doc_ids, r);
   LT_LAUNCH(delta_output_kernel, tile_blocks, threads, shared.output, native_stream(st), o, q, k, UV, states, beta,
-            g, doc_ids, s);
+            g, doc_ids, r);
+}
+
+inline void gated_delta_forward_mma(Stream st, bf16* o, const bf16* q, const bf16* k, const bf16* v, const float* beta,
+                                    const float* g, const int32_t* doc_ids, const DeltaShape& s, void* workspace) {
+  const DeltaMmaWorkspace w = DeltaMmaWorkspace::carve(workspace, s, gated_delta_forward_rows(s));
+  for (int64_t b0 = 0; b0 < s.B; b0 += w.rows) {
+    DeltaShape r = s;
+    r.B = std::min(w.rows, s.B - b0);
+    const int64_t n0 = b0 * s.T;
+    gated_delta_forward_mma_rows(st, o + n0 * s.Hv * s.dv, q + n0 * s.ldq, k + n0 * s.ldk, v + n0 * s.ldv,
+                                 beta + n0 * s.Hv, g + n0 * s.Hv, doc_ids ? doc_ids + n0 : nullptr, r, w);
+  }
 }
 
 }  // namespace lt::cuda::LT_KERNELS_NS

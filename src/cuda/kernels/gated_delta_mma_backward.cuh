@@ -19,7 +19,7 @@
 // order. Products take bf16 operands (dO, dS₁, dV', dW, dP ⊙ E rounded once each) and sum in f32; gates in f32.
 //
 // Workspace: the forward's (W, V', S₀) and dS₁, dV', the value heads' dq and dk partials, dA and dγ, per batch row
-// (DeltaMmaBackwardWorkspace): the launcher runs groups of rows that fit kDeltaBackwardBytes (1.3 GB a row at
+// (DeltaMmaBackwardWorkspace): the launcher runs groups of rows that fit kDeltaWorkspaceBytes (1.3 GB a row at
 // the FLA anchor's 8192 tokens × 48 heads of 128, 160 MB at 1024 tokens).
 #pragma once
 
