@@ -22,8 +22,9 @@
 // Workspace (DeltaMmaWorkspace): W, U / V' and S₀ of every tile, ~50 MB a batch row at Qwen3.6's 48 heads of 128
 // and 1024 tokens; the launcher runs groups of rows within kDeltaWorkspaceBytes.
 //
-// Speed: the products run at mma.sync's rate from shared memory with plain pair loads (no ldmatrix, no cp.async
-// pipelining yet); the sequential launch does 2 · 64 · dk · dv FLOPs per tile and head, the parallel ones the rest.
+// Speed: the products run on mma.sync from shared memory with plain pair loads (no ldmatrix, no cp.async
+// pipelining yet); the sequential launch does 4 · 64 · dk · dv FLOPs per tile and head (W S₀ and Kᵀ V'), about a
+// third of the forward's, and waits on each tile's loads: the launch to look at first on a GPU.
 #pragma once
 
 #include <algorithm>
