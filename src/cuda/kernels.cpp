@@ -81,10 +81,10 @@ DeltaMmaWorkspace DeltaMmaWorkspace::carve(void* base, const DeltaShape& s, int6
   return w;
 }
 
-DeltaMmaBackwardWorkspace DeltaMmaBackwardWorkspace::carve(void* base, const DeltaShape& s) {
+DeltaMmaBackwardWorkspace DeltaMmaBackwardWorkspace::carve(void* base, const DeltaShape& s, int64_t rows) {
   DeltaMmaBackwardWorkspace w;
-  w.rows = gated_delta_backward_rows(s);
-  w.forward = DeltaMmaWorkspace::carve(base, s, w.rows);  // the forward's quantities of the same rows
+  w.rows = rows;
+  w.forward = DeltaMmaWorkspace::carve(base, s, rows);  // the forward's quantities of the same rows
   ScratchCarver c(base ? static_cast<char*>(base) + w.forward.bytes : nullptr);
   const int64_t tiles = (s.T + kDeltaChunk - 1) / kDeltaChunk, tile_slots = w.rows * s.Hv * tiles;
   w.dstates = c.take<bf16_t>(tile_slots * s.dk * s.dv);
@@ -110,15 +110,12 @@ int64_t delta_rows_within_budget(const DeltaShape& s, int64_t row_bytes) {
 }
 }  // namespace
 
-// A row's share of the workspaces' buffers, in bytes: bf16 W, U / V', S₀ (and backward dS₁); f32 dV', dq, dk, dA, dγ.
+// A row's share: the workspace carved for one row.
 int64_t gated_delta_forward_rows(const DeltaShape& s) {
-  const int64_t tiles = (s.T + kDeltaChunk - 1) / kDeltaChunk, c = kDeltaChunk;
-  return delta_rows_within_budget(s, s.Hv * tiles * 2 * (c * s.dk + c * s.dv + s.dk * s.dv));
+  return delta_rows_within_budget(s, int64_t(DeltaMmaWorkspace::carve(nullptr, s, 1).bytes));
 }
 int64_t gated_delta_backward_rows(const DeltaShape& s) {
-  const int64_t tiles = (s.T + kDeltaChunk - 1) / kDeltaChunk, c = kDeltaChunk;
-  return delta_rows_within_budget(
-      s, s.Hv * tiles * (2 * (c * s.dk + c * s.dv + 2 * s.dk * s.dv) + 4 * (c * s.dv + 2 * c * s.dk + c * c + c)));
+  return delta_rows_within_budget(s, int64_t(DeltaMmaBackwardWorkspace::carve(nullptr, s, 1).bytes));
 }
 
 size_t gated_delta_forward_workspace_bytes(const DeltaShape& s) {
@@ -130,7 +127,7 @@ size_t gated_delta_forward_workspace_bytes(const DeltaShape& s) {
 size_t gated_delta_backward_workspace_bytes(const DeltaShape& s) {
   const size_t cuda_cores = size_t(s.B * s.Hk) * size_t(gated_delta_backward_block_floats(s)) * sizeof(float);
   if (!gated_delta_on_tensor_cores(s)) return cuda_cores;
-  return std::max(cuda_cores, DeltaMmaBackwardWorkspace::carve(nullptr, s).bytes);
+  return std::max(cuda_cores, DeltaMmaBackwardWorkspace::carve(nullptr, s, gated_delta_backward_rows(s)).bytes);
 }
 
 void check_gated_delta_shape(const char* op, const DeltaShape& s) {

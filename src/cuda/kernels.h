@@ -129,7 +129,7 @@ struct DeltaMmaBackwardWorkspace {
   float* dgam = nullptr;
   int64_t rows = 0;
   size_t bytes = 0;
-  static DeltaMmaBackwardWorkspace carve(void* base, const DeltaShape& s);
+  static DeltaMmaBackwardWorkspace carve(void* base, const DeltaShape& s, int64_t rows);
 };
 // The tensor-core launches run as many batch rows at a time as their workspace fits in the budget (at least one):
 // at Qwen3.6's 48 heads of 128 and 1024 tokens a row takes ~50 MB forward, ~160 MB backward — 3.6 and 11.8 GB for

@@ -186,20 +186,30 @@ std::optional<std::vector<bf16_t>> packed_bf16(const float* x, int64_t N, int64_
 
 // At bf16 storage the CUDA block runs the rule on tensor cores (gated_delta_on_tensor_cores), with its own rounding
 // points; so do these, on packed bf16 copies of exact-bf16 inputs, so the in-memory path keeps the block's bits.
+struct Bf16DeltaInputs {
+  std::vector<bf16_t> q, k, v;
+  DeltaShape packed;  // the shape with contiguous rows: ldq = ldk = Hk·dk, ldv = Hv·dv
+};
+std::optional<Bf16DeltaInputs> bf16_delta_inputs(const float* q, const float* k, const float* v, const DeltaShape& s) {
+  if (!gated_delta_on_tensor_cores(s)) return std::nullopt;
+  const int64_t N = s.N(), KD = s.Hk * s.dk, VD = s.Hv * s.dv;
+  auto qb = packed_bf16(q, N, KD, s.ldq), kb = packed_bf16(k, N, KD, s.ldk), vb = packed_bf16(v, N, VD, s.ldv);
+  if (!qb || !kb || !vb) return std::nullopt;
+  DeltaShape packed = s;
+  packed.ldq = packed.ldk = KD, packed.ldv = VD;
+  return Bf16DeltaInputs{std::move(*qb), std::move(*kb), std::move(*vb), packed};
+}
+
 void sim_gated_delta_forward(float* o, const float* q, const float* k, const float* v, const float* beta,
                              const float* g, const int32_t* doc_ids, const DeltaShape& s) {
   std::vector<unsigned char> ws(gated_delta_forward_workspace_bytes(s));
-  if (gated_delta_on_tensor_cores(s)) {
-    const int64_t N = s.N(), KD = s.Hk * s.dk, VD = s.Hv * s.dv;
-    auto qb = packed_bf16(q, N, KD, s.ldq), kb = packed_bf16(k, N, KD, s.ldk), vb = packed_bf16(v, N, VD, s.ldv);
-    if (qb && kb && vb) {
-      DeltaShape packed = s;
-      packed.ldq = packed.ldk = KD, packed.ldv = VD;
-      std::vector<bf16_t> ob(static_cast<size_t>(N * VD));
-      sim::gated_delta_forward(kSim, ob.data(), qb->data(), kb->data(), vb->data(), beta, g, doc_ids, packed, ws.data());
-      convert_bf16_to_f32(o, ob.data(), size_t(N * VD));
-      return;
-    }
+  if (auto in = bf16_delta_inputs(q, k, v, s)) {
+    const size_t n = size_t(s.N() * s.Hv * s.dv);
+    std::vector<bf16_t> ob(n);
+    sim::gated_delta_forward(kSim, ob.data(), in->q.data(), in->k.data(), in->v.data(), beta, g, doc_ids, in->packed,
+                             ws.data());
+    convert_bf16_to_f32(o, ob.data(), n);
+    return;
   }
   sim::gated_delta_forward(kSim, o, q, k, v, beta, g, doc_ids, s, ws.data());
 }
@@ -208,22 +218,17 @@ void sim_gated_delta_backward(float* dq, float* dk, float* dv, float* dbeta, flo
                               const float* q, const float* k, const float* v, const float* beta, const float* g,
                               const int32_t* doc_ids, const DeltaShape& s) {
   std::vector<unsigned char> ws(gated_delta_backward_workspace_bytes(s));
-  if (gated_delta_on_tensor_cores(s)) {  // as the forward: the CUDA block's tensor-core backward on bf16 copies
+  if (auto in = bf16_delta_inputs(q, k, v, s)) {  // the gradients packed as the inputs, then to their strides
     const int64_t N = s.N(), KD = s.Hk * s.dk, VD = s.Hv * s.dv;
-    auto qb = packed_bf16(q, N, KD, s.ldq), kb = packed_bf16(k, N, KD, s.ldk), vb = packed_bf16(v, N, VD, s.ldv);
-    if (qb && kb && vb) {
-      DeltaShape packed = s;
-      packed.ldq = packed.ldk = KD, packed.ldv = VD;
-      std::vector<float> dqp(size_t(N * KD)), dkp(size_t(N * KD)), dvp(size_t(N * VD));
-      sim::gated_delta_backward(kSim, dqp.data(), dkp.data(), dvp.data(), dbeta, dg, dout, qb->data(), kb->data(),
-                                vb->data(), beta, g, doc_ids, packed, ws.data());
-      for (int64_t n = 0; n < N; ++n) {
-        std::memcpy(dq + n * s.ldq, &dqp[size_t(n * KD)], size_t(KD) * sizeof(float));
-        std::memcpy(dk + n * s.ldk, &dkp[size_t(n * KD)], size_t(KD) * sizeof(float));
-        std::memcpy(dv + n * s.ldv, &dvp[size_t(n * VD)], size_t(VD) * sizeof(float));
-      }
-      return;
+    std::vector<float> dqp(size_t(N * KD)), dkp(size_t(N * KD)), dvp(size_t(N * VD));
+    sim::gated_delta_backward(kSim, dqp.data(), dkp.data(), dvp.data(), dbeta, dg, dout, in->q.data(), in->k.data(),
+                              in->v.data(), beta, g, doc_ids, in->packed, ws.data());
+    for (int64_t n = 0; n < N; ++n) {
+      std::memcpy(dq + n * s.ldq, &dqp[size_t(n * KD)], size_t(KD) * sizeof(float));
+      std::memcpy(dk + n * s.ldk, &dkp[size_t(n * KD)], size_t(KD) * sizeof(float));
+      std::memcpy(dv + n * s.ldv, &dvp[size_t(n * VD)], size_t(VD) * sizeof(float));
     }
+    return;
   }
   sim::gated_delta_backward(kSim, dq, dk, dv, dbeta, dg, dout, q, k, v, beta, g, doc_ids, s, ws.data());
 }

@@ -530,7 +530,7 @@ inline void gated_delta_backward_mma_rows(Stream st, float* dq, float* dk, float
 inline void gated_delta_backward_mma(Stream st, float* dq, float* dk, float* dv, float* dbeta, float* dg,
                                      const float* dout, const bf16* q, const bf16* k, const bf16* v, const float* beta,
                                      const float* g, const int32_t* doc_ids, const DeltaShape& s, void* workspace) {
-  const DeltaMmaBackwardWorkspace w = DeltaMmaBackwardWorkspace::carve(workspace, s);
+  const DeltaMmaBackwardWorkspace w = DeltaMmaBackwardWorkspace::carve(workspace, s, gated_delta_backward_rows(s));
   const int64_t ldo = s.Hv * s.dv;
   for (int64_t b0 = 0; b0 < s.B; b0 += w.rows) {
     DeltaShape r = s;
