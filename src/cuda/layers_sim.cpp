@@ -37,10 +37,11 @@ size_t cuda_block_scratch_bytes(const BlockShape& s) {
 }
 
 std::vector<ComputeBuffer> cuda_compute_buffers(const ModelConfig& cfg, const BlockShape& s, DType matrices) {
-  // A layer that does not keep its internals writes them (forward) and recomputes them (backward) in one
-  // stored-internals buffer of the largest layer (a sparse layer's: its tokens' k grouped rows, whatever the split).
+  // A layer that does not keep its internals writes its attention half and n2 (forward) and recomputes them
+  // (backward) in one buffer of the largest layer's; its MLP's internals stay in the block scratch's chunk.
   size_t recompute = 0;
-  for (int64_t l = 0; l < cfg.num_layers; ++l) recompute = std::max(recompute, block_stored_bytes(s.for_layer(cfg, l)));
+  for (int64_t l = 0; l < cfg.num_layers; ++l)
+    recompute = std::max(recompute, block_recompute_stored_bytes(s.for_layer(cfg, l)));
   const size_t scratch = cuda_block_scratch_bytes(s);  // a sparse layer's route slice included (cuda/layers/moe.inl)
   const HeadShape head = gpu_head_shape(HeadShape{s.N(), s.C, cfg.vocab_size, float(cfg.rms_norm_eps)});
   const size_t rope = size_t(2 * s.T * (s.D / 2)) * sizeof(float);

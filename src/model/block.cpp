@@ -679,6 +679,14 @@ size_t block_stored_bytes(const BlockShape& s) {
   return f.back().offset + f.back().bytes();
 }
 
+size_t block_recompute_stored_bytes(const BlockShape& s) {
+  if (s.act == DType::f32) return block_stored_bytes(s);
+  const std::vector<StoredField> f = stored_fields(s);
+  for (const StoredField& x : f)
+    if (x.mlp) return x.offset;
+  return f.back().offset + f.back().bytes();
+}
+
 StoredOffsets block_stored_offsets(const BlockShape& s) {
   LT_CHECK(s.act == DType::bf16, "block_stored_offsets: the stored internals are for bf16 storage");
   StoredOffsets o;

@@ -223,6 +223,10 @@ struct BlockScratch {
 // What a kept layer holds (bytes): at f32 storage the full WorkingCopy layout (WorkingCopy::bind_full), at bf16
 // the stored internals — the bf16 activations and their f32 statistics for every token.
 size_t block_stored_bytes(const BlockShape& s);
+// The part of them a layer that does not keep its internals writes (bf16 storage): everything before the MLP's
+// gate / up / h (they lead the layout's tail), which its forward and its backward run chunk by chunk in scratch —
+// the CUDA block's "recompute internals" buffer. At f32 storage, block_stored_bytes.
+size_t block_recompute_stored_bytes(const BlockShape& s);
 
 // Byte offsets of each stored internal in the buffer block_stored_bytes sizes (bf16 storage), for code other
 // than block_forward that writes or reads them (the CUDA block, cuda/layers/block.inl); -1 for the fields a

@@ -31,7 +31,7 @@ struct ComputeBinding {
   float* working_copy = nullptr;
   float* backward_scratch = nullptr;
   // GPU compute: the block's scratch ("block scratch", cuda_block_scratch_bytes), the stored internals of a layer
-  // that does not keep them ("recompute internals", block_stored_bytes), the head's workspace, the RoPE table
+  // that does not keep them ("recompute internals", block_recompute_stored_bytes), the head's workspace, the RoPE table
   // cos/sin [T, D/2] ("rope table"), and the GEMMs' workspace.
   void* block_scratch = nullptr;
   void* recompute_stored = nullptr;
@@ -65,7 +65,7 @@ struct HeadCall {
 enum class ComputeBufferRole : uint8_t {
   working_copy,         // CPU: the f32 working copy of one layer's internals (WorkingCopy::floats)
   backward_scratch,     // CPU: the backward's temporaries (BlockScratch::floats)
-  recompute_internals,  // GPU: the stored internals of a layer that does not keep its own (block_stored_bytes)
+  recompute_internals,  // GPU: the attention half of a layer that does not keep its own (block_recompute_stored_bytes)
   block_scratch,        // GPU: the block's carve, forward and backward (cuda_block_scratch_bytes)
   head_workspace,       // GPU: one logits chunk (head_workspace_bytes)
   loss,                 // GPU: the head's loss, one f64, downloaded

@@ -270,30 +270,45 @@ TEST(CudaSimBlock, LoraAdaptersMatchTheCpuBlock) {
 }
 
 TEST(CudaSimBlock, ARecomputedLayerGivesTheKeptLayersBits) {
-  // Kept: forward into the stored internals, backward from them. Recomputed: only the attention half and n2
-  // recomputed into a fresh buffer, the MLP's internals chunk by chunk inside the backward.
-  for (const ModelType type : {ModelType::qwen2, ModelType::qwen3}) {
-    SCOPED_TRACE(std::string(model_type_name(type)));
-    const ModelConfig cfg = lt::testing::small_model_config(type);
+  // Kept: forward into the stored internals, backward from them. Recomputed: the forward writes only the attention
+  // half and n2 (block_recompute_stored_bytes: its MLP's internals through the chunk scratch), the backward
+  // recomputes that half into a fresh buffer and the MLP's internals chunk by chunk. Every layer kind: Qwen2
+  // (biases), Qwen3 (q/k norms), a Qwen3.5 hybrid's Gated DeltaNet and gated-attention layers.
+  struct Layer {
+    ModelConfig cfg;
+    int64_t layer;
+  };
+  std::vector<Layer> layers = {{lt::testing::small_model_config(ModelType::qwen2), 0},
+                               {lt::testing::small_model_config(ModelType::qwen3), 0}};
+  Rng rng(17);
+  const ModelConfig hybrid = lt::testing::random_hybrid_config(rng);
+  for (const LayerKind kind : {LayerKind::linear_attention, LayerKind::full_attention})
+    layers.push_back({hybrid, int64_t(std::find(hybrid.layer_types.begin(), hybrid.layer_types.end(), kind) -
+                                      hybrid.layer_types.begin())});
+  constexpr uint8_t kGuard = 0xA5;  // the bytes past the recomputed layer's buffer, which nothing may write
+  constexpr size_t kGuardBytes = 4096;
+  for (const Layer& c : layers) {
+    const ModelConfig& cfg = c.cfg;
+    SCOPED_TRACE(std::string(model_type_name(cfg.type)) + " layer " + std::to_string(c.layer));
     const int64_t B = 2, T = 11, N = B * T, C = cfg.hidden_size;
-    const BlockShape sh = BlockShape::make(cfg, B, T, DType::bf16);
+    const BlockShape sh = BlockShape::make(cfg, B, T, DType::bf16).for_layer(cfg, c.layer);
     const ModelSlabs params = lt::testing::random_model_params(cfg, 13);
     ModelSlabs weights(cfg, DType::bf16);
     make_compute_copy(weights, params);
-    const BlockView w = BlockView::bind(weights.layout(SlabKind::layer), weights.layer(0));
+    const BlockView w = BlockView::bind(weights.layout(SlabKind::layer, c.layer), weights.layer(c.layer));
     std::vector<int32_t> pos(static_cast<size_t>(N));
     for (int64_t t = 0; t < N; ++t) pos[size_t(t)] = int32_t(t % T);
     const TokenInfo ti{pos.data(), nullptr};
     const auto x_in = to_bf16(random_floats(static_cast<size_t>(N * C), 14));
     const auto dx_out = random_floats(static_cast<size_t>(N * C), 15, -0.1f, 0.1f);
-    std::vector<float> cos(static_cast<size_t>(T * sh.D / 2)), sin(cos.size());
-    rope_table(cos.data(), sin.data(), T, sh.D, sh.rope);
+    std::vector<float> cos(static_cast<size_t>(T * sh.rotary / 2)), sin(cos.size());
+    rope_table(cos.data(), sin.data(), T, sh.rotary, sh.rope);
     std::vector<uint8_t> scratch(cuda_block_scratch_bytes(sh));
     const CudaBlock blk{sh, w, ti, cos.data(), sin.data(), scratch.data()};
     // The kept layer through block_backward, the recomputed one through the executor's two halves.
     auto backward = [&](const std::vector<uint8_t>& stored, Saved saved) {
       ModelSlabs grads(cfg);
-      BlockGrads g = BlockGrads::bind(grads.layout(SlabKind::layer), grads.layer(0));
+      BlockGrads g = BlockGrads::bind(grads.layout(SlabKind::layer, c.layer), grads.layer(c.layer));
       std::vector<float> dx_in(static_cast<size_t>(N * C));
       if (saved == Saved::stored) {
         sim::block_backward(GemmContext{}, nullptr, blk, dx_in.data(), g, dx_out.data(), x_in.data(), stored.data(),
@@ -302,15 +317,25 @@ TEST(CudaSimBlock, ARecomputedLayerGivesTheKeptLayersBits) {
         sim::block_backward_mlp(GemmContext{}, nullptr, blk, g, dx_out.data(), stored.data(), saved);
         sim::block_backward_attention(GemmContext{}, nullptr, blk, dx_in.data(), g, x_in.data(), stored.data());
       }
-      const uint8_t* layer = grads.layer(0);
+      const uint8_t* layer = grads.layer(c.layer);
       std::vector<float> all(reinterpret_cast<const float*>(layer),
-                             reinterpret_cast<const float*>(layer + grads.layout(SlabKind::layer).bytes()));
+                             reinterpret_cast<const float*>(layer + grads.layout(SlabKind::layer, c.layer).bytes()));
       all.insert(all.end(), dx_in.begin(), dx_in.end());
       return all;
     };
-    std::vector<uint8_t> kept(block_stored_bytes(sh)), recomputed(block_stored_bytes(sh));
-    std::vector<bf16_t> x_out(static_cast<size_t>(N * C));
+    const size_t half = block_recompute_stored_bytes(sh);
+    ASSERT_LT(half, block_stored_bytes(sh));  // the MLP's gate, up and h are not in it
+    std::vector<uint8_t> kept(block_stored_bytes(sh)), forward(half + kGuardBytes, kGuard), recomputed(half);
+    std::fill(forward.begin(), forward.begin() + std::ptrdiff_t(half), 0);  // as kept's alignment padding
+    std::vector<bf16_t> x_out(static_cast<size_t>(N * C)), x_out_recompute(x_out.size());
     sim::block_forward(GemmContext{}, nullptr, blk, x_out.data(), kept.data(), x_in.data());
+    sim::block_forward(GemmContext{}, nullptr, blk, x_out_recompute.data(), forward.data(), x_in.data(),
+                       Saved::recompute);
+    EXPECT_BITWISE_EQ(to_f32(x_out_recompute), to_f32(x_out));
+    EXPECT_TRUE(std::equal(forward.begin(), forward.begin() + std::ptrdiff_t(half), kept.begin()))
+        << "the attention half a recomputed layer's forward writes differs from the kept layer's";
+    EXPECT_TRUE(std::all_of(forward.begin() + std::ptrdiff_t(half), forward.end(), [](uint8_t b) { return b == kGuard; }))
+        << "a recomputed layer's forward wrote past block_recompute_stored_bytes";
     sim::block_recompute_internals(GemmContext{}, nullptr, blk, recomputed.data(), x_in.data());
     EXPECT_BITWISE_EQ(backward(recomputed, Saved::recompute), backward(kept, Saved::stored));
   }
@@ -443,9 +468,9 @@ TEST(CudaSimBlock, SparseLayersMatchTheCpuBlockAndRecomputeTheirBits) {
       ModelSlabs grads(cfg);
       BlockGrads g = BlockGrads::bind(grads.layout(SlabKind::layer, layer), grads.layer(layer));
       if (saved == Saved::recompute) {  // the executor's path: a recompute (no aux), then the halves
-        std::vector<uint8_t> again(block_stored_bytes(sh));
+        std::vector<uint8_t> again(block_recompute_stored_bytes(sh));  // no room for the route slices' internals
         std::vector<bf16_t> x_out(r.x_out.size());
-        sim::block_forward(GemmContext{}, nullptr, no_aux, x_out.data(), again.data(), x_in.data());
+        sim::block_forward(GemmContext{}, nullptr, no_aux, x_out.data(), again.data(), x_in.data(), Saved::recompute);
         EXPECT_BITWISE_EQ(to_f32(x_out), to_f32(r.x_out));
         sim::block_recompute_internals(GemmContext{}, nullptr, blk, again.data(), x_in.data());
         sim::block_backward_mlp(GemmContext{}, nullptr, blk, g, dx_out.data(), again.data(), saved);

@@ -288,8 +288,10 @@ TEST(Hardware, ProfilesCarryTheirLayerCompute) {
   EXPECT_NO_THROW(a.buffer("working copy"));
   EXPECT_THROW(b.buffer("working copy"), Error);
   EXPECT_NO_THROW(b.buffer("block scratch"));
-  EXPECT_EQ(b.buffer("recompute internals").bytes, align_up(block_stored_bytes(BlockShape::make(cfg, 2, 128, DType::bf16)),
-                                                            kDeviceAlign));
+  // A layer that does not keep its internals holds only their attention half there (the MLP's stay in scratch).
+  const BlockShape shape = BlockShape::make(cfg, 2, 128, DType::bf16);
+  EXPECT_EQ(b.buffer("recompute internals").bytes, align_up(block_recompute_stored_bytes(shape), kDeviceAlign));
+  EXPECT_LE(block_recompute_stored_bytes(shape) + 3 * size_t(shape.N() * shape.I) * 2, block_stored_bytes(shape));
 }
 
 TEST(Planner, MinimumMemoryIsALowerBound) {

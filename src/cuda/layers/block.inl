@@ -309,25 +309,31 @@ inline void mlp_internals(const GemmContext& g, Stream s, const CudaBlock& blk, 
 }  // namespace detail
 
 void block_forward(const GemmContext& g, Stream s, const CudaBlock& blk, bf16_t* x_out, void* stored,
-                   const bf16_t* x_in) {
+                   const bf16_t* x_in, Saved saved) {
+  LT_CHECK(saved == Saved::stored || saved == Saved::recompute,
+           "CUDA block forward: the internals are stored (kept) or recomputed, not in an f32 working copy");
   const BlockShape& sh = blk.shape;
   const BlockView& w = blk.weights;
   const int64_t N = sh.N(), C = sh.C, I = sh.I;
   const detail::BlockScratchCuda b = detail::BlockScratchCuda::carve(blk.scratch, sh);
   const detail::StoredView st = detail::StoredView::bind(stored, sh);
   detail::forward_attention_half(g, s, blk, b, st, x_in);
-  // The MLP chunk by chunk: gate, up, h into the store, y = down(h) into p2's rows; then x_out = y + x_mid
-  // (rounded).
+  // The MLP chunk by chunk: gate, up, h into the store (a layer that keeps them) or the chunk's scratch (one
+  // whose backward recomputes them: the store ends before them), y = down(h) into p2's rows; then
+  // x_out = y + x_mid (rounded).
   // A sparse layer's chunks are its route slices (model/moe_ffn.h), whose rows are mlp_width() per token.
   const int64_t R = sh.mlp_rows(), Wm = sh.mlp_width();
+  const bool keep = saved == Saved::stored;
   for (int64_t t0 = 0; t0 < N; t0 += R) {
     const int64_t n = std::min(R, N - t0);
-    bf16_t *gate = st.gate + t0 * Wm, *up = st.up + t0 * Wm, *h = st.h + t0 * Wm;
+    bf16_t *gate = keep ? st.gate + t0 * Wm : b.gate_c, *up = keep ? st.up + t0 * Wm : b.up_c,
+           *h = keep ? st.h + t0 * Wm : b.h_c;
     const bf16_t* n2 = st.n2 + t0 * C;
     if (sh.sparse) {
       const detail::MoeAdapters ad = detail::moe_adapters(blk, b, t0);
       const std::vector<int64_t> offsets =
           detail::moe_route_slice(g, s, sh, w.moe, b.moe, n2, n, blk.tok.moe_aux, t0, b.x32, ad);
+      if (!keep) gate = b.moe.gate_c, up = b.moe.up_c, h = b.moe.h_c;
       detail::moe_internals(g, s, sh, w.moe, b.moe, offsets, gate, up, h, n2, n, b.x32, ad);
       detail::moe_down_combine(g, s, sh, w.moe, b.moe, offsets, b.p2 + t0 * C, h, n2, n, b.x32, ad);
       continue;

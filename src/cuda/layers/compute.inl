@@ -4,8 +4,9 @@
 // calls run to completion where the launch runs them (the CPU device's compute stream).
 //
 // The CUDA block stores bf16 activations: a kept layer's internals go into its kept buffer; a layer that does
-// not keep them writes its forward's into the step's "recompute internals" buffer (overwritten layer by layer:
-// only the output matters then), where its backward recomputes them (block_recompute_internals, then the MLP per
+// not keep them writes its forward's attention half and n2 into the step's "recompute internals" buffer
+// (overwritten layer by layer: only the output matters then; its MLP's go through the chunk scratch, so the buffer
+// holds no [N, I] internals), where its backward recomputes them (block_recompute_internals, then the MLP per
 // chunk with Saved::recompute), which gives the kept layer's bits.
 #pragma once
 
@@ -48,12 +49,13 @@ class CudaLayerCompute final : public LayerCompute {
   }
 
   void forward(void* x_out, void* kept, const void* x_in, const BlockView& w) override {
-    block_forward(gemm_, s_, with(w), static_cast<bf16_t*>(x_out), stored(kept), static_cast<const bf16_t*>(x_in));
+    block_forward(gemm_, s_, with(w), static_cast<bf16_t*>(x_out), stored(kept), static_cast<const bf16_t*>(x_in),
+                  kept ? Saved::stored : Saved::recompute);
   }
   // A recompute routes as the forward did but adds nothing to the auxiliary loss (model/moe_ffn.h).
   void recompute(void* x_out, const void* x_in, const BlockView& w) override {
     block_forward(gemm_, s_, with(w, false), static_cast<bf16_t*>(x_out), stored(nullptr),
-                  static_cast<const bf16_t*>(x_in));
+                  static_cast<const bf16_t*>(x_in), Saved::recompute);
   }
   void recompute_internals(const void* x_in, const BlockView& w) override {
     block_recompute_internals(gemm_, s_, with(w), b_.recompute_stored, static_cast<const bf16_t*>(x_in));
