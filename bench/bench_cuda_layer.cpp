@@ -10,6 +10,8 @@
 //   attention_*_tflops the layer's attention alone (head dim 128); attention_d256 the same at Qwen3.6-27B's full
 //                     attention (24 / 4 heads of 256, T = 4096); gated_delta the chunked gated delta rule at its
 //                     linear attention's shape (16 / 48 heads of 128) over 8192 tokens, in ms beside FLA's
+//   head              the fused LM head at the 7B's vocabulary over 4096 tokens: TFLOPS, ratio to the peak, and
+//                     its cross-entropy's GB/s beside a device-to-device copy's
 // One JSON line. Without a GPU (or a CUDA build) it prints {"skipped": reason} and exits 0.
 #include <cmath>
 #include <cstdio>
@@ -25,6 +27,7 @@
 #include "core/rng.h"
 #include "cuda/gemm.h"
 #include "cuda/kernels.h"
+#include "cuda/layers.h"
 #include "cuda/native/cuda_check.h"
 #include "ops/rope.h"
 
@@ -143,6 +146,49 @@ nlohmann::json time_gated_delta(int64_t T) {
           {"target_ms", {0.6, 1.3}}};
 }
 
+// The fused LM head at Qwen2.5-7B's shape (C 3584, V 152064, bf16 lm_head) over 4096 tokens, in gpu_head_shape's
+// chunks (1024 tokens, 1 GiB of logits each), as the executor runs it: ms and TFLOPS of its three GEMMs' model
+// FLOPs (logits, dxn, dlm_w: 3 · 2·N·C·V) beside `peak` (issue 35: the head at >= 60% of the GEMM rate); and the
+// cross-entropy of one chunk alone in GB/s (two f32 reads of the logits and one bf16 write of the gradient),
+// beside a device-to-device copy measured here (its bytes read plus written), the limit it is bound by.
+nlohmann::json time_head(double peak) {
+  const int64_t N = 4096, C = 3584, V = 152064;
+  const HeadShape shape = gpu_head_shape(HeadShape{N, C, V, 1e-6f});
+  native::CublasLt lt;
+  Buffer gemm_ws(lt.workspace_bytes()), ws(head_workspace_bytes(shape, DType::bf16));
+  Buffer x(N * C * 4), normw(C * 4), lm(V * C * 2), dx(N * C * 4), dnorm(C * 4), dlm(V * C * 4), loss(8),
+      targets(N * 4);
+  fill_f32(x, N * C, 51, -1.0f, 1.0f), fill_f32(normw, C, 52, 0.5f, 1.5f), fill_bf16(lm, V * C, 53, 0.02f);
+  std::vector<int32_t> t(static_cast<size_t>(N));
+  for (int64_t i = 0; i < N; ++i) t[size_t(i)] = int32_t((i * 7919) % V);
+  cudaMemcpy(targets.p, t.data(), N * 4, cudaMemcpyHostToDevice);
+  cudaMemset(dnorm.p, 0, C * 4), cudaMemset(dlm.p, 0, V * C * 4), cudaMemset(loss.p, 0, 8);
+  HeadArgs a;
+  a.dx = dx.as<float>(), a.dnorm_w = dnorm.as<float>(), a.dlm_w = dlm.as<float>(), a.loss = loss.as<double>();
+  a.x = x.as<float>(), a.targets = targets.as<int32_t>(), a.norm_w = normw.as<float>(), a.lm_w = lm.p;
+  a.lm_type = DType::bf16, a.grad_scale = 1.0f / float(N), a.shape = shape, a.workspace = ws.p;
+  const double head_ms = time_ms([&] { native::head_forward_backward(GemmContext{&lt, gemm_ws.p}, nullptr, a); });
+  const double flops = 3.0 * 2.0 * double(N) * double(C) * double(V);
+  // One chunk's cross-entropy alone, on seeded logits (the bf16 path leaves them as they are, so every rep sees them).
+  const int64_t n = shape.chunk_tokens;
+  Buffer logits(n * V * 4), dlogits(n * V * 2), row_loss(n * 8);
+  fill_f32(logits, n * V, 54, -8.0f, 8.0f);
+  const double ce_ms = time_ms([&] {
+    native::cross_entropy(nullptr, logits.as<float>(), dlogits.as<bf16_t>(), row_loss.as<double>(),
+                          targets.as<int32_t>(), n, V, 1.0f / float(N));
+  });
+  const double ce_bytes = double(n) * double(V) * (4.0 + 4.0 + 2.0);
+  const double copy_ms = time_ms([&] { cudaMemcpyAsync(dlm.p, logits.p, n * V * 4, cudaMemcpyDeviceToDevice); });
+  const double tflops = flops / (head_ms * 1e-3) / 1e12;
+  return {{"shape", {{"N", N}, {"C", C}, {"V", V}, {"chunk_tokens", n}}},
+          {"ms", head_ms},
+          {"tflops", tflops},
+          {"ratio", tflops / peak},
+          {"cross_entropy_chunk_ms", ce_ms},
+          {"cross_entropy_gbps", ce_bytes / (ce_ms * 1e-3) / 1e9},
+          {"copy_gbps", 2.0 * double(n * V * 4) / (copy_ms * 1e-3) / 1e9}};
+}
+
 nlohmann::json run() {
   cudaDeviceProp prop{};
   LT_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
@@ -240,6 +286,7 @@ nlohmann::json run() {
           // Qwen3.6-27B's full attention (24 query / 4 kv heads of 256) and its Gated DeltaNet's core.
           {"attention_d256", time_attention(AttentionShape{1, T, 24, 4, 256})},
           {"gated_delta", time_gated_delta(8192)},
+          {"head", time_head(peak)},
           {"other_kernels_ms", other_ms},
           {"peak_gemm_tflops", peak},
           {"spec_bf16_tflops", spec_bf16_tflops(prop.name)},

@@ -106,7 +106,10 @@ summary = {
     "grad_on_gpu": load("grad.json"),
     "streamed_step": {"solved_plan_at_half_keep_all": load("step/step_plan.json"),
                       "every4": load("step/step_every4.json")},
-    "paper_step": load("paper/step.json") if os.path.exists(os.path.join(out, "paper/step.json")) else "not run",
+    # The paper's settings (scripts/gpu-steps.sh paper, paper27): the solved plan and every:4 side by side.
+    **{name: {p: load(f"{name}/step_{p}.json") for p in ["plan", "every4"]}
+       if os.path.exists(os.path.join(out, name, f"step_plan.json")) else "not run"
+       for name in ["paper", "paper27"]},
     "seconds": int(time.time()) - start,
 }
 print(json.dumps(summary))

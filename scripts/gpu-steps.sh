@@ -10,7 +10,8 @@
 #          1024): `lazytrain profile` on DEVICE, the plan solved for a budget halfway between the smallest
 #          baseline's device need and keep-all's, and `bench step` of it against every:4
 #   paper  the paper's setting on this GPU: a Qwen2.5-7B shape (random init), 144 x 1024 tokens a step,
-#          profiled here, planned for PAPER_DEVICE_MEMORY (default 120GiB) and 8 GiB of host activations, one
+#          profiled here, planned for PAPER_DEVICE_MEMORY (default: the GPU's memory less 4 GiB for the CUDA
+#          context and cuBLASLt; 75.6 GiB on an 80 GB H100, 136 GiB on an H200) and 8 GiB of host activations, one
 #          timed step after a warm-up, the plan's and every:4's (about 100 GB of host memory): OUT/paper/step_*.json
 #   paper27 the same for Qwen3.6-27B's layers (PAPER27_LAYERS of them, default 12) at 72 x 1024
 # GPU_STEPS picks the parts (a comma list, default grad,step); PAPER_STEP=1 adds paper.
@@ -194,8 +195,17 @@ PY
   rm -rf "$dir/model"
 }
 
+# The paper steps' device budget: PAPER_DEVICE_MEMORY, or all of the GPU's memory but 4 GiB (cuda-sim: 120 GiB).
+paper_device_memory() {
+  local total
+  total=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1 | tr -d ' ')
+  if [ -n "${PAPER_DEVICE_MEMORY:-}" ]; then echo "$PAPER_DEVICE_MEMORY"
+  elif [ "$DEVICE" = cuda ] && [[ "$total" =~ ^[0-9]+$ ]]; then echo "$((total - 4096))MiB"
+  else echo 120GiB; fi
+}
+
 if want paper; then
-  PMEM=${PAPER_DEVICE_MEMORY:-120GiB}
+  PMEM=$(paper_device_memory)
   # The paper's Qwen2.5-7B setting: 144 x 1024 tokens a step (LazyTrain 199.84 TFLOPS on an H800).
   cat >"$OUT/qwen2.5-7b.json" <<'JSON'
 {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "vocab_size": 152064, "hidden_size": 3584,
@@ -206,7 +216,7 @@ JSON
   paper_step paper "$OUT/qwen2.5-7b.json" 144 1024 199.84
 fi
 if want paper27; then
-  PMEM=${PAPER_DEVICE_MEMORY:-120GiB}
+  PMEM=$(paper_device_memory)
   # Qwen3.6-27B's layers (3 Gated DeltaNet : 1 gated attention of head dim 256) at 72 x 1024 tokens (the paper's
   # 219.95 TFLOPS on an H800), as many layers as 128 GiB of host memory holds with room to spare: PAPER27_LAYERS
   # (default 12: 79.7 GiB of parameter state by `lazytrain plan`, 7.1e9 parameters; 8 layers 62.6 GiB).

@@ -30,41 +30,53 @@ void expect_close(const std::vector<float>& got, const std::vector<float>& want,
 }
 
 TEST(CudaSimHead, CrossEntropyRowsMatchTheDefinition) {
-  const int64_t n = 5, V = 300;  // V not a multiple of the 256 threads
-  auto z = random_floats(static_cast<size_t>(n * V), 1, -6.0f, 6.0f);
-  const std::vector<int32_t> targets{3, kIgnoreIndex, 299, 0, 150};
-  std::vector<double> want_loss(static_cast<size_t>(n));
-  std::vector<float> want_grad(z.size());
-  for (int64_t r = 0; r < n; ++r) {  // in double, the definition
-    const float* row = z.data() + r * V;
-    if (targets[size_t(r)] == kIgnoreIndex) continue;
-    double m = -1e300, s = 0;
-    for (int64_t i = 0; i < V; ++i) m = std::max(m, double(row[i]));
-    for (int64_t i = 0; i < V; ++i) s += std::exp(double(row[i]) - m);
-    want_loss[size_t(r)] = m + std::log(s) - row[targets[size_t(r)]];
-    for (int64_t i = 0; i < V; ++i)
-      want_grad[size_t(r * V + i)] = float(0.5 * (std::exp(double(row[i]) - m) / s - (i == targets[size_t(r)])));
-  }
-  std::vector<std::vector<float>> first;
-  for_each_order([&] {
-    Guarded<float> logits(z);
-    Guarded<bf16_t> grad_b(z.size());
-    Guarded<double> loss(static_cast<size_t>(n)), total(1);
-    total.data()[0] = 1.0;
-    sim::cross_entropy(nullptr, logits.data(), grad_b.data(), loss.data(), targets.data(), n, V, 0.5f);
-    sim::sum_in_order(nullptr, total.data(), loss.data(), n);
-    double sum = 1.0;
-    for (int64_t r = 0; r < n; ++r) {
-      EXPECT_NEAR(loss.data()[r], want_loss[size_t(r)], 1e-5 * (1 + std::abs(want_loss[size_t(r)]))) << "row " << r;
-      sum += loss.data()[r];
+  // V = 300: one element at a time (not a multiple of 8, nor of the 256 threads); V = 4104: packs of eight, a
+  // thread taking two or three of them. Row 4 rises, so every element is a new running maximum.
+  for (const int64_t V : {int64_t(300), int64_t(4104)}) {
+    SCOPED_TRACE("V = " + std::to_string(V));
+    const int64_t n = 5;
+    auto z = random_floats(static_cast<size_t>(n * V), 1, -6.0f, 6.0f);
+    for (int64_t i = 0; i < V; ++i) z[size_t(4 * V + i)] = -6.0f + 12.0f * float(i) / float(V);
+    const std::vector<int32_t> targets{3, kIgnoreIndex, int32_t(V - 1), 0, int32_t(V / 2)};
+    std::vector<double> want_loss(static_cast<size_t>(n));
+    std::vector<float> want_grad(z.size());
+    for (int64_t r = 0; r < n; ++r) {  // in double, the definition
+      const float* row = z.data() + r * V;
+      if (targets[size_t(r)] == kIgnoreIndex) continue;
+      double m = -1e300, s = 0;
+      for (int64_t i = 0; i < V; ++i) m = std::max(m, double(row[i]));
+      for (int64_t i = 0; i < V; ++i) s += std::exp(double(row[i]) - m);
+      want_loss[size_t(r)] = m + std::log(s) - row[targets[size_t(r)]];
+      for (int64_t i = 0; i < V; ++i)
+        want_grad[size_t(r * V + i)] = float(0.5 * (std::exp(double(row[i]) - m) / s - (i == targets[size_t(r)])));
     }
-    EXPECT_EQ(total.data()[0], sum);  // in token order, onto what was there
-    expect_close(logits.values(), want_grad, 1e-5, "dlogits");
-    EXPECT_BITWISE_EQ(grad_b.values(), to_bf16(logits.values()));
-    EXPECT_TRUE(logits.guards_intact() && grad_b.guards_intact() && loss.guards_intact() && total.guards_intact());
-    if (first.empty()) first.push_back(logits.values());
-    EXPECT_BITWISE_EQ(logits.values(), first[0]);
-  });
+    std::vector<std::vector<float>> first;
+    for_each_order([&] {
+      // The f32 gradient in place of the logits, then the bf16 one into its own buffer (the logits kept).
+      Guarded<float> logits(z), again(z);
+      Guarded<bf16_t> grad_b(z.size());
+      Guarded<double> loss(static_cast<size_t>(n)), loss_b(static_cast<size_t>(n)), total(1);
+      total.data()[0] = 1.0;
+      sim::cross_entropy(nullptr, logits.data(), nullptr, loss.data(), targets.data(), n, V, 0.5f);
+      sim::cross_entropy(nullptr, again.data(), grad_b.data(), loss_b.data(), targets.data(), n, V, 0.5f);
+      sim::sum_in_order(nullptr, total.data(), loss.data(), n);
+      double sum = 1.0;
+      for (int64_t r = 0; r < n; ++r) {
+        // f64 sums of f32 exps: the loss to f32 rounding of its terms.
+        EXPECT_NEAR(loss.data()[r], want_loss[size_t(r)], 1e-5 * (1 + std::abs(want_loss[size_t(r)]))) << "row " << r;
+        EXPECT_EQ(loss_b.data()[r], loss.data()[r]) << "row " << r;
+        sum += loss.data()[r];
+      }
+      EXPECT_EQ(total.data()[0], sum);  // in token order, onto what was there
+      expect_close(logits.values(), want_grad, 1e-5, "dlogits");  // f32 exp and division: 1e-5 of the largest
+      EXPECT_BITWISE_EQ(grad_b.values(), to_bf16(logits.values()));
+      EXPECT_BITWISE_EQ(again.values(), z);
+      EXPECT_TRUE(logits.guards_intact() && again.guards_intact() && grad_b.guards_intact() && loss.guards_intact() &&
+                  loss_b.guards_intact() && total.guards_intact());
+      if (first.empty()) first.push_back(logits.values());
+      EXPECT_BITWISE_EQ(logits.values(), first[0]);
+    });
+  }
 }
 
 TEST(CudaSimHead, FusedHeadMatchesTheCpuHead) {
