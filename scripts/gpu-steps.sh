@@ -28,6 +28,13 @@ run() {  # run LOG COMMAND...: its output into LOG; on failure (or STEP_TIMEOUT 
   timeout "${STEP_TIMEOUT:-300}" "$@" >"$log" 2>&1 || { echo "failed: $* -> $(tail -1 "$log")" >&2; status=1; }
 }
 
+# The MLP chunk (tokens) a plan file runs with (0: one chunk): every:4 beside it runs with the same, so the two
+# differ only in what they keep (at the paper's 7B batch one chunk's scratch alone is 62 GiB: `lazytrain plan`'s note).
+mlp_chunk() {
+  python3 -c "import json, sys; print(json.load(open(sys.argv[1])).get('mlp_chunk_tokens', 0))" "$1" 2>/dev/null ||
+    echo 0
+}
+
 random_batch() {  # random_batch CONFIG OUT B T SEED: B rows of T random token ids (labels = inputs)
   python3 - "$@" <<'PY'
 import json, random, sys
@@ -141,10 +148,11 @@ need = {r['name']: int(r['executor_device_bytes']) for r in json.load(open(sys.a
 print((min(need.values()) + need['keep-all']) // 2)" "$step/plan-keep-all.json" 2>/dev/null || echo 0)
 run "$step/plan.log" "$LT" plan --model "$step/model" --hardware "$step/profile.json" --batch "$B" --seq "$T" \
   --device-memory "$budget" --host-act-memory 8GiB --out "$step/plan.json"
+chunk=$(mlp_chunk "$step/plan.json")
 for p in plan every4; do
   policy=$([ $p = plan ] && echo "$step/plan.json" || echo every:4)
   run "$step/step_$p.json" "$LT" bench step --model "$step/model" --batch "$step/batch.json" --dtype bf16 \
-    --device "$DEVICE" --device-memory "$MEM" --policy "$policy" --steps 2 --json
+    --device "$DEVICE" --device-memory "$MEM" --policy "$policy" --mlp-chunk "$chunk" --steps 2 --json
 done
 python3 - "$step" "$budget" <<'PY' || status=1
 import json, sys
@@ -177,11 +185,13 @@ paper_step() {
     --device-memory "$PMEM" --dtype bf16 --out "$dir/profile.json"
   run "$dir/plan.log" "$LT" plan --model "$dir/model" --hardware "$dir/profile.json" --batch "$b" --seq "$t" \
     --device-memory "$PMEM" --host-act-memory 8GiB --out "$dir/plan.json"
+  local chunk
+  chunk=$(mlp_chunk "$dir/plan.json")
   for policy in plan every4; do
     local p="$dir/plan.json"
     [ "$policy" = every4 ] && p=every:4
     run "$dir/step_$policy.json" "$LT" bench step --model "$dir/model" --batch "$dir/batch.json" --dtype bf16 \
-      --device "$DEVICE" --device-memory "$PMEM" --policy "$p" --steps 1 --json
+      --device "$DEVICE" --device-memory "$PMEM" --policy "$p" --mlp-chunk "$chunk" --steps 1 --json
   done
   python3 - "$dir" "$1, $b x $t" "$anchor" <<'PY' || status=1
 import json, sys
