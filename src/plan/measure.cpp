@@ -21,6 +21,7 @@
 #include "ops/head.h"
 #include "ops/rope.h"
 #include "optim/adamw.h"
+#include "plan/planner.h"
 
 namespace lt {
 namespace {
@@ -95,7 +96,10 @@ struct Prototypes {
 class Rig {
  public:
   Rig(const ModelConfig& cfg, int64_t B, int64_t T, const MeasureOptions& o)
-      : cfg_(cfg), s(BlockShape::make(cfg, B, T, o.activations)), N(B * T),
+      // The MLP in the chunks the planner chooses for this budget, as the executor then runs it (one chunk's scratch
+      // at the paper's 7B batch would be 62 GiB: more than an 80 GB GPU holds beside the kept layer).
+      : cfg_(cfg), s(BlockShape::make(cfg, B, T, o.activations, choose_mlp_chunk(cfg, B, T, o.device_memory))),
+        N(B * T),
         mdt(o.compute == ComputeType::bf16 ? DType::bf16 : DType::f32), scope_(o.backend.kernels()),
         dev(o.backend.open(o.device_memory, o.link, o.gpu)), kernels(o.backend.layer_kernels(s.act)) {
     compute = kernels == LayerKernels::cuda ? cuda::make_cuda_layer_compute(*dev) : make_cpu_layer_compute();
@@ -442,6 +446,7 @@ Profile measure_profile(const ModelConfig& cfg, int64_t B, int64_t T, const Meas
   p.device_memory_bytes = o.device_memory;
   p.source = fmt::format("measured by `lazytrain profile` on {} with {} threads, best of {}", rig.dev->name(),
                          num_threads(), o.reps);
+  if (rig.s.mlp_chunk > 0) p.source += fmt::format(", the MLP in chunks of {} tokens", rig.s.mlp_chunk);
   measure_layers(rig, pt, o, p);
   measure_head(rig, pt, o, p);
   measure_embedding(rig, pt, o, p);

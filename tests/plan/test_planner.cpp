@@ -1,5 +1,6 @@
 // The planner end to end (baselines, DP, MILP, the executor's memory check), the batch search, and a
 // profile measured on the emulated device.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "core/error.h"
@@ -226,6 +227,22 @@ TEST(Measure, ProfileOnTheCpuDevice) {
   EXPECT_GT(p.link.d2h_gbps, 0.0);
   p.validate(2);
   EXPECT_EQ(p.nvme_read_gbps, 0.0);  // no --nvme-dir
+}
+
+// A batch whose MLP in one chunk would take more than an eighth of the budget is measured in the chunks the planner
+// chooses for that budget, as the executor then runs it (at the paper's 7B batch one chunk's scratch is 62 GiB).
+TEST(Measure, TheProfileRunsTheMlpInThePlannersChunks) {
+  const ModelConfig cfg = testing::tiny_plan_config(1);
+  const int64_t B = 17, T = 512;  // 8704 tokens: 6 · N · I f32 of MLP scratch is ~10 MB against a 64 MiB budget
+  MeasureOptions o;
+  o.device_memory = size_t(64) << 20;
+  o.reps = 1;
+  o.optimizer = false;
+  ASSERT_EQ(choose_mlp_chunk(cfg, B, T, o.device_memory), kTokenSlice);
+  const Profile p = measure_profile(cfg, B, T, o);
+  EXPECT_NE(p.source.find(fmt::format("the MLP in chunks of {} tokens", kTokenSlice)), std::string::npos) << p.source;
+  EXPECT_GT(p.forward_s[0], 0);
+  EXPECT_GT(p.backward_s[0], 0);
 }
 
 // A hybrid on the emulated device: every layer measured with its own kind's block, which the planner then uses.
