@@ -30,6 +30,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "cuda/kernels/async_copy.cuh"
 #include "cuda/kernels/attention_common.cuh"
 #include "cuda/kernels/common.cuh"
 #include "cuda/kernels/mma.cuh"
@@ -65,14 +66,18 @@ __device__ void load_tile_gates(DeltaTileGates& tg, int64_t b, int64_t t0, int64
                                 const float* g, const int32_t* doc_ids, const DeltaShape& s) {
   const int C = int(s.T - t0 < kDeltaTile ? s.T - t0 : kDeltaTile);
   const int64_t n0 = b * s.T + t0;
+  // Every thread loads its tokens' gates (g into gam first: the global loads in parallel, not one thread's 64 in
+  // sequence, which sat on the states launches' critical path); then one thread sums γ in token order from shared.
   for (int i = int(threadIdx.x); i < kDeltaTile; i += int(blockDim.x)) {
     tg.beta[i] = i < C ? beta[(n0 + i) * s.Hv + vh] : 0.0f;
     tg.doc[i] = i < C && doc_ids ? doc_ids[n0 + i] : 0;
+    tg.gam[i] = i < C ? g[(n0 + i) * s.Hv + vh] : 0.0f;
   }
+  __syncthreads();
   if (threadIdx.x == 0) {
     float gam = 0.0f;
     for (int i = 0; i < kDeltaTile; ++i) {
-      if (i < C) gam += g[(n0 + i) * s.Hv + vh];  // adding g ≤ 0 never increases γ
+      if (i < C) gam += tg.gam[i];  // adding g ≤ 0 never increases γ
       tg.gam[i] = gam;
     }
     tg.C = C;
@@ -109,7 +114,10 @@ __device__ __forceinline__ void copy_bf16x8(bf16* dst, const bf16* src, bool val
 }
 
 // rows × cols bf16 from global (row stride ld) into shared (row stride lds); rows ≥ valid are zero. 16 bytes a
-// thread where every row starts 16-byte aligned (a layer's q, k, v and the workspace's tiles do), else 2.
+// thread where every row starts 16-byte aligned (a layer's q, k, v and the workspace's tiles do), else 2. Async: the
+// 16-byte copies are cp.async (async_copy.cuh: they land behind compute, after async_commit, async_wait and a
+// barrier); the 2-byte ones are done when issued either way.
+template <bool Async = false>
 __device__ void load_tile_rows(bf16* dst, int lds, const bf16* src, int64_t ld, int rows, int cols, int valid) {
   const bool wide = cols % 8 == 0 && ld % 8 == 0 && lds % 8 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0 &&
                     reinterpret_cast<uintptr_t>(dst) % 16 == 0;
@@ -117,7 +125,10 @@ __device__ void load_tile_rows(bf16* dst, int lds, const bf16* src, int64_t ld, 
     const int packs = cols / 8;
     for (int x = int(threadIdx.x); x < rows * packs; x += int(blockDim.x)) {
       const int r = x / packs, c = x % packs * 8;
-      copy_bf16x8(dst + r * lds + c, src + r * ld + c, r < valid);
+      if constexpr (Async)  // a zero-filled row reads nothing: its source is the tile's first row, in bounds
+        copy16_async(dst + r * lds + c, r < valid ? src + r * ld + c : src, r < valid);
+      else
+        copy_bf16x8(dst + r * lds + c, src + r * ld + c, r < valid);
     }
     return;
   }
@@ -263,18 +274,23 @@ __global__ void __launch_bounds__(kDeltaMmaThreads)
 
 // ---- 2. states -------------------------------------------------------------------------------------------------
 
-// The value dims of one states block: 32, or 16 where dv is an odd multiple of 16.
-LT_HD_INLINE int delta_state_cols(int64_t dv) { return dv % 32 == 0 ? 32 : 16; }
+// The value dims of one states block. The state's columns are independent (no sum runs across them), so any split
+// gives the same bits; 16 makes twice the blocks of 32 in the two sequential launches (384 at Qwen3.6's 48 value
+// heads of 128, against 132 SMs: three blocks an SM at the forward's 59 KiB of shared memory, so one wave).
+LT_HD_INLINE int delta_state_cols(int64_t) { return 16; }
 
 template <class Carve>
 LT_HD_INLINE void delta_states_carve(Carve& sh, int dk, int cols, DeltaTileGates** tg, float** S, bf16** Sb, bf16** ws,
-                                     bf16** ks, bf16** vd) {
+                                     bf16** ks, bf16** us, bf16** vd) {
   *tg = sh.template take<DeltaTileGates>(1);
   *S = sh.template take<float>(dk * (cols + 4)), *Sb = sh.template take<bf16>(dk * (cols + 8));
   *ws = sh.template take<bf16>(kDeltaTile * (dk + 8)), *ks = sh.template take<bf16>(kDeltaTile * (dk + 8));
-  *vd = sh.template take<bf16>(kDeltaTile * (cols + 8));
+  *us = sh.template take<bf16>(kDeltaTile * (cols + 8)), *vd = sh.template take<bf16>(kDeltaTile * (cols + 8));
 }
 
+// The state through a row's tiles, a block per (row, value head, 16 value dims). Each tile's operands load behind
+// the previous tile's work (cp.async): W's rows and U's columns once its V' product has read them, K's rows once
+// its state update has — one buffer each, so three blocks fit an SM (two buffers would not: two waves).
 __global__ void __launch_bounds__(kDeltaMmaThreads)
     delta_states_kernel(bf16* UV, bf16* states, const bf16* W, const bf16* k, const float* beta, const float* g,
                         const int32_t* doc_ids, DeltaShape s) {
@@ -285,17 +301,28 @@ __global__ void __launch_bounds__(kDeltaMmaThreads)
   SharedCarve sh{reinterpret_cast<uintptr_t>(LT_DYNAMIC_SHARED(unsigned char))};
   DeltaTileGates* tgp;
   float* S;  // [dk, cols] f32: the state's columns j0 .. j0 + cols − 1
-  bf16 *Sb, *ws, *ks, *vd;
-  delta_states_carve(sh, dk, cols, &tgp, &S, &Sb, &ws, &ks, &vd);
+  bf16 *Sb, *ws, *ks, *us, *vd;
+  delta_states_carve(sh, dk, cols, &tgp, &S, &Sb, &ws, &ks, &us, &vd);
   DeltaTileGates& tg = *tgp;
+  auto fetch_w_u = [&](int64_t tile) {  // tile's W rows and U columns j0 ..
+    const int64_t index = slot * tiles + tile;
+    load_tile_rows<true>(ws, lk, W + index * kDeltaTile * dk, dk, kDeltaTile, dk, kDeltaTile);
+    load_tile_rows<true>(us, lb, UV + index * kDeltaTile * dv + j0, dv, kDeltaTile, cols, kDeltaTile);
+    async_commit();
+  };
+  auto fetch_k = [&](int64_t tile) {  // tile's K rows (zero past the row's end)
+    const int64_t t0 = tile * kDeltaTile;
+    const int valid = int(s.T - t0 < kDeltaTile ? s.T - t0 : kDeltaTile);
+    load_tile_rows<true>(ks, lk, k + (b * s.T + t0) * s.ldk + kh * dk, s.ldk, kDeltaTile, dk, valid);
+    async_commit();
+  };
+  fetch_w_u(0);
+  fetch_k(0);
   for (int64_t tile = 0; tile < tiles; ++tile) {
-    const int64_t t0 = tile * kDeltaTile, n0 = b * s.T + t0, index = slot * tiles + tile;
-    load_tile_gates(tg, b, t0, vh, beta, g, doc_ids, s);
+    const int64_t t0 = tile * kDeltaTile, index = slot * tiles + tile;
+    load_tile_gates(tg, b, t0, vh, beta, g, doc_ids, s);  // while this tile's copies are in flight
     if (tg.starts)
       for (int x = int(threadIdx.x); x < dk * cols; x += int(blockDim.x)) S[x / cols * ls + x % cols] = 0.0f;
-    load_tile_rows(ws, lk, W + index * kDeltaTile * dk, dk, kDeltaTile, dk, kDeltaTile);
-    load_tile_rows(ks, lk, k + n0 * s.ldk + kh * dk, s.ldk, kDeltaTile, dk, tg.C);
-    __syncthreads();
     bf16* S0 = states + index * dk * dv + j0;  // [dk, dv]: this block's columns
     for (int x = int(threadIdx.x); x < dk * cols; x += int(blockDim.x)) {
       const int d = x / cols, j = x % cols;
@@ -303,19 +330,21 @@ __global__ void __launch_bounds__(kDeltaMmaThreads)
       Sb[d * lb + j] = rounded;
       S0[d * dv + j] = rounded;
     }
+    async_wait<0>();
     __syncthreads();
     // V' = U − W S₀ for the tokens S₀ reaches (U elsewhere), in U's place; vd = diag(e^{γ_C − γ}) V' of the tokens
     // that reach the end state.
-    bf16* Ut = UV + index * kDeltaTile * dv + j0;
+    bf16* Vt = UV + index * kDeltaTile * dv + j0;
     block_mma(
         kDeltaTile, cols, dk, [&](int i, int p) { return load_pair(ws + i * lk + p); },
         [&](int p, int j) { return pair_strided(Sb + p * lb + j, lb); },
         [&](int i, int j, float ws0) {
-          const float vp = __bfloat162float(Ut[i * dv + j]) - (tg.first(i) ? ws0 : 0.0f);
-          Ut[i * dv + j] = __float2bfloat16_rn(vp);
+          const float vp = __bfloat162float(us[i * lb + j]) - (tg.first(i) ? ws0 : 0.0f);
+          Vt[i * dv + j] = __float2bfloat16_rn(vp);
           vd[i * lb + j] = __float2bfloat16_rn(tg.last(i) ? vp * tg.egc[i] : 0.0f);
         });
     __syncthreads();
+    if (tile + 1 < tiles) fetch_w_u(tile + 1);  // W and U are read: the next tile's load behind the state update
     // S ← e^{γ_C} S + Kᵀ vd, S₀'s term only where the tile's last document is its first.
     const float keep = tg.carry() ? tg.eg[tg.C - 1] : 0.0f;
     block_mma(
@@ -323,6 +352,7 @@ __global__ void __launch_bounds__(kDeltaMmaThreads)
         [&](int p, int j) { return pair_strided(vd + p * lb + j, lb); },
         [&](int d, int j, float kv) { S[d * ls + j] = keep * S[d * ls + j] + kv; });
     __syncthreads();
+    if (tile + 1 < tiles) fetch_k(tile + 1);  // behind the next tile's gates and S₀
   }
 }
 
@@ -381,7 +411,7 @@ struct DeltaMmaShared {
     float *f1, *f2;
     SharedCarve p{0}, st{0}, out{0};
     delta_prepare_carve(p, dk, dv, &tg, &b1, &b2, &f1, &f2, &b3, &b4);
-    delta_states_carve(st, dk, delta_state_cols(dv), &tg, &f1, &b1, &b2, &b3, &b4);
+    delta_states_carve(st, dk, delta_state_cols(dv), &tg, &f1, &b1, &b2, &b3, &b4, &b5);
     delta_output_carve(out, dk, dv, &tg, &b1, &b2, &b3, &b4, &b5);
     return {p.used, st.used, out.used};
   }

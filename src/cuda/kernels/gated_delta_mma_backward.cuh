@@ -169,26 +169,40 @@ __global__ void __launch_bounds__(kDeltaMmaThreads)
   bf16 *dSb, *qs, *ks, *ws, *dOs, *dVb;
   delta_backward_states_carve(sh, dk, cols, &tgp, &dS, &dSb, &qs, &ks, &ws, &dOs, &dVb);
   const DeltaTileGates& tg = *tgp;
+  // A tile's operands load behind the next-later tile's work (cp.async), one buffer each (three blocks an SM at
+  // 74.3 KiB): K's rows once that tile's dV' product has read them, Q's and W's once its dS product has.
+  auto fetch_k = [&](int64_t tile) {
+    const int64_t t0 = tile * kDeltaTile;
+    const int valid = int(s.T - t0 < kDeltaTile ? s.T - t0 : kDeltaTile);
+    load_tile_rows<true>(ks, lk, k + (b * s.T + t0) * s.ldk + kh * dk, s.ldk, kDeltaTile, dk, valid);
+    async_commit();
+  };
+  auto fetch_q_w = [&](int64_t tile) {
+    const int64_t t0 = tile * kDeltaTile, index = slot * tiles + tile;
+    const int valid = int(s.T - t0 < kDeltaTile ? s.T - t0 : kDeltaTile);
+    load_tile_rows<true>(qs, lk, q + (b * s.T + t0) * s.ldq + kh * dk, s.ldq, kDeltaTile, dk, valid);
+    load_tile_rows<true>(ws, lk, tile_bf16(w.forward.W) + index * kDeltaTile * dk, dk, kDeltaTile, dk, kDeltaTile);
+    async_commit();
+  };
+  fetch_k(tiles - 1);
+  fetch_q_w(tiles - 1);
   for (int64_t tile = tiles - 1; tile >= 0; --tile) {
     const int64_t t0 = tile * kDeltaTile, n0 = b * s.T + t0, index = slot * tiles + tile;
-    load_tile_gates(*tgp, b, t0, vh, beta, g, doc_ids, s);
+    load_tile_gates(*tgp, b, t0, vh, beta, g, doc_ids, s);  // while this tile's copies are in flight
     // The row's last tile, or one whose successor starts a document: nothing flows back into its end state.
     const bool reset = tile == tiles - 1 || (doc_ids && doc_ids[n0 + kDeltaTile] != doc_ids[n0 + kDeltaTile - 1]);
     if (reset)
       for (int x = int(threadIdx.x); x < dk * cols; x += int(blockDim.x)) dS[x / cols * ls + x % cols] = 0.0f;
-    load_tile_rows(qs, lk, q + n0 * s.ldq + kh * dk, s.ldq, kDeltaTile, dk, tg.C);
-    load_tile_rows(ks, lk, k + n0 * s.ldk + kh * dk, s.ldk, kDeltaTile, dk, tg.C);
-    load_tile_rows(ws, lk, tile_bf16(w.forward.W) + index * kDeltaTile * dk, dk, kDeltaTile, dk, kDeltaTile);
     load_tile_rows_rounded(dOs, lb, dout + n0 * ldo + vh * dv + j0, ldo, kDeltaTile, cols, tg.C,
                            [&](int i) { return tg.first(i) ? s.scale * tg.eg[i] : 0.0f; });
-    __syncthreads();
     bf16* dS1 = tile_bf16(w.dstates) + index * dk * dv + j0;
-    for (int x = int(threadIdx.x); x < dk * cols; x += int(blockDim.x)) {
+    for (int x = int(threadIdx.x); x < dk * cols; x += int(blockDim.x)) {  // the reset's elements, thread by thread
       const int d = x / cols, j = x % cols;
       const bf16 rounded = __float2bfloat16_rn(dS[d * ls + j]);
       dSb[d * lb + j] = rounded;
       dS1[d * dv + j] = rounded;
     }
+    async_wait<0>();
     __syncthreads();
     // dV' = dV'ₗ + diag(l e^{γ_C − γ}) K dS₁; dVb = diag(f) dV' for Wᵀ's product.
     float* dVt = w.dVp + index * kDeltaTile * dv + j0;
@@ -201,6 +215,7 @@ __global__ void __launch_bounds__(kDeltaMmaThreads)
           dVb[i * lb + j] = __float2bfloat16_rn(tg.first(i) ? dvp : 0.0f);
         });
     __syncthreads();
+    if (tile > 0) fetch_k(tile - 1);  // K is read: the earlier tile's load behind the dS product
     const float keep = tg.carry() ? tg.eg[tg.C - 1] : 0.0f;
     block_mma2(
         dk, cols, kDeltaTile, [&](int d, int p) { return pair_strided(qs + p * lk + d, lk); },
@@ -209,6 +224,7 @@ __global__ void __launch_bounds__(kDeltaMmaThreads)
         [&](int p, int j) { return pair_strided(dVb + p * lb + j, lb); },
         [&](int d, int j, float qdo, float wdv) { dS[d * ls + j] = keep * dS[d * ls + j] + qdo - wdv; });
     __syncthreads();
+    if (tile > 0) fetch_q_w(tile - 1);  // behind the earlier tile's gates and dS₁
   }
 }
 
