@@ -3,8 +3,8 @@
 //   lazytrain simulate --profile FILE|h800|... --model DIR --batch B --seq S --policy P [--json] [--trace FILE]
 //
 // P is what the executor's --policy takes (keep-all, every:K, host:K, nvme:K, a plan file; a plan file's
-// "windows" are honoured). Prints the simulated step time, exposed time per link, peak memory per tier, and
-// the cost model's prediction for the same plan next to it.
+// "windows" and MLP chunk are honoured, --mlp-chunk as `bench step` takes it). Prints the simulated step time,
+// exposed time per link, peak memory per tier, and the cost model's prediction for the same plan next to it.
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <memory>
@@ -25,7 +25,7 @@ namespace {
 struct SimulateOptions {
   std::string profile, model, policy, device_memory, host_act_memory = "1TiB", nvme = "1TiB", trace, compute;
   std::string activation_dtype = "auto";
-  int64_t batch = 0, seq = 0;
+  int64_t batch = 0, seq = 0, mlp_chunk = -1;
   int weight_buffers = 2;
   bool json = false, no_optimizer = false, resident_head = false;
   DataParallelOptions data_parallel;
@@ -42,6 +42,11 @@ void run_simulate(const SimulateOptions& o) {
   prof.apply_to(io.exec, o.activation_dtype, "--activation-dtype");
   io.exec.weight_buffers = o.weight_buffers;
   io.exec.resident_head = o.resident_head;
+  // The MLP chunk the executor would run this policy with (`bench step`'s rule): --mlp-chunk, else a plan file's,
+  // else one chunk — so a plan file is simulated at the memory it was solved for.
+  LT_CHECK(o.mlp_chunk < 0 || o.mlp_chunk % kTokenSlice == 0, "--mlp-chunk {}: must be a multiple of {} (0: one chunk)",
+           o.mlp_chunk, kTokenSlice);
+  io.exec.mlp_chunk_tokens = o.mlp_chunk >= 0 ? o.mlp_chunk : Plan::parse(o.policy, cfg.num_layers).mlp_chunk_tokens;
   io.include_optimizer = !o.no_optimizer;
   o.data_parallel.apply_to(io);
   const size_t dev = o.device_memory.empty() ? prof.device_memory_bytes : parse_size(o.device_memory, "--device-memory");
@@ -113,6 +118,9 @@ void register_simulate(CLI::App& app) {
                   "storage of the activations kept for the backward: bf16, f32, or auto (bf16 with bf16 GEMMs)")
       ->check(CLI::IsMember({"bf16", "f32", "auto"}));
   cmd->add_option("--weight-buffers", o->weight_buffers, "layer weight buffers on the device")->check(CLI::Range(1, 8));
+  cmd->add_option("--mlp-chunk", o->mlp_chunk,
+                  "tokens per MLP chunk (a multiple of 4096; 0: one chunk), as `bench step` takes it (default: the "
+                  "plan file's, else one chunk)");
   cmd->add_flag("--resident-head", o->resident_head, "the head's weights stay on the device all step");
   cmd->add_option("--trace", o->trace, "write the simulated step as Chrome trace JSON");
   cmd->add_flag("--no-optimizer", o->no_optimizer, "leave the host optimizer out");

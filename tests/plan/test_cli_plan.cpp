@@ -114,6 +114,30 @@ TEST_F(CmdPlan, MissingModel) {
   EXPECT_NE(r.out.find("/nonexistent"), std::string::npos) << r.out;
 }
 
+// A plan solved with the MLP in chunks (8192 tokens against 1 GiB: choose_mlp_chunk takes 4096) is simulated at the
+// memory it was solved for, as `bench step` runs it: the plan file's chunk unless --mlp-chunk says otherwise.
+TEST_F(CmdPlan, SimulateRunsAPlanFileWithItsMlpChunk) {
+  const std::string out = ::testing::TempDir() + "lt_cli_plan_chunk_" + std::to_string(::getpid()) + ".json";
+  const std::string shape = " --model " + kModel + " --batch 16 --seq 512 --device-memory 1GiB --host-act-memory 1GiB";
+  CmdResult r = run("plan --hardware h800" + shape + " --time-limit 10 --json --out " + out);
+  ASSERT_EQ(r.status, 0) << r.out;
+  const nlohmann::json plan = nlohmann::json::parse(r.out);
+  ASSERT_EQ(plan["mlp_chunk_tokens"], 4096);
+  ASSERT_EQ(plan["plans"][0]["name"], "lazytrain");
+  auto peak = [&](const std::string& extra) {
+    const CmdResult s = run("simulate --profile h800" + shape + " --policy " + out + extra + " --json");
+    EXPECT_EQ(s.status, 0) << s.out;
+    return s.status == 0 ? nlohmann::json::parse(s.out)["peak_device_bytes"].get<double>() : 0.0;
+  };
+  EXPECT_EQ(peak(""), plan["plans"][0]["executor_device_bytes"].get<double>());
+  EXPECT_EQ(peak(" --mlp-chunk 4096"), peak(""));
+  EXPECT_GT(peak(" --mlp-chunk 0"), peak(""));  // the whole batch's MLP scratch
+  r = run("simulate --profile h800" + shape + " --policy " + out + " --mlp-chunk 1000");
+  std::filesystem::remove(out);
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.out.find("--mlp-chunk 1000: must be a multiple of 4096"), std::string::npos) << r.out;
+}
+
 TEST_F(CmdPlan, ProfileThenSimulate) {
   const std::string prof = ::testing::TempDir() + "lt_cli_profile_" + std::to_string(::getpid()) + ".json";
   const std::string tiny = std::string(LT_SOURCE_DIR) + "/examples/tiny-qwen3/config.json";
