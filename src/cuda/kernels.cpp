@@ -77,6 +77,7 @@ DeltaMmaWorkspace DeltaMmaWorkspace::carve(void* base, const DeltaShape& s, int6
   w.W = c.take<bf16_t>(slots * tiles * kDeltaChunk * s.dk);
   w.UV = c.take<bf16_t>(slots * tiles * kDeltaChunk * s.dv);
   w.states = c.take<bf16_t>(slots * tiles * s.dk * s.dv);
+  w.gates = c.take<unsigned char>(slots * tiles * kDeltaTileGatesBytes);
   w.bytes = c.bytes();
   return w;
 }

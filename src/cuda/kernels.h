@@ -105,12 +105,16 @@ inline bool gated_delta_on_tensor_cores(const DeltaShape& s) {
 }
 // The tensor-core forward's workspace for `rows` batch rows at a time, carved 256-byte aligned in this order, a slot
 // per (row, value head) and in it a tile per 64 tokens: W bf16 [rows, Hv, tiles, 64, dk]; U and then V' in its
-// place, bf16 [rows, Hv, tiles, 64, dv]; each tile's entering state S₀, bf16 [rows, Hv, tiles, dk, dv]. With a
-// null base it only measures (bytes).
+// place, bf16 [rows, Hv, tiles, 64, dv]; each tile's entering state S₀, bf16 [rows, Hv, tiles, dk, dv]; each tile's
+// gates as its first launch made them [rows, Hv, tiles] of kDeltaTileGatesBytes (gated_delta_mma.cuh's
+// DeltaTileGates: γ, e^γ, e^{γ_C − γ}, β, documents), which the sequential launches load instead of summing γ a
+// tile at a time on their critical path. With a null base it only measures (bytes).
+inline constexpr int64_t kDeltaTileGatesBytes = 1296;
 struct DeltaMmaWorkspace {
   bf16_t* W = nullptr;
   bf16_t* UV = nullptr;
   bf16_t* states = nullptr;
+  unsigned char* gates = nullptr;
   int64_t rows = 0;
   size_t bytes = 0;
   static DeltaMmaWorkspace carve(void* base, const DeltaShape& s, int64_t rows);

@@ -51,6 +51,7 @@ struct DeltaTileGates {
   int32_t doc[kDeltaTile];  // token i's document (0 without doc_ids)
   int C;                    // tokens in the tile
   int starts;               // the tile's first token begins a document: the state entering it is zero
+  int pad[2];               // to kDeltaTileGatesBytes, a whole number of 16-byte copies
 
   __device__ bool first(int i) const { return i < C && doc[i] == doc[0]; }     // S₀ reaches token i
   __device__ bool last(int i) const { return i < C && doc[i] == doc[C - 1]; }  // token i reaches the end state
@@ -111,6 +112,21 @@ __device__ __forceinline__ void copy_bf16x8(bf16* dst, const bf16* src, bool val
   if (valid) std::memcpy(dst, src, 16);
   else std::memset(dst, 0, 16);
 #endif
+}
+
+// A tile's gates to the workspace (prepare, which makes them anyway) and back (the sequential launches: a copy
+// behind compute, complete after async_commit, async_wait and a barrier), 16 bytes a thread.
+static_assert(sizeof(DeltaTileGates) == kDeltaTileGatesBytes && kDeltaTileGatesBytes % 16 == 0,
+              "the workspace's slot per tile is one DeltaTileGates");
+__device__ void store_tile_gates(unsigned char* dst, const DeltaTileGates& tg) {
+  const auto* src = reinterpret_cast<const bf16*>(&tg);
+  for (int x = int(threadIdx.x); x < int(kDeltaTileGatesBytes / 16); x += int(blockDim.x))
+    copy_bf16x8(reinterpret_cast<bf16*>(dst) + 8 * x, src + 8 * x, true);
+}
+__device__ void fetch_tile_gates(DeltaTileGates& tg, const unsigned char* src) {
+  auto* dst = reinterpret_cast<unsigned char*>(&tg);
+  for (int x = int(threadIdx.x); x < int(kDeltaTileGatesBytes / 16); x += int(blockDim.x))
+    copy16_async(dst + 16 * x, src + 16 * x, true);
 }
 
 // rows × cols bf16 from global (row stride ld) into shared (row stride lds); rows ≥ valid are zero. 16 bytes a
@@ -243,8 +259,8 @@ LT_HD_INLINE void delta_prepare_carve(Carve& sh, int dk, int dv, DeltaTileGates*
 }
 
 __global__ void __launch_bounds__(kDeltaMmaThreads)
-    delta_prepare_kernel(bf16* W, bf16* U, const bf16* k, const bf16* v, const float* beta, const float* g,
-                         const int32_t* doc_ids, DeltaShape s) {
+    delta_prepare_kernel(bf16* W, bf16* U, unsigned char* gates, const bf16* k, const bf16* v, const float* beta,
+                         const float* g, const int32_t* doc_ids, DeltaShape s) {
   const DeltaTileAt at = DeltaTileAt::of(blockIdx.x, s);
   const int dk = int(s.dk), dv = int(s.dv), lk = dk + 8, lv = dv + 8, lm = kDeltaTile + 1;
   SharedCarve sh{reinterpret_cast<uintptr_t>(LT_DYNAMIC_SHARED(unsigned char))};
@@ -254,6 +270,7 @@ __global__ void __launch_bounds__(kDeltaMmaThreads)
   delta_prepare_carve(sh, dk, dv, &tgp, &ks, &vs, &KKE, &A, &Aw, &Au);
   DeltaTileGates& tg = *tgp;
   load_tile_gates(tg, at.b, at.t0, at.vh, beta, g, doc_ids, s);
+  store_tile_gates(gates + at.index() * kDeltaTileGatesBytes, tg);  // for the sequential launches
   load_tile_rows(ks, lk, k + at.n0 * s.ldk + at.kh * dk, s.ldk, kDeltaTile, dk, tg.C);
   load_tile_rows(vs, lv, v + at.n0 * s.ldv + at.vh * dv, s.ldv, kDeltaTile, dv, tg.C);
   __syncthreads();
@@ -282,49 +299,52 @@ LT_HD_INLINE int delta_state_cols(int64_t) { return 16; }
 template <class Carve>
 LT_HD_INLINE void delta_states_carve(Carve& sh, int dk, int cols, DeltaTileGates** tg, float** S, bf16** Sb, bf16** ws,
                                      bf16** ks, bf16** us, bf16** vd) {
-  *tg = sh.template take<DeltaTileGates>(1);
+  *tg = sh.template take<DeltaTileGates>(2);  // this tile's and the next's
   *S = sh.template take<float>(dk * (cols + 4)), *Sb = sh.template take<bf16>(dk * (cols + 8));
   *ws = sh.template take<bf16>(kDeltaTile * (dk + 8)), *ks = sh.template take<bf16>(kDeltaTile * (dk + 8));
   *us = sh.template take<bf16>(kDeltaTile * (cols + 8)), *vd = sh.template take<bf16>(kDeltaTile * (cols + 8));
 }
 
 // The state through a row's tiles, a block per (row, value head, 16 value dims). Each tile's operands load behind
-// the previous tile's work (cp.async): W's rows and U's columns once its V' product has read them, K's rows once
-// its state update has — one buffer each, so three blocks fit an SM (two buffers would not: two waves).
+// the previous tile's work (cp.async): its gates (as prepare made them), W's rows and U's columns once the previous
+// V' product has read them, K's rows once the previous state update has — one buffer each but the gates', so three
+// blocks fit an SM (two buffers of each would not: two waves).
 __global__ void __launch_bounds__(kDeltaMmaThreads)
-    delta_states_kernel(bf16* UV, bf16* states, const bf16* W, const bf16* k, const float* beta, const float* g,
-                        const int32_t* doc_ids, DeltaShape s) {
+    delta_states_kernel(bf16* UV, bf16* states, const bf16* W, const unsigned char* gates, const bf16* k,
+                        DeltaShape s) {
   const int cols = delta_state_cols(s.dv), parts = int(s.dv) / cols;
-  const int64_t slot = blockIdx.x / parts, b = slot / s.Hv, vh = slot % s.Hv, kh = vh / (s.Hv / s.Hk);
+  const int64_t slot = blockIdx.x / parts, b = slot / s.Hv, kh = slot % s.Hv / (s.Hv / s.Hk);
   const int64_t tiles = (s.T + kDeltaTile - 1) / kDeltaTile, j0 = int64_t(blockIdx.x % parts) * cols;
   const int dk = int(s.dk), dv = int(s.dv), lk = dk + 8, ls = cols + 4, lb = cols + 8;
   SharedCarve sh{reinterpret_cast<uintptr_t>(LT_DYNAMIC_SHARED(unsigned char))};
-  DeltaTileGates* tgp;
-  float* S;  // [dk, cols] f32: the state's columns j0 .. j0 + cols − 1
+  DeltaTileGates* tgs;  // [2]: tile t's in tgs[t % 2]
+  float* S;             // [dk, cols] f32: the state's columns j0 .. j0 + cols − 1
   bf16 *Sb, *ws, *ks, *us, *vd;
-  delta_states_carve(sh, dk, cols, &tgp, &S, &Sb, &ws, &ks, &us, &vd);
-  DeltaTileGates& tg = *tgp;
-  auto fetch_w_u = [&](int64_t tile) {  // tile's W rows and U columns j0 ..
+  delta_states_carve(sh, dk, cols, &tgs, &S, &Sb, &ws, &ks, &us, &vd);
+  auto fetch_w_u = [&](int64_t tile) {  // tile's gates, W rows and U columns j0 ..
     const int64_t index = slot * tiles + tile;
+    fetch_tile_gates(tile % 2 ? tgs[1] : tgs[0], gates + index * kDeltaTileGatesBytes);
     load_tile_rows<true>(ws, lk, W + index * kDeltaTile * dk, dk, kDeltaTile, dk, kDeltaTile);
     load_tile_rows<true>(us, lb, UV + index * kDeltaTile * dv + j0, dv, kDeltaTile, cols, kDeltaTile);
-    async_commit();
   };
   auto fetch_k = [&](int64_t tile) {  // tile's K rows (zero past the row's end)
     const int64_t t0 = tile * kDeltaTile;
     const int valid = int(s.T - t0 < kDeltaTile ? s.T - t0 : kDeltaTile);
     load_tile_rows<true>(ks, lk, k + (b * s.T + t0) * s.ldk + kh * dk, s.ldk, kDeltaTile, dk, valid);
-    async_commit();
   };
   fetch_w_u(0);
+  async_commit();
   fetch_k(0);
+  async_commit();
   for (int64_t tile = 0; tile < tiles; ++tile) {
-    const int64_t t0 = tile * kDeltaTile, index = slot * tiles + tile;
-    load_tile_gates(tg, b, t0, vh, beta, g, doc_ids, s);  // while this tile's copies are in flight
+    const int64_t index = slot * tiles + tile;
+    const DeltaTileGates& tg = tile % 2 ? tgs[1] : tgs[0];
+    async_wait<1>();  // this tile's gates, W and U (its K may still be on the way)
+    __syncthreads();
     if (tg.starts)
       for (int x = int(threadIdx.x); x < dk * cols; x += int(blockDim.x)) S[x / cols * ls + x % cols] = 0.0f;
     bf16* S0 = states + index * dk * dv + j0;  // [dk, dv]: this block's columns
-    for (int x = int(threadIdx.x); x < dk * cols; x += int(blockDim.x)) {
+    for (int x = int(threadIdx.x); x < dk * cols; x += int(blockDim.x)) {  // the reset's elements, thread by thread
       const int d = x / cols, j = x % cols;
       const bf16 rounded = __float2bfloat16_rn(S[d * ls + j]);
       Sb[d * lb + j] = rounded;
@@ -344,7 +364,10 @@ __global__ void __launch_bounds__(kDeltaMmaThreads)
           vd[i * lb + j] = __float2bfloat16_rn(tg.last(i) ? vp * tg.egc[i] : 0.0f);
         });
     __syncthreads();
-    if (tile + 1 < tiles) fetch_w_u(tile + 1);  // W and U are read: the next tile's load behind the state update
+    // W and U are read: the next tile's load behind the state update (its gates into the other buffer). A group
+    // is committed either way, so the waits above count the same at the last tile.
+    if (tile + 1 < tiles) fetch_w_u(tile + 1);
+    async_commit();
     // S ← e^{γ_C} S + Kᵀ vd, S₀'s term only where the tile's last document is its first.
     const float keep = tg.carry() ? tg.eg[tg.C - 1] : 0.0f;
     block_mma(
@@ -352,7 +375,8 @@ __global__ void __launch_bounds__(kDeltaMmaThreads)
         [&](int p, int j) { return pair_strided(vd + p * lb + j, lb); },
         [&](int d, int j, float kv) { S[d * ls + j] = keep * S[d * ls + j] + kv; });
     __syncthreads();
-    if (tile + 1 < tiles) fetch_k(tile + 1);  // behind the next tile's gates and S₀
+    if (tile + 1 < tiles) fetch_k(tile + 1);  // behind the next tile's S₀
+    async_commit();
   }
 }
 
@@ -428,10 +452,10 @@ inline void gated_delta_forward_mma_rows(Stream st, bf16* o, const bf16* q, cons
   detail::allow_shared(delta_prepare_kernel, shared.prepare);
   detail::allow_shared(delta_states_kernel, shared.states);
   detail::allow_shared(delta_output_kernel, shared.output);
-  LT_LAUNCH(delta_prepare_kernel, tile_blocks, threads, shared.prepare, native_stream(st), W, UV, k, v, beta, g,
-            doc_ids, r);
+  LT_LAUNCH(delta_prepare_kernel, tile_blocks, threads, shared.prepare, native_stream(st), W, UV, w.gates, k, v,
+            beta, g, doc_ids, r);
   LT_LAUNCH(delta_states_kernel, dim3(unsigned(r.B * r.Hv * parts)), threads, shared.states, native_stream(st), UV,
-            states, W, k, beta, g, doc_ids, r);
+            states, W, w.gates, k, r);
   LT_LAUNCH(delta_output_kernel, tile_blocks, threads, shared.output, native_stream(st), o, q, k, UV, states, beta,
             g, doc_ids, r);
 }

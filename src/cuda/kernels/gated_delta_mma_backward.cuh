@@ -157,7 +157,7 @@ LT_HD_INLINE void delta_backward_states_carve(Carve& sh, int dk, int cols, Delta
 
 __global__ void __launch_bounds__(kDeltaMmaThreads)
     delta_backward_states_kernel(DeltaMmaBackwardWorkspace w, const float* dout, const bf16* q, const bf16* k,
-                                 const float* beta, const float* g, const int32_t* doc_ids, DeltaShape s) {
+                                 const int32_t* doc_ids, DeltaShape s) {
   const int cols = delta_state_cols(s.dv), parts = int(s.dv) / cols;
   const int64_t slot = blockIdx.x / parts, b = slot / s.Hv, vh = slot % s.Hv, kh = vh / (s.Hv / s.Hk);
   const int64_t tiles = (s.T + kDeltaTile - 1) / kDeltaTile, j0 = int64_t(blockIdx.x % parts) * cols;
@@ -170,7 +170,8 @@ __global__ void __launch_bounds__(kDeltaMmaThreads)
   delta_backward_states_carve(sh, dk, cols, &tgp, &dS, &dSb, &qs, &ks, &ws, &dOs, &dVb);
   const DeltaTileGates& tg = *tgp;
   // A tile's operands load behind the next-later tile's work (cp.async), one buffer each (three blocks an SM at
-  // 74.3 KiB): K's rows once that tile's dV' product has read them, Q's and W's once its dS product has.
+  // 74.3 KiB): K's rows once that tile's dV' product has read them; its gates (as prepare made them), Q's and W's
+  // rows once its dS product has.
   auto fetch_k = [&](int64_t tile) {
     const int64_t t0 = tile * kDeltaTile;
     const int valid = int(s.T - t0 < kDeltaTile ? s.T - t0 : kDeltaTile);
@@ -180,6 +181,7 @@ __global__ void __launch_bounds__(kDeltaMmaThreads)
   auto fetch_q_w = [&](int64_t tile) {
     const int64_t t0 = tile * kDeltaTile, index = slot * tiles + tile;
     const int valid = int(s.T - t0 < kDeltaTile ? s.T - t0 : kDeltaTile);
+    fetch_tile_gates(*tgp, w.forward.gates + index * kDeltaTileGatesBytes);
     load_tile_rows<true>(qs, lk, q + (b * s.T + t0) * s.ldq + kh * dk, s.ldq, kDeltaTile, dk, valid);
     load_tile_rows<true>(ws, lk, tile_bf16(w.forward.W) + index * kDeltaTile * dk, dk, kDeltaTile, dk, kDeltaTile);
     async_commit();
@@ -188,7 +190,8 @@ __global__ void __launch_bounds__(kDeltaMmaThreads)
   fetch_q_w(tiles - 1);
   for (int64_t tile = tiles - 1; tile >= 0; --tile) {
     const int64_t t0 = tile * kDeltaTile, n0 = b * s.T + t0, index = slot * tiles + tile;
-    load_tile_gates(*tgp, b, t0, vh, beta, g, doc_ids, s);  // while this tile's copies are in flight
+    async_wait<0>();
+    __syncthreads();
     // The row's last tile, or one whose successor starts a document: nothing flows back into its end state.
     const bool reset = tile == tiles - 1 || (doc_ids && doc_ids[n0 + kDeltaTile] != doc_ids[n0 + kDeltaTile - 1]);
     if (reset)
@@ -202,7 +205,6 @@ __global__ void __launch_bounds__(kDeltaMmaThreads)
       dSb[d * lb + j] = rounded;
       dS1[d * dv + j] = rounded;
     }
-    async_wait<0>();
     __syncthreads();
     // dV' = dV'ₗ + diag(l e^{γ_C − γ}) K dS₁; dVb = diag(f) dV' for Wᵀ's product.
     float* dVt = w.dVp + index * kDeltaTile * dv + j0;
@@ -223,8 +225,8 @@ __global__ void __launch_bounds__(kDeltaMmaThreads)
         [&](int d, int p) { return pair_strided(ws + p * lk + d, lk); },
         [&](int p, int j) { return pair_strided(dVb + p * lb + j, lb); },
         [&](int d, int j, float qdo, float wdv) { dS[d * ls + j] = keep * dS[d * ls + j] + qdo - wdv; });
-    __syncthreads();
-    if (tile > 0) fetch_q_w(tile - 1);  // behind the earlier tile's gates and dS₁
+    __syncthreads();  // every thread has its `keep`: the gates' buffer is free too
+    if (tile > 0) fetch_q_w(tile - 1);
   }
 }
 
@@ -532,10 +534,11 @@ inline void gated_delta_backward_mma_rows(Stream st, float* dq, float* dk, float
   detail::allow_shared(delta_backward_state_grads_kernel, bwd.state_grads);
   detail::allow_shared(delta_backward_wy_kernel, bwd.wy);
   detail::allow_shared(delta_backward_decay_kernel, bwd.decay);
-  LT_LAUNCH(delta_prepare_kernel, tile_blocks, threads, fwd.prepare, ns, W, UV, k, v, beta, g, doc_ids, r);
-  LT_LAUNCH(delta_states_kernel, row_blocks, threads, fwd.states, ns, UV, states, W, k, beta, g, doc_ids, r);
+  unsigned char* gates = w.forward.gates;
+  LT_LAUNCH(delta_prepare_kernel, tile_blocks, threads, fwd.prepare, ns, W, UV, gates, k, v, beta, g, doc_ids, r);
+  LT_LAUNCH(delta_states_kernel, row_blocks, threads, fwd.states, ns, UV, states, W, gates, k, r);
   LT_LAUNCH(delta_backward_output_kernel, tile_blocks, threads, bwd.output, ns, w, dout, q, k, beta, g, doc_ids, r);
-  LT_LAUNCH(delta_backward_states_kernel, row_blocks, threads, bwd.states, ns, w, dout, q, k, beta, g, doc_ids, r);
+  LT_LAUNCH(delta_backward_states_kernel, row_blocks, threads, bwd.states, ns, w, dout, q, k, doc_ids, r);
   LT_LAUNCH(delta_backward_state_grads_kernel, tile_blocks, threads, bwd.state_grads, ns, w, k, beta, g, doc_ids, r);
   LT_LAUNCH(delta_backward_wy_kernel, tile_blocks, threads, bwd.wy, ns, w, dv, dbeta, k, v, beta, g, doc_ids, r);
   LT_LAUNCH(delta_backward_decay_kernel, tile_blocks, threads, bwd.decay, ns, w, dbeta, dg, k, beta, g, doc_ids, r);
