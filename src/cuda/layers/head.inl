@@ -1,6 +1,6 @@
 // cuda/layers/head.inl — the fused LM head as a sequence of launches: host code, compiled by the host compiler
 // into both namespaces (cuda/layers_sim.cpp, cuda/native/layers_native.cpp), so it calls that build's kernels: per chunk of tokens [n0, n0 + n)
-//   xn = rmsnorm(x) → (bf16: rounded copy) → logits = xn · lm_wᵀ (f32) → cross-entropy in place → dlogits
+//   xn = rmsnorm(x) → (bf16: rounded copy) → logits = xn · lm_wᵀ (f32) → cross-entropy → dlogits (bf16; f32 in place)
 //   dxn = dlogits · lm_w,  dlm_w += dlogitsᵀ · xn (token slices), dx, dnorm_w from rmsnorm's backward
 // Only one chunk's logits exist at a time ([chunk, V] f32 in the workspace). A null dnorm_w or dlm_w (frozen,
 // model/finetune.h) is not made. dnorm_w is added per chunk
