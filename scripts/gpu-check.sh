@@ -14,7 +14,8 @@
 #      shape, 144 x 1024 tokens a step; a few minutes more and about 100 GB of host memory), the solved plan and
 #      every:4 side by side; GPU_STEPS=paper27 the same for 12 of Qwen3.6-27B's layers at 72 x 1024
 # GPU_CHECKS picks steps 3 to 6 (a comma list of tests, layer, steps; default all): a second call within the
-# lease's warm window can then run only `GPU_CHECKS=steps GPU_STEPS=paper,paper27`.
+# lease's warm window can then run only `GPU_CHECKS=steps GPU_STEPS=paper` (and another `GPU_STEPS=paper27`: each
+# takes a few minutes of the 10 a call may run).
 # LT_PREBUILT=DIR runs on the programs scripts/gpu-bundle.sh packed into DIR elsewhere (a GPU host with no package
 # registry or no time to build): step 1 becomes unpacking, step 4 is left to the machine that built them, and
 # cuBLASLt is taken from this host's CUDA install (LT_CUBLAS_DIR, or found under /usr/local, /opt, /usr/lib).
