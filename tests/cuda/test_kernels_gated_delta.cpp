@@ -86,6 +86,14 @@ struct Result {
   Vec o, dqkv, dbeta, dg;
 };
 
+// Every output of `got` bit for bit `want`'s.
+void expect_same_bits(const Result& got, const Result& want) {
+  EXPECT_BITWISE_EQ(got.o, want.o);
+  EXPECT_BITWISE_EQ(got.dqkv, want.dqkv);
+  EXPECT_BITWISE_EQ(got.dbeta, want.dbeta);
+  EXPECT_BITWISE_EQ(got.dg, want.dg);
+}
+
 // The kernels' forward and backward; T_ the storage of q, k, v and o (the inputs rounded to it), `offset` elements
 // into their buffer (1: views that are not 16-byte aligned).
 template <class T_>
@@ -172,10 +180,7 @@ TEST(GatedDeltaKernels, SameBitsInEveryThreadOrder) {
       have = true;
       return;
     }
-    EXPECT_BITWISE_EQ(r.o, first.o);
-    EXPECT_BITWISE_EQ(r.dqkv, first.dqkv);
-    EXPECT_BITWISE_EQ(r.dbeta, first.dbeta);
-    EXPECT_BITWISE_EQ(r.dg, first.dg);
+    expect_same_bits(r, first);
   });
 }
 
@@ -199,7 +204,7 @@ TEST(GatedDeltaKernels, Bf16StorageIsTheF32KernelOnTheWidenedInputs) {
 const Case kTensorCoreCases[] = {
     {2, 150, 1, 2, 16, 32, 2},       // three tiles; documents start at a tile's first token, inside tiles, across them
     {1, 70, 1, 2, 128, 128, 0},      // Qwen3.6's head dims: the state over a full tile into a partial one
-    {1, 45, 2, 4, 32, 48, 1},        // dv an odd multiple of 16 (16-column state blocks); value heads 2× key heads
+    {1, 45, 2, 4, 32, 48, 1},        // dv an odd multiple of 16; value heads 2× key heads
 };
 
 TEST(GatedDeltaKernels, TensorCoresMatchTheRecurrenceWithTheSameBitsInEveryThreadOrder) {
@@ -228,10 +233,7 @@ TEST(GatedDeltaKernels, TensorCoresMatchTheRecurrenceWithTheSameBitsInEveryThrea
         first = gpu;
         return;
       }
-      EXPECT_BITWISE_EQ(gpu.o, first.o);
-      EXPECT_BITWISE_EQ(gpu.dqkv, first.dqkv);
-      EXPECT_BITWISE_EQ(gpu.dbeta, first.dbeta);
-      EXPECT_BITWISE_EQ(gpu.dg, first.dg);
+      expect_same_bits(gpu, first);
     };
     if (c.dk * c.dv <= 32 * 48)
       for_each_order(check);
@@ -245,19 +247,14 @@ TEST(GatedDeltaKernels, TensorCoresGiveTheSameBitsByGroupsOfRowsAndOnUnalignedVi
   // q, k, v one element off 16-byte alignment take the 2-byte loads, the same values.
   const Inputs in = make(kTensorCoreCases[0], 44);
   const Result whole = run_kernels<bf16_t>(in), unaligned = run_kernels<bf16_t>(in, 1);
-  EXPECT_BITWISE_EQ(unaligned.o, whole.o);
-  EXPECT_BITWISE_EQ(unaligned.dqkv, whole.dqkv);
-  EXPECT_BITWISE_EQ(unaligned.dg, whole.dg);
+  expect_same_bits(unaligned, whole);
   ASSERT_EQ(gated_delta_forward_rows(in.s), in.s.B);
   ASSERT_EQ(gated_delta_backward_rows(in.s), in.s.B);
   const DeltaWorkspaceBudget one_row(1);
   ASSERT_EQ(gated_delta_forward_rows(in.s), 1);
   ASSERT_EQ(gated_delta_backward_rows(in.s), 1);
   const Result grouped = run_kernels<bf16_t>(in);
-  EXPECT_BITWISE_EQ(grouped.o, whole.o);
-  EXPECT_BITWISE_EQ(grouped.dqkv, whole.dqkv);
-  EXPECT_BITWISE_EQ(grouped.dbeta, whole.dbeta);
-  EXPECT_BITWISE_EQ(grouped.dg, whole.dg);
+  expect_same_bits(grouped, whole);
 }
 
 TEST(GatedDeltaKernels, EmptyBatchLaunchesNothingAndBadShapesAreErrors) {

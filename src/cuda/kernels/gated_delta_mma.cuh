@@ -62,10 +62,15 @@ struct DeltaTileGates {
   }
 };
 
+// The tokens of a row's tile from t0: 64, or fewer in the row's last.
+__device__ __forceinline__ int delta_tile_tokens(const DeltaShape& s, int64_t t0) {
+  return int(s.T - t0 < kDeltaTile ? s.T - t0 : kDeltaTile);
+}
+
 // Tile t0 / 64 of row b for value head vh. Ends with a barrier.
 __device__ void load_tile_gates(DeltaTileGates& tg, int64_t b, int64_t t0, int64_t vh, const float* beta,
                                 const float* g, const int32_t* doc_ids, const DeltaShape& s) {
-  const int C = int(s.T - t0 < kDeltaTile ? s.T - t0 : kDeltaTile);
+  const int C = delta_tile_tokens(s, t0);
   const int64_t n0 = b * s.T + t0;
   // Every thread loads its tokens' gates (g into gam first: the global loads in parallel, not one thread's 64 in
   // sequence, which sat on the states launches' critical path); then one thread sums γ in token order from shared.
@@ -294,7 +299,7 @@ __global__ void __launch_bounds__(kDeltaMmaThreads)
 // The value dims of one states block. The state's columns are independent (no sum runs across them), so any split
 // gives the same bits; 16 makes twice the blocks of 32 in the two sequential launches (384 at Qwen3.6's 48 value
 // heads of 128, against 132 SMs: three blocks an SM at the forward's 59 KiB of shared memory, so one wave).
-LT_HD_INLINE int delta_state_cols(int64_t) { return 16; }
+constexpr int kDeltaStateCols = 16;
 
 template <class Carve>
 LT_HD_INLINE void delta_states_carve(Carve& sh, int dk, int cols, DeltaTileGates** tg, float** S, bf16** Sb, bf16** ws,
@@ -312,7 +317,7 @@ LT_HD_INLINE void delta_states_carve(Carve& sh, int dk, int cols, DeltaTileGates
 __global__ void __launch_bounds__(kDeltaMmaThreads)
     delta_states_kernel(bf16* UV, bf16* states, const bf16* W, const unsigned char* gates, const bf16* k,
                         DeltaShape s) {
-  const int cols = delta_state_cols(s.dv), parts = int(s.dv) / cols;
+  const int cols = kDeltaStateCols, parts = int(s.dv) / cols;
   const int64_t slot = blockIdx.x / parts, b = slot / s.Hv, kh = slot % s.Hv / (s.Hv / s.Hk);
   const int64_t tiles = (s.T + kDeltaTile - 1) / kDeltaTile, j0 = int64_t(blockIdx.x % parts) * cols;
   const int dk = int(s.dk), dv = int(s.dv), lk = dk + 8, ls = cols + 4, lb = cols + 8;
@@ -329,8 +334,8 @@ __global__ void __launch_bounds__(kDeltaMmaThreads)
   };
   auto fetch_k = [&](int64_t tile) {  // tile's K rows (zero past the row's end)
     const int64_t t0 = tile * kDeltaTile;
-    const int valid = int(s.T - t0 < kDeltaTile ? s.T - t0 : kDeltaTile);
-    load_tile_rows<true>(ks, lk, k + (b * s.T + t0) * s.ldk + kh * dk, s.ldk, kDeltaTile, dk, valid);
+    load_tile_rows<true>(ks, lk, k + (b * s.T + t0) * s.ldk + kh * dk, s.ldk, kDeltaTile, dk,
+                         delta_tile_tokens(s, t0));
   };
   fetch_w_u(0);
   async_commit();
@@ -435,7 +440,7 @@ struct DeltaMmaShared {
     float *f1, *f2;
     SharedCarve p{0}, st{0}, out{0};
     delta_prepare_carve(p, dk, dv, &tg, &b1, &b2, &f1, &f2, &b3, &b4);
-    delta_states_carve(st, dk, delta_state_cols(dv), &tg, &f1, &b1, &b2, &b3, &b4, &b5);
+    delta_states_carve(st, dk, kDeltaStateCols, &tg, &f1, &b1, &b2, &b3, &b4, &b5);
     delta_output_carve(out, dk, dv, &tg, &b1, &b2, &b3, &b4, &b5);
     return {p.used, st.used, out.used};
   }
@@ -447,7 +452,7 @@ inline void gated_delta_forward_mma_rows(Stream st, bf16* o, const bf16* q, cons
                                          const DeltaShape& r, const DeltaMmaWorkspace& w) {
   bf16 *W = dev(w.W), *UV = dev(w.UV), *states = dev(w.states);
   const DeltaMmaShared shared = DeltaMmaShared::of(r);
-  const int64_t tiles = (r.T + kDeltaTile - 1) / kDeltaTile, parts = r.dv / delta_state_cols(r.dv);
+  const int64_t tiles = (r.T + kDeltaTile - 1) / kDeltaTile, parts = r.dv / kDeltaStateCols;
   const dim3 tile_blocks(unsigned(r.B * r.Hv * tiles)), threads(kDeltaMmaThreads);
   detail::allow_shared(delta_prepare_kernel, shared.prepare);
   detail::allow_shared(delta_states_kernel, shared.states);

@@ -158,7 +158,7 @@ LT_HD_INLINE void delta_backward_states_carve(Carve& sh, int dk, int cols, Delta
 __global__ void __launch_bounds__(kDeltaMmaThreads)
     delta_backward_states_kernel(DeltaMmaBackwardWorkspace w, const float* dout, const bf16* q, const bf16* k,
                                  const int32_t* doc_ids, DeltaShape s) {
-  const int cols = delta_state_cols(s.dv), parts = int(s.dv) / cols;
+  const int cols = kDeltaStateCols, parts = int(s.dv) / cols;
   const int64_t slot = blockIdx.x / parts, b = slot / s.Hv, vh = slot % s.Hv, kh = vh / (s.Hv / s.Hk);
   const int64_t tiles = (s.T + kDeltaTile - 1) / kDeltaTile, j0 = int64_t(blockIdx.x % parts) * cols;
   const int dk = int(s.dk), dv = int(s.dv), lk = dk + 8, ls = cols + 4, lb = cols + 8;
@@ -174,15 +174,15 @@ __global__ void __launch_bounds__(kDeltaMmaThreads)
   // rows once its dS product has.
   auto fetch_k = [&](int64_t tile) {
     const int64_t t0 = tile * kDeltaTile;
-    const int valid = int(s.T - t0 < kDeltaTile ? s.T - t0 : kDeltaTile);
-    load_tile_rows<true>(ks, lk, k + (b * s.T + t0) * s.ldk + kh * dk, s.ldk, kDeltaTile, dk, valid);
+    load_tile_rows<true>(ks, lk, k + (b * s.T + t0) * s.ldk + kh * dk, s.ldk, kDeltaTile, dk,
+                         delta_tile_tokens(s, t0));
     async_commit();
   };
   auto fetch_q_w = [&](int64_t tile) {
     const int64_t t0 = tile * kDeltaTile, index = slot * tiles + tile;
-    const int valid = int(s.T - t0 < kDeltaTile ? s.T - t0 : kDeltaTile);
     fetch_tile_gates(*tgp, w.forward.gates + index * kDeltaTileGatesBytes);
-    load_tile_rows<true>(qs, lk, q + (b * s.T + t0) * s.ldq + kh * dk, s.ldq, kDeltaTile, dk, valid);
+    load_tile_rows<true>(qs, lk, q + (b * s.T + t0) * s.ldq + kh * dk, s.ldq, kDeltaTile, dk,
+                         delta_tile_tokens(s, t0));
     load_tile_rows<true>(ws, lk, tile_bf16(w.forward.W) + index * kDeltaTile * dk, dk, kDeltaTile, dk, kDeltaTile);
     async_commit();
   };
@@ -507,7 +507,7 @@ struct DeltaMmaBackwardShared {
     float *f1, *f2, *f3, *f4, *f5;
     SharedCarve o{0}, st{0}, sg{0}, wy{0}, de{0};
     delta_backward_output_carve(o, dk, dv, &tg, &b1, &b2, &b3, &b4, &f1, &b5, &f2);
-    delta_backward_states_carve(st, dk, delta_state_cols(dv), &tg, &f1, &b1, &b2, &b3, &b4, &b5, &b5);
+    delta_backward_states_carve(st, dk, kDeltaStateCols, &tg, &f1, &b1, &b2, &b3, &b4, &b5, &b5);
     delta_backward_state_grads_carve(sg, dv, &tg, &b1, &b2, &b3, &b4, &f1, &f2, &f3);
     delta_backward_wy_carve(wy, dk, dv, &tg, &b1, &f1, &f2, &b2, &b3, &f3, &f4);
     delta_backward_decay_carve(de, dk, &tg, &b1, &f1, &f2, &f3, &f4, &b2, &f5);
@@ -522,7 +522,7 @@ inline void gated_delta_backward_mma_rows(Stream st, float* dq, float* dk, float
                                           const DeltaShape& r, const DeltaMmaBackwardWorkspace& w) {
   const DeltaMmaShared fwd = DeltaMmaShared::of(r);
   const DeltaMmaBackwardShared bwd = DeltaMmaBackwardShared::of(r);
-  const int64_t tiles = (r.T + kDeltaTile - 1) / kDeltaTile, parts = r.dv / delta_state_cols(r.dv);
+  const int64_t tiles = (r.T + kDeltaTile - 1) / kDeltaTile, parts = r.dv / kDeltaStateCols;
   const dim3 tile_blocks(unsigned(r.B * r.Hv * tiles)), row_blocks(unsigned(r.B * r.Hv * parts));
   const dim3 threads(kDeltaMmaThreads);
   bf16 *W = dev(w.forward.W), *UV = dev(w.forward.UV), *states = dev(w.forward.states);
