@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "io/paths.h"
 #include "model/config.h"
 #include "text/text.h"
 #include "train/trainer.h"
@@ -32,11 +33,11 @@ void register_data(CLI::App& app) {
     const TrainConfig c = load_train_config(*config, *overrides);
     // The model's directory holds the tokenizer; a config.json alone (training from scratch) sits beside it.
     const fs::path model(c.model_name_or_path);
-    const std::string dir = fs::is_regular_file(model) ? model.parent_path().string() : model.string();
+    const std::string dir = is_file_path(model) ? model.parent_path().string() : model.string();
     const ModelConfig mc = load_model_config(c.model_name_or_path);
     const Tokenizer tok = Tokenizer::load(dir);
     const ChatTemplate tpl(train_template_kind(c, mc.type), tok);
-    fs::create_directories(c.output_dir);
+    make_directories(c.output_dir, "output_dir");
     const DataLoader loader = load_train_data(c, tok, tpl);
     const TokenizedDataset& data = loader.data();
     std::printf("%s\n", data.summary().c_str());

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "io/paths.h"
 #include "model/weights.h"
 #include "text/tokenizer.h"
 
@@ -26,7 +27,7 @@ void run_init(const InitOptions& o) {
   init_random(params, o.seed, o.std);
   save_hf_model(params, o.out_dir, dtype_parse(o.dtype), size_t(5) << 30);
   // The tokenizer beside the config, when there is one: the directory is then a model to train or adapt as it is.
-  const std::filesystem::path from = std::filesystem::is_directory(o.config_path)
+  const std::filesystem::path from = is_directory_path(o.config_path)
                                          ? std::filesystem::path(o.config_path)
                                          : std::filesystem::path(o.config_path).parent_path();
   if (!std::filesystem::equivalent(from, o.out_dir)) copy_tokenizer_files(from.string(), o.out_dir);

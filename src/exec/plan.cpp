@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "exec/working_set.h"
 #include "io/json_file.h"
+#include "io/paths.h"
 
 namespace lt {
 
@@ -123,7 +124,7 @@ Plan Plan::parse(const std::string& spec, int64_t L) {
       return every(L, K, tier);
     }
   }
-  LT_CHECK(std::filesystem::exists(spec),
+  LT_CHECK(path_exists(spec),
            "policy '{}' is not keep-all, every:K, host:K, nvme:K, nor an existing plan file", spec);
   return with_json_errors(spec, [&] { return from_json(read_json_file(spec), spec, L); });
 }

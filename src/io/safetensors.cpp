@@ -17,6 +17,7 @@
 #include "core/aligned.h"
 #include "core/error.h"
 #include "io/json_file.h"
+#include "io/paths.h"
 
 namespace lt {
 
@@ -344,12 +345,12 @@ SafetensorsModel SafetensorsModel::open_dir(const std::string& dir) {
   m.dir_ = dir;
   fs::path single = fs::path(dir) / kSafetensorsSingleName;
   fs::path index = fs::path(dir) / kSafetensorsIndexName;
-  if (fs::exists(single)) {
+  if (path_exists(single)) {
     m.files_.push_back(SafetensorsFile::open(single.string()));
     for (const std::string& name : m.files_[0].names()) m.where_[name] = 0;
     return m;
   }
-  LT_CHECK(fs::exists(index), "{}: no {} or {} (not a safetensors model directory)", dir, kSafetensorsSingleName,
+  LT_CHECK(path_exists(index), "{}: no {} or {} (not a safetensors model directory)", dir, kSafetensorsSingleName,
            kSafetensorsIndexName);
 
   std::map<std::string, std::string> weight_map = read_weight_map(index.string());
@@ -357,7 +358,7 @@ SafetensorsModel SafetensorsModel::open_dir(const std::string& dir) {
   for (const auto& [name, file] : weight_map) {
     if (!file_index.count(file)) {
       fs::path p = fs::path(dir) / file;
-      LT_CHECK(fs::exists(p), "{}: tensor '{}' maps to {}, which does not exist", index.string(), name, p.string());
+      LT_CHECK(path_exists(p), "{}: tensor '{}' maps to {}, which does not exist", index.string(), name, p.string());
       file_index[file] = m.files_.size();
       m.files_.push_back(SafetensorsFile::open(p.string()));
     }
@@ -395,7 +396,7 @@ const SafetensorsFile& SafetensorsModel::file_of(const std::string& name) const 
 std::vector<std::string> write_safetensors_model(const std::string& dir, const NamedTensors& tensors,
                                                  size_t max_shard_bytes, const SafetensorsMetadata& extra) {
   LT_CHECK(max_shard_bytes > 0, "{}: max shard size must be positive", dir);
-  LT_CHECK(fs::is_directory(dir), "{}: not a directory", dir);
+  LT_CHECK(is_directory_path(dir), "{}: not a directory", dir);
   fs::path single = fs::path(dir) / kSafetensorsSingleName;
   fs::path index = fs::path(dir) / kSafetensorsIndexName;
 

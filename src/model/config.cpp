@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "io/json_file.h"
+#include "io/paths.h"
 
 namespace lt {
 
@@ -894,9 +895,9 @@ ModelConfig parse_model_config(const json& j, const std::string& source) {
 
 ModelConfig load_model_config(const std::string& path_or_dir) {
   std::filesystem::path p(path_or_dir);
-  LT_CHECK(std::filesystem::exists(p),
+  LT_CHECK(path_exists(p),
            "{}: no such file or directory (expected a config.json or a directory holding one)", path_or_dir);
-  if (std::filesystem::is_directory(p)) p /= "config.json";
+  if (is_directory_path(p)) p /= "config.json";
   return with_json_errors(p.string(), [&] { return parse_model_config(read_json_file(p.string()), p.string()); });
 }
 

@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "io/json_file.h"
+#include "io/paths.h"
 #include "io/safetensors.h"
 #include "ops/gemm.h"
 
@@ -35,7 +36,7 @@ std::string peft_name(const std::string& hf_name) { return "base_model.model." +
 
 PeftAdapterConfig read_peft_config(const std::string& dir) {
   const std::string path = (std::filesystem::path(dir) / kConfigFile).string();
-  LT_CHECK(std::filesystem::exists(path), "{}: not a PEFT adapter directory (no {})", dir, kConfigFile);
+  LT_CHECK(path_exists(path), "{}: not a PEFT adapter directory (no {})", dir, kConfigFile);
   const nlohmann::json j = read_json_file(path);
   return with_json_errors(path, [&] {
     LT_CHECK(j.is_object(), "{}: expected a JSON object", path);
@@ -86,7 +87,7 @@ void save_peft_adapter(const ModelSlabs& trained, const std::string& dir, const 
   const ModelConfig& cfg = trained.config();
   LT_CHECK(cfg.finetune && cfg.finetune->kind == FinetuneKind::lora, "save_peft_adapter: not a LoRA run's tensors");
   const Finetune& f = *cfg.finetune;
-  std::filesystem::create_directories(dir);
+  make_directories(dir, "saving the LoRA adapter");
   nlohmann::json j = {{"peft_type", "LORA"},
                       {"task_type", "CAUSAL_LM"},
                       {"r", f.rank},
@@ -112,7 +113,7 @@ void save_peft_adapter(const ModelSlabs& trained, const std::string& dir, const 
 
 void load_peft_adapter(const std::string& dir, ModelSlabs& trained) {
   const std::string path = (std::filesystem::path(dir) / kWeightsFile).string();
-  LT_CHECK(std::filesystem::exists(path), "{}: no {} (a PEFT adapter directory has its tensors there)", dir,
+  LT_CHECK(path_exists(path), "{}: no {} (a PEFT adapter directory has its tensors there)", dir,
            kWeightsFile);
   const SafetensorsFile file = SafetensorsFile::open(path);
   std::vector<std::string> missing;
@@ -199,7 +200,7 @@ LoadedModel load_hf_model_with_adapter(const std::string& base_dir, const std::s
 }
 
 bool is_adapter_dir(const std::string& dir) {
-  return std::filesystem::exists(std::filesystem::path(dir) / kConfigFile);
+  return path_exists(std::filesystem::path(dir) / kConfigFile);
 }
 
 }  // namespace lt

@@ -16,6 +16,7 @@
 #include "core/rng.h"
 #include "io/json_file.h"
 #include "io/mxfp4.h"
+#include "io/paths.h"
 #include "io/safetensors.h"
 #include "model/finetune.h"
 
@@ -641,7 +642,7 @@ void save_safetensors(const ModelSlabs& slabs, const std::string& path, DType dt
 void save_hf_model(const ModelSlabs& params, const std::string& dir, DType dtype, size_t max_shard_bytes,
                    const SavedExtras& extras, const ModelSlabs* frozen) {
   LT_CHECK(params.set() == SlabSet::all || frozen, "saving a model of its trained tensors alone needs the frozen ones");
-  std::filesystem::create_directories(dir);
+  make_directories(dir, "saving the model");
   std::vector<std::vector<uint8_t>> storage;
   NamedTensors tensors = export_tensors(params, dtype, storage, extras.keep_f32, frozen);
   for (const RawTensor& r : extras.carried) {

@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 
+#include "io/paths.h"
 #include "model/layout.h"
 #include "ops/gated_delta.h"
 
@@ -220,7 +221,7 @@ Profile hardware_profile(const Hardware& hw, const ModelConfig& cfg, int64_t B, 
 
 Profile resolve_profile(const std::string& spec, const ModelConfig& cfg, int64_t B, int64_t T) {
   if (const Hardware* hw = find_hardware(spec)) return hardware_profile(*hw, cfg, B, T);
-  LT_CHECK(std::filesystem::exists(spec),
+  LT_CHECK(path_exists(spec),
            "--hardware '{}' is neither a built-in machine ({}) nor a profile file (make one with `lazytrain profile`)",
            spec, hardware_names());
   Profile p = Profile::load(spec);

@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "io/json_file.h"
+#include "io/paths.h"
 
 namespace lt {
 
@@ -39,7 +40,7 @@ PolicyWithWindows load_policy(const std::string& spec, const Instance& in) {
   PolicyWithWindows p;
   p.plan = normalize_plan(Plan::parse(spec, in.L));
   p.windows = TransferWindows::natural(in, p.plan);
-  if (std::filesystem::exists(spec)) {
+  if (path_exists(spec)) {
     const nlohmann::json j = read_json_file(spec);
     if (j.is_object() && j.contains("windows")) p.windows = TransferWindows::from_json(j["windows"], in, spec);
   }

@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "io/atomic_file.h"
 #include "io/json_file.h"
+#include "io/paths.h"
 #include "text/added_tokens.h"
 #include "text/bpe.h"
 #include "text/pretokenizer.h"
@@ -282,13 +283,13 @@ Tokenizer Tokenizer::from_json(const json& tj, const json& config, const std::st
 Tokenizer Tokenizer::load(const std::string& path_or_dir) {
   namespace fs = std::filesystem;
   fs::path path = path_or_dir;
-  if (fs::is_directory(path)) {
+  if (is_directory_path(path)) {
     path /= "tokenizer.json";
-    LT_CHECK(fs::exists(path), "{}: no tokenizer.json in this directory", path_or_dir);
+    LT_CHECK(path_exists(path), "{}: no tokenizer.json in this directory", path_or_dir);
   }
   json config;
   fs::path config_path = path.parent_path() / "tokenizer_config.json";
-  if (fs::exists(config_path)) config = read_json_file(config_path.string());
+  if (path_exists(config_path)) config = read_json_file(config_path.string());
   return with_json_errors(path.string() + " (with " + config_path.filename().string() + ")",
                           [&] { return from_json(read_json_file(path.string()), config, path.string()); });
 }
@@ -350,7 +351,7 @@ void copy_tokenizer_files(const std::string& from_dir, const std::string& to_dir
   for (const char* f : {"tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json",
                         "generation_config.json"}) {
     const std::filesystem::path src = std::filesystem::path(from_dir) / f;
-    if (std::filesystem::exists(src)) write_file_atomic((std::filesystem::path(to_dir) / f).string(), read_file(src.string()));
+    if (path_exists(src)) write_file_atomic((std::filesystem::path(to_dir) / f).string(), read_file(src.string()));
   }
 }
 

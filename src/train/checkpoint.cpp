@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "io/json_file.h"
+#include "io/paths.h"
 #include "io/safetensors.h"
 #include "model/peft.h"
 #include "model/weights.h"
@@ -62,7 +63,7 @@ std::string save_checkpoint(const CheckpointWriter& w, int64_t step, const Model
                             const HybridAdamW& optimizer, const nlohmann::json& state, const SavedExtras& extras,
                             const ModelSlabs* frozen) {
   const fs::path out(w.output_dir);
-  fs::create_directories(out);
+  make_directories(out, "output_dir");
   for (const auto& e : fs::directory_iterator(out))  // torn leftovers of a killed save
     if (e.path().filename().string().ends_with(".partial")) fs::remove_all(e.path());
 
@@ -73,7 +74,7 @@ std::string save_checkpoint(const CheckpointWriter& w, int64_t step, const Model
   // what it wrote: nothing half-written is ever named like a checkpoint.
   try {
     write_checkpoint_files(w, tmp, step, params, optimizer, state, extras, frozen);
-    if (fs::exists(final_dir)) fs::remove_all(final_dir);  // a re-save of the same step after a resume
+    if (path_exists(final_dir)) fs::remove_all(final_dir);  // a re-save of the same step after a resume
     rename_path(tmp.string(), final_dir.string());
   } catch (const std::exception& e) {
     std::error_code ignored;
@@ -96,11 +97,11 @@ std::string save_checkpoint(const CheckpointWriter& w, int64_t step, const Model
 
 std::string latest_checkpoint(const std::string& output_dir) {
   const fs::path p = fs::path(output_dir) / "latest";
-  if (!fs::exists(p)) return "";
+  if (!path_exists(p)) return "";
   std::string name = read_file(p.string());
   while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
   const fs::path dir = fs::path(output_dir) / name;
-  LT_CHECK(checkpoint_step(name) >= 0 && fs::is_directory(dir), "{}: names '{}', which is not a checkpoint in {}",
+  LT_CHECK(checkpoint_step(name) >= 0 && is_directory_path(dir), "{}: names '{}', which is not a checkpoint in {}",
            p.string(), name, output_dir);
   return dir.string();
 }
@@ -109,7 +110,7 @@ nlohmann::json load_checkpoint(const std::string& dir, ModelSlabs& params, Hybri
                                const TensorRanges* only) {
   const fs::path resume = fs::path(dir) / "resume";
   for (const char* f : {"params.safetensors", "optimizer.safetensors", "state.json"})
-    LT_CHECK(fs::exists(resume / f), "{}: not a resumable checkpoint (missing resume/{})", dir, f);
+    LT_CHECK(path_exists(resume / f), "{}: not a resumable checkpoint (missing resume/{})", dir, f);
   SafetensorsFile file = SafetensorsFile::open((resume / "params.safetensors").string());
   for (const auto& t : params.named_tensors()) {
     LT_CHECK(file.contains(t.hf_name), "{}: resume/params.safetensors has no {}", dir, t.hf_name);

@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "io/json_file.h"
+#include "io/paths.h"
 
 namespace lt {
 
@@ -339,7 +340,7 @@ std::vector<DatasetSpec> resolve_datasets(const std::vector<std::string>& names,
   std::string registry_path;
   if (!dataset_dir.empty()) {
     registry_path = (fs::path(dataset_dir) / "dataset_info.json").string();
-    if (fs::exists(registry_path)) {
+    if (path_exists(registry_path)) {
       registry = read_json_file(registry_path);
       LT_CHECK(registry.is_object(), "{}: expected an object mapping dataset names to their files", registry_path);
     }
@@ -352,8 +353,8 @@ std::vector<DatasetSpec> resolve_datasets(const std::vector<std::string>& names,
       continue;
     }
     std::string in_dir = dataset_dir.empty() ? "" : (fs::path(dataset_dir) / name).string();
-    std::string path = !in_dir.empty() && fs::exists(in_dir) ? in_dir : name;
-    if (!fs::exists(path)) {
+    std::string path = !in_dir.empty() && path_exists(in_dir) ? in_dir : name;
+    if (!path_exists(path)) {
       std::string looked = registry.is_object() ? fmt::format("not in {}, and ", registry_path) : "";
       LT_FAIL("dataset '{}': {}no such file{}", name, looked,
               in_dir.empty() || in_dir == name ? std::string() : fmt::format(" (looked at {} and {})", in_dir, name));
@@ -368,12 +369,11 @@ std::vector<DatasetSpec> resolve_datasets(const std::vector<std::string>& names,
 }
 
 std::vector<std::string> dataset_files(const DatasetSpec& spec) {
-  LT_CHECK(fs::exists(spec.path), "dataset '{}': {}: no such file or directory", spec.name, spec.path);
-  if (!fs::is_directory(spec.path)) return {spec.path};
+  LT_CHECK(path_exists(spec.path), "dataset '{}': {}: no such file or directory", spec.name, spec.path);
+  if (!is_directory_path(spec.path)) return {spec.path};
   std::vector<std::string> files;
-  for (const auto& e : fs::directory_iterator(spec.path)) {
-    if (e.is_regular_file() && has_data_extension(e.path())) files.push_back(e.path().string());
-  }
+  for (const fs::path& e : directory_entries(spec.path))
+    if (has_data_extension(e) && is_file_path(e)) files.push_back(e.string());
   std::sort(files.begin(), files.end());
   LT_CHECK(!files.empty(), "dataset '{}': directory {} holds no .json or .jsonl file", spec.name, spec.path);
   return files;

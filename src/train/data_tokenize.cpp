@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "core/parallel.h"
 #include "io/json_file.h"
+#include "io/paths.h"
 #include "io/unique_fd.h"
 #include "train/data_cache.h"
 
@@ -71,7 +72,7 @@ uint64_t tokenizer_hash(const Tokenizer& tok, std::string* why) {
   }
   const uint64_t h = hash_file(kFnvOffset, file.string());
   const fs::path config = file.parent_path() / "tokenizer_config.json";
-  return fs::exists(config) ? hash_file(h, config.string()) : hash_piece(h, std::string());
+  return path_exists(config) ? hash_file(h, config.string()) : hash_piece(h, std::string());
 }
 
 // What a template does, hashed from a probe rendering (so a custom EOS changes the key too).
@@ -199,7 +200,7 @@ uint64_t dataset_key(const DatasetSpec& spec, const std::vector<std::string>& fi
                      uint64_t tpl_hash, const TokenizeOptions& opt) {
   uint64_t h = hash_piece(kFnvOffset, fmt::format("lazytrain data cache v{}", kDataCacheVersion));
   h = hash_piece(h, spec.describe());
-  bool dir = fs::is_directory(spec.path);
+  bool dir = is_directory_path(spec.path);
   for (const std::string& path : files) {
     h = hash_piece(h, dir ? fs::path(path).filename().string() : std::string());
     h = hash_file(h, path);
@@ -386,7 +387,7 @@ TokenizedDataset load_datasets(const std::vector<DatasetSpec>& specs, const Toke
   const uint64_t tok_hash = tokenizer_hash(tokenizer, &no_cache_why);
   const bool use_cache = !options.cache_dir.empty() && no_cache_why.empty();
   const uint64_t tpl_hash = template_hash(tpl);
-  if (use_cache) fs::create_directories(options.cache_dir);
+  if (use_cache) make_directories(options.cache_dir, "the data cache");
 
   TokenizedDataset out;
   for (DatasetSpec spec : specs) {
@@ -398,7 +399,7 @@ TokenizedDataset load_datasets(const std::vector<DatasetSpec>& specs, const Toke
     if (use_cache) {
       cache_path = data_cache_path(options.cache_dir, spec.name, key);
       report.cache = CacheUse::built;
-      if (fs::exists(cache_path)) {
+      if (path_exists(cache_path)) {
         CacheRead cached = read_token_cache(cache_path, key);
         if (cached.store) {
           cached.report.name = spec.name;

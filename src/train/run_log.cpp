@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "io/paths.h"
 
 namespace lt {
 namespace {
@@ -24,7 +25,7 @@ std::string hms(double s) {
 RunLog::RunLog(const std::string& output_dir, int64_t total_steps, bool resume, bool silent)
     : dir_(output_dir), total_(total_steps), tty_(isatty(fileno(stderr))), silent_(silent) {
   if (silent_) return;
-  std::filesystem::create_directories(dir_);
+  make_directories(dir_, "output_dir");
   const std::string path = dir_ + "/metrics.jsonl";
   metrics_ = std::fopen(path.c_str(), resume ? "a" : "w");
   LT_CHECK(metrics_ != nullptr, "{}: cannot open: {}", path, std::strerror(errno));

@@ -14,6 +14,7 @@
 #include "core/procfs.h"
 #include "core/units.h"
 #include "io/json_file.h"
+#include "io/paths.h"
 #include "model/finetune.h"
 #include "model/lora.h"
 #include "model/model.h"
@@ -67,7 +68,7 @@ std::shared_ptr<const Finetune> adapter_finetune(const TrainConfig& c, const Mod
 ModelSource ModelSource::load(const TrainConfig& c, const Comm& comm, ComputeType compute) {
   ModelSource m;
   fs::path p(c.model_name_or_path);
-  const bool from_scratch = fs::is_regular_file(p);  // a config.json alone: train from scratch
+  const bool from_scratch = is_file_path(p);  // a config.json alone: train from scratch
   const ModelConfig cfg = load_model_config(p.string());
   std::shared_ptr<const Finetune> ft = finetune_of(c, cfg);
   // Data parallel at bf16 compute: a rank loads the f32 masters of its own chunks (dist/data_parallel.h); a frozen run's

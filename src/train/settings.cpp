@@ -9,6 +9,7 @@
 #include "core/units.h"
 #include "dist/comm.h"
 #include "io/nvme.h"
+#include "io/paths.h"
 #include "train/checkpoint.h"
 
 namespace fs = std::filesystem;
@@ -61,11 +62,11 @@ void check_host_memory_for_parameters(const TrainConfig& c, int ranks) {
   const size_t budget = host_memory_budget(c);
   if (budget == 0) return;
   fs::path p(c.model_name_or_path);
-  if (fs::is_directory(p)) p /= "config.json";
-  if (!fs::is_regular_file(p)) return;  // loading the model names what is missing
+  if (is_directory_path(p)) p /= "config.json";
+  if (!is_file_path(p)) return;  // loading the model names what is missing
   ModelConfig mc = load_model_config(p.string());
   mc.finetune = finetune_of(c, mc);
-  const bool from_scratch = fs::is_regular_file(c.model_name_or_path);  // a config.json alone
+  const bool from_scratch = is_file_path(c.model_name_or_path);  // a config.json alone
   const double need = host_parameter_bytes(c, mc, ranks, from_scratch);
   LT_CHECK(need < double(budget),
            "host memory: {} parameters need {} on the host (f32 weights and gradients{}, {}-bit optimizer states) "
@@ -77,7 +78,7 @@ void check_host_memory_for_parameters(const TrainConfig& c, int ranks) {
 std::string resume_dir_of(const TrainConfig& c) {
   if (c.resume_from_checkpoint == "true" || c.resume_from_checkpoint == "latest") return latest_checkpoint(c.output_dir);
   if (c.resume_from_checkpoint.empty() || c.resume_from_checkpoint == "false") return "";
-  LT_CHECK(fs::is_directory(c.resume_from_checkpoint), "resume_from_checkpoint: {} is not a directory",
+  LT_CHECK(is_directory_path(c.resume_from_checkpoint), "resume_from_checkpoint: {} is not a directory",
            c.resume_from_checkpoint);
   return c.resume_from_checkpoint;
 }
@@ -109,7 +110,7 @@ TrainSettings resolve_train_settings(const TrainConfig& asked, const Comm& comm)
   s.exec.weight_buffers = int(s.c.weight_buffers);
   s.exec.resident_head = s.c.resident_head;
   check_host_memory_for_parameters(s.c, s.ranks);  // before anything is written or loaded
-  fs::create_directories(s.c.output_dir);
+  make_directories(s.c.output_dir, "output_dir");
   if (!s.c.nvme_dir.empty()) ensure_nvme_dir(s.c.nvme_dir);
   s.resume_dir = resume_dir_of(s.c);
   return s;

@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "io/json_file.h"
+#include "io/paths.h"
 
 namespace lt {
 namespace {
@@ -75,7 +76,7 @@ uint32_t masked_crc32c(const void* data, size_t n) {
 }
 
 TensorBoardWriter::TensorBoardWriter(const std::string& dir) {
-  std::filesystem::create_directories(dir);
+  make_directories(dir, "report_to tensorboard");
   char host[256] = "localhost";
   gethostname(host, sizeof(host) - 1);
   path_ = fmt::format("{}/events.out.tfevents.{}.{}.{}", dir, int64_t(now_seconds()), host, getpid());

@@ -214,6 +214,19 @@ TEST(DataFormat, ResolvesNamesThroughTheRegistryThenPaths) {
   EXPECT_EQ(dataset_files(many), (std::vector<std::string>{dir + "/many/a.json", dir + "/many/b.jsonl"}));
 }
 
+// A name or a registry's file_name past NAME_MAX (found by fuzz_dataset_info): an lt::Error naming the path, not
+// std::filesystem's exception.
+TEST(DataFormat, ANameTooLongForTheFileSystemIsAnErrorNamingIt) {
+  const std::string dir = temp_dir();
+  const std::string name(300, 'q');
+  write(dir + "/dataset_info.json", R"({"reg": {"file_name": ")" + name + R"("}})");
+  std::string e = error_of([&] { resolve_datasets({name}, dir); });
+  EXPECT_NE(e.find(dir + "/" + name + ": cannot look at this path: File name too long"), std::string::npos) << e;
+  const DatasetSpec reg = resolve_datasets({"reg"}, dir)[0];
+  e = error_of([&] { dataset_files(reg); });
+  EXPECT_NE(e.find(dir + "/" + name + ": cannot look at this path"), std::string::npos) << e;
+}
+
 TEST(DataFormat, SplitsJsonLinesWithLineNumbers) {
   std::string text = "\xEF\xBB\xBF{\"a\": 1}\r\n\n   \n{\"b\": 2}\n{broken\n";
   std::vector<DataRecord> r = split_records(text, "f.jsonl");
