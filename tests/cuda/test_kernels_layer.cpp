@@ -39,8 +39,9 @@ struct NormShape {
   int64_t rows, C;
 };
 // Odd shapes: a partial block of rows, C below, between and above the 16 lanes, and enough rows for several
-// dweight chunks (rmsnorm_dweight_chunk_rows: 32 rows per chunk up to 2048 rows).
-const NormShape kNormShapes[] = {{1, 1}, {7, 5}, {9, 33}, {37, 100}, {130, 17}};
+// dweight chunks (rmsnorm_dweight_chunk_rows: 32 rows per chunk up to 2048 rows); C % 8 == 0 for the packed
+// kernels, past one 256-element stage by a pack and by four stages and a pack.
+const NormShape kNormShapes[] = {{1, 1}, {7, 5}, {9, 33}, {37, 100}, {130, 17}, {13, 264}, {3, 1032}};
 
 // RMSNorm's f32 forward on the kernel, bit for bit the CPU op's in every thread order: the op table
 // (tests/ops/test_op_harness.cpp). Here: bf16 storage, the backward with its workspace, finite differences.
@@ -274,6 +275,51 @@ TEST(CudaSimKernels, ElementwiseKernelsGiveTheSameBitsOnUnalignedViews) {
     auto view = [&](const auto& v) { return std::vector(v.begin() + at, v.begin() + at + n); };
     return std::vector<std::vector<float>>{view(sum), to_f32(view(sum_b)), view(acc), to_f32(view(h)),
                                            view(dg),  view(du),            to_f32(view(rounded)), view(wide)};
+  };
+  const auto aligned = run(0), offset = run(1);
+  for (size_t i = 0; i < aligned.size(); ++i) {
+    SCOPED_TRACE("output " + std::to_string(i));
+    EXPECT_BITWISE_EQ(offset[i], aligned[i]);
+  }
+}
+
+// RMSNorm and RoPE take 16-byte packs where C (or R/2 and D) % 8 == 0 and the pointers are 16-byte aligned, one
+// element a lane otherwise: a view one element into its buffers gives the same bits as the aligned one.
+TEST(CudaSimKernels, RmsnormAndRopeGiveTheSameBitsOnUnalignedViews) {
+  const int64_t rows = 11, C = 264, N = 5, H = 3, D = 64;
+  const auto x0 = random_floats(size_t(rows * C), 91), g0 = random_floats(size_t(rows * C), 92);
+  const auto w0 = random_floats(size_t(C), 93, 0.5f, 1.5f), q0 = random_floats(size_t(N * H * D), 94);
+  std::vector<float> cos(size_t(kPositions * D / 2)), sin(cos.size());
+  rope_table(cos.data(), sin.data(), kPositions, D, 1e6);
+  const auto pos = packed_positions(N, 95);
+  auto run = [&](int64_t at) {  // x, g, w and q placed at element offset `at` of their buffers, outputs too
+    auto placed = [&](const std::vector<float>& v) {
+      std::vector<float> out(v.size() + 1, 0.5f);
+      std::copy(v.begin(), v.end(), out.begin() + at);
+      return out;
+    };
+    const auto x = placed(x0), g = placed(g0), w = placed(w0);
+    const auto xb = to_bf16(x);
+    std::vector<float> y(x.size()), din(x.size()), rstd(static_cast<size_t>(rows)), rstd_b(static_cast<size_t>(rows));
+    std::vector<float> din_b(x.size());
+    std::vector<float> dw(w.size(), 0.25f), dw_b(w.size(), 0.25f);
+    std::vector<bf16_t> yb(x.size());
+    std::vector<unsigned char> workspace(rmsnorm_backward_workspace_bytes(rows, C));
+    sim::rmsnorm_forward(kStream, y.data() + at, rstd.data(), x.data() + at, w.data() + at, rows, C, 1e-6f);
+    sim::rmsnorm_forward(kStream, yb.data() + at, rstd_b.data(), xb.data() + at, w.data() + at, rows, C, 1e-6f);
+    sim::rmsnorm_backward(kStream, din.data() + at, dw.data() + at, g.data() + at, x.data() + at, w.data() + at,
+                          rstd.data(), rows, C, workspace.data());
+    sim::rmsnorm_backward(kStream, din_b.data() + at, dw_b.data() + at, g.data() + at, xb.data() + at,
+                          w.data() + at, rstd_b.data(), rows, C, workspace.data());
+    auto q = placed(q0);
+    auto qb = to_bf16(q);
+    sim::rope_forward(kStream, q.data() + at, pos.data(), cos.data(), sin.data(), N, H, D);
+    sim::rope_forward(kStream, qb.data() + at, pos.data(), cos.data(), sin.data(), N, H, D);
+    auto view = [&](const auto& v, size_t n) { return std::vector(v.begin() + at, v.begin() + at + int64_t(n)); };
+    return std::vector<std::vector<float>>{view(y, x0.size()),   to_f32(view(yb, x0.size())), rstd,
+                                           rstd_b,               view(din, x0.size()),        view(din_b, x0.size()),
+                                           view(dw, w0.size()),  view(dw_b, w0.size()),       view(q, q0.size()),
+                                           to_f32(view(qb, q0.size()))};
   };
   const auto aligned = run(0), offset = run(1);
   for (size_t i = 0; i < aligned.size(); ++i) {

@@ -587,8 +587,9 @@ TEST(CudaSimLinearAttention, NormWeightOnePlusIsTheCpuBlocksShift) {
 struct RopeCase {
   int64_t N, H, D, R;
 };
-// R = D/4 (Qwen3.5's partial_rotary_factor 0.25), another R < D, and R = D (the full rope's bits).
-const RopeCase kRopeCases[] = {{37, 3, 12, 4}, {9, 2, 10, 6}, {5, 4, 16, 16}, {70, 1, 8, 2}};
+// R = D/4 (Qwen3.5's partial_rotary_factor 0.25), another R < D, and R = D (the full rope's bits); R/2 = 8 and
+// Qwen3.5's own head (D 256, R 64) take the packed kernel (rope.cuh).
+const RopeCase kRopeCases[] = {{37, 3, 12, 4}, {9, 2, 10, 6}, {5, 4, 16, 16}, {70, 1, 8, 2}, {6, 3, 256, 64}};
 constexpr int64_t kPositions = 50;
 
 std::vector<int32_t> packed_positions(int64_t N, uint64_t seed) {  // not monotonic: packed documents

@@ -84,23 +84,28 @@ TEST(CudaNative, ElementwiseNormRopeEmbeddingKernelsGiveTheSimulatedBits) {
   const int64_t rows = 1031, C = 4099, n = rows * C;  // odd sizes, many blocks
   const auto x = random_floats(static_cast<size_t>(n), 1), w = random_floats(static_cast<size_t>(C), 2, 0.5f, 1.5f);
   const auto g = random_floats(static_cast<size_t>(n), 3), y = random_floats(static_cast<size_t>(n), 4);
-  // RMSNorm forward + backward, f32.
-  std::vector<float> out(static_cast<size_t>(n)), rstd(static_cast<size_t>(rows)), din(static_cast<size_t>(n)),
-      dw(static_cast<size_t>(C), 0.25f);
-  std::vector<unsigned char> ws(rmsnorm_backward_workspace_bytes(rows, C));
-  sim::rmsnorm_forward(nullptr, out.data(), rstd.data(), x.data(), w.data(), rows, C, 1e-6f);
-  sim::rmsnorm_backward(nullptr, din.data(), dw.data(), g.data(), x.data(), w.data(), rstd.data(), rows, C, ws.data());
-  for (int run = 0; run < 2; ++run) {
-    Dev<float> dx(x), dwt(w), dg(g), dout(static_cast<size_t>(n)), drstd(static_cast<size_t>(rows)),
-        ddin(static_cast<size_t>(n)), ddw(std::vector<float>(static_cast<size_t>(C), 0.25f));
-    Dev<unsigned char> dws(ws.size());
-    native::rmsnorm_forward(nullptr, dout.p(), drstd.p(), dx.p(), dwt.p(), rows, C, 1e-6f);
-    native::rmsnorm_backward(nullptr, ddin.p(), ddw.p(), dg.p(), dx.p(), dwt.p(), drstd.p(), rows, C, dws.p());
-    sync("rmsnorm");
-    EXPECT_BITWISE_EQ(dout.get(), out);
-    EXPECT_BITWISE_EQ(drstd.get(), rstd);
-    EXPECT_BITWISE_EQ(ddin.get(), din);
-    EXPECT_BITWISE_EQ(ddw.get(), dw);
+  // RMSNorm forward + backward, f32: C odd (one element a lane) and the 7B's hidden 3584 (16-byte packs).
+  for (const int64_t Cn : {C, int64_t(3584)}) {
+    SCOPED_TRACE("C " + std::to_string(Cn));
+    const int64_t nn = rows * Cn;
+    std::vector<float> out(static_cast<size_t>(nn)), rstd(static_cast<size_t>(rows)), din(static_cast<size_t>(nn)),
+        dw(static_cast<size_t>(Cn), 0.25f);
+    std::vector<unsigned char> ws(rmsnorm_backward_workspace_bytes(rows, Cn));
+    sim::rmsnorm_forward(nullptr, out.data(), rstd.data(), x.data(), w.data(), rows, Cn, 1e-6f);
+    sim::rmsnorm_backward(nullptr, din.data(), dw.data(), g.data(), x.data(), w.data(), rstd.data(), rows, Cn,
+                          ws.data());
+    for (int run = 0; run < 2; ++run) {
+      Dev<float> dx(x), dwt(w), dg(g), dout(static_cast<size_t>(nn)), drstd(static_cast<size_t>(rows)),
+          ddin(static_cast<size_t>(nn)), ddw(std::vector<float>(static_cast<size_t>(Cn), 0.25f));
+      Dev<unsigned char> dws(ws.size());
+      native::rmsnorm_forward(nullptr, dout.p(), drstd.p(), dx.p(), dwt.p(), rows, Cn, 1e-6f);
+      native::rmsnorm_backward(nullptr, ddin.p(), ddw.p(), dg.p(), dx.p(), dwt.p(), drstd.p(), rows, Cn, dws.p());
+      sync("rmsnorm");
+      EXPECT_BITWISE_EQ(dout.get(), out);
+      EXPECT_BITWISE_EQ(drstd.get(), rstd);
+      EXPECT_BITWISE_EQ(ddin.get(), din);
+      EXPECT_BITWISE_EQ(ddw.get(), dw);
+    }
   }
   // SwiGLU, the residual add and conversions, bf16 storage.
   const auto gb = to_bf16(x), ub = to_bf16(y);
@@ -119,20 +124,23 @@ TEST(CudaNative, ElementwiseNormRopeEmbeddingKernelsGiveTheSimulatedBits) {
   EXPECT_BITWISE_EQ(ddgate.get(), dgate);
   EXPECT_BITWISE_EQ(ddup.get(), dup);
   EXPECT_BITWISE_EQ(dsum.get(), sum);
-  // RoPE at D = 128 on packed positions.
-  const int64_t N = 777, H = 5, D = 128, P = 512;
-  std::vector<float> cos(size_t(P * D / 2)), sin(cos.size());
-  rope_table(cos.data(), sin.data(), P, D, 1e6);
+  // RoPE on packed positions at D = 128 (16-byte packs) and D = 10 (a pair a thread).
+  const int64_t N = 777, H = 5, P = 512;
   std::vector<int32_t> pos(static_cast<size_t>(N));
   for (int64_t t = 0; t < N; ++t) pos[static_cast<size_t>(t)] = int32_t((t * 37) % P);
-  auto q = random_floats(size_t(N * H * D), 5);
-  std::vector<float> q_sim = q;
-  sim::rope_forward(nullptr, q_sim.data(), pos.data(), cos.data(), sin.data(), N, H, D);
-  Dev<float> dq(q), dcos(cos), dsin(sin);
   Dev<int32_t> dpos(pos);
-  native::rope_forward(nullptr, dq.p(), dpos.p(), dcos.p(), dsin.p(), N, H, D);
-  sync("rope");
-  EXPECT_BITWISE_EQ(dq.get(), q_sim);
+  for (const int64_t D : {128, 10}) {
+    SCOPED_TRACE("D " + std::to_string(D));
+    std::vector<float> cos(size_t(P * D / 2)), sin(cos.size());
+    rope_table(cos.data(), sin.data(), P, D, 1e6);
+    auto q = random_floats(size_t(N * H * D), 5);
+    std::vector<float> q_sim = q;
+    sim::rope_forward(nullptr, q_sim.data(), pos.data(), cos.data(), sin.data(), N, H, D);
+    Dev<float> dq(q), dcos(cos), dsin(sin);
+    native::rope_forward(nullptr, dq.p(), dpos.p(), dcos.p(), dsin.p(), N, H, D);
+    sync("rope");
+    EXPECT_BITWISE_EQ(dq.get(), q_sim);
+  }
   // Embedding backward over repeated ids.
   const int64_t V = 1000, Ce = 257;
   std::vector<int32_t> ids(static_cast<size_t>(N));

@@ -63,8 +63,9 @@ Tolerance bitwise(OpBackend, DType, const Shape&) { return Tolerance::bitwise();
 // --- the ops --------------------------------------------------------------------------------------------------
 
 OpCase rmsnorm_forward_case() {
-  // Rows: one, a partial block, several dweight chunks; C below, between and above the 16 lanes.
-  return {"rmsnorm_forward", {{1, 1}, {7, 5}, {9, 33}, {37, 100}, {130, 17}}, {DType::f32}, true,
+  // Rows: one, a partial block, several dweight chunks; C below, between and above the 16 lanes; C % 8 == 0 (the
+  // packed kernels), past one 256-element stage and a pack into the next.
+  return {"rmsnorm_forward", {{1, 1}, {7, 5}, {9, 33}, {37, 100}, {130, 17}, {13, 264}, {3, 1032}}, {DType::f32}, true,
           [](OpOutputs& out, const Shape& s, DType) {
             const int64_t rows = s[0], C = s[1];
             const auto x = values(size_t(rows * C), 1 + rows), w = values(size_t(C), 2 + C, 0.5f, 1.5f);
@@ -74,7 +75,7 @@ OpCase rmsnorm_forward_case() {
 }
 
 OpCase rmsnorm_backward_case() {
-  return {"rmsnorm_backward", {{1, 1}, {7, 5}, {9, 33}, {37, 100}, {130, 17}}, {DType::f32}, true,
+  return {"rmsnorm_backward", {{1, 1}, {7, 5}, {9, 33}, {37, 100}, {130, 17}, {13, 264}, {3, 1032}}, {DType::f32}, true,
           [](OpOutputs& out, const Shape& s, DType) {
             const int64_t rows = s[0], C = s[1];
             const auto x = values(size_t(rows * C), 5 + rows), w = values(size_t(C), 6 + C, 0.5f, 1.5f);

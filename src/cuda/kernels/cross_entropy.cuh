@@ -18,7 +18,7 @@
 #pragma once
 
 #include "cuda/kernels/common.cuh"
-#include "cuda/kernels/elementwise.cuh"
+#include "cuda/kernels/pack.cuh"
 #include "ops/head.h"
 
 namespace lt::cuda::LT_KERNELS_NS {

@@ -3,72 +3,13 @@
 // 16 bytes a load and store where the pointers allow.
 #pragma once
 
-#include <cstring>
-#include <initializer_list>
 #include <type_traits>
 
 #include "cuda/kernels/common.cuh"
+#include "cuda/kernels/pack.cuh"
 #include "ops/swiglu_math.h"
 
 namespace lt::cuda::LT_KERNELS_NS {
-
-// Eight elements at a time where every pointer of a launch is 16-byte aligned (the executor's buffers are; an
-// offset view may not be): one 16-byte load or store per eight bf16, two per eight f32, instead of eight 2- or
-// 4-byte ones. Each element is the scalar path's formula on the same values, so the bits do not depend on which
-// path ran. The packs come first (thread i takes packs i, i + grid, ...), then the n % 8 tail.
-constexpr int kPack = 8;
-
-__device__ __forceinline__ void load_pack(float (&x)[kPack], const float* p) {
-#ifdef __CUDACC__
-  const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
-  x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
-#else
-  std::memcpy(x, p, sizeof(x));
-#endif
-}
-__device__ __forceinline__ void load_pack(float (&x)[kPack], const bf16* p) {
-  uint32_t w[kPack / 2];
-#ifdef __CUDACC__
-  const uint4 v = *reinterpret_cast<const uint4*>(p);
-  w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
-#else
-  std::memcpy(w, p, sizeof(w));
-#endif
-  for (int i = 0; i < kPack / 2; ++i)
-    x[2 * i] = __bfloat162float(__ushort_as_bfloat16((unsigned short)(w[i] & 0xffffu))),
-    x[2 * i + 1] = __bfloat162float(__ushort_as_bfloat16((unsigned short)(w[i] >> 16)));
-}
-__device__ __forceinline__ void store_pack(float* p, const float (&x)[kPack]) {
-#ifdef __CUDACC__
-  reinterpret_cast<float4*>(p)[0] = make_float4(x[0], x[1], x[2], x[3]);
-  reinterpret_cast<float4*>(p)[1] = make_float4(x[4], x[5], x[6], x[7]);
-#else
-  std::memcpy(p, x, sizeof(x));
-#endif
-}
-__device__ __forceinline__ void store_pack(bf16* p, const float (&x)[kPack]) {
-  uint32_t w[kPack / 2];
-  for (int i = 0; i < kPack / 2; ++i)
-    w[i] = uint32_t(__bfloat16_as_ushort(__float2bfloat16_rn(x[2 * i]))) |
-           (uint32_t(__bfloat16_as_ushort(__float2bfloat16_rn(x[2 * i + 1]))) << 16);
-#ifdef __CUDACC__
-  *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[1], w[2], w[3]);
-#else
-  std::memcpy(p, w, sizeof(w));
-#endif
-}
-
-// Widened loads and rounded stores of W = 1 or kPack consecutive elements.
-template <int W, class T>
-__device__ __forceinline__ void load_n(float (&x)[W], const T* p) {
-  if constexpr (W == kPack) load_pack(x, p);
-  else x[0] = load(p);
-}
-template <int W, class T>
-__device__ __forceinline__ void store_n(T* p, const float (&x)[W]) {
-  if constexpr (W == kPack) store_pack(p, x);
-  else store(p, x[0]);
-}
 
 // The elementwise loop over n elements: body(i, width) handles elements [i, i + W), W = width's value — kPack
 // where `packed` (every pointer of the launch 16-byte aligned, the launcher's check), then 1 for the rest.
@@ -175,12 +116,7 @@ __global__ void convert_to_f32_kernel(float* dst, const bf16* src, int64_t n, bo
   convert_elements(dst, src, n, packed);
 }
 
-// Whether every pointer is 16-byte aligned (the packed path); the launch over n elements, a thread per pack then.
-inline bool all_aligned16(std::initializer_list<const void*> pointers) {
-  for (const void* p : pointers)
-    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
-  return true;
-}
+// The launch over n elements, a thread per pack where packed.
 #define LT_ELEMENTWISE_PACKED(kernel, n, packed, ...)                                                        \
   do {                                                                                                     \
     if ((n) > 0)                                                                                           \

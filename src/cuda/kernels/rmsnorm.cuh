@@ -3,8 +3,12 @@
 // Rows go to half-warps: a block of 128 threads takes 8 rows; lane k (0..15) of a half-warp sums the row's
 // c ≡ k (mod 16) in order, and the shuffle tree below combines the 16 lanes exactly as the CPU op's
 // acc[k] += acc[k + w]. Rows past the end still take part in the shuffles (all 32 lanes name the full
-// mask) and store nothing. Reading a row 16 lanes at a time moves 64 contiguous bytes (f32) per half-warp
-// step: memory-bound, as on the CPU.
+// mask) and store nothing. Memory-bound, as on the CPU.
+//
+// Where C % 8 == 0 and the rows are 16-byte aligned (the executor's buffers), the packed kernels read and write
+// 16 bytes a lane (pack.cuh) instead of one element: a lane makes the sum's terms of eight consecutive elements
+// into a per-half-warp stage in shared memory, and lane k then adds the stage's c ≡ k (mod 16) in order — the
+// CPU's order, so the same bits as the scalar kernels, which take every other shape and any unaligned view.
 //
 // dweight: one thread per column per fixed row chunk (rmsnorm_dweight_chunk_rows) sums g · (x · rstd) in
 // f64 into the workspace [chunks, C]; a second kernel adds the chunks in order and adds the total to
@@ -12,6 +16,7 @@
 #pragma once
 
 #include "cuda/kernels/common.cuh"
+#include "cuda/kernels/pack.cuh"
 #include "ops/rmsnorm.h"
 
 namespace lt::cuda::LT_KERNELS_NS {
@@ -42,6 +47,38 @@ __device__ __forceinline__ float half_warp_sum_squares(const T* x, int64_t n, bo
   return half_warp_tree_sum(acc);
 }
 
+// The packed kernels' stage: 32 packs of a row (256 elements, as f32 terms) per half-warp at a time, each
+// half-warp's stage 16 floats past the last so that the two half-warps of a warp read different banks.
+constexpr int kNormStagePacks = 2 * kRmsnormLanes;
+constexpr int kNormStage = kNormStagePacks * kPack;
+constexpr int kNormStageStride = kNormStage + 16;
+
+// Σ_c term(c) over a row of n (n % 8 == 0) in the CPU's lane order, made eight terms at a time: terms(c, p) fills
+// p[0..8) with the terms of elements c..c+7 (from 16-byte loads). Lane t of the half-warp makes packs t and t + 16
+// of each 256-element stretch into `stage` (its half-warp's), then lane k adds stage elements k, k + 16, ... in
+// order. Every lane of the warp calls it (both half-warps loop over the same n); a row that is not live makes no
+// terms and gets 0.
+template <class Terms>
+__device__ __forceinline__ float half_warp_ordered_sum_packed(float* stage, int64_t n, bool live, Terms terms) {
+  const int lane = int(threadIdx.x) % kRmsnormLanes;
+  float acc = 0.0f;
+  for (int64_t base = 0; base < n; base += kNormStage) {
+    for (int u = lane; u < kNormStagePacks; u += kRmsnormLanes) {
+      const int64_t c = base + int64_t(u) * kPack;
+      if (live && c < n) {
+        float p[kPack];
+        terms(c, p);
+        store_pack(stage + u * kPack, p);
+      }
+    }
+    __syncwarp();
+    if (live)
+      for (int j = lane; j < kNormStage && base + j < n; j += kRmsnormLanes) acc += stage[j];
+    __syncwarp();  // the stage is read before the next stretch overwrites it
+  }
+  return half_warp_tree_sum(acc);
+}
+
 // out[rows, C], rstd[rows]
 template <class T>
 __global__ void __launch_bounds__(kNormThreads)
@@ -58,6 +95,34 @@ __global__ void __launch_bounds__(kNormThreads)
   if (lane == 0) rstd[row] = s;
   T* y = out + row * C;
   for (int64_t c = lane; c < C; c += kRmsnormLanes) store(y + c, (load(x + c) * s) * weight[c]);
+}
+
+// rmsnorm_forward_kernel on 16-byte packs (C % 8 == 0, rows 16-byte aligned): the same bits.
+template <class T>
+__global__ void __launch_bounds__(kNormThreads)
+    rmsnorm_forward_packed_kernel(T* out, float* rstd, const T* in, const float* weight, int64_t rows, int64_t C,
+                                  float eps) {
+  __shared__ __align__(16) float stage[kNormRowsPerBlock * kNormStageStride];
+  const int lane = int(threadIdx.x) % kRmsnormLanes, half = int(threadIdx.x) / kRmsnormLanes;
+  const int64_t row = int64_t(blockIdx.x) * kNormRowsPerBlock + half;
+  const bool live = row < rows;
+  const T* x = in + (live ? row : 0) * C;
+  const float ss = half_warp_ordered_sum_packed(stage + half * kNormStageStride, C, live,
+                                                [&](int64_t c, float (&p)[kPack]) {
+                                                  load_pack(p, x + c);
+                                                  for (int e = 0; e < kPack; ++e) p[e] = p[e] * p[e];
+                                                });
+  if (!live) return;
+  const float ms = ss / float(C);
+  const float s = 1.0f / sqrtf(ms + eps);
+  if (lane == 0) rstd[row] = s;
+  T* y = out + row * C;
+  for (int64_t c = int64_t(lane) * kPack; c < C; c += kRmsnormLanes * kPack) {
+    float v[kPack], w[kPack];
+    load_pack(v, x + c), load_pack(w, weight + c);
+    for (int e = 0; e < kPack; ++e) v[e] = (v[e] * s) * w[e];
+    store_pack(y + c, v);
+  }
 }
 
 // din[rows, C] = rstd · (w·g - x · rstd² · mean(w·g·x))
@@ -80,6 +145,36 @@ __global__ void __launch_bounds__(kNormThreads)
   const float k = s * s * m;
   float* dx = din + row * C;
   for (int64_t c = lane; c < C; c += kRmsnormLanes) dx[c] = s * ((weight[c] * g[c]) - load(x + c) * k);
+}
+
+// rmsnorm_backward_din_kernel on 16-byte packs (C % 8 == 0, rows 16-byte aligned): the same bits.
+template <class T>
+__global__ void __launch_bounds__(kNormThreads)
+    rmsnorm_backward_din_packed_kernel(float* din, const float* dout, const T* in, const float* weight,
+                                       const float* rstd, int64_t rows, int64_t C) {
+  __shared__ __align__(16) float stage[kNormRowsPerBlock * kNormStageStride];
+  const int lane = int(threadIdx.x) % kRmsnormLanes, half = int(threadIdx.x) / kRmsnormLanes;
+  const int64_t row = int64_t(blockIdx.x) * kNormRowsPerBlock + half;
+  const bool live = row < rows;
+  const T* x = in + (live ? row : 0) * C;
+  const float* g = dout + (live ? row : 0) * C;
+  const float dot = half_warp_ordered_sum_packed(stage + half * kNormStageStride, C, live,
+                                                 [&](int64_t c, float (&p)[kPack]) {
+                                                   float w[kPack], gc[kPack];
+                                                   load_pack(w, weight + c), load_pack(gc, g + c), load_pack(p, x + c);
+                                                   for (int e = 0; e < kPack; ++e) p[e] = (w[e] * gc[e]) * p[e];
+                                                 });
+  if (!live) return;
+  const float s = rstd[row];
+  const float m = dot / float(C);
+  const float k = s * s * m;
+  float* dx = din + row * C;
+  for (int64_t c = int64_t(lane) * kPack; c < C; c += kRmsnormLanes * kPack) {
+    float w[kPack], gc[kPack], v[kPack];
+    load_pack(w, weight + c), load_pack(gc, g + c), load_pack(v, x + c);
+    for (int e = 0; e < kPack; ++e) v[e] = s * ((w[e] * gc[e]) - v[e] * k);
+    store_pack(dx + c, v);
+  }
 }
 
 // partial[chunk, C] = Σ_{rows r of the chunk} f64(g[r, c]) · f64(x[r, c] · rstd[r]); grid (chunks, ⌈C/128⌉).
@@ -114,16 +209,24 @@ template <class T>
 void rmsnorm_forward(Stream s, T* out, float* rstd, const T* in, const float* weight, int64_t rows, int64_t C,
                      float eps) {
   if (rows == 0) return;
-  LT_LAUNCH(rmsnorm_forward_kernel<T>, dim3(norm_blocks(rows)), dim3(kNormThreads), 0, native_stream(s), out,
-            rstd, in, weight, rows, C, eps);
+  if (C % kPack == 0 && all_aligned16({out, in, weight}))
+    LT_LAUNCH(rmsnorm_forward_packed_kernel<T>, dim3(norm_blocks(rows)), dim3(kNormThreads), 0, native_stream(s),
+              out, rstd, in, weight, rows, C, eps);
+  else
+    LT_LAUNCH(rmsnorm_forward_kernel<T>, dim3(norm_blocks(rows)), dim3(kNormThreads), 0, native_stream(s), out,
+              rstd, in, weight, rows, C, eps);
 }
 
 template <class T>
 void rmsnorm_backward(Stream s, float* din, float* dweight, const float* dout, const T* in, const float* weight,
                       const float* rstd, int64_t rows, int64_t C, void* workspace) {
   if (rows == 0) return;
-  LT_LAUNCH(rmsnorm_backward_din_kernel<T>, dim3(norm_blocks(rows)), dim3(kNormThreads), 0, native_stream(s),
-            din, dout, in, weight, rstd, rows, C);
+  if (C % kPack == 0 && all_aligned16({din, dout, in, weight}))
+    LT_LAUNCH(rmsnorm_backward_din_packed_kernel<T>, dim3(norm_blocks(rows)), dim3(kNormThreads), 0,
+              native_stream(s), din, dout, in, weight, rstd, rows, C);
+  else
+    LT_LAUNCH(rmsnorm_backward_din_kernel<T>, dim3(norm_blocks(rows)), dim3(kNormThreads), 0, native_stream(s),
+              din, dout, in, weight, rstd, rows, C);
   if (!dweight) return;  // a frozen weight (model/finetune.h): no gradient
   const int64_t chunk_rows = rmsnorm_dweight_chunk_rows(rows);
   const int64_t chunks = (rows + chunk_rows - 1) / chunk_rows;
