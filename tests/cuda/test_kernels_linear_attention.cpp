@@ -176,17 +176,19 @@ TEST(CudaSimLinearAttention, ShortConvDweightFollowsTheCpuChunks) {
 // ---- L2 norm ----
 
 struct L2Case {
-  int64_t N, H, D;
+  int64_t N, H, D, pad;  // the input's row stride is 2·H·D + pad
 };
-// D below, between and above the 16 lanes; N·H not a multiple of the 8 rows of a block.
-const L2Case kL2Cases[] = {{37, 3, 12}, {5, 2, 16}, {11, 1, 33}, {70, 2, 10}};
+// D below, between and above the 16 lanes; N·H not a multiple of the 8 rows of a block; D and the strides
+// multiples of 8 (the 16-byte packs, rmsnorm.cuh), at Qwen3.5's D = 128 too.
+const L2Case kL2Cases[] = {{37, 3, 12, 7}, {5, 2, 16, 7}, {11, 1, 33, 7}, {70, 2, 10, 7}, {13, 3, 16, 8},
+                           {9, 2, 128, 8}};
 
 // Rows at a gated-delta-like layout: in is the conv output [N, ld_in] (q | k | v with ld_in > 2·H·D), out the
 // [N, 2·H·D] q̂ | k̂ buffer, so both are strided and the gaps must stay untouched.
 TEST(CudaSimLinearAttention, L2NormForwardMatchesCpu) {
-  for (const auto [N, H, D] : kL2Cases) {
-    SCOPED_TRACE(testing::shape_name({N, H, D}));
-    const int64_t ld_in = 2 * H * D + 7, ld_out = 2 * H * D;
+  for (const auto [N, H, D, pad] : kL2Cases) {
+    SCOPED_TRACE(testing::shape_name({N, H, D, pad}));
+    const int64_t ld_in = 2 * H * D + pad, ld_out = 2 * H * D;
     const auto x = random_floats(size_t(N * ld_in), 20 + D);
     const auto xb = to_bf16(x);
     const auto init = sentinel_values<float>(size_t(N * ld_out));
@@ -218,8 +220,8 @@ TEST(CudaSimLinearAttention, L2NormForwardMatchesCpu) {
 
 template <class T>
 void check_l2norm_backward(const std::vector<T>& x, const std::vector<float>& x_f32, const L2Case& c) {
-  const auto [N, H, D] = c;
-  const int64_t ld_in = 2 * H * D + 7, ld_dout = 2 * H * D, ld_din = ld_in;
+  const auto [N, H, D, pad] = c;
+  const int64_t ld_in = 2 * H * D + pad, ld_dout = 2 * H * D, ld_din = ld_in;
   std::vector<float> y(size_t(N * ld_dout)), rn(size_t(N * H));
   l2norm_forward(y.data(), rn.data(), x_f32.data(), N, H, D, ld_dout, ld_in, 1e-6f);
   const auto g = random_floats(size_t(N * ld_dout), 30 + N);
@@ -241,8 +243,8 @@ void check_l2norm_backward(const std::vector<T>& x, const std::vector<float>& x_
 
 TEST(CudaSimLinearAttention, L2NormBackwardMatchesCpuBitwise) {
   for (const L2Case& c : kL2Cases) {
-    SCOPED_TRACE(testing::shape_name({c.N, c.H, c.D}));
-    const auto x = random_floats(size_t(c.N * (2 * c.H * c.D + 7)), 40 + c.D);
+    SCOPED_TRACE(testing::shape_name({c.N, c.H, c.D, c.pad}));
+    const auto x = random_floats(size_t(c.N * (2 * c.H * c.D + c.pad)), 40 + c.D);
     check_l2norm_backward(x, x, c);
     const auto xb = to_bf16(x);
     check_l2norm_backward(xb, to_f32(xb), c);
@@ -385,8 +387,9 @@ TEST(CudaSimLinearAttention, DeltaGatesParameterGradientsFollowTheCpuChunks) {
 struct GatedNormCase {
   int64_t rows, dv;
 };
-// rows = N·Hv; 111 and 70 rows give 4 and 3 dweight chunks of 32 rows.
-const GatedNormCase kGatedNormCases[] = {{111, 10}, {70, 33}, {7, 16}, {1, 5}};
+// rows = N·Hv; 111 and 70 rows give 4 and 3 dweight chunks of 32 rows; dv 16 and Qwen3.5's 128 take the 16-byte
+// packs (rmsnorm.cuh).
+const GatedNormCase kGatedNormCases[] = {{111, 10}, {70, 33}, {7, 16}, {1, 5}, {13, 128}};
 
 TEST(CudaSimLinearAttention, GatedRmsnormForwardMatchesCpu) {
   for (const auto [rows, dv] : kGatedNormCases) {

@@ -9,7 +9,8 @@
 // dv value head dimension, rows = N·H (or N·Hv), ld* token strides.
 //
 // Geometry: elementwise ops are grid-stride loops; the row norms give each row a half-warp whose lane k sums
-// d ≡ k (mod 16) in order and combines the 16 lanes by the CPU's tree (rmsnorm.cuh's half_warp_tree_sum).
+// d ≡ k (mod 16) in order and combines the 16 lanes by the CPU's tree (rmsnorm.cuh's half_warp_ordered_sum), on
+// 16-byte packs where the row length and strides are multiples of 8 and the pointers aligned (the same bits).
 // Parameter gradients (conv weight, A_log / dt_bias, gated norm weight) are summed per fixed chunk of tokens
 // (the CPU op's chunk rule, cuda/kernels.h) into f64 partials in a workspace, then the chunks are added in order
 // and the total added once in f32: no atomics, the CPU op's bits, whatever the launch.
@@ -125,42 +126,54 @@ __device__ __forceinline__ int64_t head_row_offset(int64_t r, int64_t H, int64_t
   return (r / H) * ld + (r % H) * D;
 }
 
-// out (ld_out), rnorm[N, H] from in (ld_in): a half-warp per row.
-template <class T>
+// out (ld_out), rnorm[N, H] from in (ld_in): a half-warp per row, W elements a lane at a time (rmsnorm.cuh).
+template <int W, class T>
 __global__ void __launch_bounds__(kNormThreads)
     l2norm_forward_kernel(T* out, float* rnorm, const T* in, int64_t N, int64_t H, int64_t D, int64_t ld_out,
                           int64_t ld_in, float eps) {
-  const int lane = int(threadIdx.x) % kRmsnormLanes;
-  const int64_t row = int64_t(blockIdx.x) * kNormRowsPerBlock + threadIdx.x / kRmsnormLanes;
-  const bool live = row < N * H;
+  __shared__ __align__(16) float stage[W == 1 ? 1 : kNormStageFloats];
+  const auto [lane, row, live] = half_warp_row(N * H);
   const T* x = in + head_row_offset(live ? row : 0, H, D, ld_in);
-  const float ss = half_warp_sum_squares(x, D, live);
+  const float ss = half_warp_ordered_sum<W>(stage, D, live, [&](int64_t d, float (&p)[W]) {
+    load_n(p, x + d);
+    for (int e = 0; e < W; ++e) p[e] = p[e] * p[e];
+  });
   if (!live) return;
   const float r = 1.0f / sqrtf(ss + eps);
   if (lane == 0) rnorm[row] = r;
   T* y = out + head_row_offset(row, H, D, ld_out);
-  for (int64_t d = lane; d < D; d += kRmsnormLanes) store(y + d, load(x + d) * r);
+  half_warp_row_loop<W>(lane, D, [&](int64_t d, auto) {
+    float v[W];
+    load_n(v, x + d);
+    for (int e = 0; e < W; ++e) v[e] = v[e] * r;
+    store_n(y + d, v);
+  });
 }
 
 // din (ld_din) = r · (g − x · (r² · Σ g·x)); each lane reads its own g before writing (din may be dout).
-template <class T>
+template <int W, class T>
 __global__ void __launch_bounds__(kNormThreads)
     l2norm_backward_kernel(float* din, const float* dout, const T* in, const float* rnorm, int64_t N, int64_t H,
                            int64_t D, int64_t ld_din, int64_t ld_dout, int64_t ld_in) {
-  const int lane = int(threadIdx.x) % kRmsnormLanes;
-  const int64_t row = int64_t(blockIdx.x) * kNormRowsPerBlock + threadIdx.x / kRmsnormLanes;
-  const bool live = row < N * H;
+  __shared__ __align__(16) float stage[W == 1 ? 1 : kNormStageFloats];
+  const auto [lane, row, live] = half_warp_row(N * H);
   const T* x = in + head_row_offset(live ? row : 0, H, D, ld_in);
   const float* g = dout + head_row_offset(live ? row : 0, H, D, ld_dout);
-  float acc = 0.0f;
-  if (live)
-    for (int64_t d = lane; d < D; d += kRmsnormLanes) acc += g[d] * load(x + d);
-  const float dot = half_warp_tree_sum(acc);
+  const float dot = half_warp_ordered_sum<W>(stage, D, live, [&](int64_t d, float (&p)[W]) {
+    float gd[W];
+    load_n(gd, g + d), load_n(p, x + d);
+    for (int e = 0; e < W; ++e) p[e] = gd[e] * p[e];
+  });
   if (!live) return;
   const float r = rnorm[row];
   const float k = r * r * dot;
   float* dx = din + head_row_offset(row, H, D, ld_din);
-  for (int64_t d = lane; d < D; d += kRmsnormLanes) dx[d] = r * (g[d] - load(x + d) * k);
+  half_warp_row_loop<W>(lane, D, [&](int64_t d, auto) {
+    float gd[W], v[W];
+    load_n(gd, g + d), load_n(v, x + d);
+    for (int e = 0; e < W; ++e) v[e] = r * (gd[e] - v[e] * k);
+    store_n(dx + d, v);
+  });
 }
 
 // ---- β and log-decay gates ----
@@ -240,23 +253,29 @@ __global__ void delta_gates_backward_params_kernel(float* dA_log, float* ddt_bia
 
 __device__ __forceinline__ float gated_silu(float z) { return z * swiglu_math::sigmoid(z); }
 
-// out[rows, dv], rstd[rows]: a half-warp per row.
-template <class T>
+// out[rows, dv], rstd[rows]: a half-warp per row, W elements a lane at a time.
+template <int W, class T>
 __global__ void __launch_bounds__(kNormThreads)
     gated_rmsnorm_forward_kernel(T* out, float* rstd, const T* x, const T* z, const float* weight, int64_t rows,
                                  int64_t dv, float eps) {
-  const int lane = int(threadIdx.x) % kRmsnormLanes;
-  const int64_t row = int64_t(blockIdx.x) * kNormRowsPerBlock + threadIdx.x / kRmsnormLanes;
-  const bool live = row < rows;
+  __shared__ __align__(16) float stage[W == 1 ? 1 : kNormStageFloats];
+  const auto [lane, row, live] = half_warp_row(rows);
   const T* xr = x + (live ? row : 0) * dv;
-  const float ss = half_warp_sum_squares(xr, dv, live);
+  const float ss = half_warp_ordered_sum<W>(stage, dv, live, [&](int64_t d, float (&p)[W]) {
+    load_n(p, xr + d);
+    for (int e = 0; e < W; ++e) p[e] = p[e] * p[e];
+  });
   if (!live) return;
   const float s = 1.0f / sqrtf(ss / float(dv) + eps);
   if (lane == 0) rstd[row] = s;
   const T* zr = z + row * dv;
   T* y = out + row * dv;
-  for (int64_t d = lane; d < dv; d += kRmsnormLanes)
-    store(y + d, ((load(xr + d) * s) * weight[d]) * gated_silu(load(zr + d)));
+  half_warp_row_loop<W>(lane, dv, [&](int64_t d, auto) {
+    float v[W], w[W], zd[W];
+    load_n(v, xr + d), load_n(w, weight + d), load_n(zd, zr + d);
+    for (int e = 0; e < W; ++e) v[e] = ((v[e] * s) * w[e]) * gated_silu(zd[e]);
+    store_n(y + d, v);
+  });
 }
 
 // w_d · G_d with G_d = g_d · silu(z_d), as the CPU op rounds them.
@@ -266,31 +285,34 @@ __device__ __forceinline__ float gated_wG(float g, float z, float w) {
   return w * (g * (z * sg));
 }
 
-// dx, dz [rows, dv]: a half-warp per row.
-template <class T>
+// dx, dz [rows, dv]: a half-warp per row, W elements a lane at a time.
+template <int W, class T>
 __global__ void __launch_bounds__(kNormThreads)
     gated_rmsnorm_backward_kernel(float* dx, float* dz, const float* dout, const T* x, const T* z,
                                   const float* weight, const float* rstd, int64_t rows, int64_t dv) {
-  const int lane = int(threadIdx.x) % kRmsnormLanes;
-  const int64_t row = int64_t(blockIdx.x) * kNormRowsPerBlock + threadIdx.x / kRmsnormLanes;
-  const bool live = row < rows;
+  __shared__ __align__(16) float stage[W == 1 ? 1 : kNormStageFloats];
+  const auto [lane, row, live] = half_warp_row(rows);
   const int64_t base = (live ? row : 0) * dv;
-  float acc = 0.0f;
-  if (live)
-    for (int64_t d = lane; d < dv; d += kRmsnormLanes)
-      acc += gated_wG(dout[base + d], load(z + base + d), weight[d]) * load(x + base + d);
-  const float dot = half_warp_tree_sum(acc);
+  const float dot = half_warp_ordered_sum<W>(stage, dv, live, [&](int64_t d, float (&p)[W]) {
+    float g[W], zd[W], w[W];
+    load_n(g, dout + base + d), load_n(zd, z + base + d), load_n(w, weight + d), load_n(p, x + base + d);
+    for (int e = 0; e < W; ++e) p[e] = gated_wG(g[e], zd[e], w[e]) * p[e];
+  });
   if (!live) return;
   const float s = rstd[row];
   const float k = s * s * (dot / float(dv));
-  for (int64_t d = lane; d < dv; d += kRmsnormLanes) {
-    const float xd = load(x + base + d), zd = load(z + base + d), g = dout[base + d];
-    float sg, one_minus_sg;
-    swiglu_math::sigmoid_pair(zd, &sg, &one_minus_sg);
-    const float nw = (xd * s) * weight[d];
-    dz[base + d] = (g * nw) * (sg * (1.0f + zd * one_minus_sg));
-    dx[base + d] = s * (gated_wG(g, zd, weight[d]) - xd * k);
-  }
+  half_warp_row_loop<W>(lane, dv, [&](int64_t d, auto) {
+    float xd[W], zd[W], g[W], w[W], odz[W], odx[W];
+    load_n(xd, x + base + d), load_n(zd, z + base + d), load_n(g, dout + base + d), load_n(w, weight + d);
+    for (int e = 0; e < W; ++e) {
+      float sg, one_minus_sg;
+      swiglu_math::sigmoid_pair(zd[e], &sg, &one_minus_sg);
+      const float nw = (xd[e] * s) * w[e];
+      odz[e] = (g[e] * nw) * (sg * (1.0f + zd[e] * one_minus_sg));
+      odx[e] = s * (gated_wG(g[e], zd[e], w[e]) - xd[e] * k);
+    }
+    store_n(dz + base + d, odz), store_n(dx + base + d, odx);
+  });
 }
 
 // partial[chunk, dv] = Σ_{rows of the chunk} f64(g · silu(z)) · f64(x · rstd); a thread per (chunk, d).
@@ -392,24 +414,36 @@ template <class T>
 void l2norm_forward(Stream s, T* out, float* rnorm, const T* in, int64_t N, int64_t H, int64_t D, int64_t ld_out,
                     int64_t ld_in, float eps) {
   if (N == 0) return;
-  LT_LAUNCH(l2norm_forward_kernel<T>, dim3(norm_blocks(N * H)), dim3(kNormThreads), 0, native_stream(s), out,
-            rnorm, in, N, H, D, ld_out, ld_in, eps);
+  if (norm_rows_packed(D, {ld_out, ld_in}, {out, in}))
+    LT_LAUNCH((l2norm_forward_kernel<kPack, T>), dim3(norm_blocks(N * H)), dim3(kNormThreads), 0, native_stream(s),
+              out, rnorm, in, N, H, D, ld_out, ld_in, eps);
+  else
+    LT_LAUNCH((l2norm_forward_kernel<1, T>), dim3(norm_blocks(N * H)), dim3(kNormThreads), 0, native_stream(s),
+              out, rnorm, in, N, H, D, ld_out, ld_in, eps);
 }
 
 template <class T>
 void l2norm_backward(Stream s, float* din, const float* dout, const T* in, const float* rnorm, int64_t N,
                      int64_t H, int64_t D, int64_t ld_din, int64_t ld_dout, int64_t ld_in) {
   if (N == 0) return;
-  LT_LAUNCH(l2norm_backward_kernel<T>, dim3(norm_blocks(N * H)), dim3(kNormThreads), 0, native_stream(s), din,
-            dout, in, rnorm, N, H, D, ld_din, ld_dout, ld_in);
+  if (norm_rows_packed(D, {ld_din, ld_dout, ld_in}, {din, dout, in}))
+    LT_LAUNCH((l2norm_backward_kernel<kPack, T>), dim3(norm_blocks(N * H)), dim3(kNormThreads), 0,
+              native_stream(s), din, dout, in, rnorm, N, H, D, ld_din, ld_dout, ld_in);
+  else
+    LT_LAUNCH((l2norm_backward_kernel<1, T>), dim3(norm_blocks(N * H)), dim3(kNormThreads), 0, native_stream(s),
+              din, dout, in, rnorm, N, H, D, ld_din, ld_dout, ld_in);
 }
 
 template <class T>
 void gated_rmsnorm_forward(Stream s, T* out, float* rstd, const T* x, const T* z, const float* weight,
                            int64_t rows, int64_t dv, float eps) {
   if (rows == 0) return;
-  LT_LAUNCH(gated_rmsnorm_forward_kernel<T>, dim3(norm_blocks(rows)), dim3(kNormThreads), 0, native_stream(s),
-            out, rstd, x, z, weight, rows, dv, eps);
+  if (norm_rows_packed(dv, {}, {out, x, z, weight}))
+    LT_LAUNCH((gated_rmsnorm_forward_kernel<kPack, T>), dim3(norm_blocks(rows)), dim3(kNormThreads), 0,
+              native_stream(s), out, rstd, x, z, weight, rows, dv, eps);
+  else
+    LT_LAUNCH((gated_rmsnorm_forward_kernel<1, T>), dim3(norm_blocks(rows)), dim3(kNormThreads), 0,
+              native_stream(s), out, rstd, x, z, weight, rows, dv, eps);
 }
 
 template <class T>
@@ -417,8 +451,12 @@ void gated_rmsnorm_backward(Stream s, float* dx, float* dz, float* dweight, cons
                             const T* z, const float* weight, const float* rstd, int64_t rows, int64_t dv,
                             void* workspace) {
   if (rows == 0) return;
-  LT_LAUNCH(gated_rmsnorm_backward_kernel<T>, dim3(norm_blocks(rows)), dim3(kNormThreads), 0, native_stream(s),
-            dx, dz, dout, x, z, weight, rstd, rows, dv);
+  if (norm_rows_packed(dv, {}, {dx, dz, dout, x, z, weight}))
+    LT_LAUNCH((gated_rmsnorm_backward_kernel<kPack, T>), dim3(norm_blocks(rows)), dim3(kNormThreads), 0,
+              native_stream(s), dx, dz, dout, x, z, weight, rstd, rows, dv);
+  else
+    LT_LAUNCH((gated_rmsnorm_backward_kernel<1, T>), dim3(norm_blocks(rows)), dim3(kNormThreads), 0,
+              native_stream(s), dx, dz, dout, x, z, weight, rstd, rows, dv);
   if (!dweight) return;  // a frozen weight (model/finetune.h): no gradient
   const int64_t chunk_rows = rmsnorm_dweight_chunk_rows(rows);
   const int64_t n_chunks = (rows + chunk_rows - 1) / chunk_rows;

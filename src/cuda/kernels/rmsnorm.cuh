@@ -15,6 +15,9 @@
 // dweight once in f32 — no atomics, the CPU op's bits.
 #pragma once
 
+#include <initializer_list>
+#include <type_traits>
+
 #include "cuda/kernels/common.cuh"
 #include "cuda/kernels/pack.cuh"
 #include "ops/rmsnorm.h"
@@ -33,148 +36,127 @@ __device__ __forceinline__ float half_warp_tree_sum(float acc) {
   return __shfl_sync(0xffffffffu, acc, 0, kRmsnormLanes);
 }
 
-// Σ x[c]² over a row of n: lane k of the half-warp sums c ≡ k (mod 16) in order, the lane tree combines them
-// (the CPU op's order); every lane gets the sum (0 for a row that is not live). Every lane of the warp calls it.
-template <class T>
-__device__ __forceinline__ float half_warp_sum_squares(const T* x, int64_t n, bool live) {
-  const int lane = int(threadIdx.x) % kRmsnormLanes;
-  float acc = 0.0f;
-  if (live)
-    for (int64_t c = lane; c < n; c += kRmsnormLanes) {
-      const float v = load(x + c);
-      acc += v * v;
-    }
-  return half_warp_tree_sum(acc);
-}
-
 // The packed kernels' stage: 32 packs of a row (256 elements, as f32 terms) per half-warp at a time, each
 // half-warp's stage 16 floats past the last so that the two half-warps of a warp read different banks.
 constexpr int kNormStagePacks = 2 * kRmsnormLanes;
 constexpr int kNormStage = kNormStagePacks * kPack;
 constexpr int kNormStageStride = kNormStage + 16;
+constexpr int kNormStageFloats = kNormRowsPerBlock * kNormStageStride;  // a block's, 8.5 KiB
 
-// Σ_c term(c) over a row of n (n % 8 == 0) in the CPU's lane order, made eight terms at a time: terms(c, p) fills
-// p[0..8) with the terms of elements c..c+7 (from 16-byte loads). Lane t of the half-warp makes packs t and t + 16
-// of each 256-element stretch into `stage` (its half-warp's), then lane k adds stage elements k, k + 16, ... in
-// order. Every lane of the warp calls it (both half-warps loop over the same n); a row that is not live makes no
-// terms and gets 0.
-template <class Terms>
-__device__ __forceinline__ float half_warp_ordered_sum_packed(float* stage, int64_t n, bool live, Terms terms) {
+// A half-warp's row: lane k (0..15) of half-warp `row` of the launch; rows past `rows` are not live.
+struct HalfWarpRow {
+  int lane;
+  int64_t row;
+  bool live;
+};
+__device__ __forceinline__ HalfWarpRow half_warp_row(int64_t rows) {
+  const int64_t row = int64_t(blockIdx.x) * kNormRowsPerBlock + threadIdx.x / kRmsnormLanes;
+  return {int(threadIdx.x) % kRmsnormLanes, row, row < rows};
+}
+
+// Σ_c term(c) over a row of n in the CPU's lane order (lane k takes c ≡ k (mod 16) in order; the lane tree), the
+// terms made W at a time: terms(c, p) fills p[0..W) with the terms of elements c..c+W-1. W = 1: lane k makes and
+// adds its own. W = kPack (n % 8 == 0, 16-byte loads): lane t makes packs t and t + 16 of each 256-element stretch
+// into its half-warp's part of `stage` (the block's kNormStageFloats), then lane k adds stage elements k, k + 16,
+// ... in order — the same sum. Every lane of the warp calls it (both half-warps loop over the same n); a row that
+// is not live makes no terms and gets 0.
+template <int W, class Terms>
+__device__ __forceinline__ float half_warp_ordered_sum(float* stage, int64_t n, bool live, Terms terms) {
   const int lane = int(threadIdx.x) % kRmsnormLanes;
   float acc = 0.0f;
-  for (int64_t base = 0; base < n; base += kNormStage) {
-    for (int u = lane; u < kNormStagePacks; u += kRmsnormLanes) {
-      const int64_t c = base + int64_t(u) * kPack;
-      if (live && c < n) {
-        float p[kPack];
-        terms(c, p);
-        store_pack(stage + u * kPack, p);
-      }
-    }
-    __syncwarp();
+  if constexpr (W == 1) {
     if (live)
-      for (int j = lane; j < kNormStage && base + j < n; j += kRmsnormLanes) acc += stage[j];
-    __syncwarp();  // the stage is read before the next stretch overwrites it
+      for (int64_t c = lane; c < n; c += kRmsnormLanes) {
+        float p[1];
+        terms(c, p);
+        acc += p[0];
+      }
+  } else {
+    float* mine = stage + int(threadIdx.x) / kRmsnormLanes * kNormStageStride;
+    for (int64_t base = 0; base < n; base += kNormStage) {
+      for (int u = lane; u < kNormStagePacks; u += kRmsnormLanes) {
+        const int64_t c = base + int64_t(u) * kPack;
+        if (live && c < n) {
+          float p[kPack];
+          terms(c, p);
+          store_pack(mine + u * kPack, p);
+        }
+      }
+      __syncwarp();
+      if (live)
+        for (int j = lane; j < kNormStage && base + j < n; j += kRmsnormLanes) acc += mine[j];
+      __syncwarp();  // the stage is read before the next stretch overwrites it
+    }
   }
   return half_warp_tree_sum(acc);
 }
 
+// The half-warp's elementwise pass over a row of n: body(c, width) for elements [c, c + W), lane k taking the
+// k-th, (k + 16)-th, ... group of W.
+template <int W, class Body>
+__device__ __forceinline__ void half_warp_row_loop(int lane, int64_t n, Body body) {
+  for (int64_t c = int64_t(lane) * W; c < n; c += kRmsnormLanes * W) body(c, std::integral_constant<int, W>{});
+}
+
+// Whether a launch over rows of C elements (row strides `ld`) can take 16-byte packs: C and every stride a
+// multiple of 8 elements and every pointer 16-byte aligned.
+inline bool norm_rows_packed(int64_t C, std::initializer_list<int64_t> ld, std::initializer_list<const void*> p) {
+  if (C % kPack != 0) return false;
+  for (const int64_t l : ld)
+    if (l % kPack != 0) return false;
+  return all_aligned16(p);
+}
+
 // out[rows, C], rstd[rows]
-template <class T>
+template <int W, class T>
 __global__ void __launch_bounds__(kNormThreads)
     rmsnorm_forward_kernel(T* out, float* rstd, const T* in, const float* weight, int64_t rows, int64_t C,
                            float eps) {
-  const int lane = int(threadIdx.x) % kRmsnormLanes;
-  const int64_t row = int64_t(blockIdx.x) * kNormRowsPerBlock + threadIdx.x / kRmsnormLanes;
-  const bool live = row < rows;
+  __shared__ __align__(16) float stage[W == 1 ? 1 : kNormStageFloats];
+  const auto [lane, row, live] = half_warp_row(rows);
   const T* x = in + (live ? row : 0) * C;
-  const float ss = half_warp_sum_squares(x, C, live);
+  const float ss = half_warp_ordered_sum<W>(stage, C, live, [&](int64_t c, float (&p)[W]) {
+    load_n(p, x + c);
+    for (int e = 0; e < W; ++e) p[e] = p[e] * p[e];
+  });
   if (!live) return;
   const float ms = ss / float(C);  // a division, as torch's mean
   const float s = 1.0f / sqrtf(ms + eps);
   if (lane == 0) rstd[row] = s;
   T* y = out + row * C;
-  for (int64_t c = lane; c < C; c += kRmsnormLanes) store(y + c, (load(x + c) * s) * weight[c]);
-}
-
-// rmsnorm_forward_kernel on 16-byte packs (C % 8 == 0, rows 16-byte aligned): the same bits.
-template <class T>
-__global__ void __launch_bounds__(kNormThreads)
-    rmsnorm_forward_packed_kernel(T* out, float* rstd, const T* in, const float* weight, int64_t rows, int64_t C,
-                                  float eps) {
-  __shared__ __align__(16) float stage[kNormRowsPerBlock * kNormStageStride];
-  const int lane = int(threadIdx.x) % kRmsnormLanes, half = int(threadIdx.x) / kRmsnormLanes;
-  const int64_t row = int64_t(blockIdx.x) * kNormRowsPerBlock + half;
-  const bool live = row < rows;
-  const T* x = in + (live ? row : 0) * C;
-  const float ss = half_warp_ordered_sum_packed(stage + half * kNormStageStride, C, live,
-                                                [&](int64_t c, float (&p)[kPack]) {
-                                                  load_pack(p, x + c);
-                                                  for (int e = 0; e < kPack; ++e) p[e] = p[e] * p[e];
-                                                });
-  if (!live) return;
-  const float ms = ss / float(C);
-  const float s = 1.0f / sqrtf(ms + eps);
-  if (lane == 0) rstd[row] = s;
-  T* y = out + row * C;
-  for (int64_t c = int64_t(lane) * kPack; c < C; c += kRmsnormLanes * kPack) {
-    float v[kPack], w[kPack];
-    load_pack(v, x + c), load_pack(w, weight + c);
-    for (int e = 0; e < kPack; ++e) v[e] = (v[e] * s) * w[e];
-    store_pack(y + c, v);
-  }
+  half_warp_row_loop<W>(lane, C, [&](int64_t c, auto) {
+    float v[W], w[W];
+    load_n(v, x + c), load_n(w, weight + c);
+    for (int e = 0; e < W; ++e) v[e] = (v[e] * s) * w[e];
+    store_n(y + c, v);
+  });
 }
 
 // din[rows, C] = rstd · (w·g - x · rstd² · mean(w·g·x))
-template <class T>
+template <int W, class T>
 __global__ void __launch_bounds__(kNormThreads)
     rmsnorm_backward_din_kernel(float* din, const float* dout, const T* in, const float* weight,
                                 const float* rstd, int64_t rows, int64_t C) {
-  const int lane = int(threadIdx.x) % kRmsnormLanes;
-  const int64_t row = int64_t(blockIdx.x) * kNormRowsPerBlock + threadIdx.x / kRmsnormLanes;
-  const bool live = row < rows;
+  __shared__ __align__(16) float stage[W == 1 ? 1 : kNormStageFloats];
+  const auto [lane, row, live] = half_warp_row(rows);
   const T* x = in + (live ? row : 0) * C;
   const float* g = dout + (live ? row : 0) * C;
-  float acc = 0.0f;
-  if (live)
-    for (int64_t c = lane; c < C; c += kRmsnormLanes) acc += (weight[c] * g[c]) * load(x + c);
-  const float dot = half_warp_tree_sum(acc);
+  const float dot = half_warp_ordered_sum<W>(stage, C, live, [&](int64_t c, float (&p)[W]) {
+    float w[W], gc[W];
+    load_n(w, weight + c), load_n(gc, g + c), load_n(p, x + c);
+    for (int e = 0; e < W; ++e) p[e] = (w[e] * gc[e]) * p[e];
+  });
   if (!live) return;
   const float s = rstd[row];
   const float m = dot / float(C);
   const float k = s * s * m;
   float* dx = din + row * C;
-  for (int64_t c = lane; c < C; c += kRmsnormLanes) dx[c] = s * ((weight[c] * g[c]) - load(x + c) * k);
-}
-
-// rmsnorm_backward_din_kernel on 16-byte packs (C % 8 == 0, rows 16-byte aligned): the same bits.
-template <class T>
-__global__ void __launch_bounds__(kNormThreads)
-    rmsnorm_backward_din_packed_kernel(float* din, const float* dout, const T* in, const float* weight,
-                                       const float* rstd, int64_t rows, int64_t C) {
-  __shared__ __align__(16) float stage[kNormRowsPerBlock * kNormStageStride];
-  const int lane = int(threadIdx.x) % kRmsnormLanes, half = int(threadIdx.x) / kRmsnormLanes;
-  const int64_t row = int64_t(blockIdx.x) * kNormRowsPerBlock + half;
-  const bool live = row < rows;
-  const T* x = in + (live ? row : 0) * C;
-  const float* g = dout + (live ? row : 0) * C;
-  const float dot = half_warp_ordered_sum_packed(stage + half * kNormStageStride, C, live,
-                                                 [&](int64_t c, float (&p)[kPack]) {
-                                                   float w[kPack], gc[kPack];
-                                                   load_pack(w, weight + c), load_pack(gc, g + c), load_pack(p, x + c);
-                                                   for (int e = 0; e < kPack; ++e) p[e] = (w[e] * gc[e]) * p[e];
-                                                 });
-  if (!live) return;
-  const float s = rstd[row];
-  const float m = dot / float(C);
-  const float k = s * s * m;
-  float* dx = din + row * C;
-  for (int64_t c = int64_t(lane) * kPack; c < C; c += kRmsnormLanes * kPack) {
-    float w[kPack], gc[kPack], v[kPack];
-    load_pack(w, weight + c), load_pack(gc, g + c), load_pack(v, x + c);
-    for (int e = 0; e < kPack; ++e) v[e] = s * ((w[e] * gc[e]) - v[e] * k);
-    store_pack(dx + c, v);
-  }
+  half_warp_row_loop<W>(lane, C, [&](int64_t c, auto) {
+    float w[W], gc[W], v[W];
+    load_n(w, weight + c), load_n(gc, g + c), load_n(v, x + c);
+    for (int e = 0; e < W; ++e) v[e] = s * ((w[e] * gc[e]) - v[e] * k);
+    store_n(dx + c, v);
+  });
 }
 
 // partial[chunk, C] = Σ_{rows r of the chunk} f64(g[r, c]) · f64(x[r, c] · rstd[r]); grid (chunks, ⌈C/128⌉).
@@ -209,24 +191,24 @@ template <class T>
 void rmsnorm_forward(Stream s, T* out, float* rstd, const T* in, const float* weight, int64_t rows, int64_t C,
                      float eps) {
   if (rows == 0) return;
-  if (C % kPack == 0 && all_aligned16({out, in, weight}))
-    LT_LAUNCH(rmsnorm_forward_packed_kernel<T>, dim3(norm_blocks(rows)), dim3(kNormThreads), 0, native_stream(s),
+  if (norm_rows_packed(C, {}, {out, in, weight}))
+    LT_LAUNCH((rmsnorm_forward_kernel<kPack, T>), dim3(norm_blocks(rows)), dim3(kNormThreads), 0, native_stream(s),
               out, rstd, in, weight, rows, C, eps);
   else
-    LT_LAUNCH(rmsnorm_forward_kernel<T>, dim3(norm_blocks(rows)), dim3(kNormThreads), 0, native_stream(s), out,
-              rstd, in, weight, rows, C, eps);
+    LT_LAUNCH((rmsnorm_forward_kernel<1, T>), dim3(norm_blocks(rows)), dim3(kNormThreads), 0, native_stream(s),
+              out, rstd, in, weight, rows, C, eps);
 }
 
 template <class T>
 void rmsnorm_backward(Stream s, float* din, float* dweight, const float* dout, const T* in, const float* weight,
                       const float* rstd, int64_t rows, int64_t C, void* workspace) {
   if (rows == 0) return;
-  if (C % kPack == 0 && all_aligned16({din, dout, in, weight}))
-    LT_LAUNCH(rmsnorm_backward_din_packed_kernel<T>, dim3(norm_blocks(rows)), dim3(kNormThreads), 0,
+  if (norm_rows_packed(C, {}, {din, dout, in, weight}))
+    LT_LAUNCH((rmsnorm_backward_din_kernel<kPack, T>), dim3(norm_blocks(rows)), dim3(kNormThreads), 0,
               native_stream(s), din, dout, in, weight, rstd, rows, C);
   else
-    LT_LAUNCH(rmsnorm_backward_din_kernel<T>, dim3(norm_blocks(rows)), dim3(kNormThreads), 0, native_stream(s),
-              din, dout, in, weight, rstd, rows, C);
+    LT_LAUNCH((rmsnorm_backward_din_kernel<1, T>), dim3(norm_blocks(rows)), dim3(kNormThreads), 0,
+              native_stream(s), din, dout, in, weight, rstd, rows, C);
   if (!dweight) return;  // a frozen weight (model/finetune.h): no gradient
   const int64_t chunk_rows = rmsnorm_dweight_chunk_rows(rows);
   const int64_t chunks = (rows + chunk_rows - 1) / chunk_rows;
