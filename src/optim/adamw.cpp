@@ -1,9 +1,12 @@
 #include "optim/adamw.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstring>
 #include <iterator>
+#include <limits>
+#include <system_error>
 #include <tuple>
 
 #include "core/error.h"
@@ -422,8 +425,18 @@ void HybridAdamW::load_state(const std::string& path) {
   LT_CHECK(field("block_size") == std::to_string(cfg_.block_size),
            "optimizer state {} uses 8-bit blocks of {}, the configuration {}", path, field("block_size"),
            cfg_.block_size);
-  const int64_t step = std::stoll(field("step"));
-  const int skips = std::stoi(field("consecutive_skips"));
+  // A counter as save_state wrote it: decimal digits, nothing else (a damaged file must not end in std::stoll's
+  // exception).
+  auto counter = [&](const char* key) {
+    const std::string& text = field(key);
+    int64_t v = -1;
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+    LT_CHECK(ec == std::errc() && end == text.data() + text.size() && v >= 0 && v <= std::numeric_limits<int32_t>::max(),
+             "{}: metadata '{}' is '{}', expected a count (a non-negative integer)", path, key, text);
+    return v;
+  };
+  const int64_t step = counter("step");
+  const int skips = int(counter("consecutive_skips"));
   embedding_.restore_state(file);
   for (AdamWSlab& l : layers_) l.restore_state(file);
   head_.restore_state(file);

@@ -8,10 +8,12 @@
 
 #include "core/error.h"
 #include "core/parallel.h"
+#include "io/json_file.h"
 #include "model/weights.h"
 #include "optim/adamw.h"
 #include "optim/clip.h"
 #include "optim_testing.h"
+#include "testing/files_testing.h"
 
 namespace lt {
 namespace {
@@ -329,6 +331,16 @@ TEST(HybridAdamW, SaveLoadRoundTripIsExact) {
   }
   save_safetensors(c.params, dir.file("model.safetensors"), DType::f32);
   EXPECT_THROW(oc.load_state(dir.file("model.safetensors")), Error);
+
+  // A damaged counter in the metadata (the same length, so the header still parses): an lt::Error naming it.
+  std::string bytes = read_file(path);
+  const size_t at = bytes.find("\"step\":\"3\"");
+  ASSERT_NE(at, std::string::npos);
+  bytes[at + 8] = 'x';
+  write_file_atomic(dir.file("damaged.safetensors"), bytes);
+  HybridAdamW oe(c.params, c.grads, AdamWConfig{});
+  const std::string e = testing::error_of([&] { oe.load_state(dir.file("damaged.safetensors")); });
+  EXPECT_NE(e.find("metadata 'step' is 'x', expected a count"), std::string::npos) << e;
 }
 
 TEST(HybridAdamW, RefusesMismatchedSlabsAndBadConfig) {
