@@ -24,7 +24,7 @@ double Instance::fixed_peak() const { return *std::max_element(mem.fixed.begin()
 
 double Instance::prologue() const { return std::max(embed_f, token_upload / bw_h2d) + (A + Wl[0]) / bw_h2d; }
 
-double Instance::epilogue() const { return Gl[0] / bw_d2h + std::max(acc[0], A / bw_d2h) + embed_b; }
+double Instance::epilogue() const { return Gl[0] / bw_d2h + std::max(acc[0], dx0 / bw_d2h) + embed_b; }
 
 double Instance::weights_of(int64_t a, int64_t b) const {
   double w = 0;
@@ -61,6 +61,11 @@ Plan normalize_plan(const Plan& p) {
 
 namespace {
 
+// The parameters a slab trains (model/finetune.h): all of them under full fine-tuning, none of a frozen slab.
+double trained_parameters(const ModelConfig& cfg, SlabKind kind, int64_t layer = 0) {
+  return double(SlabLayout::trained(cfg, kind, layer).num_parameters());
+}
+
 // Data parallel: the host lane's and the optimizer's extra work per rank (InstanceOptions::ranks).
 void add_data_parallel(Instance& in, const ModelConfig& cfg, int64_t N, const InstanceOptions& o) {
   LT_CHECK(o.net_gbps > 0, "{} ranks: the network bandwidth per rank (GB/s) is needed to count the exchange", o.ranks);
@@ -74,8 +79,8 @@ void add_data_parallel(Instance& in, const ModelConfig& cfg, int64_t N, const In
   }
   in.acc_head += share * in.HG / net;
   micro += share * in.HG;
-  // The embedding: every rank's dx0 rows [N, C] f32 and ids to every rank.
-  const double rows = (n - 1) * double(N) * (C * 4 + 4);
+  // The embedding: every rank's dx0 rows [N, C] f32 and ids to every rank (none for a frozen table).
+  const double rows = in.dx0 > 0 ? (n - 1) * double(N) * (C * 4 + 4) : 0.0;
   in.embed_b += rows / net;
   micro += rows;
   in.exchange_micro_bytes = micro;
@@ -90,9 +95,9 @@ void add_data_parallel(Instance& in, const ModelConfig& cfg, int64_t N, const In
   };
   const double streamed = bf16 ? 2 : 4;
   for (int64_t l = 0; l < in.L; ++l)
-    sharded(in.opt_layer[size_t(l)], double(layer_parameters(cfg, l)), streamed);
-  sharded(in.opt_embed, double(cfg.vocab_size) * C, bf16 ? 4 + 2 : 4);
-  sharded(in.opt_head, C + (cfg.tie_word_embeddings ? 0 : double(cfg.vocab_size) * C), streamed);
+    sharded(in.opt_layer[size_t(l)], trained_parameters(cfg, SlabKind::layer, l), streamed);
+  sharded(in.opt_embed, trained_parameters(cfg, SlabKind::embedding), bf16 ? 4 + 2 : 4);
+  sharded(in.opt_head, trained_parameters(cfg, SlabKind::head), streamed);
   in.exchange_step_bytes = step;
 }
 
@@ -113,11 +118,12 @@ Instance make_instance(const ModelConfig& cfg, int64_t B, int64_t T, const Profi
   in.budget = budget;
   in.restricted = o.restricted;
   in.profile_name = profile.name;
-  const int64_t N = B * T, C = cfg.hidden_size;
+  const int64_t N = B * T;
   const DType mdt = o.exec.compute == ComputeType::bf16 ? DType::bf16 : DType::f32;
   const BlockShape s = BlockShape::make(cfg, B, T, o.exec.activations, o.exec.mlp_chunk_tokens);
   auto al = [](double bytes) { return double(align_up(size_t(std::ceil(bytes)), kDeviceAlign)); };
   in.A = al(double(s.boundary_bytes()));
+  in.dx0 = double(N) * double(cfg.hidden_size) * 4;
   in.A_nvme = double(align_up(s.boundary_bytes(), kPageAlign));
   in.mem = memory_terms(cfg, B, T, o.exec);
   for (int64_t l = 0; l < in.L; ++l) {
@@ -146,6 +152,7 @@ Instance make_instance(const ModelConfig& cfg, int64_t B, int64_t T, const Profi
   in.head = profile.head_s;
   in.embed_f = profile.embed_forward_s;
   in.embed_b = profile.embed_backward_s;
+  if (trained_parameters(cfg, SlabKind::embedding) == 0) in.embed_b = in.dx0 = 0;  // a frozen table: no dx0, no scatter
   for (double g : in.Gl) in.acc.push_back(g / (profile.accumulate_gbps * 1e9));
   in.acc_head = in.HG / (profile.accumulate_gbps * 1e9);
   in.bw_h2d = profile.link.h2d_gbps * 1e9;
@@ -157,10 +164,11 @@ Instance make_instance(const ModelConfig& cfg, int64_t B, int64_t T, const Profi
   in.bw_nvme_r = profile.nvme_read_gbps * 1e9;
   in.bw_nvme_w = profile.nvme_write_gbps * 1e9;
   if (o.include_optimizer && !o.restricted && profile.optimizer_params_per_s > 0) {
+    // The optimizer updates the trained parameters alone (a frozen tensor, a LoRA run's base weights: none).
     const double rate = profile.optimizer_params_per_s;
-    for (int64_t l = 0; l < in.L; ++l) in.opt_layer.push_back(double(layer_parameters(cfg, l)) / rate);
-    in.opt_embed = double(cfg.vocab_size * C) / rate;
-    in.opt_head = double(C + (cfg.tie_word_embeddings ? 0 : cfg.vocab_size * C)) / rate;
+    for (int64_t l = 0; l < in.L; ++l) in.opt_layer.push_back(trained_parameters(cfg, SlabKind::layer, l) / rate);
+    in.opt_embed = trained_parameters(cfg, SlabKind::embedding) / rate;
+    in.opt_head = trained_parameters(cfg, SlabKind::head) / rate;
   }
   in.parameters = cfg.num_active_parameters();
   in.head_fence = true;  // what-if sizes: assume the executor's usual packing

@@ -174,7 +174,7 @@ Cost cost_of(const Instance& in, const StepOp& op) {
       const double mlp = in.Gl[l] * in.mlp_grad_share[l];
       return {0, op.offset > 0 || in.mlp_grad_share[l] == 1.0 ? mlp : in.Gl[l] - mlp};
     }
-    case OpKind::download_dx0: return {0, in.A};
+    case OpKind::download_dx0: return {0, double(op.bytes)};  // f32 [N, C], the schedule's bytes (not a boundary's)
     case OpKind::accumulate_head: return {in.acc_head, 0};
     case OpKind::accumulate_grads: return {in.acc[l], 0};
     case OpKind::embedding_backward: return {in.embed_b, 0};

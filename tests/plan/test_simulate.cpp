@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "exec/working_set.h"
+#include "model/finetune.h"
 #include "plan/chain_dp.h"
 #include "plan/milp.h"
 #include "plan/plan_file.h"
@@ -204,6 +205,55 @@ TEST(Simulate, DataParallelCountsTheExchange) {
   EXPECT_GT(simulate(make_instance(cfg, 2, 16, prof, budget, o), p).iteration_s, 10 * simulate(one, p).iteration_s);
   o.net_gbps = 0;
   EXPECT_THROW(make_instance(cfg, 2, 16, prof, budget, o), Error);
+}
+
+// What the step moves and updates, as the executor's schedule does it: dx0 goes down in f32 whatever the
+// activations' dtype (before, the simulator and the cost model charged a bf16 boundary: half of it); a fine-tuning
+// run's optimizer updates its trained parameters alone, and a frozen table has no dx0, no scatter, no update.
+TEST(Simulate, ChargesDx0InF32AndTheOptimizerForTheTrainedParameters) {
+  ModelConfig cfg = testing::tiny_plan_config(4);
+  cfg.tie_word_embeddings = false;
+  Rng rng(8);
+  Profile prof = testing::synthetic_profile(cfg, 2, 16, rng);
+  prof.optimizer_params_per_s = 1e7;
+  const Budgets budget{size_t(1) << 30, size_t(1) << 30, 0};
+  InstanceOptions o;
+  o.exec.activations = DType::bf16;
+  Instance full = make_instance(cfg, 2, 16, prof, budget, o);
+  const double dx0 = 32.0 * double(cfg.hidden_size) * 4;
+  EXPECT_EQ(full.dx0, dx0);
+  EXPECT_LT(full.A, dx0);  // the bf16 boundary
+  full.bw_d2h = 1e3;       // 1 kB/s: the download's time is its bytes
+  full.bw_sum = full.latency = 0;
+  SimOptions rec;
+  rec.record_ops = true;
+  int seen = 0;
+  for (const SimOpRecord& op : simulate(full, Plan::every(4, 1), rec).ops)
+    if (op.name == "d2h dx0") {
+      EXPECT_NEAR(op.end - op.start, dx0 / full.bw_d2h, 1e-9 * dx0 / full.bw_d2h);
+      ++seen;
+    }
+  EXPECT_EQ(seen, 1);
+  const Prediction pr = evaluate(full, Plan::every(4, 1));
+  const SimResult sr = simulate(full, Plan::every(4, 1));
+  EXPECT_NEAR(sr.d2h_bytes, pr.d2h_bytes, 1e-6 * pr.d2h_bytes);  // the cost model counts the same bytes
+
+  // Freeze: the last layer's MLP trains, the table does not.
+  cfg.finetune = std::make_shared<const Finetune>(make_freeze(cfg, 1, {"mlp"}, {}));
+  const Instance frozen = make_instance(cfg, 2, 16, prof, budget, o);
+  for (int64_t l = 0; l < cfg.num_layers; ++l)
+    EXPECT_DOUBLE_EQ(frozen.opt_layer[size_t(l)],
+                     double(SlabLayout::trained(cfg, SlabKind::layer, l).num_parameters()) / 1e7) << l;
+  EXPECT_EQ(frozen.opt_layer[0], 0.0);
+  EXPECT_GT(frozen.opt_layer[3], 0.0);
+  EXPECT_LT(frozen.opt_layer[3], full.opt_layer[3]);
+  EXPECT_EQ(frozen.opt_embed, 0.0);
+  EXPECT_EQ(frozen.opt_head, 0.0);
+  EXPECT_EQ(frozen.dx0, 0.0);
+  EXPECT_EQ(frozen.embed_b, 0.0);
+  for (const SimOpRecord& op : simulate(frozen, Plan::every(4, 1), rec).ops) EXPECT_NE(op.name, "d2h dx0");
+  EXPECT_NEAR(simulate(frozen, Plan::every(4, 1)).d2h_bytes, evaluate(frozen, Plan::every(4, 1)).d2h_bytes,
+              1e-6 * evaluate(frozen, Plan::every(4, 1)).d2h_bytes);
 }
 
 TEST(Simulate, TraceHasEveryOperation) {
