@@ -51,9 +51,11 @@ struct ConvCase {
   int64_t N, T, Cc, K;
   bool packed;  // doc_ids with several documents per row; else null (each row one document)
 };
-// N = 70 and 130 give 3 and 5 dweight chunks of 32 tokens; K = 4 is Qwen3.5's, 3 and 1 the edges.
+// N = 70 and 130 give 3 and 5 dweight chunks of 32 tokens; K = 4 is Qwen3.5's, 3 and 1 the edges; Cc 48 and 16
+// take eight channels a thread (16-byte loads, linear_attention.cuh).
 const ConvCase kConvCases[] = {{70, 35, 53, 4, true}, {37, 37, 12, 4, false}, {12, 4, 5, 3, true},
-                               {130, 65, 7, 4, true}, {9, 9, 3, 1, false}};
+                               {130, 65, 7, 4, true}, {9, 9, 3, 1, false},   {70, 35, 48, 4, true},
+                               {37, 37, 16, 3, false}};
 
 // doc_ids [N]: runs of random length inside each row, numbered from 0 in every row (only equality inside a row
 // matters).

@@ -41,50 +41,66 @@ __device__ __forceinline__ int64_t conv_span(const int32_t* doc_ids, int64_t n, 
   return j;
 }
 
-// pre[n, c], oldest tap first from an exact 0 (the CPU's conv_row).
-template <class T>
-__device__ __forceinline__ float conv_pre(const T* x, const float* weight, int64_t n, int64_t c, int64_t span,
-                                          int64_t Cc, int64_t K) {
-  float pre = 0.0f;
-  for (int64_t k = K - 1 - span; k < K; ++k) pre += weight[c * K + k] * load(x + (n - (K - 1 - k)) * Cc + c);
-  return pre;
-}
-
-// dpre[n, c] = dout · silu'(pre), recomputing pre with the forward's bits.
-template <class T>
-__device__ __forceinline__ float conv_dpre(const float* dout, const T* x, const float* weight, int64_t n, int64_t c,
-                                           int64_t span, int64_t Cc, int64_t K) {
-  const float p = conv_pre(x, weight, n, c, span, Cc, K);
-  float sg, one_minus_sg;
-  swiglu_math::sigmoid_pair(p, &sg, &one_minus_sg);
-  return dout[n * Cc + c] * (sg * (1.0f + p * one_minus_sg));
-}
-
-// out[N, Cc]
-template <class T>
-__global__ void short_conv_forward_kernel(T* out, const T* x, const float* weight, const int32_t* doc_ids,
-                                          int64_t N, int64_t T_, int64_t Cc, int64_t K) {
-  for (int64_t i = global_thread(); i < N * Cc; i += grid_threads()) {
-    const int64_t n = i / Cc, c = i % Cc;
-    const float p = conv_pre(x, weight, n, c, conv_span(doc_ids, n, T_, K), Cc, K);
-    store(out + i, p * swiglu_math::sigmoid(p));
+// pre[n, c + e] for the W channels from c, oldest tap first from an exact 0 (the CPU's conv_row): a tap's W
+// inputs in one load (16 bytes where W = kPack), each channel's sum in the scalar order.
+template <int W, class T>
+__device__ __forceinline__ void conv_pre(float (&pre)[W], const T* x, const float* weight, int64_t n, int64_t c,
+                                         int64_t span, int64_t Cc, int64_t K) {
+  for (int e = 0; e < W; ++e) pre[e] = 0.0f;
+  for (int64_t k = K - 1 - span; k < K; ++k) {
+    float xv[W];
+    load_n(xv, x + (n - (K - 1 - k)) * Cc + c);
+    for (int e = 0; e < W; ++e) pre[e] += weight[(c + e) * K + k] * xv[e];
   }
 }
 
-// dx[m, c] = Σ_j dpre[m+j, c] · w[c, K-1-j] over the taps that reach back to m, nearest first.
-template <class T>
+// dpre[n, c + e] = dout · silu'(pre), recomputing pre with the forward's bits.
+template <int W, class T>
+__device__ __forceinline__ void conv_dpre(float (&dpre)[W], const float* dout, const T* x, const float* weight,
+                                          int64_t n, int64_t c, int64_t span, int64_t Cc, int64_t K) {
+  float p[W];
+  conv_pre(p, x, weight, n, c, span, Cc, K);
+  load_n(dpre, dout + n * Cc + c);
+  for (int e = 0; e < W; ++e) {
+    float sg, one_minus_sg;
+    swiglu_math::sigmoid_pair(p[e], &sg, &one_minus_sg);
+    dpre[e] = dpre[e] * (sg * (1.0f + p[e] * one_minus_sg));
+  }
+}
+
+// out[N, Cc]: a thread per token and W channels (W = kPack where Cc % 8 == 0 and the rows are aligned: one
+// document span per 8 channels, 16-byte loads and stores; the same bits).
+template <int W, class T>
+__global__ void short_conv_forward_kernel(T* out, const T* x, const float* weight, const int32_t* doc_ids,
+                                          int64_t N, int64_t T_, int64_t Cc, int64_t K) {
+  const int64_t groups = Cc / W;
+  for (int64_t i = global_thread(); i < N * groups; i += grid_threads()) {
+    const int64_t n = i / groups, c = (i % groups) * W;
+    float p[W];
+    conv_pre(p, x, weight, n, c, conv_span(doc_ids, n, T_, K), Cc, K);
+    for (int e = 0; e < W; ++e) p[e] = p[e] * swiglu_math::sigmoid(p[e]);
+    store_n(out + n * Cc + c, p);
+  }
+}
+
+// dx[m, c] = Σ_j dpre[m+j, c] · w[c, K-1-j] over the taps that reach back to m, nearest first; W channels a thread.
+template <int W, class T>
 __global__ void short_conv_backward_dx_kernel(float* dx, const float* dout, const T* x, const float* weight,
                                               const int32_t* doc_ids, int64_t N, int64_t T_, int64_t Cc,
                                               int64_t K) {
-  for (int64_t i = global_thread(); i < N * Cc; i += grid_threads()) {
-    const int64_t m = i / Cc, c = i % Cc;
-    float acc = 0.0f;
+  const int64_t groups = Cc / W;
+  for (int64_t i = global_thread(); i < N * groups; i += grid_threads()) {
+    const int64_t m = i / groups, c = (i % groups) * W;
+    float acc[W];
+    for (int e = 0; e < W; ++e) acc[e] = 0.0f;
     for (int64_t j = 0; j < K && m + j < N; ++j) {
       const int64_t span = conv_span(doc_ids, m + j, T_, K);
       if (span < j) continue;
-      acc += conv_dpre(dout, x, weight, m + j, c, span, Cc, K) * weight[c * K + (K - 1 - j)];
+      float d[W];
+      conv_dpre(d, dout, x, weight, m + j, c, span, Cc, K);
+      for (int e = 0; e < W; ++e) acc[e] += d[e] * weight[(c + e) * K + (K - 1 - j)];
     }
-    dx[i] = acc;
+    store_n(dx + m * Cc + c, acc);
   }
 }
 
@@ -102,7 +118,9 @@ __global__ void short_conv_backward_partial_kernel(double* partial, const float*
     const int64_t n0 = t * chunk, n1 = n0 + chunk < N ? n0 + chunk : N;
     for (int64_t n = n0; n < n1; ++n) {
       const int64_t span = conv_span(doc_ids, n, T_, K);
-      const double d = double(conv_dpre(dout, x, weight, n, c, span, Cc, K));
+      float dp[1];
+      conv_dpre(dp, dout, x, weight, n, c, span, Cc, K);
+      const double d = double(dp[0]);
       for (int64_t j = 0; j <= span; ++j) p[(K - 1 - j) * Cc] += d * double(load(x + (n - j) * Cc + c));
     }
   }
@@ -393,7 +411,10 @@ namespace detail {
 template <class T>
 void short_conv_forward(Stream s, T* out, const T* x, const float* weight, const int32_t* doc_ids, int64_t N,
                         int64_t T_, int64_t Cc, int64_t K) {
-  LT_ELEMENTWISE(short_conv_forward_kernel<T>, N * Cc, out, x, weight, doc_ids, N, T_, Cc, K);
+  if (Cc % kPack == 0 && all_aligned16({out, x}))
+    LT_ELEMENTWISE((short_conv_forward_kernel<kPack, T>), N * Cc / kPack, out, x, weight, doc_ids, N, T_, Cc, K);
+  else
+    LT_ELEMENTWISE((short_conv_forward_kernel<1, T>), N * Cc, out, x, weight, doc_ids, N, T_, Cc, K);
 }
 
 template <class T>
@@ -403,7 +424,11 @@ void short_conv_backward(Stream s, float* dx, float* dweight, const float* dout,
   const int64_t chunk = short_conv_dweight_chunk_tokens(N);
   const int64_t n_chunks = (N + chunk - 1) / chunk;
   double* partial = static_cast<double*>(workspace);  // [n_chunks, K, Cc]
-  LT_ELEMENTWISE(short_conv_backward_dx_kernel<T>, N * Cc, dx, dout, x, weight, doc_ids, N, T_, Cc, K);
+  if (Cc % kPack == 0 && all_aligned16({dx, dout, x}))
+    LT_ELEMENTWISE((short_conv_backward_dx_kernel<kPack, T>), N * Cc / kPack, dx, dout, x, weight, doc_ids, N, T_,
+                   Cc, K);
+  else
+    LT_ELEMENTWISE((short_conv_backward_dx_kernel<1, T>), N * Cc, dx, dout, x, weight, doc_ids, N, T_, Cc, K);
   if (!dweight) return;  // a frozen weight (model/finetune.h): no gradient
   LT_ELEMENTWISE(short_conv_backward_partial_kernel<T>, n_chunks * Cc, partial, dout, x, weight, doc_ids, N, T_,
                     Cc, K, chunk, n_chunks);
