@@ -486,7 +486,8 @@ TEST(CudaSimLinearAttention, GatedRmsnormDweightFollowsTheCpuChunks) {
 struct GateCase {
   int64_t N, H, D;
 };
-const GateCase kGateCases[] = {{37, 3, 10}, {5, 2, 12}, {70, 1, 7}};
+// D 16 and 256 (Qwen3.5 / 3.6's gated attention) take eight elements a thread (16-byte loads).
+const GateCase kGateCases[] = {{37, 3, 10}, {5, 2, 12}, {70, 1, 7}, {13, 3, 16}, {3, 2, 256}};
 
 // q_raw [N, H, 2D] as q_proj writes it: [query D | gate D] per head; the gate is q_raw + D.
 TEST(CudaSimLinearAttention, SigmoidGateForwardMatchesCpu) {

@@ -24,6 +24,7 @@
 #include <cmath>
 
 #include "cuda/kernels/common.cuh"
+#include "cuda/kernels/elementwise.cuh"
 #include "cuda/kernels/rmsnorm.cuh"
 #include "ops/rmsnorm.h"
 #include "ops/swiglu_math.h"
@@ -368,38 +369,57 @@ __device__ __forceinline__ int64_t gate_offset(int64_t i, int64_t H, int64_t D, 
   return (r / H) * ld_token + (r % H) * ld_head + d;
 }
 
+// W elements a thread (elementwise.cuh's loop): kPack where D and the strides are multiples of 8 and the pointers
+// 16-byte aligned — eight consecutive d of a head are eight consecutive gate elements — else 1. The same bits.
 template <class T>
 __global__ void sigmoid_gate_forward_kernel(T* out, const T* x, const T* gate, int64_t N, int64_t H, int64_t D,
-                                            int64_t ld_token, int64_t ld_head) {
-  for (int64_t i = global_thread(); i < N * H * D; i += grid_threads())
-    store(out + i, load(x + i) * swiglu_math::sigmoid(load(gate + gate_offset(i, H, D, ld_token, ld_head))));
+                                            int64_t ld_token, int64_t ld_head, bool packed) {
+  elementwise_loop(N * H * D, packed, [&](int64_t i, auto width) {
+    constexpr int W = decltype(width)::value;
+    float xv[W], g[W];
+    load_n(xv, x + i), load_n(g, gate + gate_offset(i, H, D, ld_token, ld_head));
+    for (int e = 0; e < W; ++e) xv[e] = xv[e] * swiglu_math::sigmoid(g[e]);
+    store_n(out + i, xv);
+  });
 }
 
-// dx may be dout: each thread reads its element before writing it.
+// dx may be dout: each thread reads its elements before writing them.
 template <class T>
 __global__ void sigmoid_gate_backward_kernel(float* dx, float* dgate, const float* dout, const T* x, const T* gate,
-                                             int64_t N, int64_t H, int64_t D, int64_t ld_token, int64_t ld_head) {
-  for (int64_t i = global_thread(); i < N * H * D; i += grid_threads()) {
+                                             int64_t N, int64_t H, int64_t D, int64_t ld_token, int64_t ld_head,
+                                             bool packed) {
+  elementwise_loop(N * H * D, packed, [&](int64_t i, auto width) {
+    constexpr int W = decltype(width)::value;
     const int64_t o = gate_offset(i, H, D, ld_token, ld_head);
-    float s, one_minus_s;
-    swiglu_math::sigmoid_pair(load(gate + o), &s, &one_minus_s);
-    const float gd = dout[i];
-    dgate[o] = (gd * load(x + i)) * (s * one_minus_s);
-    dx[i] = gd * s;
-  }
+    float g[W], gd[W], xv[W], dg[W];
+    load_n(g, gate + o), load_n(gd, dout + i), load_n(xv, x + i);
+    for (int e = 0; e < W; ++e) {
+      float s, one_minus_s;
+      swiglu_math::sigmoid_pair(g[e], &s, &one_minus_s);
+      dg[e] = (gd[e] * xv[e]) * (s * one_minus_s);
+      gd[e] = gd[e] * s;
+    }
+    store_n(dgate + o, dg), store_n(dx + i, gd);
+  });
 }
 
 // ---- q_proj's query halves, zero-centred norm weights ----
 
-// q[rows, D] = the first D of each q_proj row [rows, 2D] (bits copied, no rounding).
+// q[rows, D] = the first D of each q_proj row [rows, 2D] (bits copied, no rounding); 16 bytes a copy where packed.
 template <class T>
-__global__ void gather_queries_kernel(T* q, const T* q_proj, int64_t rows, int64_t D) {
-  for (int64_t i = global_thread(); i < rows * D; i += grid_threads()) q[i] = q_proj[(i / D) * 2 * D + i % D];
+__global__ void gather_queries_kernel(T* q, const T* q_proj, int64_t rows, int64_t D, bool packed) {
+  elementwise_loop(rows * D, packed, [&](int64_t i, auto width) {
+    constexpr int W = decltype(width)::value;
+    copy_n<W>(q + i, q_proj + (i / D) * 2 * D + i % D);
+  });
 }
 
 // The first D of each q_proj row [rows, 2D] = q[rows, D]; the gate halves untouched.
-__global__ void scatter_queries_kernel(float* q_proj, const float* q, int64_t rows, int64_t D) {
-  for (int64_t i = global_thread(); i < rows * D; i += grid_threads()) q_proj[(i / D) * 2 * D + i % D] = q[i];
+__global__ void scatter_queries_kernel(float* q_proj, const float* q, int64_t rows, int64_t D, bool packed) {
+  elementwise_loop(rows * D, packed, [&](int64_t i, auto width) {
+    constexpr int W = decltype(width)::value;
+    copy_n<W>(q_proj + (i / D) * 2 * D + i % D, q + i);
+  });
 }
 
 __global__ void one_plus_kernel(float* out, const float* w, int64_t n) {
@@ -494,19 +514,23 @@ void gated_rmsnorm_backward(Stream s, float* dx, float* dz, float* dweight, cons
 template <class T>
 void sigmoid_gate_forward(Stream s, T* out, const T* x, const T* gate, int64_t N, int64_t H, int64_t D,
                           int64_t ld_token, int64_t ld_head) {
-  LT_ELEMENTWISE(sigmoid_gate_forward_kernel<T>, N * H * D, out, x, gate, N, H, D, ld_token, ld_head);
+  const bool packed = D % kPack == 0 && ld_token % kPack == 0 && ld_head % kPack == 0 && all_aligned16({out, x, gate});
+  LT_ELEMENTWISE_PACKED(sigmoid_gate_forward_kernel<T>, N * H * D, packed, out, x, gate, N, H, D, ld_token, ld_head);
 }
 
 template <class T>
 void sigmoid_gate_backward(Stream s, float* dx, float* dgate, const float* dout, const T* x, const T* gate,
                            int64_t N, int64_t H, int64_t D, int64_t ld_token, int64_t ld_head) {
-  LT_ELEMENTWISE(sigmoid_gate_backward_kernel<T>, N * H * D, dx, dgate, dout, x, gate, N, H, D, ld_token,
-                    ld_head);
+  const bool packed = D % kPack == 0 && ld_token % kPack == 0 && ld_head % kPack == 0 &&
+                      all_aligned16({dx, dgate, dout, x, gate});
+  LT_ELEMENTWISE_PACKED(sigmoid_gate_backward_kernel<T>, N * H * D, packed, dx, dgate, dout, x, gate, N, H, D,
+                        ld_token, ld_head);
 }
 
 template <class T>
 void gather_queries(Stream s, T* q, const T* q_proj, int64_t rows, int64_t D) {
-  LT_ELEMENTWISE(gather_queries_kernel<T>, rows * D, q, q_proj, rows, D);
+  const bool packed = D % kPack == 0 && all_aligned16({q, q_proj});
+  LT_ELEMENTWISE_PACKED(gather_queries_kernel<T>, rows * D, packed, q, q_proj, rows, D);
 }
 
 }  // namespace detail
@@ -609,7 +633,8 @@ void gather_queries(Stream s, bf16_t* q, const bf16_t* q_proj, int64_t rows, int
   detail::gather_queries(s, dev(q), dev(q_proj), rows, D);
 }
 void scatter_queries(Stream s, float* q_proj, const float* q, int64_t rows, int64_t D) {
-  LT_ELEMENTWISE(scatter_queries_kernel, rows * D, q_proj, q, rows, D);
+  const bool packed = D % kPack == 0 && all_aligned16({q_proj, q});
+  LT_ELEMENTWISE_PACKED(scatter_queries_kernel, rows * D, packed, q_proj, q, rows, D);
 }
 void norm_weight_one_plus(Stream s, float* out, const float* w, int64_t n) {
   LT_ELEMENTWISE(one_plus_kernel, n, out, w, n);

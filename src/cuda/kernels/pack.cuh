@@ -71,6 +71,22 @@ __device__ __forceinline__ void store_n(T* p, const float (&x)[W]) {
   else store(p, x[0]);
 }
 
+// W consecutive elements' bits copied, no widening: 16-byte loads and stores where W = kPack (8 bf16 in one, 8 f32
+// in two), one element where W = 1.
+template <int W, class T>
+__device__ __forceinline__ void copy_n(T* dst, const T* src) {
+  if constexpr (W == 1) {
+    *dst = *src;
+  } else {
+    static_assert(W * sizeof(T) % 16 == 0, "copy_n packs whole 16-byte words");
+#ifdef __CUDACC__
+    for (size_t k = 0; k < W * sizeof(T) / 16; ++k) reinterpret_cast<uint4*>(dst)[k] = reinterpret_cast<const uint4*>(src)[k];
+#else
+    std::memcpy(dst, src, W * sizeof(T));
+#endif
+  }
+}
+
 // Whether every pointer is 16-byte aligned: the launcher's test for the packed path.
 inline bool all_aligned16(std::initializer_list<const void*> pointers) {
   for (const void* p : pointers)
