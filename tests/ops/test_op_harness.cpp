@@ -385,7 +385,8 @@ OpCase router_backward_case() {
 
 // Shape {N, E, k, C}: an expert with no rows (E > A), rows spanning several copy tasks.
 std::vector<Shape> moe_row_shapes() {
-  return {{1, 1, 1, 1}, {7, 5, 2, 3}, {3, 16, 2, 5}, {33, 16, 8, 37}, {130, 64, 8, 300}};
+  // C 40 and 296: the row kernels' 16-byte packs (cuda/kernels/moe.cuh).
+  return {{1, 1, 1, 1}, {7, 5, 2, 3}, {3, 16, 2, 5}, {33, 16, 8, 37}, {130, 64, 8, 300}, {33, 16, 8, 40}, {9, 8, 2, 296}};
 }
 
 struct Grouped {

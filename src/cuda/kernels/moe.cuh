@@ -8,11 +8,16 @@
 #pragma once
 
 #include "cuda/kernels/common.cuh"
+#include "cuda/kernels/elementwise.cuh"
 #include "ops/moe_math.h"
 
 namespace lt::cuda::LT_KERNELS_NS {
 
 constexpr int kRouterThreads = 128;
+
+// The row kernels (gather, scatter-add, combine) take eight elements a thread where rows of C are 16-byte aligned:
+// C % 8 == 0 and the buffers aligned. Each element's arithmetic is the scalar path's, so the bits are the same.
+inline bool moe_rows_packed(int64_t C, std::initializer_list<const void*> p) { return C % kPack == 0 && all_aligned16(p); }
 
 inline unsigned blocks_for(int64_t n, int threads) {
   const int64_t b = (n + threads - 1) / threads;
@@ -83,31 +88,46 @@ __global__ void moe_permute_kernel(int64_t* offsets, int32_t* order, int32_t* ro
 }
 
 template <class Out, class In>
-__global__ void moe_gather_kernel(Out* xp, const In* x, const int32_t* order, int64_t A, int64_t k, int64_t C) {
-  for (int64_t i = global_thread(); i < A * C; i += grid_threads()) {
+__global__ void moe_gather_kernel(Out* xp, const In* x, const int32_t* order, int64_t A, int64_t k, int64_t C,
+                                  bool packed) {
+  elementwise_loop(A * C, packed, [&](int64_t i, auto width) {
+    constexpr int W = decltype(width)::value;
     const int64_t r = i / C, c = i % C;
-    store(xp + i, load(x + (order[r] / k) * C + c));
-  }
+    float v[W];
+    load_n(v, x + (order[r] / k) * C + c);
+    store_n(xp + i, v);
+  });
 }
 
 __global__ void moe_scatter_add_kernel(float* dx, const float* dxp, const int32_t* row_of, int64_t N, int64_t k,
-                                       int64_t C) {
-  for (int64_t i = global_thread(); i < N * C; i += grid_threads()) {
+                                       int64_t C, bool packed) {
+  elementwise_loop(N * C, packed, [&](int64_t i, auto width) {
+    constexpr int W = decltype(width)::value;
     const int64_t t = i / C, c = i % C;
-    float d = dxp[int64_t(row_of[t * k]) * C + c];
-    for (int64_t j = 1; j < k; ++j) d += dxp[int64_t(row_of[t * k + j]) * C + c];
-    dx[i] = d;
-  }
+    float d[W], v[W];
+    load_n(d, dxp + int64_t(row_of[t * k]) * C + c);
+    for (int64_t j = 1; j < k; ++j) {
+      load_n(v, dxp + int64_t(row_of[t * k + j]) * C + c);
+      for (int e = 0; e < W; ++e) d[e] += v[e];
+    }
+    store_n(dx + i, d);
+  });
 }
 
 __global__ void moe_combine_forward_kernel(float* out, const float* yp, const float* weights, const int32_t* row_of,
-                                           int64_t N, int64_t k, int64_t C) {
-  for (int64_t i = global_thread(); i < N * C; i += grid_threads()) {
+                                           int64_t N, int64_t k, int64_t C, bool packed) {
+  elementwise_loop(N * C, packed, [&](int64_t i, auto width) {
+    constexpr int W = decltype(width)::value;
     const int64_t t = i / C, c = i % C;
-    float o = weights[t * k] * yp[int64_t(row_of[t * k]) * C + c];
-    for (int64_t j = 1; j < k; ++j) o += weights[t * k + j] * yp[int64_t(row_of[t * k + j]) * C + c];
-    out[i] = o;
-  }
+    float o[W], v[W];
+    load_n(o, yp + int64_t(row_of[t * k]) * C + c);
+    for (int e = 0; e < W; ++e) o[e] = weights[t * k] * o[e];
+    for (int64_t j = 1; j < k; ++j) {
+      load_n(v, yp + int64_t(row_of[t * k + j]) * C + c);
+      for (int e = 0; e < W; ++e) o[e] += weights[t * k + j] * v[e];
+    }
+    store_n(out + i, o);
+  });
 }
 
 // One thread per grouped row: dweights[order[r]] = g[r]·h[r] over I then dout·b_down over C (GPT-OSS), one double
@@ -238,22 +258,26 @@ void moe_permute(Stream s, int64_t* offsets, int32_t* order, int32_t* row_of, co
 }
 
 void moe_gather(Stream s, bf16_t* xp, const bf16_t* x, const int32_t* order, int64_t A, int64_t k, int64_t C) {
-  LT_ELEMENTWISE((moe_gather_kernel<bf16, bf16>), A * C, dev(xp), dev(x), order, A, k, C);
+  LT_ELEMENTWISE_PACKED((moe_gather_kernel<bf16, bf16>), A * C, moe_rows_packed(C, {xp, x}), dev(xp), dev(x), order,
+                        A, k, C);
 }
 void moe_gather(Stream s, float* xp, const bf16_t* x, const int32_t* order, int64_t A, int64_t k, int64_t C) {
-  LT_ELEMENTWISE((moe_gather_kernel<float, bf16>), A * C, xp, dev(x), order, A, k, C);
+  LT_ELEMENTWISE_PACKED((moe_gather_kernel<float, bf16>), A * C, moe_rows_packed(C, {xp, x}), xp, dev(x), order, A,
+                        k, C);
 }
 void moe_gather(Stream s, float* xp, const float* x, const int32_t* order, int64_t A, int64_t k, int64_t C) {
-  LT_ELEMENTWISE((moe_gather_kernel<float, float>), A * C, xp, x, order, A, k, C);
+  LT_ELEMENTWISE_PACKED((moe_gather_kernel<float, float>), A * C, moe_rows_packed(C, {xp, x}), xp, x, order, A, k,
+                        C);
 }
 
 void moe_scatter_add(Stream s, float* dx, const float* dxp, const int32_t* row_of, int64_t N, int64_t k, int64_t C) {
-  LT_ELEMENTWISE(moe_scatter_add_kernel, N * C, dx, dxp, row_of, N, k, C);
+  LT_ELEMENTWISE_PACKED(moe_scatter_add_kernel, N * C, moe_rows_packed(C, {dx, dxp}), dx, dxp, row_of, N, k, C);
 }
 
 void moe_combine_forward(Stream s, float* out, const float* yp, const float* weights, const int32_t* row_of, int64_t N,
                          int64_t k, int64_t C) {
-  LT_ELEMENTWISE(moe_combine_forward_kernel, N * C, out, yp, weights, row_of, N, k, C);
+  LT_ELEMENTWISE_PACKED(moe_combine_forward_kernel, N * C, moe_rows_packed(C, {out, yp}), out, yp, weights, row_of, N,
+                        k, C);
 }
 
 void moe_weight_grads(Stream s, float* dweights, float* g, const bf16_t* h, const float* weights,
