@@ -5,10 +5,10 @@
 // acc[k] += acc[k + w]. Rows past the end still take part in the shuffles (all 32 lanes name the full
 // mask) and store nothing. Memory-bound, as on the CPU.
 //
-// Where C % 8 == 0 and the rows are 16-byte aligned (the executor's buffers), the packed kernels read and write
-// 16 bytes a lane (pack.cuh) instead of one element: a lane makes the sum's terms of eight consecutive elements
-// into a per-half-warp stage in shared memory, and lane k then adds the stage's c ≡ k (mod 16) in order — the
-// CPU's order, so the same bits as the scalar kernels, which take every other shape and any unaligned view.
+// Where C % 8 == 0 and the rows are 16-byte aligned (the executor's buffers), the kernels run with W = 8 elements a
+// lane and read and write 16 bytes at a time (pack.cuh): a lane makes the sum's terms of eight consecutive elements
+// into a per-half-warp stage in shared memory, and lane k then adds the stage's c ≡ k (mod 16) in order — the CPU's
+// order, so the same bits as W = 1, which takes every other shape and any unaligned view.
 //
 // dweight: one thread per column per fixed row chunk (rmsnorm_dweight_chunk_rows) sums g · (x · rstd) in
 // f64 into the workspace [chunks, C]; a second kernel adds the chunks in order and adds the total to

@@ -17,43 +17,27 @@ namespace lt::cuda::LT_KERNELS_NS {
 
 constexpr int kRopeThreads = 128;
 
-template <class T>
+// W pairs a thread: 1, or kPack where R/2 % 8 == 0, D % 8 == 0 and x, cos and sin are 16-byte aligned (16-byte
+// loads and stores of eight consecutive pairs; the same arithmetic per pair).
+template <int W, class T>
 __global__ void __launch_bounds__(kRopeThreads)
     rope_kernel(T* x, const int32_t* pos, const float* cos, const float* sin, int64_t H, int64_t D, int64_t R,
                 float sign) {
-  const int64_t n = blockIdx.x, h = R / 2;
+  const int64_t n = blockIdx.x, h = R / 2, groups = h / W;
   const float* cos_t = cos + int64_t(pos[n]) * h;  // [h]
   const float* sin_t = sin + int64_t(pos[n]) * h;  // [h]
-  for (int64_t i = threadIdx.x; i < H * h; i += kRopeThreads) {
-    const int64_t head = i / h, j = i % h;
-    T* a = x + (n * H + head) * D;  // [h]
-    T* b = a + h;                   // [h]
-    const float aj = load(a + j), bj = load(b + j), c = cos_t[j], s = sign * sin_t[j];
-    store(a + j, aj * c - bj * s);
-    store(b + j, bj * c + aj * s);
-  }
-}
-
-// rope_kernel eight pairs a thread: R/2 % 8 == 0, D % 8 == 0, x, cos and sin 16-byte aligned.
-template <class T>
-__global__ void __launch_bounds__(kRopeThreads)
-    rope_packed_kernel(T* x, const int32_t* pos, const float* cos, const float* sin, int64_t H, int64_t D,
-                       int64_t R, float sign) {
-  const int64_t n = blockIdx.x, h = R / 2, packs = h / kPack;
-  const float* cos_t = cos + int64_t(pos[n]) * h;  // [h]
-  const float* sin_t = sin + int64_t(pos[n]) * h;  // [h]
-  for (int64_t i = threadIdx.x; i < H * packs; i += kRopeThreads) {
-    const int64_t head = i / packs, j = (i % packs) * kPack;
-    T* a = x + (n * H + head) * D + j;  // [8]
-    T* b = a + h;                       // [8]
-    float av[kPack], bv[kPack], c[kPack], sn[kPack];
-    load_pack(av, a), load_pack(bv, b), load_pack(c, cos_t + j), load_pack(sn, sin_t + j);
-    for (int e = 0; e < kPack; ++e) {
+  for (int64_t i = threadIdx.x; i < H * groups; i += kRopeThreads) {
+    const int64_t head = i / groups, j = (i % groups) * W;
+    T* a = x + (n * H + head) * D + j;  // [W]
+    T* b = a + h;                       // [W]
+    float av[W], bv[W], c[W], sn[W];
+    load_n(av, a), load_n(bv, b), load_n(c, cos_t + j), load_n(sn, sin_t + j);
+    for (int e = 0; e < W; ++e) {
       const float s = sign * sn[e], ae = av[e];
       av[e] = ae * c[e] - bv[e] * s;
       bv[e] = bv[e] * c[e] + ae * s;
     }
-    store_pack(a, av), store_pack(b, bv);
+    store_n(a, av), store_n(b, bv);
   }
 }
 
@@ -63,11 +47,11 @@ void rope(Stream s, T* x, const int32_t* pos, const float* cos, const float* sin
           int64_t R, float sign) {
   if (N == 0) return;
   if ((R / 2) % kPack == 0 && D % kPack == 0 && all_aligned16({x, cos, sin}))
-    LT_LAUNCH(rope_packed_kernel<T>, dim3(unsigned(N)), dim3(kRopeThreads), 0, native_stream(s), x, pos, cos, sin,
+    LT_LAUNCH((rope_kernel<kPack, T>), dim3(unsigned(N)), dim3(kRopeThreads), 0, native_stream(s), x, pos, cos, sin,
               H, D, R, sign);
   else
-    LT_LAUNCH(rope_kernel<T>, dim3(unsigned(N)), dim3(kRopeThreads), 0, native_stream(s), x, pos, cos, sin, H, D,
-              R, sign);
+    LT_LAUNCH((rope_kernel<1, T>), dim3(unsigned(N)), dim3(kRopeThreads), 0, native_stream(s), x, pos, cos, sin, H,
+              D, R, sign);
 }
 }  // namespace detail
 
