@@ -50,6 +50,13 @@ Profile Profile::from_json(const nlohmann::json& j, const std::string& src) {
     LT_CHECK(j[key].is_number(), "{}: \"{}\" must be a number", src, key);
     return j[key].get<double>();
   };
+  // A count (batch, seq, bytes): a whole number from 0 to 2^53, so the conversion to an integer is defined.
+  auto count = [&](const char* key) -> int64_t {
+    const double v = num(key, 0);
+    LT_CHECK(v >= 0 && v <= 9007199254740992.0 && v == std::floor(v), "{}: \"{}\" is {}, expected a whole number >= 0",
+             src, key, v);
+    return int64_t(v);
+  };
   auto arr = [&](const char* key) {
     LT_CHECK(j.contains(key) && j[key].is_array(), "{}: missing \"{}\" (a list of seconds per layer)", src, key);
     std::vector<double> v;
@@ -63,8 +70,8 @@ Profile Profile::from_json(const nlohmann::json& j, const std::string& src) {
   p.name = j.value("name", std::string("profile"));
   p.source = j.value("source", src);
   p.model = j.value("model", std::string());
-  p.batch = int64_t(num("batch", 0));
-  p.seq = int64_t(num("seq", 0));
+  p.batch = count("batch");
+  p.seq = count("seq");
   p.compute = j.value("compute", std::string("f32"));
   p.activations = j.value("activations", std::string("f32"));
   const std::string kernels = j.value("layer_kernels", std::string("cpu"));
@@ -92,7 +99,7 @@ Profile Profile::from_json(const nlohmann::json& j, const std::string& src) {
   p.nvme_read_gbps = num("nvme_read_gbps", 0);
   p.nvme_write_gbps = num("nvme_write_gbps", 0);
   p.nvme_note = j.value("nvme_note", std::string());
-  p.device_memory_bytes = size_t(num("device_memory_bytes", 0));
+  p.device_memory_bytes = size_t(count("device_memory_bytes"));
   p.sustained_tflops = num("sustained_tflops", 0);
   p.validate(p.num_layers());
   return p;

@@ -13,6 +13,7 @@
 #include "plan/planner.h"
 #include "plan_testing.h"
 #include "testing/exec_testing.h"
+#include "testing/files_testing.h"
 
 namespace lt {
 namespace {
@@ -245,6 +246,15 @@ TEST(Hardware, FlopsAndProfileFromThem) {
   EXPECT_NEAR(s.forward_s[0], 2 * q.forward_s[0], 1e-15);
   EXPECT_THROW(resolve_profile("tpu-v9", cfg, B, T), Error);
   EXPECT_THROW(Profile::from_json(nlohmann::json{{"format", "other"}}, "x"), Error);
+  // A count out of an integer's range, fractional or negative (fuzz_profile found 1.6e54 converted with undefined
+  // behaviour): an error naming the field.
+  for (const double bad : {1.62222e54, 2.5, -1.0}) {
+    nlohmann::json j = p.to_json();
+    j["batch"] = bad;
+    const std::string e = testing::error_of([&] { Profile::from_json(j, "p.json"); });
+    EXPECT_NE(e.find("p.json: \"batch\" is"), std::string::npos) << e;
+    EXPECT_NE(e.find("expected a whole number >= 0"), std::string::npos) << e;
+  }
 }
 
 // A profile says which layer compute its times are of; a plan for it uses that compute's working set. A GPU's
