@@ -117,6 +117,9 @@ struct MemoryTerms {
   WindowSpan recompute_span;              //   (present when any layer does)
   double cache_slot = 0;                  // one slot of the recompute cache (a boundary), per dropped depth
   WindowSpan cache_span;
+  // Not device memory, read off the same schedule: the bytes of dx0's download (the embedding output's gradient,
+  // f32 [N, C]; 0 when the table is frozen and the step has none) — what the planner's epilogue moves.
+  double dx0_download = 0;
   int num_windows() const { return int(fixed.size()); }
   // Per window: fixed, the plan's device boundaries and kept internals (what every memory model counts alike).
   std::vector<double> stored_bytes(const Plan& plan) const;

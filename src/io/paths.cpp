@@ -1,4 +1,4 @@
-// io/path_kind.cpp — see path_kind.h.
+// io/paths.cpp — see paths.h.
 #include "io/paths.h"
 
 #include <system_error>

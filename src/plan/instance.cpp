@@ -123,9 +123,9 @@ Instance make_instance(const ModelConfig& cfg, int64_t B, int64_t T, const Profi
   const BlockShape s = BlockShape::make(cfg, B, T, o.exec.activations, o.exec.mlp_chunk_tokens);
   auto al = [](double bytes) { return double(align_up(size_t(std::ceil(bytes)), kDeviceAlign)); };
   in.A = al(double(s.boundary_bytes()));
-  in.dx0 = double(N) * double(cfg.hidden_size) * 4;
   in.A_nvme = double(align_up(s.boundary_bytes(), kPageAlign));
   in.mem = memory_terms(cfg, B, T, o.exec);
+  in.dx0 = in.mem.dx0_download;
   for (int64_t l = 0; l < in.L; ++l) {
     const SlabLayout g = SlabLayout::trained(cfg, SlabKind::layer, l);  // frozen tensors: no gradient (finetune.h)
     in.Wl.push_back(al(double(SlabLayout::make_layer(cfg, l, mdt).bytes())));
@@ -152,7 +152,7 @@ Instance make_instance(const ModelConfig& cfg, int64_t B, int64_t T, const Profi
   in.head = profile.head_s;
   in.embed_f = profile.embed_forward_s;
   in.embed_b = profile.embed_backward_s;
-  if (trained_parameters(cfg, SlabKind::embedding) == 0) in.embed_b = in.dx0 = 0;  // a frozen table: no dx0, no scatter
+  if (in.dx0 == 0) in.embed_b = 0;  // a frozen table: no dx0, no scatter (the schedule has neither)
   for (double g : in.Gl) in.acc.push_back(g / (profile.accumulate_gbps * 1e9));
   in.acc_head = in.HG / (profile.accumulate_gbps * 1e9);
   in.bw_h2d = profile.link.h2d_gbps * 1e9;

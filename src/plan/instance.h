@@ -85,7 +85,7 @@ struct Instance {
 
   // Bytes (each rounded up to the device's 256-byte allocation unit, as the working set counts them).
   double A = 0;        // one boundary [N, C] in the activation storage dtype
-  double dx0 = 0;      // the embedding output's gradient [N, C] f32, downloaded for the host's scatter
+  double dx0 = 0;      // the embedding output's gradient [N, C] f32, downloaded for the host's scatter (mem's)
   double A_nvme = 0;   // one boundary on NVMe (4 KiB pages)
   // The executor's device memory per window as linear terms of the plan (exec/working_set.h: memory_terms, read
   // off the executor's schedule): what every plan takes, each device boundary's and kept internals' bytes over

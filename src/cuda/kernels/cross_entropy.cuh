@@ -127,7 +127,7 @@ void cross_entropy(Stream s, float* logits, bf16_t* dlogits_bf16, double* row_lo
                    int64_t n, int64_t V, float grad_scale) {
   if (n == 0) return;
   // Packs of eight where every row starts 16-byte aligned in both buffers.
-  const bool packed = V % kPack == 0 && all_aligned16({logits, dlogits_bf16});
+  const bool packed = rows_packed(V, {logits, dlogits_bf16});
   LT_LAUNCH(cross_entropy_kernel, dim3(unsigned(n)), dim3(kCeThreads), 0, native_stream(s), logits,
             dlogits_bf16 ? dev(dlogits_bf16) : nullptr, row_loss, targets, V, grad_scale, packed);
 }

@@ -431,7 +431,7 @@ namespace detail {
 template <class T>
 void short_conv_forward(Stream s, T* out, const T* x, const float* weight, const int32_t* doc_ids, int64_t N,
                         int64_t T_, int64_t Cc, int64_t K) {
-  if (Cc % kPack == 0 && all_aligned16({out, x}))
+  if (rows_packed(Cc, {out, x}))
     LT_ELEMENTWISE((short_conv_forward_kernel<kPack, T>), N * Cc / kPack, out, x, weight, doc_ids, N, T_, Cc, K);
   else
     LT_ELEMENTWISE((short_conv_forward_kernel<1, T>), N * Cc, out, x, weight, doc_ids, N, T_, Cc, K);
@@ -444,7 +444,7 @@ void short_conv_backward(Stream s, float* dx, float* dweight, const float* dout,
   const int64_t chunk = short_conv_dweight_chunk_tokens(N);
   const int64_t n_chunks = (N + chunk - 1) / chunk;
   double* partial = static_cast<double*>(workspace);  // [n_chunks, K, Cc]
-  if (Cc % kPack == 0 && all_aligned16({dx, dout, x}))
+  if (rows_packed(Cc, {dx, dout, x}))
     LT_ELEMENTWISE((short_conv_backward_dx_kernel<kPack, T>), N * Cc / kPack, dx, dout, x, weight, doc_ids, N, T_,
                    Cc, K);
   else
@@ -459,7 +459,7 @@ template <class T>
 void l2norm_forward(Stream s, T* out, float* rnorm, const T* in, int64_t N, int64_t H, int64_t D, int64_t ld_out,
                     int64_t ld_in, float eps) {
   if (N == 0) return;
-  if (norm_rows_packed(D, {ld_out, ld_in}, {out, in}))
+  if (rows_packed(D, {out, in}, {ld_out, ld_in}))
     LT_LAUNCH((l2norm_forward_kernel<kPack, T>), dim3(norm_blocks(N * H)), dim3(kNormThreads), 0, native_stream(s),
               out, rnorm, in, N, H, D, ld_out, ld_in, eps);
   else
@@ -471,7 +471,7 @@ template <class T>
 void l2norm_backward(Stream s, float* din, const float* dout, const T* in, const float* rnorm, int64_t N,
                      int64_t H, int64_t D, int64_t ld_din, int64_t ld_dout, int64_t ld_in) {
   if (N == 0) return;
-  if (norm_rows_packed(D, {ld_din, ld_dout, ld_in}, {din, dout, in}))
+  if (rows_packed(D, {din, dout, in}, {ld_din, ld_dout, ld_in}))
     LT_LAUNCH((l2norm_backward_kernel<kPack, T>), dim3(norm_blocks(N * H)), dim3(kNormThreads), 0,
               native_stream(s), din, dout, in, rnorm, N, H, D, ld_din, ld_dout, ld_in);
   else
@@ -483,7 +483,7 @@ template <class T>
 void gated_rmsnorm_forward(Stream s, T* out, float* rstd, const T* x, const T* z, const float* weight,
                            int64_t rows, int64_t dv, float eps) {
   if (rows == 0) return;
-  if (norm_rows_packed(dv, {}, {out, x, z, weight}))
+  if (rows_packed(dv, {out, x, z, weight}))
     LT_LAUNCH((gated_rmsnorm_forward_kernel<kPack, T>), dim3(norm_blocks(rows)), dim3(kNormThreads), 0,
               native_stream(s), out, rstd, x, z, weight, rows, dv, eps);
   else
@@ -496,7 +496,7 @@ void gated_rmsnorm_backward(Stream s, float* dx, float* dz, float* dweight, cons
                             const T* z, const float* weight, const float* rstd, int64_t rows, int64_t dv,
                             void* workspace) {
   if (rows == 0) return;
-  if (norm_rows_packed(dv, {}, {dx, dz, dout, x, z, weight}))
+  if (rows_packed(dv, {dx, dz, dout, x, z, weight}))
     LT_LAUNCH((gated_rmsnorm_backward_kernel<kPack, T>), dim3(norm_blocks(rows)), dim3(kNormThreads), 0,
               native_stream(s), dx, dz, dout, x, z, weight, rstd, rows, dv);
   else
@@ -514,22 +514,21 @@ void gated_rmsnorm_backward(Stream s, float* dx, float* dz, float* dweight, cons
 template <class T>
 void sigmoid_gate_forward(Stream s, T* out, const T* x, const T* gate, int64_t N, int64_t H, int64_t D,
                           int64_t ld_token, int64_t ld_head) {
-  const bool packed = D % kPack == 0 && ld_token % kPack == 0 && ld_head % kPack == 0 && all_aligned16({out, x, gate});
+  const bool packed = rows_packed(D, {out, x, gate}, {ld_token, ld_head});
   LT_ELEMENTWISE_PACKED(sigmoid_gate_forward_kernel<T>, N * H * D, packed, out, x, gate, N, H, D, ld_token, ld_head);
 }
 
 template <class T>
 void sigmoid_gate_backward(Stream s, float* dx, float* dgate, const float* dout, const T* x, const T* gate,
                            int64_t N, int64_t H, int64_t D, int64_t ld_token, int64_t ld_head) {
-  const bool packed = D % kPack == 0 && ld_token % kPack == 0 && ld_head % kPack == 0 &&
-                      all_aligned16({dx, dgate, dout, x, gate});
+  const bool packed = rows_packed(D, {dx, dgate, dout, x, gate}, {ld_token, ld_head});
   LT_ELEMENTWISE_PACKED(sigmoid_gate_backward_kernel<T>, N * H * D, packed, dx, dgate, dout, x, gate, N, H, D,
                         ld_token, ld_head);
 }
 
 template <class T>
 void gather_queries(Stream s, T* q, const T* q_proj, int64_t rows, int64_t D) {
-  const bool packed = D % kPack == 0 && all_aligned16({q, q_proj});
+  const bool packed = rows_packed(D, {q, q_proj});
   LT_ELEMENTWISE_PACKED(gather_queries_kernel<T>, rows * D, packed, q, q_proj, rows, D);
 }
 
@@ -633,7 +632,7 @@ void gather_queries(Stream s, bf16_t* q, const bf16_t* q_proj, int64_t rows, int
   detail::gather_queries(s, dev(q), dev(q_proj), rows, D);
 }
 void scatter_queries(Stream s, float* q_proj, const float* q, int64_t rows, int64_t D) {
-  const bool packed = D % kPack == 0 && all_aligned16({q_proj, q});
+  const bool packed = rows_packed(D, {q_proj, q});
   LT_ELEMENTWISE_PACKED(scatter_queries_kernel, rows * D, packed, q_proj, q, rows, D);
 }
 void norm_weight_one_plus(Stream s, float* out, const float* w, int64_t n) {

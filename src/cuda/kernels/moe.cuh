@@ -15,10 +15,6 @@ namespace lt::cuda::LT_KERNELS_NS {
 
 constexpr int kRouterThreads = 128;
 
-// The row kernels (gather, scatter-add, combine) take eight elements a thread where rows of C are 16-byte aligned:
-// C % 8 == 0 and the buffers aligned. Each element's arithmetic is the scalar path's, so the bits are the same.
-inline bool moe_rows_packed(int64_t C, std::initializer_list<const void*> p) { return C % kPack == 0 && all_aligned16(p); }
-
 inline unsigned blocks_for(int64_t n, int threads) {
   const int64_t b = (n + threads - 1) / threads;
   return unsigned(b < 1 ? 1 : b);
@@ -87,6 +83,8 @@ __global__ void moe_permute_kernel(int64_t* offsets, int32_t* order, int32_t* ro
   }
 }
 
+// The row kernels (gather, scatter-add, combine) take eight elements a thread where rows_packed (pack.cuh); each
+// element's arithmetic is the scalar path's, so the bits are the same.
 template <class Out, class In>
 __global__ void moe_gather_kernel(Out* xp, const In* x, const int32_t* order, int64_t A, int64_t k, int64_t C,
                                   bool packed) {
@@ -258,25 +256,25 @@ void moe_permute(Stream s, int64_t* offsets, int32_t* order, int32_t* row_of, co
 }
 
 void moe_gather(Stream s, bf16_t* xp, const bf16_t* x, const int32_t* order, int64_t A, int64_t k, int64_t C) {
-  LT_ELEMENTWISE_PACKED((moe_gather_kernel<bf16, bf16>), A * C, moe_rows_packed(C, {xp, x}), dev(xp), dev(x), order,
+  LT_ELEMENTWISE_PACKED((moe_gather_kernel<bf16, bf16>), A * C, rows_packed(C, {xp, x}), dev(xp), dev(x), order,
                         A, k, C);
 }
 void moe_gather(Stream s, float* xp, const bf16_t* x, const int32_t* order, int64_t A, int64_t k, int64_t C) {
-  LT_ELEMENTWISE_PACKED((moe_gather_kernel<float, bf16>), A * C, moe_rows_packed(C, {xp, x}), xp, dev(x), order, A,
+  LT_ELEMENTWISE_PACKED((moe_gather_kernel<float, bf16>), A * C, rows_packed(C, {xp, x}), xp, dev(x), order, A,
                         k, C);
 }
 void moe_gather(Stream s, float* xp, const float* x, const int32_t* order, int64_t A, int64_t k, int64_t C) {
-  LT_ELEMENTWISE_PACKED((moe_gather_kernel<float, float>), A * C, moe_rows_packed(C, {xp, x}), xp, x, order, A, k,
+  LT_ELEMENTWISE_PACKED((moe_gather_kernel<float, float>), A * C, rows_packed(C, {xp, x}), xp, x, order, A, k,
                         C);
 }
 
 void moe_scatter_add(Stream s, float* dx, const float* dxp, const int32_t* row_of, int64_t N, int64_t k, int64_t C) {
-  LT_ELEMENTWISE_PACKED(moe_scatter_add_kernel, N * C, moe_rows_packed(C, {dx, dxp}), dx, dxp, row_of, N, k, C);
+  LT_ELEMENTWISE_PACKED(moe_scatter_add_kernel, N * C, rows_packed(C, {dx, dxp}), dx, dxp, row_of, N, k, C);
 }
 
 void moe_combine_forward(Stream s, float* out, const float* yp, const float* weights, const int32_t* row_of, int64_t N,
                          int64_t k, int64_t C) {
-  LT_ELEMENTWISE_PACKED(moe_combine_forward_kernel, N * C, moe_rows_packed(C, {out, yp}), out, yp, weights, row_of, N,
+  LT_ELEMENTWISE_PACKED(moe_combine_forward_kernel, N * C, rows_packed(C, {out, yp}), out, yp, weights, row_of, N,
                         k, C);
 }
 

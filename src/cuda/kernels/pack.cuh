@@ -94,4 +94,14 @@ inline bool all_aligned16(std::initializer_list<const void*> pointers) {
   return true;
 }
 
+// The test for a kernel over rows: each row's `n` elements in packs of 8 from 16-byte aligned starts — n and every
+// row stride (`strides`, in elements) multiples of 8, every pointer 16-byte aligned.
+inline bool rows_packed(int64_t n, std::initializer_list<const void*> pointers,
+                        std::initializer_list<int64_t> strides = {}) {
+  if (n % kPack != 0) return false;
+  for (const int64_t s : strides)
+    if (s % kPack != 0) return false;
+  return all_aligned16(pointers);
+}
+
 }  // namespace lt::cuda::LT_KERNELS_NS

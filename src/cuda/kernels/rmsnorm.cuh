@@ -15,7 +15,6 @@
 // dweight once in f32 — no atomics, the CPU op's bits.
 #pragma once
 
-#include <initializer_list>
 #include <type_traits>
 
 #include "cuda/kernels/common.cuh"
@@ -96,15 +95,6 @@ __device__ __forceinline__ float half_warp_ordered_sum(float* stage, int64_t n, 
 template <int W, class Body>
 __device__ __forceinline__ void half_warp_row_loop(int lane, int64_t n, Body body) {
   for (int64_t c = int64_t(lane) * W; c < n; c += kRmsnormLanes * W) body(c, std::integral_constant<int, W>{});
-}
-
-// Whether a launch over rows of C elements (row strides `ld`) can take 16-byte packs: C and every stride a
-// multiple of 8 elements and every pointer 16-byte aligned.
-inline bool norm_rows_packed(int64_t C, std::initializer_list<int64_t> ld, std::initializer_list<const void*> p) {
-  if (C % kPack != 0) return false;
-  for (const int64_t l : ld)
-    if (l % kPack != 0) return false;
-  return all_aligned16(p);
 }
 
 // out[rows, C], rstd[rows]
@@ -191,7 +181,7 @@ template <class T>
 void rmsnorm_forward(Stream s, T* out, float* rstd, const T* in, const float* weight, int64_t rows, int64_t C,
                      float eps) {
   if (rows == 0) return;
-  if (norm_rows_packed(C, {}, {out, in, weight}))
+  if (rows_packed(C, {out, in, weight}))
     LT_LAUNCH((rmsnorm_forward_kernel<kPack, T>), dim3(norm_blocks(rows)), dim3(kNormThreads), 0, native_stream(s),
               out, rstd, in, weight, rows, C, eps);
   else
@@ -203,7 +193,7 @@ template <class T>
 void rmsnorm_backward(Stream s, float* din, float* dweight, const float* dout, const T* in, const float* weight,
                       const float* rstd, int64_t rows, int64_t C, void* workspace) {
   if (rows == 0) return;
-  if (norm_rows_packed(C, {}, {din, dout, in, weight}))
+  if (rows_packed(C, {din, dout, in, weight}))
     LT_LAUNCH((rmsnorm_backward_din_kernel<kPack, T>), dim3(norm_blocks(rows)), dim3(kNormThreads), 0,
               native_stream(s), din, dout, in, weight, rstd, rows, C);
   else

@@ -46,7 +46,7 @@ template <class T>
 void rope(Stream s, T* x, const int32_t* pos, const float* cos, const float* sin, int64_t N, int64_t H, int64_t D,
           int64_t R, float sign) {
   if (N == 0) return;
-  if ((R / 2) % kPack == 0 && D % kPack == 0 && all_aligned16({x, cos, sin}))
+  if (rows_packed(R / 2, {x, cos, sin}, {D}))
     LT_LAUNCH((rope_kernel<kPack, T>), dim3(unsigned(N)), dim3(kRopeThreads), 0, native_stream(s), x, pos, cos, sin,
               H, D, R, sign);
   else
