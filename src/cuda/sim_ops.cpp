@@ -122,10 +122,9 @@ void sim_embedding_forward(float* out, const int32_t* ids, const float* table, i
   group_tokens_by_id(ids, N, V);  // checks every id against V, naming the first bad one
   sim::embedding_forward(kSim, out, ids, table, N, C);
 }
-void sim_embedding_backward(float* dtable, const float* dout, const int32_t* ids, int64_t N, int64_t C, int64_t V) {
-  const TokenGroups g = group_tokens_by_id(ids, N, V);
-  sim::embedding_backward(kSim, dtable, dout, g.present.data(), g.start.data(), g.order.data(),
-                          int64_t(g.present.size()), C);
+void sim_embedding_grad_rows(float* rows, const float* dout, const int32_t* start, const int32_t* order, int64_t P,
+                             int64_t C) {
+  sim::embedding_grad_rows(kSim, rows, dout, start, order, P, C);
 }
 
 // The GEMMs in bf16 mode read bf16 copies of the activations, as cuBLASLt would on the GPU.
@@ -303,7 +302,7 @@ const OpsOverride kCudaSimOps{"cuda-sim",
                               sim_attention_forward,
                               sim_attention_backward,
                               sim_embedding_forward,
-                              sim_embedding_backward,
+                              sim_embedding_grad_rows,
                               sim_linear_forward,
                               sim_linear_backward,
                               sim_head_forward,

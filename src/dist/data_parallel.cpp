@@ -56,8 +56,7 @@ void for_each_sharded_slab(int64_t layers, Fn&& fn) {
 DataParallelGrads::DataParallelGrads(const Comm& comm, const ModelSlabs& grads)
     : comm_(comm),
       layers_(grads.num_layers()),
-      hidden_(grads.config().hidden_size),
-      vocab_(grads.config().vocab_size) {
+      hidden_(grads.config().hidden_size) {
   shards_.resize(size_t(layers_) + 2);
   partial_.resize(size_t(layers_) + 2);
   auto make = [&](SlabKind kind, int64_t layer) {
@@ -110,7 +109,7 @@ void DataParallelGrads::slab(SlabKind kind, int64_t layer, uint8_t* dst, const S
 }
 
 void DataParallelGrads::embedding(uint8_t* table, const SlabLayout& layout, const uint8_t* tied_part,
-                                  const float* dx0, const int32_t* ids, int64_t N, GradMode mode) {
+                                  const float* rows, const int32_t* present, int64_t P, GradMode mode) {
   const SlabShards& sh = shards_[0];
   const int n = comm_.size(), me = comm_.rank();
   const size_t first = sh.first[size_t(me)], last = sh.first[size_t(me) + 1];
@@ -120,8 +119,8 @@ void DataParallelGrads::embedding(uint8_t* table, const SlabLayout& layout, cons
   ReceivedChunks tied;
   if (tied_part) tied = gather_owned_chunks(comm_, tied_part, layout, sh);
 
-  // Every rank's dx0 rows and token ids (each rank's own N).
-  const std::vector<int64_t> counts = comm_.allgather_int(N);
+  // Every rank's embedding rows and their ids (each rank's own P).
+  const std::vector<int64_t> counts = comm_.allgather_int(P);
   const size_t ranks = static_cast<size_t>(n);
   std::vector<size_t> id_bytes(ranks), id_off(ranks), row_bytes(ranks), row_off(ranks);
   size_t id_total = 0, row_total = 0;
@@ -135,8 +134,8 @@ void DataParallelGrads::embedding(uint8_t* table, const SlabLayout& layout, cons
   }
   std::vector<int32_t> all_ids(id_total / sizeof(int32_t));
   std::vector<float> all_rows(row_total / sizeof(float));
-  comm_.allgatherv(ids, id_bytes[size_t(me)], all_ids.data(), id_bytes, id_off);
-  comm_.allgatherv(dx0, row_bytes[size_t(me)], all_rows.data(), row_bytes, row_off);
+  comm_.allgatherv(present, id_bytes[size_t(me)], all_ids.data(), id_bytes, id_off);
+  comm_.allgatherv(rows, row_bytes[size_t(me)], all_rows.data(), row_bytes, row_off);
   bytes_sent_ += uint64_t(n - 1) * (id_bytes[size_t(me)] + row_bytes[size_t(me)]);
   if (tied_part) bytes_sent_ += uint64_t(layout.bytes() - tied.per_rank);
 
@@ -150,9 +149,8 @@ void DataParallelGrads::embedding(uint8_t* table, const SlabLayout& layout, cons
     const GradMode m = r == 0 ? mode : GradMode::add;
     if (tied_part) accumulate_grad_packed(table, layout, tied.from(r), layout, sh.chunks, first, last, m, partial.data());
     else if (m == GradMode::overwrite) std::fill(t + e0, t + e1, 0.0f);
-    const int32_t* rid = all_ids.data() + id_off[size_t(r)] / sizeof(int32_t);
-    const float* rows = all_rows.data() + row_off[size_t(r)] / sizeof(float);
-    embedding_backward_range(t, rows, group_tokens_by_id(rid, counts[size_t(r)], vocab_), C, e0, e1);
+    embedding_add_rows(t, all_rows.data() + row_off[size_t(r)] / sizeof(float),
+                       all_ids.data() + id_off[size_t(r)] / sizeof(int32_t), counts[size_t(r)], C, e0, e1);
   }
   for (size_t k = first; k < last; ++k)
     partial[k - first] = grad_chunk_sum_of_squares(t + sh.chunks[k].begin, sh.chunks[k].len);

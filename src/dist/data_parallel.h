@@ -9,9 +9,10 @@
 //   * a layer's or the head's slab: reduce_scatter_ordered — the owner of each chunk adds every rank's gradient
 //     in rank order (the first an overwrite at the step's first micro-batch);
 //   * the embedding table, whose gradient one process builds per micro-batch as (table + lm_head's part when
-//     tied) + the scatter of dx0's rows: owners of the table's chunks receive every rank's lm_head part for them
-//     and every rank's dx0 rows with their token ids, and replay, rank by rank, the tied part then the scatter
-//     restricted to their elements (ops/embedding.h embedding_backward_range) — the same additions per element.
+//     tied) + the embedding rows (one per token id present) added at their ids: owners of the table's chunks
+//     receive every rank's lm_head part for them and every rank's rows with their ids, and replay, rank by rank,
+//     the tied part then the rows' add restricted to their elements (ops/embedding.h embedding_add_rows) — the
+//     same additions per element.
 // After the step's last micro-batch, finish_step() gives every rank the norm partials of every slab from the
 // owners' chunk partials (one allgather of doubles), combined in chunk order as one process sums them.
 //
@@ -63,8 +64,8 @@ class DataParallelGrads final : public GradReducer {
 
   void slab(SlabKind kind, int64_t layer, uint8_t* dst, const SlabLayout& dst_layout, const uint8_t* src,
             const SlabLayout& src_layout, GradMode mode) override;
-  void embedding(uint8_t* table, const SlabLayout& layout, const uint8_t* tied_part, const float* dx0,
-                 const int32_t* ids, int64_t N, GradMode mode) override;
+  void embedding(uint8_t* table, const SlabLayout& layout, const uint8_t* tied_part, const float* rows,
+                 const int32_t* present, int64_t P, GradMode mode) override;
 
   // Every slab's Σ g² into `partials`, the same on every rank. Collective.
   void finish_step(GradNormPartials& partials) const;
@@ -99,7 +100,7 @@ class DataParallelGrads final : public GradReducer {
  private:
   size_t slot(SlabKind kind, int64_t layer) const;
   const Comm& comm_;
-  int64_t layers_, hidden_, vocab_;
+  int64_t layers_, hidden_;
   std::vector<SlabShards> shards_;            // [L + 2]: embedding, layers, head
   std::vector<std::vector<double>> partial_;  // [L + 2]: this rank's chunks' Σ g² after the latest micro-batch
   HybridAdamW::OwnedRanges owned_;            // [L + 2][tensors]: this rank's elements of each tensor

@@ -83,6 +83,9 @@ struct StreamingExecutor::Step {
   const StepTokens tok;
   const StepSchedule& sched;
   const int64_t L, N, C;
+  // The embedding backward's token groups (ops/embedding.h), uploaded with the tokens: the device sums dx0 into
+  // P = groups.present.size() rows, the host adds them at the ids present. Empty for a frozen table.
+  const TokenGroups groups;
 
   uint8_t* block = nullptr;                     // the packed working set (sched.memory.peak_bytes)
   std::vector<uint8_t*> ptr;                    // [buffer] its device or host address (null: NVMe, or absent)
@@ -103,7 +106,8 @@ struct StreamingExecutor::Step {
   Step(StreamingExecutor& e, HostWorker& hw, ModelSlabs& g, const ModelSlabs& p, const ModelSlabs& w,
        const Batch& b, const StepSchedule& s)
       : ex(e), dev(e.device_), compute(*e.compute_), host(hw), cfg(e.cfg_), grads(g), params(p), weights(w),
-        batch(b), tok(StepTokens::make(b)), sched(s), L(cfg.num_layers), N(b.N()), C(cfg.hidden_size) {}
+        batch(b), tok(StepTokens::make(b)), sched(s), L(cfg.num_layers), N(b.N()), C(cfg.hidden_size),
+        groups(s.tokens.groups ? group_tokens_by_id(b.input_ids.data(), N, cfg.vocab_size) : TokenGroups{}) {}
 
   ~Step() {
     try {
@@ -320,9 +324,15 @@ struct StreamingExecutor::Step {
         break;
       case OpKind::download_boundary:
       case OpKind::download_head_grads:
-      case OpKind::download_dx0:
         dev.copy_d2h(at(op.out) + op.offset, at(op.in) + op.offset, op.bytes, k, op.name, layer);
         break;
+      case OpKind::download_embedding_rows: {  // this batch's P rows of the schedule's bound N
+        const size_t bytes = groups.present.size() * size_t(C) * 4;
+        LT_CHECK(bytes <= op.bytes, "step: {} embedding rows are {} bytes, the schedule's bound {}",
+                 groups.present.size(), bytes, op.bytes);
+        dev.copy_d2h(at(op.out), at(op.in), bytes, k, op.name);
+        break;
+      }
       case OpKind::download_grads: {
         uint8_t* dst = op.out >= 0 ? at(op.out) : grads.layer(op.layer);
         dev.copy_d2h(dst + op.offset, at(op.in) + op.offset, op.bytes, k, op.name, layer);
@@ -382,6 +392,15 @@ struct StreamingExecutor::Step {
         }, op.name);
         break;
       }
+      case OpKind::embedding_rows: {
+        float* rows = at<float>(op.out);
+        const float* dx0 = at<float>(op.in);
+        const int32_t* toks = at<int32_t>(op.aux);
+        const int32_t *start = toks + sched.tokens.group_start(), *order = toks + sched.tokens.group_order();
+        const int64_t P = int64_t(groups.present.size());
+        dev.launch(k, [=] { c->embedding_rows(rows, dx0, start, order, P); }, op.name);
+        break;
+      }
       default: LT_FAIL("step: '{}' is not a device operation", op.name);
     }
   }
@@ -392,6 +411,10 @@ struct StreamingExecutor::Step {
     dev.copy_h2d(toks, tok.pos.data(), size_t(N) * 4, k, "h2d tokens");
     dev.copy_h2d(toks + N, tok.targets.data(), size_t(N) * 4, k, "h2d targets");
     if (!batch.doc_ids.empty()) dev.copy_h2d(toks + 2 * N, batch.doc_ids.data(), size_t(N) * 4, k, "h2d doc ids");
+    if (sched.tokens.groups) {  // the embedding backward's: start [P + 1], order [N]
+      dev.copy_h2d(toks + sched.tokens.group_start(), groups.start.data(), groups.start.size() * 4, k, "h2d token groups");
+      dev.copy_h2d(toks + sched.tokens.group_order(), groups.order.data(), groups.order.size() * 4, k, "h2d token order");
+    }
     if (op.aux < 0) return;
     // The GPU kernels read targets and positions unchecked: a bad one is an error here, not a wild read there.
     for (int64_t n = 0; n < N; ++n) {
@@ -488,19 +511,21 @@ struct StreamingExecutor::Step {
     if (target.partials) target.partials->set(SlabKind::layer, l, p);
   }
 
+  // The embedding rows (ops/embedding.h embedding_grad_rows, downloaded) added at their ids.
   void embedding_grads(const StepOp& op) {
-    const float* dx0 = at<float>(op.in);
+    const float* rows = at<float>(op.in);
+    const int64_t P = int64_t(groups.present.size());
     if (target.reducer) {
       const uint8_t* tied = cfg.tie_word_embeddings ? at(sched.find("head grad staging")) + grads.layout(SlabKind::head).bytes() : nullptr;
-      target.reducer->embedding(grads.slab(SlabKind::embedding), grads.layout(SlabKind::embedding), tied, dx0,
-                                batch.input_ids.data(), N, target.mode);
+      target.reducer->embedding(grads.slab(SlabKind::embedding), grads.layout(SlabKind::embedding), tied, rows,
+                                groups.present.data(), P, target.mode);
       return;
     }
     float* table = grads.tensor(SlabKind::embedding, 0, "embed_tokens.weight").ptr<float>();
     const int64_t n = cfg.vocab_size * C;
     // Overwrite mode and untied: the head did not write the table this step, so start from zero.
     if (target.mode == GradMode::overwrite && !cfg.tie_word_embeddings) std::memset(table, 0, size_t(n) * 4);
-    embedding_backward(table, dx0, batch.input_ids.data(), N, C, cfg.vocab_size);
+    embedding_add_rows(table, rows, groups.present.data(), P, C, 0, n);
     if (target.partials) target.partials->set(SlabKind::embedding, 0, grad_sum_of_squares(table, n));
   }
 };

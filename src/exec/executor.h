@@ -55,10 +55,10 @@ class GradReducer {
   virtual void slab(SlabKind kind, int64_t layer, uint8_t* dst, const SlabLayout& dst_layout, const uint8_t* src,
                     const SlabLayout& src_layout, GradMode mode) = 0;
   // The embedding table's gradient: with tied embeddings first lm_head's part (`tied_part`, the embedding slab's
-  // layout; null when untied), then the scatter of dx0[N, C] by `ids` (ops/embedding.h), as one process applies
-  // them micro-batch by micro-batch.
-  virtual void embedding(uint8_t* table, const SlabLayout& layout, const uint8_t* tied_part, const float* dx0,
-                         const int32_t* ids, int64_t N, GradMode mode) = 0;
+  // layout; null when untied), then the embedding rows [P, C] added at their ids `present` [P] (ops/embedding.h
+  // embedding_add_rows), as one process applies them micro-batch by micro-batch.
+  virtual void embedding(uint8_t* table, const SlabLayout& layout, const uint8_t* tied_part, const float* rows,
+                         const int32_t* present, int64_t P, GradMode mode) = 0;
 };
 
 // Where the step's gradients go. The executor adds each slab's gradient into the f32 host gradients with

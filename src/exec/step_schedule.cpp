@@ -156,7 +156,8 @@ class Builder {
     head_w_ = declare("head weights", Memory::device, head_w_bytes_);
     if (o_.resident_head) reserve(head_w_, first, last);
     head_g_ = declare("head grads", Memory::device, head_g_bytes_);
-    tokens_ = declare("tokens", Memory::device, size_t(N_) * 4 * 3);  // positions, targets, document ids
+    s_.tokens = TokenBuffer{N_, embedding_trained()};
+    tokens_ = declare("tokens", Memory::device, s_.tokens.bytes());  // positions, targets, doc ids, token groups
     reserve(tokens_, first, last);
     s_.buffers[size_t(tokens_)].bound = true;  // every layer reads the positions, the head the targets
     for (int r = 0; r < o_.boundary_ring; ++r) {
@@ -226,7 +227,7 @@ class Builder {
       for (int g = 0; g < o_.grad_buffers; ++g)
         gstage_.push_back(declare(fmt::format("grad staging {}", g), Memory::host, layer_g, PlanTerm::fixed, g));
     head_stage_ = declare("head grad staging", Memory::host, head_g_bytes_);
-    dx0_ = declare("dx0", Memory::host, dxbytes);
+    rows_host_ = declare("embedding rows", Memory::host, dxbytes);  // at their bound, one per token
     if (rope_ >= 0) rope_host_ = declare("rope table", Memory::host, s_.buffers[size_t(rope_)].bytes);
   }
 
@@ -283,6 +284,7 @@ class Builder {
     StepOp op = make(OpKind::upload_tokens, kH2D, "h2d tokens");
     op.out = tokens_;
     op.bytes = size_t(N_) * 4 * (so_.doc_ids ? 3 : 2);
+    if (s_.tokens.groups) op.bytes += size_t(2 * N_ + 1) * 4;  // the token groups, at their bound (P = N)
     if (rope_ >= 0) {  // the CUDA block's RoPE table goes with them, once per step
       op.aux = rope_;
       op.in = rope_host_;
@@ -616,7 +618,6 @@ class Builder {
   void backward() {
     wslots_.begin_backward();
     int cur = 0;  // dx[cur] holds the gradient of the current layer's output
-    int last_compute = -1;
     for (int64_t l = L_ - 1; l >= lowest_; --l) {
       begin_window(backward_window(L_, l));
       issue_reloads(backward_window(L_, l));
@@ -646,25 +647,32 @@ class Builder {
       att.grads = gbuf_[size_t(g)];
       att.internals = kept;
       const int done = launch_on(b, {&xin}, std::move(att));
-      last_compute = done;
       cur = 1 - cur;
       download_grads(l, g, mlp_done, done);
     }
-    // The embedding's gradient: the activation gradient of boundary 0 goes to the host, where the table is (unless
-    // the table is frozen).
-    if (SlabLayout::trained(cfg_, SlabKind::embedding).bytes() == 0) return;
-    wait(kD2H, last_compute);
-    StepOp d = make(OpKind::download_dx0, kD2H, "d2h dx0", 0);
-    d.in = dx_[cur];
-    d.out = dx0_;
-    d.bytes = s_.buffers[size_t(dx0_)].bytes;
+    // The embedding's gradient (unless the table is frozen): the activation gradient of boundary 0 summed per
+    // token id into the free gradient buffer (dx_[1 - cur]: its last reader, layer lowest_'s MLP half, ran on this
+    // stream before), those rows to the host, where the table is, and added there.
+    if (!embedding_trained()) return;
+    StepOp r = make(OpKind::embedding_rows, kCompute, "embedding rows", 0);
+    r.in = dx_[cur];
+    r.out = dx_[1 - cur];
+    r.aux = tokens_;
+    r.bytes = s_.buffers[size_t(rows_host_)].bytes;  // reads dx0 [N, C] f32
+    const int rows = add(std::move(r));
+    wait(kD2H, rows);
+    StepOp d = make(OpKind::download_embedding_rows, kD2H, "d2h embedding rows", 0);
+    d.in = dx_[1 - cur];
+    d.out = rows_host_;
+    d.bytes = s_.buffers[size_t(rows_host_)].bytes;  // the bound: every token's id distinct
     const int down = add(std::move(d));
     StepOp e = make(OpKind::embedding_backward, Lane::host, "embedding backward", 0);
-    e.in = dx0_;
-    e.bytes = s_.buffers[size_t(dx0_)].bytes;
+    e.in = rows_host_;
+    e.bytes = s_.buffers[size_t(rows_host_)].bytes;
     e.deps.push_back(down);
     add(std::move(e));
   }
+  bool embedding_trained() const { return SlabLayout::trained(cfg_, SlabKind::embedding).bytes() > 0; }
 
   // Layer l's gradients out of gradient buffer g: the MLP half's once it is done (while the attention half runs),
   // then the rest, into host staging slot g once the host lane has emptied it — or, in place, straight into the
@@ -748,7 +756,7 @@ class Builder {
   std::vector<int> gstage_, nvme_wstage_, nvme_rstage_;
   int head_w_ = -1, head_g_ = -1, tokens_ = -1, loss_ = -1, rope_ = -1, rope_host_ = -1;
   int dx_[2] = {-1, -1};
-  int x0_ = -1, x0_f32_ = -1, head_stage_ = -1, dx0_ = -1;
+  int x0_ = -1, x0_f32_ = -1, head_stage_ = -1, rows_host_ = -1;
 
   // Resources, as operation ids (-1: none yet).
   WeightBuffers wslots_;

@@ -15,8 +15,10 @@
 //   window:   F0  F1 ... F(L-1)   H    B(L-1) ... B0
 //   compute:  fwd fwd    fwd     head  bwd        bwd     (recompute before a bwd that needs it)
 //   h2d:      W1  W2 ... head         W  x(reload) ...     (the next layer's weights while this one computes)
-//   d2h:          x(offload) ...  dHead dW(L-1)   ... dW0 dx0
+//   d2h:          x(offload) ...  dHead dW(L-1)   ... dW0 dE rows
 //   host:                         acc   acc       ... acc  embedding backward
+//   (compute's last op, the embedding rows: dx0[N, C] summed per token id into rows[P, C], P ids present, so that
+//   P rows go down instead of N; the host adds them into the table — ops/embedding.h's two halves)
 //   (a frozen run's backward ends at lowest_backward_layer, model/finetune.h: its windows below are empty)
 //
 // Lanes: the device's three streams (compute, h2d, d2h), each in order; three host threads, each in order — the host
@@ -53,7 +55,7 @@ inline StreamKind stream_of(Lane lane) { return StreamKind(uint8_t(lane)); }
 enum class OpKind : uint8_t {
   update,               // optimizer: the previous step's update of one slab (`slab`, `layer`)
   embed,                // issue: the embedding lookup of the token ids into boundary 0 on the host (`out`)
-  upload_tokens,        // h2d: positions, targets, document ids (and the CUDA block's RoPE table)
+  upload_tokens,        // h2d: positions, targets, document ids, the embedding's token groups (and the RoPE table)
   upload_weights,       // h2d: layer `layer`'s compute copy into weight buffer `slot` (`out`)
   upload_head,          // h2d: the head's weights (with the tied embedding) into `out`
   upload_boundary,      // h2d: boundary `layer` (bytes at `offset` of it) from the host (`in`) into `out`
@@ -70,10 +72,13 @@ enum class OpKind : uint8_t {
   download_head_grads,  // d2h: the head's gradients into their host staging `out`
   download_grads,       // d2h: layer `layer`'s gradients, bytes at `offset` (an MLP or attention half), from
                         //      `in` to host staging `out`, or straight into the host gradients (out < 0)
-  download_dx0,         // d2h: the embedding output's gradient `in` to the host (`out`)
+  embedding_rows,       // compute: dx0 (`in`, [N, C] f32) summed per present token id into `out` ([P, C], P <= N),
+                        //          by the token groups uploaded with the tokens (`aux`, TokenBuffer's layout)
+  download_embedding_rows,  // d2h: the embedding rows `in` to the host (`out`): `bytes` is the bound N·C·4, the
+                            //      executor moves the step's P·C·4
   accumulate_head,      // host: the head's gradients (staging `in`) into the host gradients
   accumulate_grads,     // host: layer `layer`'s (staging `in`), or in place (in < 0): their sum of squares
-  embedding_backward,   // host: dx0 (`in`) scattered into the embedding table's gradient
+  embedding_backward,   // host: the embedding rows (`in`) added into the embedding table's gradient
 };
 
 struct StepOp {
@@ -136,8 +141,22 @@ struct StepScheduleOptions {
   bool doc_ids = false;         // the batch carries document ids (packed rows)
 };
 
+// The device's "tokens" buffer, int32 throughout: positions [N], targets [N], document ids [N] (packed batches);
+// then, when the embedding is trained, its backward's token groups (ops/embedding.h group_tokens_by_id): start
+// [P + 1] and order [N], at most 2N + 1 entries. Offsets and sizes in int32 elements.
+struct TokenBuffer {
+  int64_t N = 0;
+  bool groups = false;  // the token groups are uploaded (a trained embedding)
+  int64_t targets() const { return N; }
+  int64_t doc_ids() const { return 2 * N; }
+  int64_t group_start() const { return 3 * N; }
+  int64_t group_order() const { return 4 * N + 1; }
+  size_t bytes() const { return size_t(groups ? 5 * N + 1 : 3 * N) * 4; }
+};
+
 struct StepSchedule {
   int64_t L = 0, B = 0, T = 0;
+  TokenBuffer tokens;            // the "tokens" buffer's layout
   ExecOptions options;
   StepScheduleOptions schedule_options;
   Plan plan;

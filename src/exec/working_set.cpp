@@ -231,8 +231,10 @@ MemoryTerms memory_terms(const ModelConfig& cfg, int64_t B, int64_t T, const Exe
   }
   const std::vector<size_t> f = window_device_bytes(fixed, s.num_windows());
   t.fixed.assign(f.begin(), f.end());
-  for (const StepOp& op : s.ops)
-    if (op.kind == OpKind::download_dx0) t.dx0_download = double(op.bytes);
+  for (const StepOp& op : s.ops) {
+    if (op.kind == OpKind::download_embedding_rows) t.dx0_download = double(op.bytes);
+    if (op.kind == OpKind::upload_tokens) t.token_upload = double(op.bytes);
+  }
   return t;
 }
 

@@ -117,9 +117,11 @@ struct MemoryTerms {
   WindowSpan recompute_span;              //   (present when any layer does)
   double cache_slot = 0;                  // one slot of the recompute cache (a boundary), per dropped depth
   WindowSpan cache_span;
-  // Not device memory, read off the same schedule: the bytes of dx0's download (the embedding output's gradient,
-  // f32 [N, C]; 0 when the table is frozen and the step has none) — what the planner's epilogue moves.
+  // Not device memory, read off the same schedule: the bytes of the embedding rows' download (the embedding
+  // output's gradient summed per token id, at its bound f32 [N, C]; 0 when the table is frozen and the step has
+  // none) — what the planner's epilogue moves; and the tokens' upload (positions, targets, the token groups).
   double dx0_download = 0;
+  double token_upload = 0;
   int num_windows() const { return int(fixed.size()); }
   // Per window: fixed, the plan's device boundaries and kept internals (what every memory model counts alike).
   std::vector<double> stored_bytes(const Plan& plan) const;

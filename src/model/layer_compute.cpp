@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "ops/embedding.h"
 
 namespace lt {
 namespace {
@@ -68,6 +69,9 @@ class CpuLayerCompute final : public LayerCompute {
       norm_w = shifted.data();
     }
     *h.loss = head_forward_backward(h.dx, h.dnorm_w, h.dlm_w, x, h.targets, norm_w, h.lm_w, h.grad_scale, h.shape);
+  }
+  void embedding_rows(float* rows, const float* dx0, const int32_t* start, const int32_t* order, int64_t P) override {
+    embedding_grad_rows(rows, dx0, start, order, P, b_.shape.C);
   }
 
  private:

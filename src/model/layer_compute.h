@@ -127,6 +127,11 @@ class LayerCompute {
   virtual void backward_attention(float* dx_in, BlockGrads& g, const void* x_in, void* kept,
                                   const BlockView& w) = 0;
   virtual void head(const HeadCall& call) = 0;
+  // The embedding backward's device half (ops/embedding.h embedding_grad_rows): rows[P, C] of each present id's
+  // gradient from dx0[N, C] (f32), by the token groups start[P + 1], order[N] in device memory — P rows go to the
+  // host instead of N.
+  virtual void embedding_rows(float* rows, const float* dx0, const int32_t* start, const int32_t* order,
+                              int64_t P) = 0;
 };
 
 // model/block.h and ops/head.h on the host ops (or the ops cuda-sim overrides, ops/override.h).

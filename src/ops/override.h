@@ -28,7 +28,7 @@ struct OpsOverride {
   decltype(&attention_forward) attention_forward_fn;
   decltype(&attention_backward) attention_backward_fn;
   decltype(&embedding_forward) embedding_forward_fn;
-  decltype(&embedding_backward) embedding_backward_fn;
+  decltype(&embedding_grad_rows) embedding_grad_rows_fn;
   decltype(&linear_forward) linear_forward_fn;
   decltype(&linear_backward) linear_backward_fn;
   decltype(&head_forward) head_forward_fn;

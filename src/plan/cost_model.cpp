@@ -359,7 +359,7 @@ void time_windows(const Instance& in, Prediction& p) {
   p.h2d_bytes += in.token_upload + in.A + in.Wl[0];  // prologue
   p.d2h_bytes += in.Gl[0] + in.dx0;                   // epilogue: layer 0's gradients and dx0
   if (in.head_fence) p.d2h_bytes += in.HG;  // in the fence
-  p.compute_s += in.embed_f + in.embed_b;
+  p.compute_s += in.embed_f + in.embed_rows + in.embed_b;
   p.step_s = p.prologue_s + p.epilogue_s + p.fence_s;
   for (const WindowCost& c : win) p.step_s += c.time_s;
 }

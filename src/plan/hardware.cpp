@@ -39,6 +39,7 @@ std::vector<Hardware> make_builtin() {
     h.host_accumulate_gbps = 50;
     h.optimizer_params_per_s = 1.4e9;  // REFERENCES.md §5: DeepSpeed CPU Adam ~1.4 G params/s
     h.host_copy_gbps = 50;             // same assumption as accumulation (embedding gather / scatter)
+    h.device_memory_gbps = 3350;       // H100 SXM datasheet: 3.35 TB/s HBM3 (the SXM part, as peak_tflops)
     v.push_back(h);
   }
   {
@@ -58,6 +59,7 @@ std::vector<Hardware> make_builtin() {
     h.host_accumulate_gbps = 50;  // assumption, as h800
     h.optimizer_params_per_s = 1.4e9;  // REFERENCES.md §5 (DeepSpeed CPU Adam)
     h.host_copy_gbps = 50;
+    h.device_memory_gbps = 4800;  // NVIDIA H200 datasheet: 4.8 TB/s HBM3e
     v.push_back(h);
   }
   {
@@ -82,6 +84,7 @@ std::vector<Hardware> make_builtin() {
     h.host_accumulate_gbps = 13;
     h.optimizer_params_per_s = 1.4e9;  // REFERENCES.md §5: DeepSpeed CPU Adam ~1.4 G params/s (hardware unstated)
     h.host_copy_gbps = 13;
+    h.device_memory_gbps = 936;  // GA102 whitepaper, appendix A: RTX 3090 936 GB/s GDDR6X
     v.push_back(h);
   }
   return v;
@@ -206,6 +209,8 @@ Profile hardware_profile(const Hardware& hw, const ModelConfig& cfg, int64_t B, 
   p.head_s = head_flops(cfg, B, T) / rate;
   const double act_bytes = double(B) * double(T) * double(cfg.hidden_size) * 4.0;
   p.embed_forward_s = act_bytes / (hw.host_copy_gbps * kGB);
+  // The embedding rows read dx0 [N, C] f32 and write at most as much (P <= N ids); the host then adds them.
+  p.embed_rows_s = 2 * act_bytes / (hw.device_memory_gbps * kGB);
   p.embed_backward_s = act_bytes / (hw.host_copy_gbps * kGB);
   p.accumulate_gbps = hw.host_accumulate_gbps;
   p.optimizer_params_per_s = hw.optimizer_params_per_s;

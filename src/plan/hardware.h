@@ -29,6 +29,7 @@ struct Hardware {
   double host_accumulate_gbps = 0;     // gradient bytes per second added on the host
   double optimizer_params_per_s = 0;   // host AdamW
   double host_copy_gbps = 0;           // embedding lookup / scatter (bytes of [N, C] f32 per second)
+  double device_memory_gbps = 0;       // the device's memory bandwidth (its memory-bound kernels: the embedding rows)
 };
 
 // The built-in machines: h800, h200, rtx3090.

@@ -24,7 +24,9 @@ double Instance::fixed_peak() const { return *std::max_element(mem.fixed.begin()
 
 double Instance::prologue() const { return std::max(embed_f, token_upload / bw_h2d) + (A + Wl[0]) / bw_h2d; }
 
-double Instance::epilogue() const { return Gl[0] / bw_d2h + std::max(acc[0], dx0 / bw_d2h) + embed_b; }
+double Instance::epilogue() const {
+  return std::max(Gl[0] / bw_d2h, embed_rows) + std::max(acc[0], dx0 / bw_d2h) + embed_b;
+}
 
 double Instance::weights_of(int64_t a, int64_t b) const {
   double w = 0;
@@ -79,7 +81,8 @@ void add_data_parallel(Instance& in, const ModelConfig& cfg, int64_t N, const In
   }
   in.acc_head += share * in.HG / net;
   micro += share * in.HG;
-  // The embedding: every rank's dx0 rows [N, C] f32 and ids to every rank (none for a frozen table).
+  // The embedding: every rank's rows [P, C] f32 and their ids to every rank, at the bound P = N (none for a
+  // frozen table).
   const double rows = in.dx0 > 0 ? (n - 1) * double(N) * (C * 4 + 4) : 0.0;
   in.embed_b += rows / net;
   micro += rows;
@@ -142,7 +145,7 @@ Instance make_instance(const ModelConfig& cfg, int64_t B, int64_t T, const Profi
   }
   in.HW = al(hw);
   in.HG = al(hg);
-  in.token_upload = double(N) * 4 * 2;
+  in.token_upload = in.mem.token_upload;
 
   in.f = profile.forward_s;
   in.b = profile.backward_s;
@@ -151,8 +154,9 @@ Instance make_instance(const ModelConfig& cfg, int64_t B, int64_t T, const Profi
   in.r = profile.recompute_s;
   in.head = profile.head_s;
   in.embed_f = profile.embed_forward_s;
+  in.embed_rows = profile.embed_rows_s;
   in.embed_b = profile.embed_backward_s;
-  if (in.dx0 == 0) in.embed_b = 0;  // a frozen table: no dx0, no scatter (the schedule has neither)
+  if (in.dx0 == 0) in.embed_rows = in.embed_b = 0;  // a frozen table: no rows, no scatter (the schedule has neither)
   for (double g : in.Gl) in.acc.push_back(g / (profile.accumulate_gbps * 1e9));
   in.acc_head = in.HG / (profile.accumulate_gbps * 1e9);
   in.bw_h2d = profile.link.h2d_gbps * 1e9;

@@ -85,7 +85,7 @@ struct Instance {
 
   // Bytes (each rounded up to the device's 256-byte allocation unit, as the working set counts them).
   double A = 0;        // one boundary [N, C] in the activation storage dtype
-  double dx0 = 0;      // the embedding output's gradient [N, C] f32, downloaded for the host's scatter (mem's)
+  double dx0 = 0;      // the embedding rows' download, at its bound [N, C] f32, for the host's add (mem's)
   double A_nvme = 0;   // one boundary on NVMe (4 KiB pages)
   // The executor's device memory per window as linear terms of the plan (exec/working_set.h: memory_terms, read
   // off the executor's schedule): what every plan takes, each device boundary's and kept internals' bytes over
@@ -99,10 +99,11 @@ struct Instance {
   std::vector<double> Wl, Gl;  // [L] layer l's weights and gradients, as its uploads and downloads move them
   double weights_of(int64_t a, int64_t b) const;  // Σ Wl over layers a .. b-1 (a recompute segment's uploads)
   double HW = 0, HG = 0;  // head weights / gradients (lm_head counted here when tied)
-  double token_upload = 0;  // uploaded each step: positions and targets (unpacked batches)
+  double token_upload = 0;  // uploaded each step: positions, targets, the embedding's token groups (mem's)
   // Times (seconds).
   std::vector<double> f, b, r;  // [L] forward, backward, recompute
   double head = 0, embed_f = 0, embed_b = 0;
+  double embed_rows = 0;  // device: the embedding backward's rows, after the last layer's backward
   std::vector<double> acc;             // [L] host accumulation of layer l's gradients
   double acc_head = 0;                 // ... of the head's
   double bw_h2d = 0, bw_d2h = 0;       // bytes/s
@@ -142,8 +143,8 @@ struct Instance {
   // the host's accumulation of it; the epilogue takes layer 0's.
   double grads_down(int64_t k) const;
   double accumulate_in(int64_t k) const;
-  // Host time of the step's prologue (embedding lookup, first uploads) and epilogue (last gradients out,
-  // embedding backward).
+  // Host time of the step's prologue (embedding lookup, first uploads) and epilogue (layer 0's gradients out while
+  // the device sums the embedding rows, the rows out while the host adds layer 0's, the host adds the rows).
   double prologue() const;
   double epilogue() const;
 };

@@ -305,25 +305,42 @@ void measure_head(Rig& rig, const Prototypes& pt, const MeasureOptions& o, Profi
   p.head_s = fastest(t);
 }
 
-// Embedding on the host, as the executor's issuing thread and host worker run it.
-void measure_embedding(const Rig& rig, const Prototypes& pt, const MeasureOptions& o, Profile& p) {
+// The embedding: the lookup on the host (the executor's issuing thread), the backward's rows on the device (the
+// compute stream's last launch, from dx_out into dx_in) and their add into the table on the host (its host lane).
+void measure_embedding(Rig& rig, const Prototypes& pt, const MeasureOptions& o, Profile& p) {
   const int64_t N = rig.N, C = rig.cfg_.hidden_size, V = rig.cfg_.vocab_size;
   const float* table = pt.params.tensor(SlabKind::embedding, 0, "embed_tokens.weight").ptr<float>();
+  const TokenGroups g = group_tokens_by_id(rig.ids.data(), N, V);
+  const int64_t P = int64_t(g.present.size());
+  auto* start = rig.alloc<int32_t>(g.start.size() * 4, "token groups start");
+  auto* order = rig.alloc<int32_t>(g.order.size() * 4, "token groups order");
+  rig.dev->copy_h2d(start, g.start.data(), g.start.size() * 4, StreamKind::h2d, "setup token groups start");
+  rig.dev->copy_h2d(order, g.order.data(), g.order.size() * 4, StreamKind::h2d, "setup token groups order");
+  rig.dev->synchronize();
   std::vector<float> out(static_cast<size_t>(N * C)), dtable(static_cast<size_t>(V * C), 0.0f);
-  std::vector<double> tf, tb;
+  std::vector<float> rows(static_cast<size_t>(P * C));
+  embedding_grad_rows(rows.data(), rig.hdx.data(), g.start.data(), g.order.data(), P, C);
+  std::vector<double> tf, tr, tb;
   for (int rep = 0; rep <= o.reps; ++rep) {
+    const std::string name = fmt::format("embedding rows#{}", rep);
+    LayerCompute* c = rig.compute.get();
+    float *dst = rig.dx_in, *src = rig.dx_out;
+    rig.dev->launch(StreamKind::compute, [=] { c->embedding_rows(dst, src, start, order, P); }, name);
+    rig.dev->synchronize();
     Timer t1;
     embedding_forward(out.data(), rig.ids.data(), table, N, C, V);
     const double a = t1.seconds();
     Timer t2;
-    embedding_backward(dtable.data(), rig.hdx.data(), rig.ids.data(), N, C, V);
+    embedding_add_rows(dtable.data(), rows.data(), g.present.data(), P, C, 0, V * C);
     const double b = t2.seconds();
     if (rep > 0) {
       tf.push_back(a);
+      tr.push_back(op_seconds(rig.rec, name));
       tb.push_back(b);
     }
   }
   p.embed_forward_s = fastest(tf);
+  p.embed_rows_s = fastest(tr);
   p.embed_backward_s = fastest(tb);
 }
 

@@ -29,6 +29,7 @@ nlohmann::json Profile::to_json() const {
           {"recompute_s", recompute_s},
           {"head_s", head_s},
           {"embed_forward_s", embed_forward_s},
+          {"embed_rows_s", embed_rows_s},
           {"embed_backward_s", embed_backward_s},
           {"accumulate_gbps", accumulate_gbps},
           {"optimizer_params_per_s", optimizer_params_per_s},
@@ -83,6 +84,7 @@ Profile Profile::from_json(const nlohmann::json& j, const std::string& src) {
   p.recompute_s = j.contains("recompute_s") ? arr("recompute_s") : p.forward_s;
   p.head_s = num("head_s", 0);
   p.embed_forward_s = num("embed_forward_s", 0);
+  p.embed_rows_s = num("embed_rows_s", 0);  // files before the device half existed: none
   p.embed_backward_s = num("embed_backward_s", 0);
   p.accumulate_gbps = num("accumulate_gbps", 0);
   p.optimizer_params_per_s = num("optimizer_params_per_s", 0);
@@ -132,8 +134,8 @@ void Profile::validate(int64_t L) const {
   for (int64_t l = 0; l < L; ++l)
     LT_CHECK(ok(forward_s[size_t(l)]) && ok(backward_s[size_t(l)]) && ok(recompute_s[size_t(l)]),
              "profile '{}': layer {} has a negative or non-finite time", name, l);
-  LT_CHECK(ok(head_s) && ok(embed_forward_s) && ok(embed_backward_s), "profile '{}': head/embedding times must be >= 0",
-           name);
+  LT_CHECK(ok(head_s) && ok(embed_forward_s) && ok(embed_rows_s) && ok(embed_backward_s),
+           "profile '{}': head/embedding times must be >= 0", name);
   LT_CHECK(link.h2d_gbps > 0 && link.d2h_gbps > 0,
            "profile '{}': link bandwidths must be > 0 GB/s (h2d {}, d2h {})", name, link.h2d_gbps, link.d2h_gbps);
   LT_CHECK(ok(link.h2d_duplex_gbps) && ok(link.d2h_duplex_gbps) && ok(link.latency_s),
@@ -152,6 +154,7 @@ Profile scale_profile(const Profile& p, int64_t B, int64_t T) {
     for (double& x : *v) x *= f;
   q.head_s *= f;
   q.embed_forward_s *= f;
+  q.embed_rows_s *= f;
   q.embed_backward_s *= f;
   q.batch = B;
   q.seq = T;

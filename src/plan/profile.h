@@ -51,7 +51,8 @@ struct Profile {
                                          // the down projection: block_recompute_internals + the MLP per chunk)
   double head_s = 0;                     // fused norm + lm_head + cross-entropy, forward and backward
   double embed_forward_s = 0;            // host: embedding lookup
-  double embed_backward_s = 0;           // host: embedding scatter-add
+  double embed_rows_s = 0;               // device: the embedding backward's rows of dx0 (embedding_grad_rows)
+  double embed_backward_s = 0;           // host: those rows added into the table (embedding_add_rows)
   double accumulate_gbps = 0;            // host: gradient bytes per second added into the f32 host grads
   double optimizer_params_per_s = 0;     // host optimizer update throughput; 0 = not measured
   std::string optimizer_note;            // how it was measured, or why not

@@ -167,6 +167,7 @@ Cost cost_of(const Instance& in, const StepOp& op) {
     case OpKind::backward_mlp: return {in.b[l] * in.mlp_share[l], 0};
     case OpKind::backward_attention: return {in.b[l] * (1 - in.mlp_share[l]), 0};
     case OpKind::head: return {in.head, 0};
+    case OpKind::embedding_rows: return {in.embed_rows, 0};
     case OpKind::download_loss: return {0, double(op.bytes)};
     case OpKind::download_head_grads: return {0, in.HG};
     case OpKind::download_grads: {  // the MLP half is the slab's tail (offset > 0), the attention half its head;
@@ -174,7 +175,7 @@ Cost cost_of(const Instance& in, const StepOp& op) {
       const double mlp = in.Gl[l] * in.mlp_grad_share[l];
       return {0, op.offset > 0 || in.mlp_grad_share[l] == 1.0 ? mlp : in.Gl[l] - mlp};
     }
-    case OpKind::download_dx0: return {0, double(op.bytes)};  // f32 [N, C], the schedule's bytes (not a boundary's)
+    case OpKind::download_embedding_rows: return {0, double(op.bytes)};  // at the schedule's bound, f32 [N, C]
     case OpKind::accumulate_head: return {in.acc_head, 0};
     case OpKind::accumulate_grads: return {in.acc[l], 0};
     case OpKind::embedding_backward: return {in.embed_b, 0};

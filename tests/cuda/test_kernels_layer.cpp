@@ -352,6 +352,32 @@ TEST(CudaSimKernels, EmbeddingBf16IsTheCpuRowsRoundedOnce) {
   }
 }
 
+// The backward's device half (the streamed step's embedding rows): the CPU op's rows bit for bit in every thread
+// order, packed (C a multiple of 8, aligned) and scalar (C 37, or the same rows one float off alignment).
+TEST(CudaSimKernels, EmbeddingRowsAreTheCpuOpsBitwise) {
+  const int64_t V = 29;
+  for (const auto [N, C] : {std::pair<int64_t, int64_t>{1, 8}, {45, 37}, {64, 264}}) {
+    SCOPED_TRACE(testing::shape_name({N, C}));
+    Rng rng(uint64_t(N * C) + 5);
+    std::vector<int32_t> ids(static_cast<size_t>(N));
+    for (auto& id : ids) id = int32_t(rng.below(uint64_t(V / 2)));  // repeats, and ids seen once
+    if (N > 1) ids[0] = int32_t(V - 1);
+    const TokenGroups g = group_tokens_by_id(ids.data(), N, V);
+    const int64_t P = int64_t(g.present.size());
+    std::vector<float> dout_buf = random_floats(size_t(N * C + 1), 85 + N);
+    std::vector<float> want(size_t(P * C));
+    for (const int shift : {0, 1}) {  // 1: dout and rows one float past 16-byte alignment
+      const float* dout = dout_buf.data() + shift;
+      embedding_grad_rows(want.data(), dout, g.start.data(), g.order.data(), P, C);
+      for_each_order([&] {
+        std::vector<float> rows(size_t(P * C + 1), NAN);
+        sim::embedding_grad_rows(kStream, rows.data() + shift, dout, g.start.data(), g.order.data(), P, C);
+        EXPECT_BITWISE_EQ(std::vector<float>(rows.begin() + shift, rows.begin() + shift + P * C), want);
+      });
+    }
+  }
+}
+
 // ---- linear bias gradient ----
 
 TEST(CudaSimKernels, BiasGradMatchesTheCpuLinearOpBitwise) {

@@ -141,21 +141,23 @@ TEST(CudaNative, ElementwiseNormRopeEmbeddingKernelsGiveTheSimulatedBits) {
     sync("rope");
     EXPECT_BITWISE_EQ(dq.get(), q_sim);
   }
-  // Embedding backward over repeated ids.
-  const int64_t V = 1000, Ce = 257;
+  // The embedding backward's rows over repeated ids: C 257 the scalar path, 264 the packed one.
+  const int64_t V = 1000;
   std::vector<int32_t> ids(static_cast<size_t>(N));
   for (int64_t t = 0; t < N; ++t) ids[static_cast<size_t>(t)] = int32_t((t * t) % V);
   const TokenGroups tg = group_tokens_by_id(ids.data(), N, V);
-  const auto de = random_floats(size_t(N * Ce), 6);
-  std::vector<float> table = random_floats(size_t(V * Ce), 7), table_sim = table;
-  sim::embedding_backward(nullptr, table_sim.data(), de.data(), tg.present.data(), tg.start.data(), tg.order.data(),
-                          int64_t(tg.present.size()), Ce);
-  Dev<float> dtable(table), dde(de);
-  Dev<int32_t> dpresent(tg.present), dstart(tg.start), dorder(tg.order);
-  native::embedding_backward(nullptr, dtable.p(), dde.p(), dpresent.p(), dstart.p(), dorder.p(),
-                             int64_t(tg.present.size()), Ce);
-  sync("embedding backward");
-  EXPECT_BITWISE_EQ(dtable.get(), table_sim);
+  const int64_t Pe = int64_t(tg.present.size());  // ids present
+  for (const int64_t Ce : {int64_t(257), int64_t(264)}) {
+    const auto de = random_floats(size_t(N * Ce), 6);
+    std::vector<float> rows_sim(size_t(Pe * Ce));
+    sim::embedding_grad_rows(nullptr, rows_sim.data(), de.data(), tg.start.data(), tg.order.data(), Pe, Ce);
+    Dev<float> drows(std::vector<float>(size_t(Pe * Ce), 0.0f)), dde(de);
+    Dev<int32_t> dstart(tg.start), dorder(tg.order);
+    native::embedding_grad_rows(nullptr, drows.p(), dde.p(), dstart.p(), dorder.p(), Pe, Ce);
+    sync("embedding rows");
+    SCOPED_TRACE("C " + std::to_string(Ce));
+    EXPECT_BITWISE_EQ(drows.get(), rows_sim);
+  }
 }
 
 // LoRA dropout (cuda/kernels/lora.cuh): the mask is model/lora_mask.h's 64-bit hash on the device too — the dropped

@@ -153,9 +153,14 @@ TEST(DataParallelGrads, EmbeddingReplayAndNormsEqualTheOneProcessStepBitwise) {
       }
       const SlabLayout& hl = actual.layout(SlabKind::head);
       dp.slab(SlabKind::head, 0, actual.slab(SlabKind::head), hl, random_slab(hl, seed_of(a, me) + 3).data(), hl, mode);
-      auto [ids, rows, part] = micro(a, me);
-      dp.embedding(actual.slab(SlabKind::embedding), el, tied ? part.data() : nullptr, rows.data(), ids.data(),
-                   int64_t(ids.size()), mode);
+      auto [ids, dx0, part] = micro(a, me);
+      // The executor's halves (ops/embedding.h): the rows of each present id, then their add at the owners.
+      const TokenGroups g = group_tokens_by_id(ids.data(), int64_t(ids.size()), V);
+      const int64_t P = int64_t(g.present.size());
+      std::vector<float> rows(size_t(P * C));
+      embedding_grad_rows(rows.data(), dx0.data(), g.start.data(), g.order.data(), P, C);
+      dp.embedding(actual.slab(SlabKind::embedding), el, tied ? part.data() : nullptr, rows.data(), g.present.data(), P,
+                   mode);
     }
     dp.finish_step(partials);
     double got_sq = 0;

@@ -10,6 +10,7 @@
 #include "exec/executor.h"
 #include "io/nvme.h"
 #include "model/model.h"
+#include "ops/embedding.h"
 #include "ops/head.h"
 #include "testing/grad_check.h"
 #include "testing/exec_testing.h"
@@ -178,6 +179,46 @@ TEST(Executor, BackwardReusesTheLayersTheForwardLeftBitwise) {
         for (const OpRecord& op : trace.ops()) uploads += op.lane == "h2d" && op.name.rfind("h2d W", 0) == 0;
         EXPECT_EQ(uploads, L + std::max<int64_t>(0, L - buffers)) << what;
       }
+  }
+}
+
+// The embedding backward in its two halves: the device sums dx0 per token id and one row per id present goes down
+// (P·C·4 bytes, not dx0's N·C·4), the host adds them — the in-memory path's bits, with ids repeated many times,
+// ids seen once, and every token one id.
+TEST(Executor, TheEmbeddingRowsGoDownOneRowPerTokenIdPresentBitwise) {
+  for (uint64_t seed = 41; seed <= 43; ++seed) {
+    Rng rng(seed);
+    ModelConfig cfg = random_config(rng);
+    const int64_t L = cfg.num_layers, C = cfg.hidden_size;
+    ModelSlabs params = random_params(cfg, seed);
+    Batch batch = random_batch(cfg, rng, seed == 42);
+    for (size_t n = 0; n < batch.input_ids.size(); ++n)  // few ids: 7 of them, and one seen once (seed 41)
+      batch.input_ids[n] = seed == 43 ? 5 : int32_t(n % 7);
+    if (seed == 41) batch.input_ids.back() = int32_t(cfg.vocab_size - 1);
+    const int64_t P = int64_t(group_tokens_by_id(batch.input_ids.data(), batch.N(), cfg.vocab_size).present.size());
+    Reference ref{ModelSlabs(cfg), {}};
+    ref.loss = model_forward_backward(ref.grads, params, batch, ComputeType::f32);
+    for (const Plan& plan : {Plan::keep_all(L), Plan::every(L, 2, Tier::host)}) {
+      auto dev = make_cpu_device(size_t(256) << 20, LinkSpec{2.0, 2.0, 10e-6});
+      std::unique_ptr<NvmeStore> nvme = nvme_store_for(cfg, batch, plan, ExecOptions{});
+      StreamingExecutor ex(cfg, *dev, ExecOptions{}, nvme.get());
+      ModelSlabs grads(cfg);
+      TraceRecorder trace;
+      StepStats st = ex.step(grads, params, params, batch, plan, &trace);
+      const std::string what = fmt::format("seed {} plan {}", seed, plan.name);
+      EXPECT_EQ(st.loss_sum, ref.loss.loss_sum) << what;
+      expect_bitwise_equal(grads, ref.grads, what);
+      int seen = 0;
+      for (const OpRecord& op : trace.ops()) {
+        if (op.name == "d2h embedding rows") {
+          EXPECT_EQ(op.bytes, size_t(P * C) * 4) << what;
+          EXPECT_LT(op.bytes, size_t(batch.N() * C) * 4) << what;
+          ++seen;
+        }
+        seen += op.name == "embedding rows" && op.lane == "compute";
+      }
+      EXPECT_EQ(seen, 2) << what;
+    }
   }
 }
 

@@ -246,7 +246,7 @@ TEST(ExecutorFreeze, TheScheduleMovesOnlyTrainedGradients) {
       if (op.kind == OpKind::download_grads) down[size_t(op.layer)] += op.bytes;
       if (op.kind == OpKind::accumulate_grads) added[size_t(op.layer)] += op.bytes;
       if (op.kind == OpKind::download_head_grads) head_down += op.bytes;
-      if (op.kind == OpKind::download_dx0) dx0 = true;
+      if (op.kind == OpKind::download_embedding_rows) dx0 = true;
     }
     const std::string what = "seed " + std::to_string(seed) + ": " + c.cfg.finetune->summary(c.cfg);
     for (int64_t l = 0; l < L; ++l) {

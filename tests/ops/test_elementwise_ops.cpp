@@ -137,19 +137,75 @@ TEST(Embedding, BitsIndependentOfThreadCount) {
   EXPECT_TRUE(bits_equal(a, b));
 }
 
-TEST(Embedding, RangeAddsExactlyWhatTheWholeBackwardAddsThereAndNothingElsewhere) {
-  // A data-parallel owner replays every rank's scatter into its part of the table (dist/data_parallel.h): ranges
-  // that cut rows anywhere, empty ones, the whole table; repeated ids; C not a multiple of the column block.
+TEST(Embedding, RowsAreEachIdsSummedGradientAndTheirAddIsTheBackward) {
+  // The streamed step's halves (ops/embedding.h): rows[i] of id present[i] is its single token's row bit for bit, or
+  // its tokens' rows summed in double in token order and rounded once; adding them into the table gives the
+  // backward's bits. C 200: not a multiple of the 128-column accumulator block.
+  const int64_t N = 300, C = 200, V = 37;
+  auto ids = random_ids(N, V, 16);
+  ids[5] = int32_t(V - 1);  // an id seen once (the others repeat: 300 tokens over 37 ids, 3 and 7 every 9th)
+  for (int64_t n = 0; n < N; ++n)
+    if (n != 5 && ids[size_t(n)] == V - 1) ids[size_t(n)] = 0;
+  Vec dout = random_vector(size_t(N * C), 17), start = random_vector(size_t(V * C), 18);
+  const TokenGroups g = group_tokens_by_id(ids.data(), N, V);
+  const int64_t P = int64_t(g.present.size());
+  Vec rows(size_t(P * C), NAN);
+  embedding_grad_rows(rows.data(), dout.data(), g.start.data(), g.order.data(), P, C);
+  bool seen_once = false;
+  for (int64_t i = 0; i < P; ++i) {
+    const int32_t v = g.present[size_t(i)];
+    int64_t count = 0;
+    for (int64_t c = 0; c < C; ++c) {
+      double sum = 0;
+      count = 0;
+      for (int64_t n = 0; n < N; ++n)
+        if (ids[size_t(n)] == v) sum += double(dout[size_t(n * C + c)]), ++count;
+      const float want = float(sum);
+      ASSERT_EQ(std::memcmp(&rows[size_t(i * C + c)], &want, 4), 0) << "id " << v << " column " << c;
+    }
+    seen_once |= count == 1;
+  }
+  EXPECT_TRUE(seen_once);
+  Vec whole = start, added = start;
+  embedding_backward(whole.data(), dout.data(), ids.data(), N, C, V);
+  embedding_add_rows(added.data(), rows.data(), g.present.data(), P, C, 0, V * C);
+  EXPECT_TRUE(bits_equal(whole, added));
+}
+
+TEST(Embedding, RowsBitsIndependentOfThreadCount) {
+  const int64_t N = 500, C = 1000, V = 50;  // many repeats, several accumulator blocks, several id chunks
+  auto ids = random_ids(N, V, 14);
+  for (int64_t n = 0; n < N; n += 2) ids[size_t(n)] = int32_t(V + n);  // and many ids seen once
+  const int64_t Vw = V + N;
+  Vec dout = random_vector(size_t(N * C), 15);
+  const TokenGroups g = group_tokens_by_id(ids.data(), N, Vw);
+  const int64_t P = int64_t(g.present.size());
+  auto [a, b] = with_1_and_2_threads([&] {
+    Vec rows(size_t(P * C), NAN), d(size_t(Vw * C), 0.5f);
+    embedding_grad_rows(rows.data(), dout.data(), g.start.data(), g.order.data(), P, C);
+    embedding_add_rows(d.data(), rows.data(), g.present.data(), P, C, 0, Vw * C);
+    rows.insert(rows.end(), d.begin(), d.end());
+    return rows;
+  });
+  EXPECT_TRUE(bits_equal(a, b));
+}
+
+TEST(Embedding, RangeAddsExactlyWhatTheWholeAddAddsThereAndNothingElsewhere) {
+  // A data-parallel owner adds every rank's rows into its part of the table (dist/data_parallel.h): ranges that cut
+  // rows anywhere, empty ones, the whole table.
   const int64_t N = 300, C = 200, V = 37;
   auto ids = random_ids(N, V, 16);
   Vec dout = random_vector(size_t(N * C), 17), start = random_vector(size_t(V * C), 18);
+  const TokenGroups g = group_tokens_by_id(ids.data(), N, V);
+  const int64_t P = int64_t(g.present.size());
+  Vec rows(size_t(P * C));
+  embedding_grad_rows(rows.data(), dout.data(), g.start.data(), g.order.data(), P, C);
   Vec whole = start;
-  embedding_backward(whole.data(), dout.data(), ids.data(), N, C, V);
-  const TokenGroups groups = group_tokens_by_id(ids.data(), N, V);
+  embedding_add_rows(whole.data(), rows.data(), g.present.data(), P, C, 0, V * C);
   for (auto [first, last] : std::vector<std::pair<int64_t, int64_t>>{
            {0, V * C}, {0, 1}, {77, 77}, {C - 3, 2 * C + 5}, {131, 5 * C - 1}, {V * C - 129, V * C}, {1000, 4321}}) {
     Vec part = start;
-    embedding_backward_range(part.data(), dout.data(), groups, C, first, last);
+    embedding_add_rows(part.data(), rows.data(), g.present.data(), P, C, first, last);
     for (int64_t i = 0; i < V * C; ++i) {
       const float want = i >= first && i < last ? whole[size_t(i)] : start[size_t(i)];
       ASSERT_EQ(std::memcmp(&part[size_t(i)], &want, 4), 0) << "range [" << first << ", " << last << ") element " << i;

@@ -122,7 +122,7 @@ OpCase swiglu_case() {
 }
 
 OpCase embedding_case() {
-  return {"embedding_forward_backward", {{1, 3}, {17, 37}, {64, 129}}, {DType::f32}, true,
+  return {"embedding_forward_backward", {{1, 3}, {17, 37}, {64, 129}, {40, 264}}, {DType::f32}, true,
           [](OpOutputs& out, const Shape& s, DType) {
             const int64_t N = s[0], C = s[1], V = 23;
             auto tok = ids(size_t(N), uint64_t(N * C), V / 2);  // repeats, and ids seen once
@@ -131,6 +131,9 @@ OpCase embedding_case() {
             embedding_forward(out.add("out", size_t(N * C)), tok.data(), table.data(), N, C, V);
             embedding_backward(out.add("dtable (accumulated)", size_t(V * C), values(size_t(V * C), 83)), dout.data(),
                                tok.data(), N, C, V);
+            const TokenGroups g = group_tokens_by_id(tok.data(), N, V);  // the streamed step's device half alone
+            const int64_t P = int64_t(g.present.size());
+            embedding_grad_rows(out.add("rows", size_t(P * C)), dout.data(), g.start.data(), g.order.data(), P, C);
           },
           bitwise};
 }

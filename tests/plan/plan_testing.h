@@ -49,6 +49,7 @@ inline Profile synthetic_profile(const ModelConfig& cfg, int64_t B, int64_t T, R
   }
   p.head_s = 1e-3 * (0.5 + rng.uniform());
   p.embed_forward_s = 1e-5;
+  p.embed_rows_s = 4e-6;
   p.embed_backward_s = 2e-5;
   p.accumulate_gbps = 100;
   p.link = {1, 1, 0, 0, 0};

@@ -207,9 +207,10 @@ TEST(Simulate, DataParallelCountsTheExchange) {
   EXPECT_THROW(make_instance(cfg, 2, 16, prof, budget, o), Error);
 }
 
-// What the step moves and updates, as the executor's schedule does it: dx0 goes down in f32 whatever the
-// activations' dtype (before, the simulator and the cost model charged a bf16 boundary: half of it); a fine-tuning
-// run's optimizer updates its trained parameters alone, and a frozen table has no dx0, no scatter, no update.
+// What the step moves and updates, as the executor's schedule does it: the embedding rows, summed on the device, go
+// down in f32 at their bound (dx0's [N, C]) whatever the activations' dtype (before, the simulator and the cost model
+// charged a bf16 boundary: half of it); a fine-tuning run's optimizer updates its trained parameters alone, and a
+// frozen table has no rows, no add, no update.
 TEST(Simulate, ChargesDx0InF32AndTheOptimizerForTheTrainedParameters) {
   ModelConfig cfg = testing::tiny_plan_config(4);
   cfg.tie_word_embeddings = false;
@@ -228,12 +229,19 @@ TEST(Simulate, ChargesDx0InF32AndTheOptimizerForTheTrainedParameters) {
   SimOptions rec;
   rec.record_ops = true;
   int seen = 0;
-  for (const SimOpRecord& op : simulate(full, Plan::every(4, 1), rec).ops)
-    if (op.name == "d2h dx0") {
+  for (const SimOpRecord& op : simulate(full, Plan::every(4, 1), rec).ops) {
+    if (op.name == "d2h embedding rows") {  // at the bound: every token's id distinct
       EXPECT_NEAR(op.end - op.start, dx0 / full.bw_d2h, 1e-9 * dx0 / full.bw_d2h);
       ++seen;
     }
-  EXPECT_EQ(seen, 1);
+    if (op.name == "embedding rows") {  // the device half, the compute stream's last op
+      EXPECT_EQ(op.lane, "compute");
+      EXPECT_NEAR(op.end - op.start, prof.embed_rows_s, 1e-12);
+      ++seen;
+    }
+  }
+  EXPECT_EQ(seen, 2);
+  EXPECT_GT(full.embed_rows, 0.0);
   const Prediction pr = evaluate(full, Plan::every(4, 1));
   const SimResult sr = simulate(full, Plan::every(4, 1));
   EXPECT_NEAR(sr.d2h_bytes, pr.d2h_bytes, 1e-6 * pr.d2h_bytes);  // the cost model counts the same bytes
@@ -251,7 +259,11 @@ TEST(Simulate, ChargesDx0InF32AndTheOptimizerForTheTrainedParameters) {
   EXPECT_EQ(frozen.opt_head, 0.0);
   EXPECT_EQ(frozen.dx0, 0.0);
   EXPECT_EQ(frozen.embed_b, 0.0);
-  for (const SimOpRecord& op : simulate(frozen, Plan::every(4, 1), rec).ops) EXPECT_NE(op.name, "d2h dx0");
+  EXPECT_EQ(frozen.embed_rows, 0.0);
+  for (const SimOpRecord& op : simulate(frozen, Plan::every(4, 1), rec).ops) {
+    EXPECT_NE(op.name, "d2h embedding rows");
+    EXPECT_NE(op.name, "embedding rows");
+  }
   EXPECT_NEAR(simulate(frozen, Plan::every(4, 1)).d2h_bytes, evaluate(frozen, Plan::every(4, 1)).d2h_bytes,
               1e-6 * evaluate(frozen, Plan::every(4, 1)).d2h_bytes);
 }

@@ -83,6 +83,9 @@ class CudaLayerCompute final : public LayerCompute {
     a.shape = gpu_head_shape(h.shape), a.workspace = b_.head_workspace;  // the working set's chunks
     head_forward_backward(gemm_, s_, a);
   }
+  void embedding_rows(float* rows, const float* dx0, const int32_t* start, const int32_t* order, int64_t P) override {
+    embedding_grad_rows(s_, rows, dx0, start, order, P, b_.shape.C);
+  }
 
  private:
   CudaBlock with(const BlockView& w, bool moe_aux = true) const {

@@ -148,15 +148,15 @@ void nat_embedding_forward(float* out, const int32_t* ids, const float* table, i
   finish("embedding_forward");
   d_out.download(out);
 }
-void nat_embedding_backward(float* dtable, const float* dout, const int32_t* ids, int64_t N, int64_t C, int64_t V) {
-  const TokenGroups g = group_tokens_by_id(ids, N, V);
-  DeviceCopy<float> d_dtable(sz(V * C), dtable), d_dout(sz(N * C), dout);
-  DeviceCopy<int32_t> d_present(g.present.size(), g.present.data()), d_start(g.start.size(), g.start.data()),
-      d_order(g.order.size(), g.order.data());
-  native::embedding_backward(kDefault, d_dtable.p(), d_dout.p(), d_present.p(), d_start.p(), d_order.p(),
-                             int64_t(g.present.size()), C);
-  finish("embedding_backward");
-  d_dtable.download(dtable);
+void nat_embedding_grad_rows(float* rows, const float* dout, const int32_t* start, const int32_t* order, int64_t P,
+                             int64_t C) {
+  if (P == 0) return;
+  const int64_t N = start[P];  // order is a permutation of dout's N rows
+  DeviceCopy<float> d_rows(sz(P * C)), d_dout(sz(N * C), dout);
+  DeviceCopy<int32_t> d_start(sz(P + 1), start), d_order(sz(N), order);
+  native::embedding_grad_rows(kDefault, d_rows.p(), d_dout.p(), d_start.p(), d_order.p(), P, C);
+  finish("embedding_grad_rows");
+  d_rows.download(rows);
 }
 
 // The operands of a linear op on the device: bf16 weights read bf16 copies of the activations, as cuBLASLt does.
@@ -364,7 +364,7 @@ const OpsOverride kNativeOps{"cuda",
                              nat_attention_forward,
                              nat_attention_backward,
                              nat_embedding_forward,
-                             nat_embedding_backward,
+                             nat_embedding_grad_rows,
                              nat_linear_forward,
                              nat_linear_backward,
                              nat_head_forward,
