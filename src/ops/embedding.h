@@ -25,10 +25,10 @@ TokenGroups group_tokens_by_id(const int32_t* ids, int64_t N, int64_t V);
 
 // The backward in the streamed step's two halves (exec/step_schedule.h): on the device, each present id's
 // gradient row — rows[i, :] for id present[i] is its one token's dout row as is, or its tokens' rows summed in f64
-// in token order and rounded once — then, on the host, those rows added into the table. Together they add
-// exactly what embedding_backward adds, so a step that downloads P rows instead of dx0's N gives the same bits.
-// start [P + 1] and order [start[P]] are group_tokens_by_id's (on the device under the CUDA kernels); dout
-// [start[P], C]; rows [P, C] written.
+// in token order and rounded once — then, on the host, those rows added into the table. embedding_backward is the
+// two in turn, so a step that downloads P rows instead of dx0's N gives its bits. start [P + 1] and order are
+// group_tokens_by_id's (on the device under the CUDA kernels), or a run of its groups: start + i0 with the whole
+// order (id i's tokens are order[start[i] .. start[i+1]), rows of dout [N, C]); rows [P, C] written.
 void embedding_grad_rows(float* rows, const float* dout, const int32_t* start, const int32_t* order, int64_t P,
                          int64_t C);
 // dtable[present[i], :] += rows[i, :], restricted to the table's elements [first, last) (row-major [V, C]) — a

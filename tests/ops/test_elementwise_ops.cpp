@@ -172,6 +172,23 @@ TEST(Embedding, RowsAreEachIdsSummedGradientAndTheirAddIsTheBackward) {
   EXPECT_TRUE(bits_equal(whole, added));
 }
 
+TEST(Embedding, TheBackwardsBatchesOfIdsGiveTheWholeRowsAdd) {
+  // embedding_backward runs the halves on batches of ids (4 MiB of rows, at least 64 ids): at C 16384 a batch is 64
+  // ids, so 150 ids present make three, the last one short.
+  const int64_t N = 400, C = 16384, V = 150;
+  std::vector<int32_t> ids(static_cast<size_t>(N));
+  for (int64_t n = 0; n < N; ++n) ids[size_t(n)] = int32_t((n * 7) % V);  // every id, some twice or three times
+  Vec dout = random_vector(size_t(N * C), 19), start = random_vector(size_t(V * C), 20);
+  const TokenGroups g = group_tokens_by_id(ids.data(), N, V);
+  const int64_t P = int64_t(g.present.size());
+  ASSERT_EQ(P, V);
+  Vec rows(size_t(P * C)), whole = start, batched = start;
+  embedding_grad_rows(rows.data(), dout.data(), g.start.data(), g.order.data(), P, C);
+  embedding_add_rows(whole.data(), rows.data(), g.present.data(), P, C, 0, V * C);
+  embedding_backward(batched.data(), dout.data(), ids.data(), N, C, V);
+  EXPECT_TRUE(bits_equal(whole, batched));
+}
+
 TEST(Embedding, RowsBitsIndependentOfThreadCount) {
   const int64_t N = 500, C = 1000, V = 50;  // many repeats, several accumulator blocks, several id chunks
   auto ids = random_ids(N, V, 14);

@@ -151,9 +151,12 @@ void nat_embedding_forward(float* out, const int32_t* ids, const float* table, i
 void nat_embedding_grad_rows(float* rows, const float* dout, const int32_t* start, const int32_t* order, int64_t P,
                              int64_t C) {
   if (P == 0) return;
-  const int64_t N = start[P];  // order is a permutation of dout's N rows
-  DeviceCopy<float> d_rows(sz(P * C)), d_dout(sz(N * C), dout);
-  DeviceCopy<int32_t> d_start(sz(P + 1), start), d_order(sz(N), order);
+  // The ids' tokens are order[start[0] .. start[P]) (a batch of groups reads part of order), rows of dout below
+  // the largest of them.
+  int64_t dout_rows = 0;
+  for (int64_t k = start[0]; k < start[P]; ++k) dout_rows = std::max<int64_t>(dout_rows, int64_t(order[k]) + 1);
+  DeviceCopy<float> d_rows(sz(P * C)), d_dout(sz(dout_rows * C), dout);
+  DeviceCopy<int32_t> d_start(sz(P + 1), start), d_order(sz(start[P]), order);
   native::embedding_grad_rows(kDefault, d_rows.p(), d_dout.p(), d_start.p(), d_order.p(), P, C);
   finish("embedding_grad_rows");
   d_rows.download(rows);

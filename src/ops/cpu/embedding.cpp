@@ -24,7 +24,6 @@ namespace lt {
 namespace {
 
 constexpr int64_t kRowChunk = 64;   // token rows (forward) or id rows (backward) per task
-constexpr int64_t kColChunk = 128;  // columns one f64 accumulator block of the backward covers
 
 // Checks sizes and every id, in token order, so the error names the first bad position.
 void check_ids(const char* op, const int32_t* ids, int64_t N, int64_t C, int64_t V) {
@@ -67,18 +66,25 @@ void embedding_backward(float* dtable, const float* dout, const int32_t* ids, in
   LT_CHECK(C > 0, "embedding_backward: bad size C={}", C);
   const TokenGroups g = group_tokens_by_id(ids, N, V);
   const int64_t P = int64_t(g.present.size());
-  std::vector<float> rows(size_t(P * C));
-  embedding_grad_rows(rows.data(), dout, g.start.data(), g.order.data(), P, C);
-  embedding_add_rows(dtable, rows.data(), g.present.data(), P, C, 0, V * C);
+  // The two halves a batch of ids at a time, through one reused buffer: a [P, C] temporary would be fresh memory
+  // every call (page faults cost more than the op on a busy host: bench/bench_embedding.cpp).
+  const int64_t batch = std::min<int64_t>(P, std::max<int64_t>(kRowChunk, (int64_t(4) << 20) / (C * 4)));
+  std::vector<float> rows(size_t(batch * C));
+  for (int64_t i0 = 0; i0 < P; i0 += batch) {
+    const int64_t n = std::min(batch, P - i0);
+    embedding_grad_rows(rows.data(), dout, g.start.data() + i0, g.order.data(), n, C);
+    embedding_add_rows(dtable, rows.data(), g.present.data() + i0, n, C, 0, V * C);
+  }
 }
 
 void embedding_grad_rows(float* rows, const float* dout, const int32_t* start, const int32_t* order, int64_t P,
                          int64_t C) {
   LT_OPS_OVERRIDE(embedding_grad_rows, rows, dout, start, order, P, C);
   LT_CHECK(P >= 0 && C > 0, "embedding_grad_rows: bad sizes P={}, C={}", P, C);
-  // rows[i, :] = Σ_{k in [start[i], start[i+1])} dout[order[k], :], each id's row by one task
+  // rows[i, :] = Σ_{k in [start[i], start[i+1])} dout[order[k], :], each id's row by one task, token row by token
+  // row (contiguous reads) into a row of f64 sums
   parallel_chunks(P, kRowChunk, [&](int64_t i0, int64_t i1) {
-    double acc[kColChunk];
+    std::vector<double> acc;
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t k0 = start[i], k1 = start[i + 1];
       float* dst = rows + i * C;
@@ -86,15 +92,19 @@ void embedding_grad_rows(float* rows, const float* dout, const int32_t* start, c
         std::memcpy(dst, dout + int64_t(order[k0]) * C, size_t(C) * 4);
         continue;
       }
-      for (int64_t c0 = 0; c0 < C; c0 += kColChunk) {
-        const int64_t w = std::min(kColChunk, C - c0);
-        for (int64_t j = 0; j < w; ++j) acc[j] = 0.0;
-        for (int64_t k = k0; k < k1; ++k) {
-          const float* g = dout + int64_t(order[k]) * C + c0;
-          for (int64_t j = 0; j < w; ++j) acc[j] += double(g[j]);
-        }
-        for (int64_t j = 0; j < w; ++j) dst[c0 + j] = float(acc[j]);
+      acc.assign(size_t(C), 0.0);
+      double* a = acc.data();
+      int64_t k = k0;
+      for (; k + 4 <= k1; k += 4) {  // four token rows a pass over the sums: each element still adds them in turn
+        const float *g0 = dout + int64_t(order[k]) * C, *g1 = dout + int64_t(order[k + 1]) * C,
+                    *g2 = dout + int64_t(order[k + 2]) * C, *g3 = dout + int64_t(order[k + 3]) * C;
+        for (int64_t j = 0; j < C; ++j) a[j] = (((a[j] + double(g0[j])) + double(g1[j])) + double(g2[j])) + double(g3[j]);
       }
+      for (; k < k1; ++k) {
+        const float* g = dout + int64_t(order[k]) * C;
+        for (int64_t j = 0; j < C; ++j) a[j] += double(g[j]);
+      }
+      for (int64_t j = 0; j < C; ++j) dst[j] = float(a[j]);
     }
   });
 }
