@@ -459,7 +459,11 @@ struct StreamingExecutor::Step {
     switch (op.kind) {
       case OpKind::update: {
         uint8_t* copy = update->compute_copy ? update->compute_copy->slab(op.slab, std::max<int64_t>(op.layer, 0)) : nullptr;
-        update->optimizer->update(op.slab, std::max<int64_t>(op.layer, 0), update->args, copy);
+        if (op.rows == UpdateRows::all)
+          update->optimizer->update(op.slab, std::max<int64_t>(op.layer, 0), update->args, copy);
+        else  // the table's rows this batch looks up (its token groups' ids), or the others
+          update->optimizer->update_embedding_rows(update->args, copy, groups.present.data(),
+                                                   int64_t(groups.present.size()), op.rows == UpdateRows::others);
         break;
       }
       case OpKind::nvme_write: {
@@ -566,6 +570,8 @@ StepStats StreamingExecutor::step(ModelSlabs& grads, const ModelSlabs& params, c
   so.update = pending;
   so.grads_in_place = target.mode == GradMode::overwrite && !target.reducer;
   so.doc_ids = !batch.doc_ids.empty();
+  // Data parallel, the owners' updated parts are exchanged slab by slab (dist/data_parallel.h): the whole table.
+  so.split_embedding_update = pending && !target.reducer && SlabLayout::trained(cfg_, SlabKind::embedding).bytes() > 0;
   if (carry) {
     so.carried = carried_;
     so.head_carried = carried_head_;

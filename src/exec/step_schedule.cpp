@@ -263,14 +263,21 @@ class Builder {
   // --- the previous step's optimizer update, pipelined into this forward --------------------------------
   void start_update() {
     if (!so_.update) return;
-    auto submit = [&](SlabKind kind, int64_t layer, std::string name) {
+    auto submit = [&](SlabKind kind, int64_t layer, std::string name, UpdateRows rows = UpdateRows::all) {
       StepOp op = make(OpKind::update, Lane::optimizer, std::move(name), kind == SlabKind::layer ? layer : -1);
       op.slab = kind;
+      op.rows = rows;
       return add(std::move(op));
     };
-    update_embed_ = submit(SlabKind::embedding, 0, "update embedding");
+    // The lookup waits for the embedding's update: split, for the rows it reads only; the rest of the table
+    // follows the layers' updates (which the forward's uploads wait for), before the head's.
+    const bool split = so_.split_embedding_update;
+    update_embed_ = split ? submit(SlabKind::embedding, 0, "update embedding (batch rows)", UpdateRows::batch)
+                          : submit(SlabKind::embedding, 0, "update embedding");
+    update_embed_rest_ = update_embed_;
     update_layer_.assign(size_t(L_), -1);
     for (int64_t l = 0; l < L_; ++l) update_layer_[size_t(l)] = submit(SlabKind::layer, l, fmt::format("update L{}", l));
+    if (split) update_embed_rest_ = submit(SlabKind::embedding, 0, "update embedding (other rows)", UpdateRows::others);
     update_head_ = submit(SlabKind::head, 0, "update head");
   }
   // An upload of a slab waits (its first time) until that slab's update has been written.
@@ -531,6 +538,7 @@ class Builder {
       up.out = head_w_;
       up.bytes = head_w_bytes_;
       up.deps.push_back(update_head_);
+      if (cfg_.tie_word_embeddings) up.deps.push_back(update_embed_rest_);  // lm_head is the table
       ready = add(std::move(up));
     }
     wait(kCompute, ready);
@@ -558,6 +566,7 @@ class Builder {
     acc.in = head_stage_;
     acc.bytes = head_g_bytes_;
     acc.deps.push_back(down);
+    if (cfg_.tie_word_embeddings) acc.deps.push_back(update_embed_rest_);  // writes the table's gradient it read
     add(std::move(acc));
   }
 
@@ -670,6 +679,7 @@ class Builder {
     e.in = rows_host_;
     e.bytes = s_.buffers[size_t(rows_host_)].bytes;
     e.deps.push_back(down);
+    e.deps.push_back(update_embed_rest_);  // the table's gradient, which the update reads
     add(std::move(e));
   }
   bool embedding_trained() const { return SlabLayout::trained(cfg_, SlabKind::embedding).bytes() > 0; }
@@ -773,7 +783,7 @@ class Builder {
   int next_nvme_w_ = 0, next_nvme_r_ = 0;
   std::map<int64_t, int> cached_;  // boundary -> its recompute cache buffer
   int tokens_ready_ = -1;
-  int update_embed_ = -1, update_head_ = -1;
+  int update_embed_ = -1, update_embed_rest_ = -1, update_head_ = -1;
   std::vector<int> update_layer_;
   std::vector<bool> gated_;
 };

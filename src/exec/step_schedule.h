@@ -52,6 +52,9 @@ const char* lane_name(Lane lane);  // "compute", "h2d", "d2h", "host", "optimize
 inline bool is_stream(Lane lane) { return lane <= Lane::d2h; }
 inline StreamKind stream_of(Lane lane) { return StreamKind(uint8_t(lane)); }
 
+// Which of the embedding's rows an update covers (OpKind::update of the embedding slab).
+enum class UpdateRows : uint8_t { all, batch, others };
+
 enum class OpKind : uint8_t {
   update,               // optimizer: the previous step's update of one slab (`slab`, `layer`)
   embed,                // issue: the embedding lookup of the token ids into boundary 0 on the host (`out`)
@@ -88,6 +91,7 @@ struct StepOp {
   std::string name;           // as traces show it: "fwd L3", "h2d W3", "d2h dW3 mlp", ...
   int64_t layer = -1;         // the layer, or the boundary of a boundary transfer; -1: none
   SlabKind slab = SlabKind::layer;  // update: which slab
+  UpdateRows rows = UpdateRows::all;  // update of the embedding: all its rows, this batch's ids', or the others
   int slot = -1;              // weight buffer, gradient buffer or staging slot index, where one is named
   int in = -1, out = -1;      // buffers read and written (indices into StepSchedule::buffers); -1: none
   int aux = -1;               // head: the f32 widening of its input (an activation gradient buffer)
@@ -139,6 +143,9 @@ struct StepScheduleOptions {
   std::vector<int64_t> carried; // [weight buffer] the layer the previous micro-batch left there (-1: none)
   bool head_carried = false;    // the head's weights are still on the device (ExecOptions::resident_head)
   bool doc_ids = false;         // the batch carries document ids (packed rows)
+  // The embedding's update in two parts (with `update`): the rows of this batch's ids, which the lookup waits for,
+  // then after the layers' the rest (HybridAdamW::update_embedding_rows). Not under data parallelism.
+  bool split_embedding_update = false;
 };
 
 // The device's "tokens" buffer, int32 throughout: positions [N], targets [N], document ids [N] (packed batches);

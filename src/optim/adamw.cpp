@@ -137,14 +137,58 @@ AdamWSlab::TensorState AdamWSlab::state(size_t i) const {
 }
 
 void AdamWSlab::update(uint8_t* param, const uint8_t* grad, const StepArgs& args, uint8_t* copy, VectorPath path) {
+  run(tasks_, param, grad, args, copy, path);
+}
+
+void AdamWSlab::update_rows(uint8_t* param, const uint8_t* grad, const StepArgs& args, uint8_t* copy,
+                            const int32_t* rows, int64_t n, int64_t width, bool rest, VectorPath path) {
+  if (tensors_.empty()) return;
+  const OptimTensor& t = tensors_[0];
+  LT_CHECK(t.own_begin == 0 && t.owned() == t.numel() && width > 0 && t.numel() % width == 0,
+           "optimizer update of '{}' by rows of {}: the tensor must be whole on this rank and of whole rows", t.name,
+           width);
+  // The listed rows' elements as runs, widened to whole 8-bit blocks and merged: [begin, end) ascending.
+  const int64_t unit = t.precision == StatePrecision::q8 ? block_ : 1;
+  std::vector<std::pair<int64_t, int64_t>> runs;
+  for (int64_t i = 0; i < n; ++i) {
+    LT_CHECK(rows[i] >= 0 && rows[i] < t.numel() / width && (i == 0 || rows[i] > rows[i - 1]),
+             "optimizer update of '{}': row {} out of order or outside its {} rows", t.name, rows[i], t.numel() / width);
+    const int64_t b = int64_t(rows[i]) * width / unit * unit;
+    const int64_t e = std::min(t.numel(), ((int64_t(rows[i]) + 1) * width + unit - 1) / unit * unit);
+    if (!runs.empty() && b <= runs.back().second) runs.back().second = std::max(runs.back().second, e);
+    else runs.push_back({b, e});
+  }
+  // The part's tasks: the runs (or the gaps between them, and the slab's other tensors), cut as update()'s are.
+  const int64_t chunk = unit * std::max<int64_t>(1, kTaskElems / unit);
+  std::vector<Task> tasks;
+  auto cut = [&](size_t tensor, int64_t b, int64_t e) {
+    for (; b < e; b += chunk) tasks.push_back({tensor, b, std::min(e, b + chunk)});
+  };
+  if (!rest) {
+    for (const auto& [b, e] : runs) cut(0, b, e);
+  } else {
+    int64_t at = 0;
+    for (const auto& [b, e] : runs) {
+      cut(0, at, b);
+      at = e;
+    }
+    cut(0, at, t.numel());
+    for (const Task& task : tasks_)
+      if (task.tensor != 0) tasks.push_back(task);
+  }
+  run(tasks, param, grad, args, copy, path);
+}
+
+void AdamWSlab::run(const std::vector<Task>& tasks, uint8_t* param, const uint8_t* grad, const StepArgs& args,
+                    uint8_t* copy, VectorPath path) {
   if (tensors_.empty()) return;  // a frozen slab (model/finetune.h)
   LT_CHECK(param != nullptr && grad != nullptr, "optimizer update: parameter or gradient slab missing");
   const ScopedThreads threads(cfg_.threads);
   const AdamWScalars decayed =
       adamw_scalars(args.lr, cfg_.beta1, cfg_.beta2, cfg_.eps, cfg_.weight_decay, args.step, args.clip);
   const AdamWScalars undecayed = adamw_scalars(args.lr, cfg_.beta1, cfg_.beta2, cfg_.eps, 0.0, args.step, args.clip);
-  parallel_for(int64_t(tasks_.size()), [&](int64_t k) {
-    const Task& task = tasks_[size_t(k)];
+  parallel_for(int64_t(tasks.size()), [&](int64_t k) {
+    const Task& task = tasks[size_t(k)];
     const OptimTensor& t = tensors_[task.tensor];
     const TensorState s = state(task.tensor);
     const int64_t b = task.begin, n = task.end - task.begin, j = b - t.own_begin;  // j: index into the owned state
@@ -356,6 +400,13 @@ StepPlan HybridAdamW::plan_step(double grad_sum_of_squares) {
 void HybridAdamW::update(SlabKind kind, int64_t layer, const StepArgs& args, uint8_t* compute_copy) {
   slab_state(kind, layer).update(params_.slab(kind, layer), grads_.slab(kind, layer), args, compute_copy);
   if (after_update_) after_update_(kind, layer, compute_copy);
+}
+
+void HybridAdamW::update_embedding_rows(const StepArgs& args, uint8_t* compute_copy, const int32_t* ids, int64_t n,
+                                        bool rest) {
+  LT_CHECK(!after_update_, "optimizer: the embedding's update in parts is not for a data-parallel optimizer");
+  embedding_.update_rows(params_.slab(SlabKind::embedding), grads_.slab(SlabKind::embedding), args, compute_copy, ids,
+                         n, params_.config().hidden_size, rest);
 }
 
 void HybridAdamW::update_all(const StepArgs& args, ModelSlabs* compute_copy) {

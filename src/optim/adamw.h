@@ -119,6 +119,12 @@ class AdamWSlab {
   // copy slab (written for tensors with copy_offset >= 0) or nullptr.
   void update(uint8_t* param, const uint8_t* grad, const StepArgs& args, uint8_t* copy = nullptr,
               VectorPath path = best_vector_path());
+  // The same update in two parts, for a table whose rows a lookup needs first: the elements of tensor 0's rows
+  // `rows` [n] (ascending, distinct; rows of `width` elements) and, with `rest`, every other element of the slab.
+  // With 8-bit states each part takes whole blocks (a block that holds an element of a listed row goes with the
+  // rows). The two parts together update every element exactly as update() does. Tensor 0 must be whole (owned).
+  void update_rows(uint8_t* param, const uint8_t* grad, const StepArgs& args, uint8_t* copy, const int32_t* rows,
+                   int64_t n, int64_t width, bool rest, VectorPath path = best_vector_path());
 
   // Views of tensor i's state for its owned elements (element own_begin + j at index j): f32 states fill m, v;
   // 8-bit ones qm, qv, absmax_m, absmax_v ([blocks] of the owned elements).
@@ -149,6 +155,8 @@ class AdamWSlab {
     size_t tensor;
     int64_t begin, end;  // elements
   };
+  void run(const std::vector<Task>& tasks, uint8_t* param, const uint8_t* grad, const StepArgs& args, uint8_t* copy,
+           VectorPath path);
   std::vector<OptimTensor> tensors_;
   std::vector<int64_t> state_offset_;  // bytes into state_, per tensor
   std::vector<Task> tasks_;            // the fixed partition of one update
@@ -190,6 +198,10 @@ class HybridAdamW {
   // Updates one slab: the unit the executor pipelines (update layer i while the next forward streams).
   // compute_copy: that slab in the compute-copy layout (SlabLayout::make(cfg, kind, DType::bf16)), or null.
   void update(SlabKind kind, int64_t layer, const StepArgs& args, uint8_t* compute_copy = nullptr);
+  // The embedding's update in two parts (AdamWSlab::update_rows): the table rows `ids` [n] (ascending, distinct:
+  // the next batch's ids present, which its lookup reads), then with `rest` the others — so the lookup waits for
+  // n rows' update, not the table's. Not with a data-parallel after-update (the owners' parts are exchanged whole).
+  void update_embedding_rows(const StepArgs& args, uint8_t* compute_copy, const int32_t* ids, int64_t n, bool rest);
 
   // Every slab's update in order (embedding, layers, head): a whole step's update at once.
   void update_all(const StepArgs& args, ModelSlabs* compute_copy = nullptr);

@@ -135,7 +135,7 @@ Instance restrict_instance(const Instance& in0) {
   in.opt.restricted = true;
   in.allow_nvme = false;
   in.opt_layer.assign(in.opt_layer.size(), 0.0);
-  in.opt_embed = in.opt_head = 0;
+  in.opt_embed = in.opt_head = in.opt_embed_rows = 0;
   return in;
 }
 

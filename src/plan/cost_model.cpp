@@ -369,7 +369,7 @@ void add_optimizer_exposure(const Instance& in, Prediction& p) {
   const int64_t L = in.L;
   auto& win = p.windows;
   if (in.has_optimizer()) {
-    double e = in.opt_embed;  // the embedding lookup waits for the embedding's update
+    double e = in.opt_embed_first();  // the embedding lookup waits for the embedding's update (its rows)
     const double s0 = std::max(in.embed_f, in.token_upload / in.bw_h2d) + in.A / in.bw_h2d;
     e = std::max(e, in.opt_before(1) - s0);
     double start = p.prologue_s;  // start of window l-1: where W[l]'s upload runs
@@ -378,7 +378,7 @@ void add_optimizer_exposure(const Instance& in, Prediction& p) {
       start += win[size_t(in.fwd(l - 1))].time_s;
     }
     // `start` is now the start of F(L-1), where the head weights upload.
-    e = std::max(e, in.opt_before(L) + in.opt_head - start);
+    e = std::max(e, in.opt_before(L) + in.opt_embed_rest() + in.opt_head - start);
     p.optimizer_exposed_s = std::max(0.0, e);
   }
 }

@@ -49,7 +49,7 @@ bool Instance::has_optimizer() const {
 }
 
 double Instance::opt_before(int64_t l) const {
-  double t = opt_embed;
+  double t = opt_embed_first();
   for (int64_t m = 0; m < l; ++m) t += opt_layer[size_t(m)];
   return t;
 }
@@ -191,6 +191,8 @@ Instance make_instance(const ModelConfig& cfg, int64_t B, int64_t T, const Profi
   in.head_flops = head_flops(cfg, B, T);
   LT_CHECK(o.ranks >= 1, "ranks must be >= 1, got {}", o.ranks);
   if (o.ranks > 1) add_data_parallel(in, cfg, N, o);
+  else if (in.opt_embed > 0)  // the batch's rows of the table first, at their bound
+    in.opt_embed_rows = in.opt_embed * double(std::min<int64_t>(N, cfg.vocab_size)) / double(cfg.vocab_size);
 
   in.allow_host = o.allow_host;
   in.allow_nvme = o.allow_nvme && !o.restricted && budget.nvme_bytes > 0 && in.bw_nvme_r > 0 && in.bw_nvme_w > 0 &&

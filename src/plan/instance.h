@@ -112,8 +112,13 @@ struct Instance {
   double bw_nvme_r = 0, bw_nvme_w = 0; // bytes/s; 0 = no NVMe
   std::vector<double> opt_layer;      // [L] host optimizer seconds of layer l's slab (all 0 = off)
   double opt_embed = 0, opt_head = 0;  // ... of the embedding's and the head's
+  // One process splits the embedding's update (exec/step_schedule.h split_embedding_update): the rows the batch
+  // looks up first, at their bound min(N, V) of the V rows, then the rest after the layers'. 0: not split.
+  double opt_embed_rows = 0;
+  double opt_embed_first() const { return opt_embed_rows > 0 ? opt_embed_rows : opt_embed; }  // the lookup waits
+  double opt_embed_rest() const { return opt_embed - opt_embed_first(); }  // after the layers', before the head's
   bool has_optimizer() const;
-  // opt_embed + the updates of layers 0 .. l-1: when layer l's update can start
+  // opt_embed_first + the updates of layers 0 .. l-1: when layer l's update can start
   double opt_before(int64_t l) const;
   // The executor's window fence at B(L-1): when its working set packs a backward buffer into memory that a
   // buffer the d2h stream read used (the head's gradients), B(L-1)'s compute waits for the head gradients'

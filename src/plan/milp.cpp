@@ -373,11 +373,11 @@ void add_optimizer_exposure(const Instance& in, Built& bt) {
   if (in.has_optimizer()) {
     const double P = in.prologue();
     const double s0 = std::max(in.embed_f, in.token_upload / in.bw_h2d) + in.A / in.bw_h2d;
-    lp.row({{v.E, 1.0}}, std::max(in.opt_embed, in.opt_before(1) - s0), kInf);
+    lp.row({{v.E, 1.0}}, std::max(in.opt_embed_first(), in.opt_before(1) - s0), kInf);
     for (int64_t l = 1; l <= L; ++l) {  // l = L: the head's upload in F(L-1)
       std::vector<std::pair<int, double>> t = {{v.E, 1.0}};
       for (int64_t m = 0; m + 1 < l; ++m) t.push_back({v.T[size_t(in.fwd(m))], 1.0});
-      const double need = l < L ? in.opt_before(l + 1) - P : in.opt_before(L) + in.opt_head - P;
+      const double need = l < L ? in.opt_before(l + 1) - P : in.opt_before(L) + in.opt_embed_rest() + in.opt_head - P;
       lp.row(t, need, kInf);
     }
   }

@@ -152,7 +152,10 @@ Cost cost_of(const Instance& in, const StepOp& op) {
   const size_t l = size_t(std::max<int64_t>(op.layer, 0));
   switch (op.kind) {
     case OpKind::update:
-      return {op.slab == SlabKind::embedding ? in.opt_embed : op.slab == SlabKind::head ? in.opt_head : in.opt_layer[l], 0};
+      if (op.slab == SlabKind::embedding)
+        return {op.rows == UpdateRows::all ? in.opt_embed
+                                           : op.rows == UpdateRows::batch ? in.opt_embed_first() : in.opt_embed_rest(), 0};
+      return {op.slab == SlabKind::head ? in.opt_head : in.opt_layer[l], 0};
     case OpKind::embed: return {in.embed_f, 0};
     case OpKind::upload_tokens: return {0, in.token_upload};
     case OpKind::upload_weights: return {0, in.Wl[l]};
@@ -276,6 +279,7 @@ SimResult simulate(const Instance& in, const Plan& plan_in, const TransferWindow
   SimResult r = simulate_schedule(in, build_step_schedule(in.cfg, in.B, in.T, plan, in.opt.exec, so), opt);
   if (in.has_optimizer()) {
     so.update = true;
+    so.split_embedding_update = in.opt_embed_rows > 0;  // one process, a trained table (the executor's rule)
     SimResult with = simulate_schedule(in, build_step_schedule(in.cfg, in.B, in.T, plan, in.opt.exec, so), opt);
     with.optimizer_exposed_s = std::max(0.0, with.step_s - r.step_s);
     with.step_s = r.step_s;

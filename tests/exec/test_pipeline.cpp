@@ -2,6 +2,8 @@
 // plain loop: in-memory gradients, then the whole update, then the next step.
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include "core/rng.h"
 #include "device/device.h"
 #include "exec/executor.h"
@@ -95,13 +97,24 @@ TEST_P(Pipeline, PipelinedUpdateEqualsPlainLoopBitwise) {
     StepStats st = ex.step(g_str, p_str, bf16 ? copy_str : p_str, random_batch(cfg, 100 + uint64_t(k)), plan, &trace,
                            pending ? &*pending : nullptr, GradTarget{&partials, GradMode::overwrite});
     EXPECT_EQ(st.loss_sum, loss_ref[size_t(k)]) << "step " << k;
-    // The update runs on its own lane: every slab (embedding, L layers, head) there, none on the host lane.
+    // The update runs on its own lane: every slab (L layers, head; the embedding in two parts: the rows this
+    // batch looks up, before the lookup, and the others after the layers') there, none on the host lane.
     int on_optimizer = 0;
+    double batch_rows_end = -1, lookup_start = -2, other_rows_start = -1, last_layer_end = -1;
     for (const OpRecord& op : trace.ops()) {
       on_optimizer += op.lane == "optimizer" && op.name.rfind("update", 0) == 0;
       EXPECT_FALSE(op.lane == "host" && op.name.rfind("update", 0) == 0) << op.name;
+      if (op.name == "update embedding (batch rows)") batch_rows_end = op.end;
+      if (op.name == "update embedding (other rows)") other_rows_start = op.start;
+      if (op.name == fmt::format("update L{}", L - 1)) last_layer_end = op.end;
+      if (op.name == "fwd L0") lookup_start = op.start;  // after the lookup (the issuing thread's, untraced)
     }
-    EXPECT_EQ(on_optimizer, k == 0 ? 0 : int(L) + 2) << "step " << k;
+    EXPECT_EQ(on_optimizer, k == 0 ? 0 : int(L) + 3) << "step " << k;
+    if (k > 0) {
+      EXPECT_GE(batch_rows_end, 0) << "step " << k;
+      EXPECT_GE(other_rows_start, last_layer_end) << "step " << k;
+      EXPECT_LE(batch_rows_end, lookup_start) << "step " << k;
+    }
     EXPECT_EQ(st.summary.optimizer_s > 0, k > 0) << "step " << k;
     StepPlan sp = opt_str.plan_step(partials.sum_of_squares());
     pending = PendingUpdate{&opt_str, StepArgs{sp.step, lr, sp.clip}, bf16 ? &copy_str : nullptr};

@@ -176,6 +176,50 @@ TEST(HybridAdamW, PerSlabUpdatesInAnyOrderOrConcurrentlyGiveTheSameBits) {
   EXPECT_TRUE(slab_bytes(copy) == slab_bytes(want));
 }
 
+// The executor's split of the embedding's update (the next batch's rows before its lookup, the rest after): the
+// two parts give the whole update's bits — masters, states, compute copy — with f32 states (the default) and with
+// 8-bit states in blocks of 48 that straddle the 64-wide rows (a block touching a listed row goes with the rows).
+TEST(HybridAdamW, TheEmbeddingsUpdateByRowsThenTheRestIsTheWholeUpdate) {
+  for (const bool q8 : {false, true}) {
+    AdamWConfig cfg;
+    if (q8) {
+      cfg.rules = {};
+      cfg.block_size = 48;
+    }
+    Model a, b;
+    HybridAdamW oa(a.params, a.grads, cfg), ob(b.params, b.grads, cfg);
+    ASSERT_EQ(oa.slab_state(SlabKind::embedding).tensors()[0].precision, q8 ? StatePrecision::q8 : StatePrecision::f32);
+    ModelSlabs ca(a.cfg, DType::bf16), cb(b.cfg, DType::bf16);
+    const std::vector<std::vector<int32_t>> row_sets = {{0, 1, 2, 40, 41, 96}, {5}, {}, {3, 50, 51, 52, 95}};
+    for (int s = 0; s < int(row_sets.size()); ++s) {
+      testing::random_grads(a.grads, uint64_t(300 + s), 0.1f);
+      testing::random_grads(b.grads, uint64_t(300 + s), 0.1f);
+      const StepPlan plan = oa.plan_step(partials_of(a.grads).sum_of_squares());
+      ASSERT_EQ(ob.plan_step(partials_of(b.grads).sum_of_squares()).step, plan.step);
+      const StepArgs args{plan.step, 1e-3, plan.clip};
+      oa.update(SlabKind::embedding, 0, args, ca.slab(SlabKind::embedding));
+      const std::vector<int32_t>& rows = row_sets[size_t(s)];
+      ob.update_embedding_rows(args, cb.slab(SlabKind::embedding), rows.data(), int64_t(rows.size()), false);
+      ob.update_embedding_rows(args, cb.slab(SlabKind::embedding), rows.data(), int64_t(rows.size()), true);
+    }
+    const size_t bytes = a.params.layout(SlabKind::embedding).bytes();
+    EXPECT_EQ(0, std::memcmp(a.params.slab(SlabKind::embedding), b.params.slab(SlabKind::embedding), bytes)) << q8;
+    EXPECT_EQ(0, std::memcmp(ca.slab(SlabKind::embedding), cb.slab(SlabKind::embedding),
+                             ca.layout(SlabKind::embedding).bytes())) << q8;
+    NamedTensors sa, sb;
+    oa.slab_state(SlabKind::embedding).collect_state(sa);
+    ob.slab_state(SlabKind::embedding).collect_state(sb);
+    for (const auto& [name, view] : sa)
+      EXPECT_EQ(0, std::memcmp(view.data, sb.at(name).data, view.bytes())) << name;
+  }
+  // Rows must be ascending and in the table.
+  Model m;
+  HybridAdamW o(m.params, m.grads, AdamWConfig{});
+  const int32_t unordered[] = {4, 2}, outside[] = {97};
+  EXPECT_THROW(o.update_embedding_rows(StepArgs{}, nullptr, unordered, 2, false), Error);
+  EXPECT_THROW(o.update_embedding_rows(StepArgs{}, nullptr, outside, 1, false), Error);
+}
+
 // Data parallel (ZeRO-1): three "ranks" each own a block-aligned third of every tensor (some own nothing of small
 // tensors) and keep states for it alone. Each rank's elements of the masters and the compute copy, and its state
 // pieces laid side by side, are the whole optimizer's bits; a whole state file loads into the parts.

@@ -268,6 +268,42 @@ TEST(Simulate, ChargesDx0InF32AndTheOptimizerForTheTrainedParameters) {
               1e-6 * evaluate(frozen, Plan::every(4, 1)).d2h_bytes);
 }
 
+// One process splits the embedding's update: the batch's rows (at their bound, min(N, V) of V) before the lookup,
+// the others after the layers'. The simulator times the two parts as the executor orders them; the cost model's
+// exposure agrees; data parallel keeps the whole update.
+TEST(Simulate, TheEmbeddingsUpdateIsSplitAtTheBatchsRows) {
+  ModelConfig cfg = testing::tiny_plan_config(4);
+  cfg.vocab_size = 256;  // N = 2·16 = 32 tokens: at most 32 of 256 rows
+  Rng rng(9);
+  Profile prof = testing::synthetic_profile(cfg, 2, 16, rng);
+  prof.optimizer_params_per_s = 1e6;  // slow, so the lookup's wait shows
+  const Budgets budget{size_t(1) << 30, size_t(1) << 30, 0};
+  const Instance in = make_instance(cfg, 2, 16, prof, budget, InstanceOptions{});
+  EXPECT_DOUBLE_EQ(in.opt_embed_rows, in.opt_embed * 32.0 / 256.0);
+  SimOptions rec;
+  rec.record_ops = true;
+  const SimResult r = simulate(in, Plan::every(4, 1), rec);
+  double rows = -1, others = -1, others_start = -1, last_layer_end = -1;
+  for (const SimOpRecord& op : r.ops) {
+    if (op.name == "update embedding (batch rows)") rows = op.end - op.start;
+    if (op.name == "update embedding (other rows)") others = op.end - op.start, others_start = op.start;
+    if (op.name == "update L3") last_layer_end = op.end;
+  }
+  EXPECT_NEAR(rows, in.opt_embed_rows, 1e-12);
+  EXPECT_NEAR(others, in.opt_embed - in.opt_embed_rows, 1e-12);
+  EXPECT_GE(others_start, last_layer_end);
+  // Split, the exposure is smaller than with the whole table first (the same instance, unsplit).
+  Instance whole = in;
+  whole.opt_embed_rows = 0;
+  EXPECT_LT(evaluate(in, Plan::every(4, 1)).optimizer_exposed_s, evaluate(whole, Plan::every(4, 1)).optimizer_exposed_s);
+  EXPECT_LT(r.optimizer_exposed_s, simulate(whole, Plan::every(4, 1)).optimizer_exposed_s);
+  // Data parallel: the owners' parts are exchanged whole, no split.
+  InstanceOptions dp;
+  dp.ranks = 2;
+  dp.net_gbps = 10;
+  EXPECT_EQ(make_instance(cfg, 2, 16, prof, budget, dp).opt_embed_rows, 0.0);
+}
+
 TEST(Simulate, TraceHasEveryOperation) {
   Rng rng(6);
   Instance in = testing::realistic_instance(rng, 3, MemoryModel::executor);
