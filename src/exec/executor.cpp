@@ -172,7 +172,7 @@ struct StreamingExecutor::Step {
     }
     ComputeBinding binding;
     binding.shape = BlockShape::make(cfg, batch.B, batch.T, ex.options_.activations, ex.options_.mlp_chunk_tokens);
-    binding.tok = TokenInfo{tokens(), batch.doc_ids.empty() ? nullptr : tokens() + 2 * N};
+    binding.tok = TokenInfo{tokens(), batch.doc_ids.empty() ? nullptr : tokens() + sched.tokens.doc_ids()};
     binding.tok.dropout_key = batch.dropout_key;
     if (cfg.is_moe()) {
       moe_aux.emplace(cfg.num_experts, batch.attention_mask.empty() ? nullptr : batch.attention_mask.data(),
@@ -409,8 +409,9 @@ struct StreamingExecutor::Step {
     const StreamKind k = stream_of(op.lane);
     int32_t* toks = at<int32_t>(op.out);
     dev.copy_h2d(toks, tok.pos.data(), size_t(N) * 4, k, "h2d tokens");
-    dev.copy_h2d(toks + N, tok.targets.data(), size_t(N) * 4, k, "h2d targets");
-    if (!batch.doc_ids.empty()) dev.copy_h2d(toks + 2 * N, batch.doc_ids.data(), size_t(N) * 4, k, "h2d doc ids");
+    dev.copy_h2d(toks + sched.tokens.targets(), tok.targets.data(), size_t(N) * 4, k, "h2d targets");
+    if (!batch.doc_ids.empty())
+      dev.copy_h2d(toks + sched.tokens.doc_ids(), batch.doc_ids.data(), size_t(N) * 4, k, "h2d doc ids");
     if (sched.tokens.groups) {  // the embedding backward's: start [P + 1], order [N]
       dev.copy_h2d(toks + sched.tokens.group_start(), groups.start.data(), groups.start.size() * 4, k, "h2d token groups");
       dev.copy_h2d(toks + sched.tokens.group_order(), groups.order.data(), groups.order.size() * 4, k, "h2d token order");
@@ -445,7 +446,7 @@ struct StreamingExecutor::Step {
     call.dlm_w = hb.dlm_w;
     call.x = at(op.in);
     call.x32 = at<float>(op.aux);
-    call.targets = tokens() + N;
+    call.targets = tokens() + sched.tokens.targets();
     call.norm_w = hb.norm_w;
     call.lm_w = hb.lm_w;
     call.grad_scale = float(1.0 / double(target.tokens_in_step > 0 ? target.tokens_in_step : tok.count));
@@ -570,8 +571,7 @@ StepStats StreamingExecutor::step(ModelSlabs& grads, const ModelSlabs& params, c
   so.update = pending;
   so.grads_in_place = target.mode == GradMode::overwrite && !target.reducer;
   so.doc_ids = !batch.doc_ids.empty();
-  // Data parallel, the owners' updated parts are exchanged slab by slab (dist/data_parallel.h): the whole table.
-  so.split_embedding_update = pending && !target.reducer && SlabLayout::trained(cfg_, SlabKind::embedding).bytes() > 0;
+  so.split_embedding_update = pending && splits_embedding_update(cfg_, target.reducer != nullptr);
   if (carry) {
     so.carried = carried_;
     so.head_carried = carried_head_;

@@ -22,6 +22,8 @@ const char* lane_name(Lane lane) {
   return names[int(lane)];
 }
 
+bool embedding_trained(const ModelConfig& cfg) { return SlabLayout::trained(cfg, SlabKind::embedding).bytes() > 0; }
+
 std::vector<int> StepOp::waits_for() const {
   std::vector<int> all = deps;
   all.insert(all.end(), fences.begin(), fences.end());
@@ -156,7 +158,7 @@ class Builder {
     head_w_ = declare("head weights", Memory::device, head_w_bytes_);
     if (o_.resident_head) reserve(head_w_, first, last);
     head_g_ = declare("head grads", Memory::device, head_g_bytes_);
-    s_.tokens = TokenBuffer{N_, embedding_trained()};
+    s_.tokens = TokenBuffer{N_, embedding_trained(cfg_)};
     tokens_ = declare("tokens", Memory::device, s_.tokens.bytes());  // positions, targets, doc ids, token groups
     reserve(tokens_, first, last);
     s_.buffers[size_t(tokens_)].bound = true;  // every layer reads the positions, the head the targets
@@ -662,7 +664,7 @@ class Builder {
     // The embedding's gradient (unless the table is frozen): the activation gradient of boundary 0 summed per
     // token id into the free gradient buffer (dx_[1 - cur]: its last reader, layer lowest_'s MLP half, ran on this
     // stream before), those rows to the host, where the table is, and added there.
-    if (!embedding_trained()) return;
+    if (!embedding_trained(cfg_)) return;
     StepOp r = make(OpKind::embedding_rows, kCompute, "embedding rows", 0);
     r.in = dx_[cur];
     r.out = dx_[1 - cur];
@@ -682,7 +684,6 @@ class Builder {
     e.deps.push_back(update_embed_rest_);  // the table's gradient, which the update reads
     add(std::move(e));
   }
-  bool embedding_trained() const { return SlabLayout::trained(cfg_, SlabKind::embedding).bytes() > 0; }
 
   // Layer l's gradients out of gradient buffer g: the MLP half's once it is done (while the attention half runs),
   // then the rest, into host staging slot g once the host lane has emptied it — or, in place, straight into the

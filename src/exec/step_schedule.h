@@ -148,6 +148,14 @@ struct StepScheduleOptions {
   bool split_embedding_update = false;
 };
 
+// Whether the step has an embedding gradient (the table is trained: model/finetune.h), and whether its pending
+// update is split at the batch's rows (StepScheduleOptions::split_embedding_update): a trained table in one
+// process — data parallel, the owners' updated parts are exchanged slab by slab (dist/data_parallel.h).
+bool embedding_trained(const ModelConfig& cfg);
+inline bool splits_embedding_update(const ModelConfig& cfg, bool data_parallel) {
+  return !data_parallel && embedding_trained(cfg);
+}
+
 // The device's "tokens" buffer, int32 throughout: positions [N], targets [N], document ids [N] (packed batches);
 // then, when the embedding is trained, its backward's token groups (ops/embedding.h group_tokens_by_id): start
 // [P + 1] and order [N], at most 2N + 1 entries. Offsets and sizes in int32 elements.

@@ -5,6 +5,7 @@
 
 #include "core/aligned.h"
 #include "core/error.h"
+#include "exec/step_schedule.h"
 #include "model/block.h"
 #include "model/finetune.h"
 #include "model/layout.h"
@@ -191,7 +192,7 @@ Instance make_instance(const ModelConfig& cfg, int64_t B, int64_t T, const Profi
   in.head_flops = head_flops(cfg, B, T);
   LT_CHECK(o.ranks >= 1, "ranks must be >= 1, got {}", o.ranks);
   if (o.ranks > 1) add_data_parallel(in, cfg, N, o);
-  else if (in.opt_embed > 0)  // the batch's rows of the table first, at their bound
+  else if (splits_embedding_update(cfg, false) && in.opt_embed > 0)  // the batch's rows first, at their bound
     in.opt_embed_rows = in.opt_embed * double(std::min<int64_t>(N, cfg.vocab_size)) / double(cfg.vocab_size);
 
   in.allow_host = o.allow_host;
