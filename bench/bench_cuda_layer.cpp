@@ -9,7 +9,8 @@
 //   ratio             layer_tflops / peak_gemm_tflops (issue 17's target: >= 0.60)
 //   attention_*_tflops the layer's attention alone (head dim 128); attention_d256 the same at Qwen3.6-27B's full
 //                     attention (24 / 4 heads of 256, T = 4096); gated_delta the chunked gated delta rule at its
-//                     linear attention's shape (16 / 48 heads of 128) over 8192 tokens, in ms beside FLA's
+//                     linear attention's shape (16 / 48 heads of 128) over 8192 tokens, in ms beside FLA's;
+//                     conv_l2norm its fused conv + q/k norms against the separate kernels, and in GB/s beside a copy
 //   head              the fused LM head at the 7B's vocabulary over 4096 tokens: TFLOPS, ratio to the peak, and
 //                     its cross-entropy's GB/s beside a device-to-device copy's
 // One JSON line. Without a GPU (or a CUDA build) it prints {"skipped": reason} and exits 0.
@@ -144,6 +145,63 @@ nlohmann::json time_gated_delta(int64_t T) {
           {"backward_ms", bwd},
           {"fla_triton_h200_ms", {0.665, 1.444}},
           {"target_ms", {0.6, 1.3}}};
+}
+
+// Gated DeltaNet's conv + q/k L2 norms at the Qwen3.6-27B mixer's shape (16 key and 48 value heads of 128, K 4)
+// over 8192 tokens in four documents: the fused kernels (conv_l2norm.cuh) and the separate ones they replaced
+// (convert, conv, the two norms; the norms' backward, then the conv's), forward and backward ms; the fused passes'
+// least bytes moved over their time in GB/s beside a device-to-device copy's (read plus written) measured here, the
+// limit of these memory-bound passes.
+nlohmann::json time_conv_l2norm() {
+  const int64_t N = 8192, Hk = 16, dk = 128, Hv = 48, dv = 128, K = 4, KD = Hk * dk, Cc = 2 * KD + Hv * dv;
+  const float eps = 1e-6f;
+  Buffer p(N * Cc * 4), w(Cc * K * 4), pre(N * Cc * 2), out(N * Cc * 2), qk(N * 2 * KD * 2), qrn(N * Hk * 4),
+      krn(N * Hk * 4), doc(N * 4), dqk(N * 2 * KD * 4), dout(N * Cc * 4), dx(N * Cc * 4), dw(Cc * K * 4),
+      ws(short_conv_backward_workspace_bytes(N, Cc, K));
+  fill_f32(p, N * Cc, 61, -2.0f, 2.0f), fill_f32(w, Cc * K, 62, -1.0f, 1.0f);
+  fill_f32(dqk, N * 2 * KD, 63, -1.0f, 1.0f), fill_f32(dout, N * Cc, 64, -1.0f, 1.0f);
+  std::vector<int32_t> ids(static_cast<size_t>(N));
+  for (int64_t n = 0; n < N; ++n) ids[size_t(n)] = int32_t(n / (N / 4));
+  LT_CUDA_CHECK(cudaMemcpy(doc.p, ids.data(), N * 4, cudaMemcpyHostToDevice), "bench upload");
+  cudaMemset(dw.p, 0, Cc * K * 4);
+  const auto d = doc.as<int32_t>();
+  const double fused_fwd = time_ms([&] {
+    native::conv_l2norm_forward(nullptr, pre.as<bf16_t>(), out.as<bf16_t>(), qk.as<bf16_t>(), qrn.as<float>(),
+                                krn.as<float>(), p.as<float>(), w.as<float>(), d, N, N, Cc, K, Hk, dk, eps);
+  });
+  const double separate_fwd = time_ms([&] {
+    native::convert(nullptr, pre.as<bf16_t>(), p.as<float>(), N * Cc);
+    native::short_conv_forward(nullptr, out.as<bf16_t>(), pre.as<bf16_t>(), w.as<float>(), d, N, N, Cc, K);
+    native::l2norm_forward(nullptr, qk.as<bf16_t>(), qrn.as<float>(), out.as<bf16_t>(), N, Hk, dk, 2 * KD, Cc, eps);
+    native::l2norm_forward(nullptr, qk.as<bf16_t>() + KD, krn.as<float>(), out.as<bf16_t>() + KD, N, Hk, dk, 2 * KD,
+                           Cc, eps);
+  });
+  // The fused backward rewrites dout's q and k channels (its scratch) on every rep from dqk alone.
+  const double fused_bwd = time_ms([&] {
+    native::conv_l2norm_backward(nullptr, dx.as<float>(), dw.as<float>(), dout.as<float>(), dqk.as<float>(),
+                                 pre.as<bf16_t>(), qrn.as<float>(), krn.as<float>(), w.as<float>(), d, N, N, Cc, K, Hk,
+                                 dk, ws.p);
+  });
+  const double separate_bwd = time_ms([&] {
+    native::l2norm_backward(nullptr, dout.as<float>(), dqk.as<float>(), out.as<bf16_t>(), qrn.as<float>(), N, Hk, dk,
+                            Cc, 2 * KD, Cc);
+    native::l2norm_backward(nullptr, dout.as<float>() + KD, dqk.as<float>() + KD, out.as<bf16_t>() + KD,
+                            krn.as<float>(), N, Hk, dk, Cc, 2 * KD, Cc);
+    native::short_conv_backward(nullptr, dx.as<float>(), dw.as<float>(), dout.as<float>(), pre.as<bf16_t>(),
+                                w.as<float>(), d, N, N, Cc, K, ws.p);
+  });
+  const double copy_ms = time_ms([&] { cudaMemcpyAsync(dx.p, dout.p, N * Cc * 4, cudaMemcpyDeviceToDevice); });
+  const double all = double(N * Cc), qk_part = double(N * 2 * KD);
+  const double fwd_bytes = all * (4 + 2 + 2) + qk_part * 2 + 2.0 * double(N * Hk) * 4;
+  const double bwd_bytes = qk_part * (4 + 2 + 4) + all * (4 + 2 + 4);
+  return {{"shape", {{"N", N}, {"Hk", Hk}, {"Hv", Hv}, {"dk", dk}, {"dv", dv}, {"K", K}}},
+          {"fused_forward_ms", fused_fwd},
+          {"separate_forward_ms", separate_fwd},
+          {"fused_backward_ms", fused_bwd},
+          {"separate_backward_ms", separate_bwd},
+          {"fused_forward_gbps", fwd_bytes / (fused_fwd * 1e-3) / 1e9},
+          {"fused_backward_gbps", bwd_bytes / (fused_bwd * 1e-3) / 1e9},
+          {"copy_gbps", 2.0 * all * 4 / (copy_ms * 1e-3) / 1e9}};
 }
 
 // The fused LM head at Qwen2.5-7B's shape (C 3584, V 152064, bf16 lm_head) over 4096 tokens, in gpu_head_shape's
@@ -286,6 +344,7 @@ nlohmann::json run() {
           // Qwen3.6-27B's full attention (24 query / 4 kv heads of 256) and its Gated DeltaNet's core.
           {"attention_d256", time_attention(AttentionShape{1, T, 24, 4, 256})},
           {"gated_delta", time_gated_delta(8192)},
+          {"conv_l2norm", time_conv_l2norm()},
           {"head", time_head(peak)},
           {"other_kernels_ms", other_ms},
           {"peak_gemm_tflops", peak},

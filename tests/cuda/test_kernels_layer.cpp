@@ -47,7 +47,7 @@ const NormShape kNormShapes[] = {{1, 1}, {7, 5}, {9, 33}, {37, 100}, {130, 17}, 
 // (tests/ops/test_op_harness.cpp). Here: bf16 storage, the backward with its workspace, finite differences.
 
 TEST(CudaSimKernels, RmsnormForwardBf16IsTheCpuOpRoundedOnce) {
-  for (const auto [rows, C] : kNormShapes) {
+  for (const auto& [rows, C] : kNormShapes) {
     SCOPED_TRACE(testing::shape_name({rows, C}));
     const auto x = to_bf16(random_floats(size_t(rows * C), 3 + rows));
     const auto w = random_floats(static_cast<size_t>(C), 4 + C, 0.5f, 1.5f);
@@ -84,7 +84,7 @@ void check_rmsnorm_backward(const std::vector<T>& x, const std::vector<float>& x
 }
 
 TEST(CudaSimKernels, RmsnormBackwardMatchesCpuBitwise) {
-  for (const auto [rows, C] : kNormShapes) {
+  for (const auto& [rows, C] : kNormShapes) {
     SCOPED_TRACE(testing::shape_name({rows, C}));
     const auto x = random_floats(size_t(rows * C), 5 + rows);
     check_rmsnorm_backward(x, x, rows, C);
@@ -134,7 +134,7 @@ std::vector<int32_t> packed_positions(int64_t N, uint64_t seed) {  // not monoto
 // RoPE in f32, forward and backward, bit for bit the CPU op's: the op table (tests/ops/test_op_harness.cpp). Here the
 // kernel on a bf16 row: the CPU op's result on the widened row, rounded once.
 TEST(CudaSimKernels, RopeBf16IsTheCpuOpRoundedOnce) {
-  for (const auto [N, H, D] : kRopeCases) {
+  for (const auto& [N, H, D] : kRopeCases) {
     SCOPED_TRACE(testing::shape_name({N, H, D}));
     std::vector<float> cos(size_t(kPositions * D / 2)), sin(cos.size());
     rope_table(cos.data(), sin.data(), kPositions, D, 1e6);
@@ -334,7 +334,7 @@ TEST(CudaSimKernels, RmsnormAndRopeGiveTheSameBitsOnUnalignedViews) {
 // Here the forward into bf16 storage: the CPU op's rows rounded once.
 TEST(CudaSimKernels, EmbeddingBf16IsTheCpuRowsRoundedOnce) {
   const int64_t V = 23;
-  for (const auto [N, C] : {std::pair<int64_t, int64_t>{1, 3}, {17, 37}, {64, 129}}) {
+  for (const auto& [N, C] : {std::pair<int64_t, int64_t>{1, 3}, {17, 37}, {64, 129}}) {
     SCOPED_TRACE(testing::shape_name({N, C}));
     Rng rng(uint64_t(N * C));
     std::vector<int32_t> ids(static_cast<size_t>(N));
@@ -356,7 +356,7 @@ TEST(CudaSimKernels, EmbeddingBf16IsTheCpuRowsRoundedOnce) {
 // order, packed (C a multiple of 8, aligned) and scalar (C 37, or the same rows one float off alignment).
 TEST(CudaSimKernels, EmbeddingRowsAreTheCpuOpsBitwise) {
   const int64_t V = 29;
-  for (const auto [N, C] : {std::pair<int64_t, int64_t>{1, 8}, {45, 37}, {64, 264}}) {
+  for (const auto& [N, C] : {std::pair<int64_t, int64_t>{1, 8}, {45, 37}, {64, 264}}) {
     SCOPED_TRACE(testing::shape_name({N, C}));
     Rng rng(uint64_t(N * C) + 5);
     std::vector<int32_t> ids(static_cast<size_t>(N));
@@ -382,7 +382,7 @@ TEST(CudaSimKernels, EmbeddingRowsAreTheCpuOpsBitwise) {
 
 TEST(CudaSimKernels, BiasGradMatchesTheCpuLinearOpBitwise) {
   // Rows across a kTokenSlice boundary (two f32 adds into dbias), odd column counts.
-  for (const auto [M, N] : {std::pair<int64_t, int64_t>{1, 1}, {5, 130}, {kTokenSlice + 3, 7}}) {
+  for (const auto& [M, N] : {std::pair<int64_t, int64_t>{1, 1}, {5, 130}, {kTokenSlice + 3, 7}}) {
     SCOPED_TRACE(testing::shape_name({M, N}));
     const int64_t K = 2;
     const auto x = random_floats(static_cast<size_t>(M * K), 91), w = random_floats(static_cast<size_t>(N * K), 92);

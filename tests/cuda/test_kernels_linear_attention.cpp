@@ -1,10 +1,10 @@
-// The Qwen3.5 / Qwen3.6 layer kernels (cuda/kernels/linear_attention.cuh and partial RoPE in rope.cuh) under
-// cuda-sim against the CPU ops: on f32 storage bit for bit (each kernel performs its CPU op's operations in its
-// order), on bf16 storage equal to the CPU op run on the widened inputs with bf16 outputs rounded once — in
-// every thread order, on odd shapes (not multiples of 16 lanes or 256 threads; several gradient chunks), packed
-// rows of several documents for the conv, with sentinel guards around every output (and in the gaps of strided
-// outputs); parameter gradients accumulate (two calls give the CPU op's two calls); the conv and gates
-// backwards also against central finite differences of the forward kernels.
+// The Qwen3.5 / Qwen3.6 layer kernels (cuda/kernels/linear_attention.cuh, short_conv.cuh and partial RoPE in
+// rope.cuh) under cuda-sim against the CPU ops: on f32 storage bit for bit (each kernel performs its CPU op's
+// operations in its order), on bf16 storage equal to the CPU op run on the widened inputs with bf16 outputs
+// rounded once — in every thread order, on odd shapes (not multiples of 16 lanes or 256 threads; several gradient
+// chunks), packed rows of several documents for the conv, with sentinel guards around every output (and in the
+// gaps of strided outputs); parameter gradients accumulate (two calls give the CPU op's two calls); the conv and
+// gates backwards also against central finite differences of the forward kernels.
 //
 // Legend: N tokens (B rows of T), Cc conv channels, K conv width, H heads, D head dimension, Hv value heads,
 // dv value head dimension, R rotary dims.
@@ -51,11 +51,12 @@ struct ConvCase {
   int64_t N, T, Cc, K;
   bool packed;  // doc_ids with several documents per row; else null (each row one document)
 };
-// N = 70 and 130 give 3 and 5 dweight chunks of 32 tokens; K = 4 is Qwen3.5's, 3 and 1 the edges; Cc 48 and 16
-// take eight channels a thread (16-byte loads, linear_attention.cuh).
-const ConvCase kConvCases[] = {{70, 35, 53, 4, true}, {37, 37, 12, 4, false}, {12, 4, 5, 3, true},
-                               {130, 65, 7, 4, true}, {9, 9, 3, 1, false},   {70, 35, 48, 4, true},
-                               {37, 37, 16, 3, false}};
+// N = 70 and 130 give 3 and 5 dweight chunks of 32 tokens; K = 4 is Qwen3.5's, 3 and 1 the edges, 6 the
+// backward's 8-slot window, 9 past it (the per-tap kernels); Cc 48 and 16 take eight channels a thread in the
+// forward (16-byte loads, short_conv.cuh).
+const ConvCase kConvCases[] = {{70, 35, 53, 4, true},  {37, 37, 12, 4, false}, {12, 4, 5, 3, true},
+                               {130, 65, 7, 4, true},  {9, 9, 3, 1, false},    {70, 35, 48, 4, true},
+                               {37, 37, 16, 3, false}, {82, 41, 13, 6, true},  {46, 23, 16, 9, true}};
 
 // doc_ids [N]: runs of random length inside each row, numbered from 0 in every row (only equality inside a row
 // matters).

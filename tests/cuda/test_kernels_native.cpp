@@ -510,6 +510,44 @@ TEST(CudaNative, Qwen35LayerKernelsGiveTheSimulatedBits) {
   }
 }
 
+// The fused conv + q/k L2 norm (conv_l2norm.cuh) at a Qwen3.6 layer's head sizes, rows of four documents: the
+// simulated bits (forward's stored tensors and norms, backward's dx and dweight), and the same bits on a second run.
+TEST(CudaNative, ConvL2NormGivesTheSimulatedBits) {
+  SKIP_WITHOUT_GPU();
+  const int64_t B = 2, T = 1031, N = B * T, Hk = 3, dk = 128, Hv = 5, dv = 128, K = 4;
+  const int64_t KD = Hk * dk, Cc = 2 * KD + Hv * dv;
+  std::vector<int32_t> doc(static_cast<size_t>(N));
+  for (int64_t n = 0; n < N; ++n) doc[size_t(n)] = int32_t((n % T) / 300);
+  const auto p = random_floats(size_t(N * Cc), 31), cw = random_floats(size_t(Cc * K), 32, -1.0f, 1.0f);
+  const auto dqk = random_floats(size_t(N * 2 * KD), 33), dv_in = random_floats(size_t(N * Cc), 34);
+  std::vector<bf16_t> pre(p.size()), out(p.size()), qk(dqk.size());
+  std::vector<float> qrn(size_t(N * Hk)), krn(qrn.size()), dx(p.size()), dw(cw.size(), 0.5f), dout = dv_in;
+  std::vector<unsigned char> ws(short_conv_backward_workspace_bytes(N, Cc, K));
+  sim::conv_l2norm_forward(nullptr, pre.data(), out.data(), qk.data(), qrn.data(), krn.data(), p.data(), cw.data(),
+                           doc.data(), N, T, Cc, K, Hk, dk, 1e-6f);
+  sim::conv_l2norm_backward(nullptr, dx.data(), dw.data(), dout.data(), dqk.data(), pre.data(), qrn.data(),
+                            krn.data(), cw.data(), doc.data(), N, T, Cc, K, Hk, dk, ws.data());
+  for (int run = 0; run < 2; ++run) {
+    Dev<bf16_t> dpre_b(pre.size()), dconv(out.size()), dqkh(qk.size());
+    Dev<float> dp(p), dcw(cw), dqrn(qrn.size()), dkrn(krn.size()), ddqk(dqk), ddx(dx.size()),
+        ddw(std::vector<float>(cw.size(), 0.5f)), ddout(dv_in);
+    Dev<int32_t> ddoc(doc);
+    Dev<unsigned char> dws(ws.size());
+    native::conv_l2norm_forward(nullptr, dpre_b.p(), dconv.p(), dqkh.p(), dqrn.p(), dkrn.p(), dp.p(), dcw.p(),
+                                ddoc.p(), N, T, Cc, K, Hk, dk, 1e-6f);
+    native::conv_l2norm_backward(nullptr, ddx.p(), ddw.p(), ddout.p(), ddqk.p(), dpre_b.p(), dqrn.p(), dkrn.p(),
+                                 dcw.p(), ddoc.p(), N, T, Cc, K, Hk, dk, dws.p());
+    sync("conv + l2norm");
+    EXPECT_BITWISE_EQ(dpre_b.get(), pre);
+    EXPECT_BITWISE_EQ(dconv.get(), out);
+    EXPECT_BITWISE_EQ(dqkh.get(), qk);
+    EXPECT_BITWISE_EQ(dqrn.get(), qrn);
+    EXPECT_BITWISE_EQ(dkrn.get(), krn);
+    EXPECT_BITWISE_EQ(ddx.get(), dx);
+    EXPECT_BITWISE_EQ(ddw.get(), dw);
+  }
+}
+
 // The gated delta rule at Qwen3.6's head dims, bf16 storage, packed rows, on tensor cores (gated_delta_mma*.cuh):
 // the tensor core sums in another order than the emulation and the GPU's expf is within 2 ulp of libm's, so a bf16
 // rounding of S₀, V', dS₁, dV' … may land one ulp (2⁻⁸) apart: within 4e-3 of the simulated kernels (as if every

@@ -5,6 +5,7 @@
 #include "cuda/kernels/attention.cuh"
 #include "cuda/kernels/attention_sinks.cuh"
 #include "cuda/kernels/bias_grad.cuh"
+#include "cuda/kernels/conv_l2norm.cuh"
 #include "cuda/kernels/cross_entropy.cuh"
 #include "cuda/kernels/elementwise.cuh"
 #include "cuda/kernels/embedding.cuh"
@@ -15,3 +16,4 @@
 #include "cuda/kernels/moe.cuh"
 #include "cuda/kernels/rmsnorm.cuh"
 #include "cuda/kernels/rope.cuh"
+#include "cuda/kernels/short_conv.cuh"

@@ -1,17 +1,17 @@
 // cuda/kernels/linear_attention.cuh — the per-token ops of a Qwen3.5 / Qwen3.6 layer other than the delta rule,
 // each in its CPU op's order (the math and the contracts are in the ops/ headers named below):
-//   short conv + SiLU (ops/short_conv.h), per-head L2 norm (ops/l2norm.h), β and log-decay gates
+//   per-head L2 norm (ops/l2norm.h), β and log-decay gates
 //   (ops/delta_gates.h), gated RMSNorm (ops/gated_rmsnorm.h), the output σ gate (ops/sigmoid_gate.h), the
 //   gather / scatter of q_proj's query halves (model/block.cpp's gather_queries / scatter_queries) and the
-//   zero-centred norms' 1 + w. Partial RoPE is in rope.cuh.
+//   zero-centred norms' 1 + w. The short conv is in short_conv.cuh, partial RoPE in rope.cuh.
 //
-// Legend: N tokens (B rows of T), Cc conv channels, K conv width, H heads, D head dimension, Hv value heads,
+// Legend: N tokens (B rows of T), H heads, D head dimension, Hv value heads,
 // dv value head dimension, rows = N·H (or N·Hv), ld* token strides.
 //
 // Geometry: elementwise ops are grid-stride loops; the row norms give each row a half-warp whose lane k sums
 // d ≡ k (mod 16) in order and combines the 16 lanes by the CPU's tree (rmsnorm.cuh's half_warp_ordered_sum), on
 // 16-byte packs where the row length and strides are multiples of 8 and the pointers aligned (the same bits).
-// Parameter gradients (conv weight, A_log / dt_bias, gated norm weight) are summed per fixed chunk of tokens
+// Parameter gradients (A_log / dt_bias, gated norm weight) are summed per fixed chunk of tokens
 // (the CPU op's chunk rule, cuda/kernels.h) into f64 partials in a workspace, then the chunks are added in order
 // and the total added once in f32: no atomics, the CPU op's bits, whatever the launch.
 //
@@ -30,113 +30,6 @@
 #include "ops/swiglu_math.h"
 
 namespace lt::cuda::LT_KERNELS_NS {
-
-// ---- short causal conv + SiLU ----
-
-// Taps back from token n inside its document (ops/cpu/short_conv.cpp's span): at most K-1, stopping at the row
-// start or where doc_ids changes.
-__device__ __forceinline__ int64_t conv_span(const int32_t* doc_ids, int64_t n, int64_t T, int64_t K) {
-  const int64_t t = n % T;
-  int64_t j = 0;
-  while (j < K - 1 && j < t && (doc_ids == nullptr || doc_ids[n - j - 1] == doc_ids[n])) ++j;
-  return j;
-}
-
-// pre[n, c + e] for the W channels from c, oldest tap first from an exact 0 (the CPU's conv_row): a tap's W
-// inputs in one load (16 bytes where W = kPack), each channel's sum in the scalar order.
-template <int W, class T>
-__device__ __forceinline__ void conv_pre(float (&pre)[W], const T* x, const float* weight, int64_t n, int64_t c,
-                                         int64_t span, int64_t Cc, int64_t K) {
-  for (int e = 0; e < W; ++e) pre[e] = 0.0f;
-  for (int64_t k = K - 1 - span; k < K; ++k) {
-    float xv[W];
-    load_n(xv, x + (n - (K - 1 - k)) * Cc + c);
-    for (int e = 0; e < W; ++e) pre[e] += weight[(c + e) * K + k] * xv[e];
-  }
-}
-
-// dpre[n, c + e] = dout · silu'(pre), recomputing pre with the forward's bits.
-template <int W, class T>
-__device__ __forceinline__ void conv_dpre(float (&dpre)[W], const float* dout, const T* x, const float* weight,
-                                          int64_t n, int64_t c, int64_t span, int64_t Cc, int64_t K) {
-  float p[W];
-  conv_pre(p, x, weight, n, c, span, Cc, K);
-  load_n(dpre, dout + n * Cc + c);
-  for (int e = 0; e < W; ++e) {
-    float sg, one_minus_sg;
-    swiglu_math::sigmoid_pair(p[e], &sg, &one_minus_sg);
-    dpre[e] = dpre[e] * (sg * (1.0f + p[e] * one_minus_sg));
-  }
-}
-
-// out[N, Cc]: a thread per token and W channels (W = kPack where Cc % 8 == 0 and the rows are aligned: one
-// document span per 8 channels, 16-byte loads and stores; the same bits).
-template <int W, class T>
-__global__ void short_conv_forward_kernel(T* out, const T* x, const float* weight, const int32_t* doc_ids,
-                                          int64_t N, int64_t T_, int64_t Cc, int64_t K) {
-  const int64_t groups = Cc / W;
-  for (int64_t i = global_thread(); i < N * groups; i += grid_threads()) {
-    const int64_t n = i / groups, c = (i % groups) * W;
-    float p[W];
-    conv_pre(p, x, weight, n, c, conv_span(doc_ids, n, T_, K), Cc, K);
-    for (int e = 0; e < W; ++e) p[e] = p[e] * swiglu_math::sigmoid(p[e]);
-    store_n(out + n * Cc + c, p);
-  }
-}
-
-// dx[m, c] = Σ_j dpre[m+j, c] · w[c, K-1-j] over the taps that reach back to m, nearest first; W channels a thread.
-template <int W, class T>
-__global__ void short_conv_backward_dx_kernel(float* dx, const float* dout, const T* x, const float* weight,
-                                              const int32_t* doc_ids, int64_t N, int64_t T_, int64_t Cc,
-                                              int64_t K) {
-  const int64_t groups = Cc / W;
-  for (int64_t i = global_thread(); i < N * groups; i += grid_threads()) {
-    const int64_t m = i / groups, c = (i % groups) * W;
-    float acc[W];
-    for (int e = 0; e < W; ++e) acc[e] = 0.0f;
-    for (int64_t j = 0; j < K && m + j < N; ++j) {
-      const int64_t span = conv_span(doc_ids, m + j, T_, K);
-      if (span < j) continue;
-      float d[W];
-      conv_dpre(d, dout, x, weight, m + j, c, span, Cc, K);
-      for (int e = 0; e < W; ++e) acc[e] += d[e] * weight[(c + e) * K + (K - 1 - j)];
-    }
-    store_n(dx + m * Cc + c, acc);
-  }
-}
-
-// partial[chunk, K, Cc]: Σ over the chunk's tokens n (in order) of f64(dpre[n, c]) · f64(x[n-j, c]) into
-// [K-1-j, c]; a thread per (chunk, c), its K partials in the workspace.
-template <class T>
-__global__ void short_conv_backward_partial_kernel(double* partial, const float* dout, const T* x,
-                                                   const float* weight, const int32_t* doc_ids, int64_t N,
-                                                   int64_t T_, int64_t Cc, int64_t K, int64_t chunk,
-                                                   int64_t n_chunks) {
-  for (int64_t i = global_thread(); i < n_chunks * Cc; i += grid_threads()) {
-    const int64_t t = i / Cc, c = i % Cc;
-    double* p = partial + t * K * Cc + c;  // [K] with stride Cc
-    for (int64_t k = 0; k < K; ++k) p[k * Cc] = 0.0;
-    const int64_t n0 = t * chunk, n1 = n0 + chunk < N ? n0 + chunk : N;
-    for (int64_t n = n0; n < n1; ++n) {
-      const int64_t span = conv_span(doc_ids, n, T_, K);
-      float dp[1];
-      conv_dpre(dp, dout, x, weight, n, c, span, Cc, K);
-      const double d = double(dp[0]);
-      for (int64_t j = 0; j <= span; ++j) p[(K - 1 - j) * Cc] += d * double(load(x + (n - j) * Cc + c));
-    }
-  }
-}
-
-// dweight[c, k] += f32(Σ_chunks partial[chunk, k, c]), chunks in order.
-__global__ void short_conv_backward_dweight_kernel(float* dweight, const double* partial, int64_t n_chunks,
-                                                   int64_t Cc, int64_t K) {
-  for (int64_t i = global_thread(); i < K * Cc; i += grid_threads()) {
-    const int64_t k = i / Cc, c = i % Cc;
-    double total = 0.0;
-    for (int64_t t = 0; t < n_chunks; ++t) total += partial[t * K * Cc + i];
-    dweight[c * K + k] += float(total);
-  }
-}
 
 // ---- per-head L2 norm ----
 
@@ -429,33 +322,6 @@ __global__ void one_plus_kernel(float* out, const float* w, int64_t n) {
 namespace detail {
 
 template <class T>
-void short_conv_forward(Stream s, T* out, const T* x, const float* weight, const int32_t* doc_ids, int64_t N,
-                        int64_t T_, int64_t Cc, int64_t K) {
-  if (rows_packed(Cc, {out, x}))
-    LT_ELEMENTWISE((short_conv_forward_kernel<kPack, T>), N * Cc / kPack, out, x, weight, doc_ids, N, T_, Cc, K);
-  else
-    LT_ELEMENTWISE((short_conv_forward_kernel<1, T>), N * Cc, out, x, weight, doc_ids, N, T_, Cc, K);
-}
-
-template <class T>
-void short_conv_backward(Stream s, float* dx, float* dweight, const float* dout, const T* x, const float* weight,
-                         const int32_t* doc_ids, int64_t N, int64_t T_, int64_t Cc, int64_t K, void* workspace) {
-  if (N == 0) return;
-  const int64_t chunk = short_conv_dweight_chunk_tokens(N);
-  const int64_t n_chunks = (N + chunk - 1) / chunk;
-  double* partial = static_cast<double*>(workspace);  // [n_chunks, K, Cc]
-  if (rows_packed(Cc, {dx, dout, x}))
-    LT_ELEMENTWISE((short_conv_backward_dx_kernel<kPack, T>), N * Cc / kPack, dx, dout, x, weight, doc_ids, N, T_,
-                   Cc, K);
-  else
-    LT_ELEMENTWISE((short_conv_backward_dx_kernel<1, T>), N * Cc, dx, dout, x, weight, doc_ids, N, T_, Cc, K);
-  if (!dweight) return;  // a frozen weight (model/finetune.h): no gradient
-  LT_ELEMENTWISE(short_conv_backward_partial_kernel<T>, n_chunks * Cc, partial, dout, x, weight, doc_ids, N, T_,
-                    Cc, K, chunk, n_chunks);
-  LT_ELEMENTWISE(short_conv_backward_dweight_kernel, K * Cc, dweight, partial, n_chunks, Cc, K);
-}
-
-template <class T>
 void l2norm_forward(Stream s, T* out, float* rnorm, const T* in, int64_t N, int64_t H, int64_t D, int64_t ld_out,
                     int64_t ld_in, float eps) {
   if (N == 0) return;
@@ -533,25 +399,6 @@ void gather_queries(Stream s, T* q, const T* q_proj, int64_t rows, int64_t D) {
 }
 
 }  // namespace detail
-
-void short_conv_forward(Stream s, float* out, const float* x, const float* weight, const int32_t* doc_ids,
-                        int64_t N, int64_t T, int64_t Cc, int64_t K) {
-  detail::short_conv_forward(s, out, x, weight, doc_ids, N, T, Cc, K);
-}
-void short_conv_forward(Stream s, bf16_t* out, const bf16_t* x, const float* weight, const int32_t* doc_ids,
-                        int64_t N, int64_t T, int64_t Cc, int64_t K) {
-  detail::short_conv_forward(s, dev(out), dev(x), weight, doc_ids, N, T, Cc, K);
-}
-void short_conv_backward(Stream s, float* dx, float* dweight, const float* dout, const float* x,
-                         const float* weight, const int32_t* doc_ids, int64_t N, int64_t T, int64_t Cc, int64_t K,
-                         void* workspace) {
-  detail::short_conv_backward(s, dx, dweight, dout, x, weight, doc_ids, N, T, Cc, K, workspace);
-}
-void short_conv_backward(Stream s, float* dx, float* dweight, const float* dout, const bf16_t* x,
-                         const float* weight, const int32_t* doc_ids, int64_t N, int64_t T, int64_t Cc, int64_t K,
-                         void* workspace) {
-  detail::short_conv_backward(s, dx, dweight, dout, dev(x), weight, doc_ids, N, T, Cc, K, workspace);
-}
 
 void l2norm_forward(Stream s, float* out, float* rnorm, const float* in, int64_t N, int64_t H, int64_t D,
                     int64_t ld_out, int64_t ld_in, float eps) {

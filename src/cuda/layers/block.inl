@@ -190,10 +190,9 @@ inline void mixer_forward(const GemmContext& g, Stream s, const CudaBlock& blk, 
   const int64_t N = m.N(), C = m.C, Dc = m.conv_dim(), KD = m.key_dim(), VD = m.value_dim(), Hv = m.Hv;
   const int32_t* doc = blk.tok.doc_ids;
   gpu_linear(g, s, b.p, st.n1, w.in_qkv, nullptr, N, C, Dc, b.x32, adapter(blk, b, Adapted::in_proj_qkv));
-  convert(s, st.qkv_pre, b.p, N * Dc);
-  short_conv_forward(s, st.qkv, st.qkv_pre, w.conv, doc, N, m.T, Dc, m.K);
-  l2norm_forward(s, st.qk_hat, st.q_rnorm, st.qkv, N, m.Hk, m.dk, 2 * KD, Dc, kQkNormEps);
-  l2norm_forward(s, st.qk_hat + KD, st.k_rnorm, st.qkv + KD, N, m.Hk, m.dk, 2 * KD, Dc, kQkNormEps);
+  // qkv_pre = bf16(p), qkv = conv + SiLU, qk_hat and the rnorms: one pass (convert, conv, the q and k norms' bits).
+  conv_l2norm_forward(s, st.qkv_pre, st.qkv, st.qk_hat, st.q_rnorm, st.k_rnorm, b.p, w.conv, doc, N, m.T, Dc, m.K,
+                      m.Hk, m.dk, kQkNormEps);
   gpu_linear(g, s, b.p, st.n1, w.in_z, nullptr, N, C, VD, b.x32, adapter(blk, b, Adapted::in_proj_z));
   convert(s, st.z, b.p, N * VD);
   gpu_linear(g, s, st.b, st.n1, w.in_b, nullptr, N, C, Hv, b.x32, adapter(blk, b, Adapted::in_proj_b));  // b, a: f32
@@ -221,9 +220,10 @@ inline void mixer_backward(const GemmContext& g, Stream s, const CudaBlock& blk,
   // dq̂ | dk̂ into m_dqk; dv straight into its place in the conv output's gradient.
   gated_delta_backward(s, b.m_dqk, b.m_dqk + KD, b.m_dqkv + 2 * KD, b.m_dbeta, b.m_dg, b.m_do, st.qk_hat,
                        st.qk_hat + KD, st.qkv + 2 * KD, st.beta, st.g, doc, delta_shape(m), b.delta_ws);
-  l2norm_backward(s, b.m_dqkv, b.m_dqk, st.qkv, st.q_rnorm, N, m.Hk, m.dk, Dc, 2 * KD, Dc);
-  l2norm_backward(s, b.m_dqkv + KD, b.m_dqk + KD, st.qkv + KD, st.k_rnorm, N, m.Hk, m.dk, Dc, 2 * KD, Dc);
-  short_conv_backward(s, b.m_dpre, gd.conv, b.m_dqkv, st.qkv_pre, w.conv, doc, N, m.T, Dc, m.K, b.conv_ws);
+  // The q and k norms' backward and the conv's (the l2norm_backward and short_conv_backward bits; m_dqkv's q and
+  // k channels are its scratch).
+  conv_l2norm_backward(s, b.m_dpre, gd.conv, b.m_dqkv, b.m_dqk, st.qkv_pre, st.q_rnorm, st.k_rnorm, w.conv, doc, N,
+                       m.T, Dc, m.K, m.Hk, m.dk, b.conv_ws);
   delta_gates_backward(s, b.m_db, b.m_da, gd.A_log, gd.dt_bias, b.m_dbeta, b.m_dg, st.b, st.a, w.A_log, w.dt_bias,
                        N, Hv, b.gates_ws);
   gpu_linear_backward(g, s, dn1, gd.in_qkv, nullptr, b.m_dpre, st.n1, w.in_qkv, N, C, Dc, b.operand, b.x32,
