@@ -22,13 +22,14 @@
 // Workspace (DeltaMmaWorkspace): W, U / V' and S₀ of every tile, ~50 MB a batch row at Qwen3.6's 48 heads of 128
 // and 1024 tokens; the launcher runs groups of rows within kDeltaWorkspaceBytes.
 //
-// Speed: the products run on mma.sync from shared memory with plain pair loads (no ldmatrix, no cp.async
-// pipelining yet); the sequential launch does 4 · 64 · dk · dv FLOPs per tile and head (W S₀ and Kᵀ V'), about a
-// third of the forward's, and waits on each tile's loads: the launch to look at first on a GPU.
+// Speed: the products run on mma.sync from shared memory, their operands loaded by ldmatrix (tile_product); the
+// sequential launch does 4 · 64 · dk · dv FLOPs per tile and head (W S₀ and Kᵀ V'), about a third of the
+// forward's, and waits on each tile's loads: the launch to look at first on a GPU.
 #pragma once
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include "cuda/kernels/async_copy.cuh"
 #include "cuda/kernels/attention_common.cuh"
@@ -164,14 +165,69 @@ __device__ __forceinline__ uint32_t pair_strided(const bf16* x, int stride) {
   return uint32_t(__bfloat16_as_ushort(x[0])) | (uint32_t(__bfloat16_as_ushort(x[stride])) << 16);
 }
 
+// An mma operand tile in shared memory: A's element (row i, k p), or B's (k p, column j) with the column as its
+// row, at base[row · ld + k] (kKContiguous: a fragment's pair is one 4-byte load) or at base[k · ld + row] (the
+// transposed operands: a pair is two 2-byte loads ld apart). tile_product loads it by ldmatrix — the transposed
+// form by ldmatrix.trans — where ld is a multiple of 8 and base 16-byte aligned, else by pairs: the same registers,
+// so the same bits either way. SmemA / SmemB are the two roles as tile_product's pair functors.
+template <bool kKContiguous>
+struct SmemOperand {
+  static constexpr bool kKc = kKContiguous;
+  const bf16* base;
+  int ld;
+  __device__ uint32_t pair(int row, int k) const {
+    if constexpr (kKContiguous) return load_pair(base + row * ld + k);
+    else return pair_strided(base + k * ld + row, ld);
+  }
+  // Row `r8` in memory of the 8 x 8 block at operand rows row0.., k k0.. (an operand row, or a k).
+  __device__ const bf16* block_row(int row0, int k0, int r8) const {
+    return kKContiguous ? base + (row0 + r8) * ld + k0 : base + (k0 + r8) * ld + row0;
+  }
+  __device__ bool by_ldmatrix() const { return ld % 8 == 0 && reinterpret_cast<uintptr_t>(base) % 16 == 0; }
+};
+template <bool kKContiguous>
+struct SmemA : SmemOperand<kKContiguous> {
+  __device__ SmemA(const bf16* base, int ld) : SmemOperand<kKContiguous>{base, ld} {}
+  __device__ uint32_t operator()(int i, int p) const { return this->pair(i, p); }
+};
+template <bool kKContiguous>
+struct SmemB : SmemOperand<kKContiguous> {
+  __device__ SmemB(const bf16* base, int ld) : SmemOperand<kKContiguous>{base, ld} {}
+  __device__ uint32_t operator()(int p, int j) const { return this->pair(j, p); }
+};
+template <class F>
+constexpr bool kIsSmemOperand = std::is_base_of_v<SmemOperand<true>, F> || std::is_base_of_v<SmemOperand<false>, F>;
+
 // acc (the C fragment of a 16 x 8 tile at rows r.., columns c..) += Σ_p A[r.., p] B[p, c..], p < K in k-steps of
 // 16 (mma.cuh's fragments); a(i, p) = (A[i][p], A[i][p+1]) and b(p, j) = (B[p][j], B[p+1][j]) as packed bf16 pairs.
+// A shared-memory operand (SmemA / SmemB) goes by ldmatrix: A's four 8 x 8 blocks a k-step, B's two k-steps a load
+// (its last k-step by pairs when K / 16 is odd).
 template <class FA, class FB>
 __device__ __forceinline__ void tile_product(float acc[4], int r, int c, int K, const FA& a, const FB& b) {
-  const int lane = int(threadIdx.x) & 31, g = lane >> 2, t = 2 * (lane & 3);
+  const int lane = int(threadIdx.x) & 31, g = lane >> 2, t = 2 * (lane & 3), r8 = lane & 7, m = lane >> 3;
+  bool a_ldmatrix = false, b_ldmatrix = false;
+  if constexpr (kIsSmemOperand<FA>) a_ldmatrix = a.by_ldmatrix();
+  if constexpr (kIsSmemOperand<FB>) b_ldmatrix = b.by_ldmatrix();
+  uint32_t b4[4] = {0, 0, 0, 0};  // B's k-steps p and p + 16 (blocks of k p, p + 8, p + 16, p + 24)
   for (int p = 0; p < K; p += 16) {
-    const uint32_t fa[4] = {a(r + g, p + t), a(r + g + 8, p + t), a(r + g, p + t + 8), a(r + g + 8, p + t + 8)};
-    const uint32_t fb[2] = {b(p + t, c + g), b(p + t + 8, c + g)};
+    uint32_t fa[4], fb[2];
+    if constexpr (kIsSmemOperand<FA>) {
+      if (a_ldmatrix) ldmatrix_x4<!FA::kKc>(fa, a.block_row(r + 8 * (m & 1), p + 8 * (m >> 1), r8));
+    }
+    if (!a_ldmatrix) {
+      fa[0] = a(r + g, p + t), fa[1] = a(r + g + 8, p + t);
+      fa[2] = a(r + g, p + t + 8), fa[3] = a(r + g + 8, p + t + 8);
+    }
+    bool b_loaded = false;
+    if constexpr (kIsSmemOperand<FB>) {
+      if (b_ldmatrix && p % 32 == 0 && p + 32 <= K) {
+        ldmatrix_x4<!FB::kKc>(b4, b.block_row(c, p + 8 * m, r8));
+        fb[0] = b4[0], fb[1] = b4[1], b_loaded = true;
+      } else if (b_ldmatrix && p % 32 == 16) {
+        fb[0] = b4[2], fb[1] = b4[3], b_loaded = true;
+      }
+    }
+    if (!b_loaded) fb[0] = b(p + t, c + g), fb[1] = b(p + t + 8, c + g);
     mma_bf16_16816(acc, fa, fb, acc);
   }
 }
@@ -208,8 +264,7 @@ __device__ void block_mma2(int M, int N, int K, const FA& a, const FB& b, int K2
 // barrier.
 __device__ void tile_key_products(float* KKE, int lm, const DeltaTileGates& tg, const bf16* ks, int lk, int dk) {
   block_mma(
-      kDeltaTile, kDeltaTile, dk, [&](int i, int p) { return load_pair(ks + i * lk + p); },
-      [&](int p, int j) { return load_pair(ks + j * lk + p); },
+      kDeltaTile, kDeltaTile, dk, SmemA<true>(ks, lk), SmemB<true>(ks, lk),
       [&](int i, int j, float kk) { KKE[i * lm + j] = j < i ? kk * tg.decay(i, j) : 0.0f; });
   __syncthreads();
 }
@@ -285,12 +340,10 @@ __global__ void __launch_bounds__(kDeltaMmaThreads)
   bf16* Wt = W + at.index() * kDeltaTile * dk;
   bf16* Ut = U + at.index() * kDeltaTile * dv;
   block_mma(
-      kDeltaTile, dk, kDeltaTile, [&](int i, int p) { return load_pair(Aw + i * kTileLd + p); },
-      [&](int p, int j) { return pair_strided(ks + p * lk + j, lk); },
+      kDeltaTile, dk, kDeltaTile, SmemA<true>(Aw, kTileLd), SmemB<false>(ks, lk),
       [&](int i, int j, float w) { Wt[i * dk + j] = __float2bfloat16_rn(w); });
   block_mma(
-      kDeltaTile, dv, kDeltaTile, [&](int i, int p) { return load_pair(Au + i * kTileLd + p); },
-      [&](int p, int j) { return pair_strided(vs + p * lv + j, lv); },
+      kDeltaTile, dv, kDeltaTile, SmemA<true>(Au, kTileLd), SmemB<false>(vs, lv),
       [&](int i, int j, float u) { Ut[i * dv + j] = __float2bfloat16_rn(u); });
 }
 
@@ -361,8 +414,7 @@ __global__ void __launch_bounds__(kDeltaMmaThreads)
     // that reach the end state.
     bf16* Vt = UV + index * kDeltaTile * dv + j0;
     block_mma(
-        kDeltaTile, cols, dk, [&](int i, int p) { return load_pair(ws + i * lk + p); },
-        [&](int p, int j) { return pair_strided(Sb + p * lb + j, lb); },
+        kDeltaTile, cols, dk, SmemA<true>(ws, lk), SmemB<false>(Sb, lb),
         [&](int i, int j, float ws0) {
           const float vp = __bfloat162float(us[i * lb + j]) - (tg.first(i) ? ws0 : 0.0f);
           Vt[i * dv + j] = __float2bfloat16_rn(vp);
@@ -376,8 +428,7 @@ __global__ void __launch_bounds__(kDeltaMmaThreads)
     // S ← e^{γ_C} S + Kᵀ vd, S₀'s term only where the tile's last document is its first.
     const float keep = tg.carry() ? tg.eg[tg.C - 1] : 0.0f;
     block_mma(
-        dk, cols, kDeltaTile, [&](int d, int p) { return pair_strided(ks + p * lk + d, lk); },
-        [&](int p, int j) { return pair_strided(vd + p * lb + j, lb); },
+        dk, cols, kDeltaTile, SmemA<false>(ks, lk), SmemB<false>(vd, lb),
         [&](int d, int j, float kv) { S[d * ls + j] = keep * S[d * ls + j] + kv; });
     __syncthreads();
     if (tile + 1 < tiles) fetch_k(tile + 1);  // behind the next tile's S₀
@@ -413,17 +464,14 @@ __global__ void __launch_bounds__(kDeltaMmaThreads)
   load_tile_rows(vp, lv, UV + at.index() * kDeltaTile * dv, dv, kDeltaTile, dv, kDeltaTile);
   __syncthreads();
   block_mma(
-      kDeltaTile, kDeltaTile, dk, [&](int i, int p) { return load_pair(qs + i * lk + p); },
-      [&](int p, int j) { return load_pair(ks + j * lk + p); },
+      kDeltaTile, kDeltaTile, dk, SmemA<true>(qs, lk), SmemB<true>(ks, lk),
       [&](int i, int j, float qk) { P[i * kTileLd + j] = __float2bfloat16_rn(s.scale * qk * tg.decay(i, j)); });
   __syncthreads();
   const int64_t ldo = s.Hv * s.dv;
   bf16* out = o + at.n0 * ldo + at.vh * dv;
   block_mma2(
-      kDeltaTile, dv, dk, [&](int i, int p) { return load_pair(qs + i * lk + p); },
-      [&](int p, int j) { return pair_strided(S0 + p * lv + j, lv); }, kDeltaTile,
-      [&](int i, int p) { return load_pair(P + i * kTileLd + p); },
-      [&](int p, int j) { return pair_strided(vp + p * lv + j, lv); },
+      kDeltaTile, dv, dk, SmemA<true>(qs, lk), SmemB<false>(S0, lv), kDeltaTile,
+      SmemA<true>(P, kTileLd), SmemB<false>(vp, lv),
       [&](int i, int j, float qs0, float pv) {
         if (i < tg.C) store(out + i * ldo + j, (tg.first(i) ? s.scale * tg.eg[i] * qs0 : 0.0f) + pv);
       });

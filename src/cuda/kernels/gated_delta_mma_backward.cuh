@@ -82,8 +82,7 @@ __global__ void __launch_bounds__(kDeltaMmaThreads)
   load_tile_rows(R, lv, tile_bf16(w.forward.UV) + at.index() * kDeltaTile * dv, dv, kDeltaTile, dv, kDeltaTile);
   __syncthreads();
   block_mma(
-      kDeltaTile, kDeltaTile, dk, [&](int i, int p) { return load_pair(qs + i * lk + p); },
-      [&](int p, int j) { return load_pair(ks + j * lk + p); },
+      kDeltaTile, kDeltaTile, dk, SmemA<true>(qs, lk), SmemB<true>(ks, lk),
       [&](int i, int j, float qk) {
         const float p = s.scale * qk * tg.decay(i, j);
         Pf[i * lp + j] = p;
@@ -92,14 +91,12 @@ __global__ void __launch_bounds__(kDeltaMmaThreads)
   __syncthreads();
   // dV'ₗ = Pᵀ dO.
   block_mma(
-      kDeltaTile, dv, kDeltaTile, [&](int i, int p) { return pair_strided(Pb + p * kTileLd + i, kTileLd); },
-      [&](int p, int j) { return pair_strided(dOb + p * lv + j, lv); },
+      kDeltaTile, dv, kDeltaTile, SmemA<false>(Pb, kTileLd), SmemB<false>(dOb, lv),
       [&](int i, int j, float x) { t.dVp[i * dv + j] = x; });
   __syncthreads();
   // dP = dO V'ᵀ: dP ⊙ P in Pf's place (E's share of dγ), σ dP ⊙ E rounded in Pb's.
   block_mma(
-      kDeltaTile, kDeltaTile, dv, [&](int i, int p) { return load_pair(dOb + i * lv + p); },
-      [&](int p, int j) { return load_pair(R + j * lv + p); },
+      kDeltaTile, kDeltaTile, dv, SmemA<true>(dOb, lv), SmemB<true>(R, lv),
       [&](int i, int j, float dp) {
         Pf[i * lp + j] *= dp;
         Pb[i * kTileLd + j] = __float2bfloat16_rn(s.scale * dp * tg.decay(i, j));
@@ -113,12 +110,10 @@ __global__ void __launch_bounds__(kDeltaMmaThreads)
     dg[i] = r;
   }
   block_mma(
-      kDeltaTile, dk, kDeltaTile, [&](int i, int p) { return load_pair(Pb + i * kTileLd + p); },
-      [&](int p, int d) { return pair_strided(ks + p * lk + d, lk); },
+      kDeltaTile, dk, kDeltaTile, SmemA<true>(Pb, kTileLd), SmemB<false>(ks, lk),
       [&](int i, int d, float x) { t.dq[i * dk + d] = x; });
   block_mma(
-      kDeltaTile, dk, kDeltaTile, [&](int i, int p) { return pair_strided(Pb + p * kTileLd + i, kTileLd); },
-      [&](int p, int d) { return pair_strided(qs + p * lk + d, lk); },
+      kDeltaTile, dk, kDeltaTile, SmemA<false>(Pb, kTileLd), SmemB<false>(qs, lk),
       [&](int i, int d, float x) { t.dk[i * dk + d] = x; });
   __syncthreads();
   // dq += diag(f σ e^γ) dO S₀ᵀ, by 64 of S₀'s rows at a time; dγ_i += Σ_d q_id (that)_id (Pf the products).
@@ -128,8 +123,7 @@ __global__ void __launch_bounds__(kDeltaMmaThreads)
     load_tile_rows(R, lv, S0 + int64_t(d0) * dv, dv, rows, dv, rows);
     __syncthreads();
     block_mma(
-        kDeltaTile, rows, dv, [&](int i, int p) { return load_pair(dOb + i * lv + p); },
-        [&](int p, int d) { return load_pair(R + d * lv + p); },
+        kDeltaTile, rows, dv, SmemA<true>(dOb, lv), SmemB<true>(R, lv),
         [&](int i, int d, float x) {
           const float dq = tg.first(i) ? s.scale * tg.eg[i] * x : 0.0f;
           t.dq[i * dk + d0 + d] += dq;
@@ -209,8 +203,7 @@ __global__ void __launch_bounds__(kDeltaMmaThreads)
     // dV' = dV'ₗ + diag(l e^{γ_C − γ}) K dS₁; dVb = diag(f) dV' for Wᵀ's product.
     float* dVt = w.dVp + index * kDeltaTile * dv + j0;
     block_mma(
-        kDeltaTile, cols, dk, [&](int i, int p) { return load_pair(ks + i * lk + p); },
-        [&](int p, int j) { return pair_strided(dSb + p * lb + j, lb); },
+        kDeltaTile, cols, dk, SmemA<true>(ks, lk), SmemB<false>(dSb, lb),
         [&](int i, int j, float kds) {
           const float dvp = dVt[i * dv + j] + (tg.last(i) ? tg.egc[i] * kds : 0.0f);
           dVt[i * dv + j] = dvp;
@@ -220,10 +213,8 @@ __global__ void __launch_bounds__(kDeltaMmaThreads)
     if (tile > 0) fetch_k(tile - 1);  // K is read: the earlier tile's load behind the dS product
     const float keep = tg.carry() ? tg.eg[tg.C - 1] : 0.0f;
     block_mma2(
-        dk, cols, kDeltaTile, [&](int d, int p) { return pair_strided(qs + p * lk + d, lk); },
-        [&](int p, int j) { return pair_strided(dOs + p * lb + j, lb); }, kDeltaTile,
-        [&](int d, int p) { return pair_strided(ws + p * lk + d, lk); },
-        [&](int p, int j) { return pair_strided(dVb + p * lb + j, lb); },
+        dk, cols, kDeltaTile, SmemA<false>(qs, lk), SmemB<false>(dOs, lb), kDeltaTile,
+        SmemA<false>(ws, lk), SmemB<false>(dVb, lb),
         [&](int d, int j, float qdo, float wdv) { dS[d * ls + j] = keep * dS[d * ls + j] + qdo - wdv; });
     __syncthreads();  // every thread has its `keep`: the gates' buffer is free too
     if (tile > 0) fetch_q_w(tile - 1);
@@ -273,13 +264,11 @@ __global__ void __launch_bounds__(kDeltaMmaThreads)
       sd += __bfloat162float(Sc[x / dv * lv + x % dv]) * __bfloat162float(dSc[x / dv * lv + x % dv]);
     // dW = −diag(f) dV' S₀ᵀ.
     block_mma(
-        kDeltaTile, rows, dv, [&](int i, int p) { return load_pair(dVb + i * lv + p); },
-        [&](int p, int d) { return load_pair(Sc + d * lv + p); },
+        kDeltaTile, rows, dv, SmemA<true>(dVb, lv), SmemB<true>(Sc, lv),
         [&](int i, int d, float x) { dW[i * dk + d0 + d] = __float2bfloat16_rn(-x); });
     // dk += diag(l e^{γ_C − γ}) V' dS₁ᵀ; its row dots with k give e^{γ_C − γ}'s share of dγ.
     block_mma(
-        kDeltaTile, rows, dv, [&](int i, int p) { return load_pair(Vb + i * lv + p); },
-        [&](int p, int d) { return load_pair(dSc + d * lv + p); },
+        kDeltaTile, rows, dv, SmemA<true>(Vb, lv), SmemB<true>(dSc, lv),
         [&](int i, int d, float x) {
           const float dkv = tg.last(i) ? tg.egc[i] * x : 0.0f;
           t.dk[i * dk + d0 + d] += dkv;
@@ -336,8 +325,7 @@ __global__ void __launch_bounds__(kDeltaMmaThreads)
   tile_unit_lower_inverse(A, la, X, kTileLd, tg);
   // Aw = A diag(β e^γ): dA = (dW Kᵀ) diag(β e^γ); dβ_j, dγ_j from Σ_i A_ij e^{γ_j} (dW Kᵀ)_ij.
   block_mma(
-      kDeltaTile, kDeltaTile, dk, [&](int i, int p) { return load_pair(dWb + i * lk + p); },
-      [&](int p, int j) { return load_pair(kv + j * lk + p); },
+      kDeltaTile, kDeltaTile, dk, SmemA<true>(dWb, lk), SmemB<true>(kv, lk),
       [&](int i, int j, float x) {
         t.dA[i * kDeltaTile + j] = tg.beta[j] * tg.eg[j] * x;
         X[i * kTileLd + j] = A[i * la + j] * tg.eg[j] * x;
@@ -353,8 +341,7 @@ __global__ void __launch_bounds__(kDeltaMmaThreads)
   __syncthreads();
   // Au = A diag(β): dA += (dV' Vᵀ) diag(β); dβ_j += Σ_i A_ij (dV' Vᵀ)_ij.
   block_mma(
-      kDeltaTile, kDeltaTile, dv, [&](int i, int p) { return load_pair(dVb + i * lv + p); },
-      [&](int p, int j) { return load_pair(kv + j * lv + p); },
+      kDeltaTile, kDeltaTile, dv, SmemA<true>(dVb, lv), SmemB<true>(kv, lv),
       [&](int i, int j, float x) {
         t.dA[i * kDeltaTile + j] += tg.beta[j] * x;
         X[i * kTileLd + j] = A[i * la + j] * x;
@@ -371,13 +358,11 @@ __global__ void __launch_bounds__(kDeltaMmaThreads)
   tile_wy_operands(Aw, Au, A, la, tg);
   // W = Aw K: dk += Awᵀ dW.  U = Au V: dv = Auᵀ dV' (v appears nowhere else).
   block_mma(
-      kDeltaTile, dk, kDeltaTile, [&](int i, int p) { return pair_strided(Aw + p * kTileLd + i, kTileLd); },
-      [&](int p, int d) { return pair_strided(dWb + p * lk + d, lk); },
+      kDeltaTile, dk, kDeltaTile, SmemA<false>(Aw, kTileLd), SmemB<false>(dWb, lk),
       [&](int i, int d, float x) { t.dk[i * dk + d] += x; });
   float* dvt = dv_out + at.n0 * s.ldv + at.vh * dv;
   block_mma(
-      kDeltaTile, dv, kDeltaTile, [&](int i, int p) { return pair_strided(Au + p * kTileLd + i, kTileLd); },
-      [&](int p, int e) { return pair_strided(dVb + p * lv + e, lv); },
+      kDeltaTile, dv, kDeltaTile, SmemA<false>(Au, kTileLd), SmemB<false>(dVb, lv),
       [&](int i, int e, float x) {
         if (i < tg.C) dvt[i * s.ldv + e] = x;
       });
@@ -465,8 +450,7 @@ __global__ void __launch_bounds__(kDeltaMmaThreads)
   __syncthreads();
   // K Kᵀ: dk += (dKK + dKKᵀ) K.
   block_mma(
-      kDeltaTile, dk, kDeltaTile, [&](int i, int p) { return load_pair(dKs + i * kTileLd + p); },
-      [&](int p, int d) { return pair_strided(ks + p * lk + d, lk); },
+      kDeltaTile, dk, kDeltaTile, SmemA<true>(dKs, kTileLd), SmemB<false>(ks, lk),
       [&](int i, int d, float x) { t.dk[i * dk + d] += x; });
   // γ = cumsum(g) within the tile: dg_j = Σ_{i ≥ j} dγ_i, one thread from the last token.
   if (tid == 0) {
