@@ -26,6 +26,11 @@ namespace lt::cuda::LT_KERNELS_NS {
 // A q or k row of the conv output: token n, channels [col, col + dk), head h of 2·Hk (q's heads, then k's).
 struct QkRow {
   int64_t n, h, col;
+  // Its entry of q_rnorm or k_rnorm [N, Hk] (F: float, or const float to read).
+  template <class F>
+  __device__ F& rnorm(F* q_rnorm, F* k_rnorm, int64_t Hk) const {
+    return h < Hk ? q_rnorm[n * Hk + h] : k_rnorm[n * Hk + h - Hk];
+  }
 };
 __device__ __forceinline__ QkRow qk_row(int64_t row, int64_t Hk, int64_t dk) {
   const int64_t n = row / (2 * Hk), h = row % (2 * Hk);
@@ -72,7 +77,7 @@ __global__ void __launch_bounds__(kNormThreads)
   });
   if (!live) return;
   const float rn = 1.0f / sqrtf(ss + eps);
-  if (lane == 0) (r.h < Hk ? q_rnorm[r.n * Hk + r.h] : k_rnorm[r.n * Hk + r.h - Hk]) = rn;
+  if (lane == 0) r.rnorm(q_rnorm, k_rnorm, Hk) = rn;
   const bf16* x = out + r.n * Cc + r.col;
   bf16* y = qk_hat + r.n * 2 * Hk * dk + r.col;
   half_warp_row_loop<W>(lane, dk, [&](int64_t d, auto) {
@@ -115,7 +120,7 @@ __global__ void __launch_bounds__(kNormThreads)
     for (int e = 0; e < W; ++e) t[e] = gd[e] * t[e];
   });
   if (!live) return;
-  const float rn = r.h < Hk ? q_rnorm[r.n * Hk + r.h] : k_rnorm[r.n * Hk + r.h - Hk];
+  const float rn = r.rnorm(q_rnorm, k_rnorm, Hk);
   const float k = rn * rn * dot;
   float* dp = dpre + r.n * Cc + r.col;
   half_warp_row_loop<W>(lane, dk, [&](int64_t d, auto) {
@@ -145,6 +150,15 @@ void conv_l2norm_forward(Stream s, bf16* pre, bf16* out, bf16* qk_hat, float* q_
   LT_ELEMENTWISE((conv_forward_v_kernel<W>), N * (Cc - c0) / W, pre, out, p, weight, doc_ids, N, T_, Cc, K, c0);
 }
 
+template <int W>
+void conv_l2norm_backward(Stream s, float* dx, float* dweight, float* dout, const float* dqk, const bf16* pre,
+                          const float* q_rnorm, const float* k_rnorm, const float* weight, const int32_t* doc_ids,
+                          int64_t N, int64_t T_, int64_t Cc, int64_t K, int64_t Hk, int64_t dk, void* workspace) {
+  LT_LAUNCH((conv_l2norm_backward_qk_kernel<W>), dim3(norm_blocks(N * 2 * Hk)), dim3(kNormThreads), 0,
+            native_stream(s), dout, dqk, pre, q_rnorm, k_rnorm, weight, doc_ids, N, T_, Cc, K, Hk, dk);
+  short_conv_backward(s, dx, dweight, dout, pre, weight, doc_ids, N, T_, Cc, K, workspace, 2 * Hk * dk);
+}
+
 }  // namespace detail
 
 void conv_l2norm_forward(Stream s, bf16_t* pre, bf16_t* out, bf16_t* qk_hat, float* q_rnorm, float* k_rnorm,
@@ -163,14 +177,12 @@ void conv_l2norm_backward(Stream s, float* dx, float* dweight, float* dout, cons
                           const float* q_rnorm, const float* k_rnorm, const float* weight, const int32_t* doc_ids,
                           int64_t N, int64_t T, int64_t Cc, int64_t K, int64_t Hk, int64_t dk, void* workspace) {
   if (N == 0) return;
-  const int64_t rows = N * 2 * Hk;
   if (detail::conv_l2norm_packed(Cc, dk, {dout, dqk, pre}))
-    LT_LAUNCH((conv_l2norm_backward_qk_kernel<kPack>), dim3(detail::norm_blocks(rows)), dim3(kNormThreads), 0,
-              native_stream(s), dout, dqk, dev(pre), q_rnorm, k_rnorm, weight, doc_ids, N, T, Cc, K, Hk, dk);
+    detail::conv_l2norm_backward<kPack>(s, dx, dweight, dout, dqk, dev(pre), q_rnorm, k_rnorm, weight, doc_ids, N, T,
+                                        Cc, K, Hk, dk, workspace);
   else
-    LT_LAUNCH((conv_l2norm_backward_qk_kernel<1>), dim3(detail::norm_blocks(rows)), dim3(kNormThreads), 0,
-              native_stream(s), dout, dqk, dev(pre), q_rnorm, k_rnorm, weight, doc_ids, N, T, Cc, K, Hk, dk);
-  detail::short_conv_backward(s, dx, dweight, dout, dev(pre), weight, doc_ids, N, T, Cc, K, workspace, 2 * Hk * dk);
+    detail::conv_l2norm_backward<1>(s, dx, dweight, dout, dqk, dev(pre), q_rnorm, k_rnorm, weight, doc_ids, N, T, Cc,
+                                    K, Hk, dk, workspace);
 }
 
 }  // namespace lt::cuda::LT_KERNELS_NS
