@@ -2,8 +2,8 @@
 // head dims multiples of 16 up to 128 (gated_delta_on_tensor_cores; Qwen3.5 / Qwen3.6: 128 and 128). The chunked
 // WY form of ops/gated_delta.h in three launches, split as FLA's chunked kernels split it, so that only the state
 // recurrence runs in sequence and the rest runs a block per (tile, value head):
-//   1. prepare, a block per tile:   M = strictly_lower(diag(β) K Kᵀ ⊙ E), A = (I + M)⁻¹ (forward substitution, a
-//      column per thread: column c of A reads only column c, so no barrier), W = (A diag(β e^γ)) K and
+//   1. prepare, a block per tile:   M = strictly_lower(diag(β) K Kᵀ ⊙ E), A = (I + M)⁻¹ (by blocks: 8 × 8
+//      diagonal blocks by forward substitution, merged pairwise to 64), W = (A diag(β e^γ)) K and
 //      U = (A diag(β)) V to the workspace (bf16);
 //   2. states, a block per (row, value head, 16 or 32 value dims), tile after tile: S₀ to the workspace (bf16),
 //      V' = U − W S₀ in U's place, S ← e^{γ_C} S + Kᵀ (diag(e^{γ_C − γ}) V') (S in f32 in shared memory);
@@ -269,16 +269,69 @@ __device__ void tile_key_products(float* KKE, int lm, const DeltaTileGates& tg, 
   __syncthreads();
 }
 
-// A = (I + M)⁻¹ with M_ij = β_i KKE_ij strictly lower: column c downwards, A_ic = δ_ic − Σ_{c ≤ m < i} M_im A_mc in
-// the CPU op's m order, a column per thread (column c reads only column c: no barrier inside). f32 [64, la]. Ends
-// with a barrier.
+// The diagonal blocks tile_unit_lower_inverse solves by substitution before merging them.
+constexpr int kDeltaInverseBlock = 8;
+
+// One level of the blocked inverse: each pair of diagonal blocks of S (top T, bottom R; A_TT and A_RR done, M_RT
+// the M block below T) gets A_RT = −A_RR (M_RT A_TT). X = M_RT A_TT waits transposed in A's upper triangle (the
+// pair's mirror block: X_ic at A[c, i]), zeroed by the caller. Both products give each thread S / 4 sums over one
+// shared loop (32 · S elements a product, 128 threads), so its chain is S long, not S²/4.
+template <int S>
+__device__ void tile_inverse_merge(float* A, int la, const float* KKE, int lm, const DeltaTileGates& tg) {
+  static_assert(kDeltaTile == 64 && kDeltaMmaThreads == 128, "32 columns (or rows) x 4 row (or column) groups");
+  constexpr int kPer = S / 4;
+  const int tid = int(threadIdx.x), nt = int(blockDim.x);
+  // X: unit u takes column c of a top block and the bottom block's rows r, r + 4, ...: X_ic = Σ_{c ≤ m < b+S} M_im A_mc.
+  for (int u = tid; u < kDeltaMmaThreads; u += nt) {
+    const int q = u % 32, r = u / 32, b = q / S * 2 * S, c = b + q % S, i0 = b + S + r;
+    float x[kPer] = {}, beta[kPer];
+    for (int k = 0; k < kPer; ++k) beta[k] = tg.beta[i0 + 4 * k];
+    for (int m = c; m < b + S; ++m) {
+      const float a = A[m * la + c];
+      for (int k = 0; k < kPer; ++k) x[k] += (beta[k] * KKE[(i0 + 4 * k) * lm + m]) * a;
+    }
+    for (int k = 0; k < kPer; ++k) A[c * la + i0 + 4 * k] = x[k];
+  }
+  __syncthreads();
+  // A_RT: unit u takes row i of a bottom block and the top block's columns r, r + 4, ...: A_ic = −Σ_{b+S ≤ n ≤ i} A_in
+  // X_nc (A_ii = 1).
+  for (int u = tid; u < kDeltaMmaThreads; u += nt) {
+    const int q = u % 32, r = u / 32, b = q / S * 2 * S, i = b + S + q % S, c0 = b + r;
+    float y[kPer] = {};
+    for (int n = b + S; n <= i; ++n) {
+      const float a = A[i * la + n];
+      for (int k = 0; k < kPer; ++k) y[k] += a * A[(c0 + 4 * k) * la + n];
+    }
+    for (int k = 0; k < kPer; ++k) A[i * la + c0 + 4 * k] = -y[k];
+  }
+  __syncthreads();
+}
+
+// A = (I + M)⁻¹ with M_ij = β_i KKE_ij strictly lower, by blocks as FLA's solve_tril: the 8 × 8 diagonal blocks by
+// forward substitution, then pairs of blocks of 8, 16 and 32 merged (tile_inverse_merge). The longest chain of
+// dependent adds is 28 + 2 · (8 + 16 + 32) = 140 where the column solve's (a column per thread, 64 threads busy)
+// was 2016, ~8k cycles at an add's 4 — counted, the prepare launch's longest stretch; about the same products
+// (45.5k against 43.7k), 128 threads wide. Every element is one thread's fixed loop in index order, the stages
+// apart by barriers, so the bits depend on no thread order. f32 [64, la]. Ends with a barrier.
 __device__ void tile_unit_lower_inverse(float* A, int la, const float* KKE, int lm, const DeltaTileGates& tg) {
-  for (int c = int(threadIdx.x); c < kDeltaTile; c += int(blockDim.x))
-    for (int i = 0; i < kDeltaTile; ++i) {
+  constexpr int B = kDeltaInverseBlock;
+  const int tid = int(threadIdx.x), nt = int(blockDim.x);
+  // The diagonal blocks, a column per thread: A_ic = δ_ic − Σ_{c ≤ m < i} M_im A_mc down the block (zero above c).
+  for (int c = tid; c < kDeltaTile; c += nt)
+    for (int i = c / B * B; i < (c / B + 1) * B; ++i) {
       float acc = i == c ? 1.0f : 0.0f;
       for (int m = c; m < i; ++m) acc += -(tg.beta[i] * KKE[i * lm + m]) * A[m * la + c];
       A[i * la + c] = acc;
     }
+  __syncthreads();
+  tile_inverse_merge<B>(A, la, KKE, lm, tg);
+  tile_inverse_merge<2 * B>(A, la, KKE, lm, tg);
+  tile_inverse_merge<4 * B>(A, la, KKE, lm, tg);
+  // The mirror blocks back to zero: every entry right of its row's diagonal block.
+  for (int x = tid; x < kDeltaTile * kDeltaTile; x += nt) {
+    const int i = x / kDeltaTile, j = x % kDeltaTile;
+    if (j >= (i / B + 1) * B) A[i * la + j] = 0.0f;
+  }
   __syncthreads();
 }
 
