@@ -11,8 +11,9 @@
 //      dγ from e^{γ_C − γ} and from c e^{γ_C} (Σ S₀ ⊙ dS₁);
 //   4. WY gradients, a block per tile: A again (the forward's steps); dA = (dW Kᵀ) diag(β e^γ) + (dV' Vᵀ) diag(β)
 //      to the workspace, dβ and dγ from those diagonals; dk += Awᵀ dW; dv = Auᵀ dV';
-//   5. decay gradients, a block per tile: dM = −Aᵀ dA Aᵀ (strictly lower, f32 on CUDA cores: 64³ products), dK Kᵀ,
-//      dβ and dγ from M = β K Kᵀ ⊙ E, dk += (dKK + dKKᵀ) K, and the tile's dg = reverse cumsum of dγ, dβ written;
+//   5. decay gradients, a block per tile: dM = −Aᵀ dA Aᵀ (strictly lower, f32 on CUDA cores, 4 × 4 outputs a
+//      thread), dK Kᵀ, dβ and dγ from M = β K Kᵀ ⊙ E, dk += (dKK + dKKᵀ) K, and the tile's dg = reverse cumsum of
+//      dγ, dβ written;
 //   6. dq and dk of each key head: its value heads' partials summed in value-head order (no atomics).
 // Every output element is one lane's or thread's fixed sequence (mma k-steps, loops in index order) and the steps
 // touching one element are apart by barriers or launches, so the bits depend on neither the launch nor the thread
@@ -374,6 +375,64 @@ __global__ void __launch_bounds__(kDeltaMmaThreads)
 
 // ---- 5. decay gradients ----------------------------------------------------------------------------------------
 
+// The t-th pair (k, r ≤ k) of a lower triangle in row order: (0, 0), (1, 0), (1, 1), (2, 0), ...
+struct TrianglePair {
+  int k, r;
+  __device__ static TrianglePair at(int t) {
+    int k = 0;
+    while ((k + 1) * (k + 2) / 2 <= t) ++k;
+    return {k, t - k * (k + 1) / 2};
+  }
+};
+
+// A = (I + M)⁻¹ backward: dM = −Aᵀ dA Aᵀ, strictly lower, into dA's place ([64, l] f32 each; dA and A zero on and
+// above the diagonal, but A's unit diagonal). Y = dA Aᵀ (Y_ij = Σ_{m < i, m ≤ j} dA_im A_jm; only j < i is read),
+// then dM_ij = −Σ_{m ≥ i} A_mi Y_mj. A thread takes a 4 × 4 tile of outputs over one m loop: 8 shared loads feed 16
+// products, where an output a thread loaded 2 a product — the two products (~131k) were the decay launch's ~8k
+// cycles of shared-memory bandwidth a tile, counted. A tile's m range is its elements' union; the extra terms are
+// products with A's or dA's exact zeros, before (dM) or after (Y) the element's own terms in m order, so each element
+// has the bits of its own loop. Tiles go out largest first (Y's grows with its column, dM's shrinks with its row), a
+// warp's lanes alike.
+__device__ void tile_inverse_gradient(float* dA, float* Y, const float* A, int l) {
+  constexpr int kTiles = kDeltaTile / 4, kLower = kTiles * (kTiles + 1) / 2;  // 16 tiles a side, 136 on or below
+  const int tid = int(threadIdx.x), nt = int(blockDim.x);
+  // Y's tiles (I ≥ J): m < 4J + 4 (dA_im = 0 from m = i, A_jm = 0 beyond j).
+  for (int t = tid; t < kLower; t += nt) {
+    const TrianglePair p = TrianglePair::at(t);
+    const int J = kTiles - 1 - p.k, I = J + p.r;
+    float acc[4][4] = {};
+    for (int m = 0; m < 4 * J + 4; ++m) {
+      float a[4], b[4];
+      for (int u = 0; u < 4; ++u) a[u] = dA[(4 * I + u) * l + m], b[u] = A[(4 * J + u) * l + m];
+      for (int u = 0; u < 4; ++u)
+        for (int v = 0; v < 4; ++v) acc[u][v] += a[u] * b[v];
+    }
+    for (int u = 0; u < 4; ++u)
+      for (int v = 0; v < 4; ++v) Y[(4 * I + u) * l + 4 * J + v] = acc[u][v];
+  }
+  __syncthreads();
+  // dM's tiles (I ≥ J): m from 4I (A_mi = 0 below m = i; the Y_mj read are all in Y's tiles above); −0 on and above
+  // the diagonal, as everywhere above it.
+  for (int t = tid; t < kLower; t += nt) {
+    const TrianglePair p = TrianglePair::at(t);
+    const int I = p.k, J = p.r;
+    float acc[4][4] = {};
+    for (int m = 4 * I; m < kDeltaTile; ++m) {
+      float a[4], b[4];
+      for (int u = 0; u < 4; ++u) a[u] = A[m * l + 4 * I + u], b[u] = Y[m * l + 4 * J + u];
+      for (int u = 0; u < 4; ++u)
+        for (int v = 0; v < 4; ++v) acc[u][v] += a[u] * b[v];
+    }
+    for (int u = 0; u < 4; ++u)
+      for (int v = 0; v < 4; ++v) dA[(4 * I + u) * l + 4 * J + v] = -(4 * J + v < 4 * I + u ? acc[u][v] : 0.0f);
+  }
+  for (int x = tid; x < kDeltaTile * kDeltaTile; x += nt) {
+    const int i = x / kDeltaTile, j = x % kDeltaTile;
+    if (j / 4 > i / 4) dA[i * l + j] = -0.0f;
+  }
+  __syncthreads();
+}
+
 template <class Carve>
 LT_HD_INLINE void delta_backward_decay_carve(Carve& sh, int dk, DeltaTileGates** tg, bf16** ks, float** KKE, float** A,
                                              float** dA, float** Y, bf16** dKs, float** rows) {
@@ -406,23 +465,7 @@ __global__ void __launch_bounds__(kDeltaMmaThreads)
   __syncthreads();
   tile_key_products(KKE, l, tg, ks, lk, dk);
   tile_unit_lower_inverse(A, l, KKE, l, tg);
-  // A = (I + M)⁻¹: dM = −Aᵀ dA Aᵀ, strictly lower. Y = dA Aᵀ (Y_ij = Σ_{m < i, m ≤ j} dA_im A_jm), then
-  // dM_ij = −Σ_{m ≥ i} A_mi Y_mj into dA's place: one output per thread, m in order.
-  for (int x = tid; x < kDeltaTile * kDeltaTile; x += nt) {
-    const int i = x / kDeltaTile, j = x % kDeltaTile, end = i < j + 1 ? i : j + 1;
-    float acc = 0.0f;
-    for (int m = 0; m < end; ++m) acc += dA[i * l + m] * A[j * l + m];
-    Y[i * l + j] = acc;
-  }
-  __syncthreads();
-  for (int x = tid; x < kDeltaTile * kDeltaTile; x += nt) {
-    const int i = x / kDeltaTile, j = x % kDeltaTile;
-    float acc = 0.0f;
-    if (j < i)
-      for (int m = i; m < kDeltaTile; ++m) acc += A[m * l + i] * Y[m * l + j];
-    dA[i * l + j] = -acc;
-  }
-  __syncthreads();
+  tile_inverse_gradient(dA, Y, A, l);
   // M_ij = β_i KKE_ij: dβ_i = Σ_j dM_ij KKE_ij; dKK_ij = dM_ij β_i E_ij; dE_ij E_ij = dM_ij β_i KKE_ij (in KKE's place).
   for (int i = tid; i < kDeltaTile; i += nt) {
     float db = 0.0f;
