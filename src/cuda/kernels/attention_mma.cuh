@@ -98,9 +98,12 @@ __global__ void __launch_bounds__(kMmaThreads)
     }
     __syncthreads();  // every warp is done with this buffer before the copy two tiles on overwrites it
   }
-  for (int r = 0; r < 2; ++r) {
+  // Rows g and g + 8 by two calls, not a loop over r, which nvcc did not unroll: o's indices must be constants or
+  // o goes through local memory (a 272-byte stack frame at DH = 128, 528 at 256: stored after the key loop and
+  // loaded back here, a thread's 64 or 128 floats a block).
+  auto write_row = [&](int r) {
     const int64_t i = w0 + g + 8 * r;
-    if (i >= s.T) continue;
+    if (i >= s.T) return;
     SinkRow sr{1.0f, m[r] + logf(l[r])};  // the row's lse; with a sink, lse' and the share its output keeps
     if (sinks) sr = with_sink(sr.lse, sinks[h]);
     bf16* row = out + head_row(b, i, h, s.T, s.Hq, DH);
@@ -111,7 +114,9 @@ __global__ void __launch_bounds__(kMmaThreads)
         store(row + nd * 8 + 2 * t + c, x);
       }
     if (t == 0) lse[(b * s.Hq + h) * s.T + i] = sr.lse;
-  }
+  };
+  write_row(0);
+  write_row(1);
 }
 
 // Di[b, h, t] = Σ_d dO · O and dO rounded to bf16, one warp per (token, head) row: lane sums in d order, then a
