@@ -6,7 +6,8 @@
 // once, into the workspace — FlashAttention's rounding points. Softmax statistics (m, l, lse), Di and every accumulator
 // stay f32. No atomics, every sum in a fixed order: a run's bits do not depend on scheduling.
 //
-// Tiles: 64 query rows × 64 keys per block of 4 warps; a warp owns 16 rows (forward, dQ) or 16 keys (dK, dV).
+// Tiles: 128 query rows (forward, dQ; 64 at DH = 256) or 64 keys (dK, dV) per block, a warp owning 16 of them;
+// 64 keys a tile of the forward and dQ loops, 64 queries of the dK / dV loop.
 // Tiles stream into shared memory by cp.async (async_copy.cuh), double-buffered: tile i + 1 is copied while tile
 // i is multiplied. Fragments come out of shared memory by ldmatrix (mma.cuh). Shared rows are DH + 8 bf16 long,
 // so the 8 rows an ldmatrix reads fall on different banks. Blocks with the most tiles (the causal mask's long
@@ -35,24 +36,24 @@
 namespace lt::cuda::LT_KERNELS_NS {
 
 template <int DH>
-__global__ void __launch_bounds__(kMmaThreads)
+__global__ void __launch_bounds__(MmaTiles<DH>::kQueryThreads)
     attention_forward_mma_kernel(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
                                  const int32_t* doc_ids, const float* sinks, AttentionShape s, float scale) {
   using Tiles = MmaTiles<DH>;
-  constexpr int BN = Tiles::kForwardKeys, NT = BN / 8, S = Tiles::kStride, kTile = BN * S;
+  constexpr int BN = Tiles::kForwardKeys, NT = BN / 8, S = Tiles::kStride, kTile = BN * S, QR = Tiles::kQueryRows;
   bf16* Ks = LT_DYNAMIC_SHARED(bf16);  // [2][BN, S]: key tiles i (buffer i % 2)
   bf16* Vs = Ks + 2 * kTile;           // [2][BN, S]
-  bf16* Qs = Vs + 2 * kTile;           // [64, S] the block's queries (wide head dims only)
+  bf16* Qs = Vs + 2 * kTile;           // [QR, S] the block's queries (wide head dims only)
   const int warp = int(threadIdx.x) >> 5, lane = int(threadIdx.x) & 31, g = lane >> 2, t = lane & 3;
-  const int64_t q0 = int64_t(gridDim.x - 1 - blockIdx.x) * kMmaTile;  // the last query tiles have most keys
+  const int64_t q0 = int64_t(gridDim.x - 1 - blockIdx.x) * QR;  // the last query tiles have most keys
   const int64_t b = blockIdx.z, h = blockIdx.y, hk = h / (s.Hq / s.Hkv);
   const int64_t w0 = q0 + 16 * warp;  // this warp's rows [w0, w0 + 16)
-  const int64_t last_query = (q0 + kMmaTile < s.T ? q0 + kMmaTile : s.T) - 1;
+  const int64_t last_query = (q0 + QR < s.T ? q0 + QR : s.T) - 1;
   const int64_t tiles = last_query / BN + 1;
   auto copy_key_tile = [&](int64_t i) { copy_key_tile_async<DH, BN>(Ks, Vs, k, v, b, i, hk, s); };
   copy_key_tile(0);
   uint32_t qf[Tiles::kWide ? 1 : DH / 16][4];
-  if constexpr (Tiles::kWide) copy_rows_async<DH, kMmaTile>(Qs, q, b, q0, h, s.T, s.Hq);  // with key tile 0
+  if constexpr (Tiles::kWide) copy_rows_async<DH, QR>(Qs, q, b, q0, h, s.T, s.Hq);  // with key tile 0
   else load_a_fragments<DH>(qf, q, b, w0, h, s.T, s.Hq);
   async_commit();
   float o[DH / 8][4];
@@ -218,28 +219,28 @@ __global__ void attention_kv_reduce_kernel(float* dk, float* dv, const float* dk
 
 // dout: dO in bf16 [B, T, Hq, DH].
 template <int DH>
-__global__ void __launch_bounds__(kMmaThreads)
+__global__ void __launch_bounds__(MmaTiles<DH>::kQueryThreads)
     attention_backward_q_mma_kernel(float* dq, const bf16* dout, const float* lse, const float* Di, const bf16* q,
                                     const bf16* k, const bf16* v, const int32_t* doc_ids, AttentionShape s,
                                     float scale) {
   using Tiles = MmaTiles<DH>;
-  constexpr int BN = Tiles::kDqKeys, NT = BN / 8, S = Tiles::kStride, kTile = BN * S;
+  constexpr int BN = Tiles::kDqKeys, NT = BN / 8, S = Tiles::kStride, kTile = BN * S, QR = Tiles::kQueryRows;
   bf16* Ks = LT_DYNAMIC_SHARED(bf16);  // [2][BN, S]: key tiles i (buffer i % 2)
   bf16* Vs = Ks + 2 * kTile;           // [2][BN, S]
-  bf16* Qs = Vs + 2 * kTile;           // [64, S] the block's queries (wide head dims only)
-  bf16* dOs = Qs + kMmaTile * S;       // [64, S] their dO (wide head dims only)
+  bf16* Qs = Vs + 2 * kTile;           // [QR, S] the block's queries (wide head dims only)
+  bf16* dOs = Qs + QR * S;             // [QR, S] their dO (wide head dims only)
   const int warp = int(threadIdx.x) >> 5, lane = int(threadIdx.x) & 31, g = lane >> 2, t = lane & 3;
-  const int64_t q0 = int64_t(gridDim.x - 1 - blockIdx.x) * kMmaTile;  // longest first
+  const int64_t q0 = int64_t(gridDim.x - 1 - blockIdx.x) * QR;  // longest first
   const int64_t b = blockIdx.z, h = blockIdx.y, hk = h / (s.Hq / s.Hkv);
   const int64_t w0 = q0 + 16 * warp;
-  const int64_t last_query = (q0 + kMmaTile < s.T ? q0 + kMmaTile : s.T) - 1;
+  const int64_t last_query = (q0 + QR < s.T ? q0 + QR : s.T) - 1;
   const int64_t tiles = last_query / BN + 1;
   auto copy_key_tile = [&](int64_t i) { copy_key_tile_async<DH, BN>(Ks, Vs, k, v, b, i, hk, s); };
   copy_key_tile(0);
   uint32_t qf[Tiles::kWide ? 1 : DH / 16][4], of[Tiles::kWide ? 1 : DH / 16][4];
   if constexpr (Tiles::kWide) {  // with key tile 0
-    copy_rows_async<DH, kMmaTile>(Qs, q, b, q0, h, s.T, s.Hq);
-    copy_rows_async<DH, kMmaTile>(dOs, dout, b, q0, h, s.T, s.Hq);
+    copy_rows_async<DH, QR>(Qs, q, b, q0, h, s.T, s.Hq);
+    copy_rows_async<DH, QR>(dOs, dout, b, q0, h, s.T, s.Hq);
   } else {
     load_a_fragments<DH>(qf, q, b, w0, h, s.T, s.Hq);
     load_a_fragments<DH>(of, dout, b, w0, h, s.T, s.Hq);
@@ -294,12 +295,12 @@ namespace detail {
 template <int DH>
 constexpr size_t attention_mma_forward_shared() {
   using Tiles = MmaTiles<DH>;
-  return (4 * size_t(Tiles::kForwardKeys) + (Tiles::kWide ? kMmaTile : 0)) * Tiles::kStride * sizeof(bf16);
+  return (4 * size_t(Tiles::kForwardKeys) + (Tiles::kWide ? Tiles::kQueryRows : 0)) * Tiles::kStride * sizeof(bf16);
 }
 template <int DH>
 constexpr size_t attention_mma_backward_q_shared() {
   using Tiles = MmaTiles<DH>;
-  return (4 * size_t(Tiles::kDqKeys) + (Tiles::kWide ? 2 * kMmaTile : 0)) * Tiles::kStride * sizeof(bf16);
+  return (4 * size_t(Tiles::kDqKeys) + (Tiles::kWide ? 2 * Tiles::kQueryRows : 0)) * Tiles::kStride * sizeof(bf16);
 }
 // The narrow dK/dV block's (DH ≤ 128; the wide one's is attention_mma_backward_kv_wide_shared).
 template <int DH>
@@ -321,9 +322,10 @@ void attention_forward_mma(Stream st, bf16* out, float* lse, const bf16* q, cons
   check_attention_alignment("attention_forward", {q, k, v});
   const size_t shared = attention_mma_forward_shared<DH>();
   allow_shared(attention_forward_mma_kernel<DH>, shared);
-  const dim3 grid(unsigned((s.T + kMmaTile - 1) / kMmaTile), unsigned(s.Hq), unsigned(s.B));
-  LT_LAUNCH(attention_forward_mma_kernel<DH>, grid, dim3(kMmaThreads), shared, native_stream(st), out, lse, q, k, v,
-            doc_ids, sinks, s, scale);
+  using Tiles = MmaTiles<DH>;
+  const dim3 grid(unsigned((s.T + Tiles::kQueryRows - 1) / Tiles::kQueryRows), unsigned(s.Hq), unsigned(s.B));
+  LT_LAUNCH(attention_forward_mma_kernel<DH>, grid, dim3(Tiles::kQueryThreads), shared, native_stream(st), out, lse,
+            q, k, v, doc_ids, sinks, s, scale);
 }
 
 template <int DH>
@@ -336,7 +338,7 @@ void attention_backward_mma(Stream st, float* dq, float* dk, float* dv, const fl
   const int64_t rows = s.B * s.T * s.Hq, G = s.Hq / s.Hkv;
   LT_LAUNCH(attention_mma_prepare_kernel, dim3(elementwise_blocks(rows * 32)), dim3(kElementwiseThreads), 0,
             native_stream(st), w.Di, dout_bf16, dout, out, s);
-  const unsigned query_tiles = unsigned((s.T + kMmaTile - 1) / kMmaTile);
+  const unsigned key_blocks = unsigned((s.T + kMmaTile - 1) / kMmaTile);
   const size_t kv_shared = attention_mma_backward_kv_shared<DH>(), q_shared = attention_mma_backward_q_shared<DH>();
   // The dK/dV pass: the wide kernel at head dim 256, and at 128 where the narrow block's 103 KiB of shared memory
   // exceed what the GPU's blocks may opt into (sm_86 / sm_89: 99 KiB).
@@ -356,7 +358,7 @@ void attention_backward_mma(Stream st, float* dq, float* dk, float* dv, const fl
       }
     } else if constexpr (DH <= 128) {
       allow_shared(attention_backward_kv_mma_kernel<DH>, kv_shared);
-      LT_LAUNCH(attention_backward_kv_mma_kernel<DH>, dim3(query_tiles, unsigned(s.Hq), unsigned(r.B)),
+      LT_LAUNCH(attention_backward_kv_mma_kernel<DH>, dim3(key_blocks, unsigned(s.Hq), unsigned(r.B)),
                 dim3(kMmaThreads), kv_shared, native_stream(st), dk_out, dv_out, dout_bf16 + qo, lse + so, w.Di + so,
                 q + qo, k + kvo, v + kvo, docs, r, scale);
     }
@@ -374,9 +376,12 @@ void attention_backward_mma(Stream st, float* dq, float* dk, float* dv, const fl
                 G, scale);
     }
   }
+  using Tiles = MmaTiles<DH>;
   allow_shared(attention_backward_q_mma_kernel<DH>, q_shared);
-  LT_LAUNCH(attention_backward_q_mma_kernel<DH>, dim3(query_tiles, unsigned(s.Hq), unsigned(s.B)), dim3(kMmaThreads),
-            q_shared, native_stream(st), dq, dout_bf16, lse, w.Di, q, k, v, doc_ids, s, scale);
+  const unsigned q_blocks = unsigned((s.T + Tiles::kQueryRows - 1) / Tiles::kQueryRows);
+  LT_LAUNCH(attention_backward_q_mma_kernel<DH>, dim3(q_blocks, unsigned(s.Hq), unsigned(s.B)),
+            dim3(Tiles::kQueryThreads), q_shared, native_stream(st), dq, dout_bf16, lse, w.Di, q, k, v, doc_ids, s,
+            scale);
 }
 
 }  // namespace detail

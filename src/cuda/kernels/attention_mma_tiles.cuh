@@ -16,13 +16,16 @@
 
 namespace lt::cuda::LT_KERNELS_NS {
 
-constexpr int kMmaTile = 64;  // query rows per forward / dQ block (16 per warp); keys per dK/dV block at DH ≤ 128
+constexpr int kMmaTile = 64;  // query rows per tile of the dK/dV loop, keys per dK/dV block at DH ≤ 128 (16 a warp)
 constexpr int kMmaThreads = 128;
 
-// A head dim's tiles. At DH ≤ 128 a warp keeps its query (and dO) fragments in registers and a key tile is 64
-// keys. At DH = 256 the f32 accumulator of 16 rows alone takes 128 registers a thread, so those fragments are
-// read from shared memory each key tile and the tiles narrow until the block's shared memory fits the 99 KiB of
-// sm_86 / sm_89: forward Q [64] + K, V [2][32] rows, dQ Q, dO [64] + K, V [2][16] rows (101376 bytes each).
+// A head dim's tiles. At DH ≤ 128 a warp keeps its query (and dO) fragments in registers, a key tile is 64 keys
+// and a forward or dQ block 128 queries of 8 warps: each key tile copied into shared memory serves 128 rows, so a
+// block moves 64 · DH · 2 · 2 bytes of K and V per 128 · 64 · DH · 4 FLOPs of the forward (128 FLOPs a byte, 64 at
+// 64 rows; the dQ pass 192 against 96) — the same registers a thread and warps an SM. At DH = 256 the f32
+// accumulator of 16 rows alone takes 128 registers a thread, so those fragments are read from shared memory each
+// key tile and the tiles narrow until the block's shared memory fits the 99 KiB of sm_86 / sm_89: forward Q [64]
+// + K, V [2][32] rows, dQ Q, dO [64] + K, V [2][16] rows (101376 bytes each), 4 warps.
 template <int DH>
 struct MmaTiles {
   static_assert(DH == 64 || DH == 128 || DH == 256, "tensor-core attention is built for head dims 64, 128, 256");
@@ -30,15 +33,17 @@ struct MmaTiles {
   static constexpr int kStride = DH + 8;               // a shared row, in bf16
   static constexpr int kForwardKeys = kWide ? 32 : 64;  // keys per tile of the forward
   static constexpr int kDqKeys = kWide ? 16 : 64;       // keys per tile of the dQ pass
+  static constexpr int kQueryRows = kWide ? 64 : 128;   // queries per forward / dQ block, 16 a warp
+  static constexpr int kQueryThreads = kQueryRows * 2;  // a warp per 16 rows
 };
 
 // Issues the copy of rows [row0, row0 + ROWS) of head h of a bf16 [B, T, H, DH] tensor into dst[ROWS, DH + 8]
-// (shared); rows past T become 0. Every thread takes 16-byte pieces.
+// (shared); rows past T become 0. Every thread of the block takes 16-byte pieces.
 template <int DH, int ROWS>
 __device__ __forceinline__ void copy_rows_async(bf16* dst, const bf16* src, int64_t b, int64_t row0, int64_t h,
                                                 int64_t T, int64_t H) {
   constexpr int kPieces = DH / 8;
-  for (int e = int(threadIdx.x); e < ROWS * kPieces; e += kMmaThreads) {
+  for (int e = int(threadIdx.x); e < ROWS * kPieces; e += int(blockDim.x)) {
     const int r = e / kPieces, c = 8 * (e % kPieces);
     const bool valid = row0 + r < T;
     copy16_async(dst + r * (DH + 8) + c, valid ? src + head_row(b, row0 + r, h, T, H, DH) + c : src, valid);
