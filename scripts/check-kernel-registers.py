@@ -16,19 +16,22 @@ import subprocess
 import sys
 
 ALLOWED = re.compile(r"^(attention_forward_kernel|attention_backward_q_kernel|attention_backward_kv_kernel|"
-                     r"gated_delta_forward_kernel|gated_delta_backward_kernel)$")
+                     r"gated_delta_forward_kernel|gated_delta_backward_kernel)(<\d+>)?$")
 ENTRY = re.compile(r"Compiling entry function '(\S+)' for '(sm_\d+)'")
 USAGE = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 REGISTERS = re.compile(r"Used (\d+) registers")
 
 
 def kernel_name(mangled):
-    """lt::cuda::native::NAME<...> from its Itanium mangling: the identifier after `native`."""
+    """lt::cuda::native::NAME from its Itanium mangling (the identifier after `native`), with a leading integer
+    template argument as <N> (attention_forward_mma_kernel<128>)."""
     m = re.search(r"6native(\d+)", mangled)
     if not m:
         return mangled
     start = m.end()
-    return mangled[start:start + int(m.group(1))]
+    name = mangled[start:start + int(m.group(1))]
+    arg = re.match(r"ILi(\d+)E", mangled[start + int(m.group(1)):])
+    return f"{name}<{arg.group(1)}>" if arg else name
 
 
 def report(nvcc, src, includes):

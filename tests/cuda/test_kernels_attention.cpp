@@ -221,7 +221,7 @@ std::vector<std::vector<float>> bf16_backward(const Case& c, uint64_t seed) {
 }
 
 // On a GPU whose blocks may opt into 99 KiB of shared memory (sm_86 / sm_89) the narrow dK/dV block at head dim 128
-// (103 KiB) cannot launch: the launcher takes the wide kernel (32 keys × 32 queries, accumulators split over dims).
+// (137 KiB) cannot launch: the launcher takes the wide kernel (32 keys × 32 queries, accumulators split over dims).
 // It sums in the same order (query k-steps of 16, ascending) from the same bf16 P and dS, so under cuda-sim it gives
 // the narrow kernel's bits. cuda-sim refuses a launch over the emulated limit, so the narrow block cannot have run.
 TEST(CudaSimAttention, AnSm89TakesTheWideDkDvKernelAtHeadDim128WithTheSameBits) {

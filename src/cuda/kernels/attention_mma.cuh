@@ -6,7 +6,7 @@
 // once, into the workspace — FlashAttention's rounding points. Softmax statistics (m, l, lse), Di and every accumulator
 // stay f32. No atomics, every sum in a fixed order: a run's bits do not depend on scheduling.
 //
-// Tiles: 128 query rows (forward, dQ; 64 at DH = 256) or 64 keys (dK, dV) per block, a warp owning 16 of them;
+// Tiles: 128 query rows (forward, dQ; 64 at DH = 256) or 128 keys (dK, dV) per block, a warp owning 16 of them;
 // 64 keys a tile of the forward and dQ loops, 64 queries of the dK / dV loop.
 // Tiles stream into shared memory by cp.async (async_copy.cuh), double-buffered: tile i + 1 is copied while tile
 // i is multiplied. Fragments come out of shared memory by ldmatrix (mma.cuh). Shared rows are DH + 8 bf16 long,
@@ -141,20 +141,20 @@ __global__ void attention_mma_prepare_kernel(float* Di, bf16* dout_bf16, const f
 // dk, dv: [B, T, Hkv, DH] (G = 1: the results, scaled) or the partials [G, B, T, Hkv, DH] (G > 1: unscaled, head
 // h's at h % G); dout: dO in bf16 [B, T, Hq, DH].
 template <int DH>
-__global__ void __launch_bounds__(kMmaThreads)
+__global__ void __launch_bounds__(MmaTiles<DH>::kKeyThreads)
     attention_backward_kv_mma_kernel(float* dk, float* dv, const bf16* dout, const float* lse, const float* Di,
                                      const bf16* q, const bf16* k, const bf16* v, const int32_t* doc_ids,
                                      AttentionShape s, float scale) {
   static_assert(!MmaTiles<DH>::kWide, "DH = 256 takes attention_backward_kv_wide_mma_kernel");
-  constexpr int NT = kMmaTile / 8, kTile = kMmaTile * (DH + 8);
-  bf16* Ks = LT_DYNAMIC_SHARED(bf16);  // [64, DH + 8] this block's keys
-  bf16* Vs = Ks + kTile;               // [64, DH + 8]
-  bf16* Qs = Vs + kTile;               // [2][64, DH + 8] query tiles i (buffer i % 2)
+  constexpr int NT = kMmaTile / 8, kTile = kMmaTile * (DH + 8), KB = MmaTiles<DH>::kKeyRows;
+  bf16* Ks = LT_DYNAMIC_SHARED(bf16);  // [KB, DH + 8] this block's keys
+  bf16* Vs = Ks + KB * (DH + 8);       // [KB, DH + 8]
+  bf16* Qs = Vs + KB * (DH + 8);       // [2][64, DH + 8] query tiles i (buffer i % 2)
   bf16* dOs = Qs + 2 * kTile;          // [2][64, DH + 8] their dO
   float* lse_s = reinterpret_cast<float*>(dOs + 2 * kTile);  // [2][64]
   float* Di_s = lse_s + 2 * kMmaTile;                         // [2][64]
   const int warp = int(threadIdx.x) >> 5, lane = int(threadIdx.x) & 31, g = lane >> 2, t = lane & 3;
-  const int64_t b = blockIdx.z, h = blockIdx.y, k0 = int64_t(blockIdx.x) * kMmaTile;
+  const int64_t b = blockIdx.z, h = blockIdx.y, k0 = int64_t(blockIdx.x) * KB;
   const int64_t hk = h / (s.Hq / s.Hkv);
   const int64_t w0 = k0 + 16 * warp;  // this warp's keys [w0, w0 + 16)
   const float* lse_row = lse + (b * s.Hq + h) * s.T;
@@ -167,8 +167,8 @@ __global__ void __launch_bounds__(kMmaThreads)
     copy_stats_async<kMmaTile>(lse_s + buf * kMmaTile, lse_row, q0, s.T);
     copy_stats_async<kMmaTile>(Di_s + buf * kMmaTile, Di_row, q0, s.T);
   };
-  copy_rows_async<DH, kMmaTile>(Ks, k, b, k0, hk, s.T, s.Hkv);
-  copy_rows_async<DH, kMmaTile>(Vs, v, b, k0, hk, s.T, s.Hkv);
+  copy_rows_async<DH, KB>(Ks, k, b, k0, hk, s.T, s.Hkv);
+  copy_rows_async<DH, KB>(Vs, v, b, k0, hk, s.T, s.Hkv);
   copy_query_tile(0);
   async_commit();
   float dka[DH / 8][4], dva[DH / 8][4];
@@ -180,7 +180,9 @@ __global__ void __launch_bounds__(kMmaThreads)
     const int buf = int(it & 1);
     prefetch_next_and_wait(it, tiles, copy_query_tile);
     __syncthreads();
-    if (w0 < s.T) {  // warp-uniform
+    // Warp-uniform: a warp's first tile is the one holding its first key (the tiles wholly before it, which the
+    // block's earlier warps need, would add only zeros), so it sums the tiles a 64-key block would, in order.
+    if (w0 < s.T && q0 + kMmaTile - 1 >= w0) {
       const bf16* Qt = Qs + buf * kTile;
       const bf16* dOt = dOs + buf * kTile;
       float pt[NT][4], dst[NT][4];  // Sᵀ then Pᵀ, dPᵀ then dSᵀ: [16 keys, 64 queries]
@@ -305,10 +307,10 @@ constexpr size_t attention_mma_backward_q_shared() {
 // The narrow dK/dV block's (DH ≤ 128; the wide one's is attention_mma_backward_kv_wide_shared).
 template <int DH>
 constexpr size_t attention_mma_backward_kv_shared() {
-  return 6 * size_t(kMmaTile) * (DH + 8) * sizeof(bf16) + 4 * kMmaTile * sizeof(float);
+  return (2 * size_t(MmaTiles<DH>::kKeyRows) + 4 * kMmaTile) * (DH + 8) * sizeof(bf16) + 4 * kMmaTile * sizeof(float);
 }
 // Every block the launchers pick fits the 99 KiB an sm_86 / sm_89 block may opt into, but the narrow dK/dV block
-// at head dim 128 (103 KiB; the wide one takes its place there).
+// at head dim 128 (137 KiB; the wide one takes its place there).
 static_assert(attention_mma_forward_shared<256>() <= kSm89BlockSharedBytes &&
               attention_mma_backward_q_shared<256>() <= kSm89BlockSharedBytes &&
               attention_mma_backward_kv_wide_shared(256) <= kSm89BlockSharedBytes &&
@@ -338,9 +340,9 @@ void attention_backward_mma(Stream st, float* dq, float* dk, float* dv, const fl
   const int64_t rows = s.B * s.T * s.Hq, G = s.Hq / s.Hkv;
   LT_LAUNCH(attention_mma_prepare_kernel, dim3(elementwise_blocks(rows * 32)), dim3(kElementwiseThreads), 0,
             native_stream(st), w.Di, dout_bf16, dout, out, s);
-  const unsigned key_blocks = unsigned((s.T + kMmaTile - 1) / kMmaTile);
+  const unsigned key_blocks = unsigned((s.T + MmaTiles<DH>::kKeyRows - 1) / MmaTiles<DH>::kKeyRows);
   const size_t kv_shared = attention_mma_backward_kv_shared<DH>(), q_shared = attention_mma_backward_q_shared<DH>();
-  // The dK/dV pass: the wide kernel at head dim 256, and at 128 where the narrow block's 103 KiB of shared memory
+  // The dK/dV pass: the wide kernel at head dim 256, and at 128 where the narrow block's 137 KiB of shared memory
   // exceed what the GPU's blocks may opt into (sm_86 / sm_89: 99 KiB).
   const bool wide = DH == 256 || (DH == 128 && kv_shared > max_block_shared_bytes());
   // Rows [b0, b0 + r.B) of the batch into dk_out, dv_out (their first row's).
@@ -359,7 +361,7 @@ void attention_backward_mma(Stream st, float* dq, float* dk, float* dv, const fl
     } else if constexpr (DH <= 128) {
       allow_shared(attention_backward_kv_mma_kernel<DH>, kv_shared);
       LT_LAUNCH(attention_backward_kv_mma_kernel<DH>, dim3(key_blocks, unsigned(s.Hq), unsigned(r.B)),
-                dim3(kMmaThreads), kv_shared, native_stream(st), dk_out, dv_out, dout_bf16 + qo, lse + so, w.Di + so,
+                dim3(MmaTiles<DH>::kKeyThreads), kv_shared, native_stream(st), dk_out, dv_out, dout_bf16 + qo, lse + so, w.Di + so,
                 q + qo, k + kvo, v + kvo, docs, r, scale);
     }
   };

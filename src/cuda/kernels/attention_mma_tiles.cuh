@@ -16,13 +16,14 @@
 
 namespace lt::cuda::LT_KERNELS_NS {
 
-constexpr int kMmaTile = 64;  // query rows per tile of the dK/dV loop, keys per dK/dV block at DH ≤ 128 (16 a warp)
+constexpr int kMmaTile = 64;  // query rows per tile of the dK/dV loop
 constexpr int kMmaThreads = 128;
 
 // A head dim's tiles. At DH ≤ 128 a warp keeps its query (and dO) fragments in registers, a key tile is 64 keys
 // and a forward or dQ block 128 queries of 8 warps: each key tile copied into shared memory serves 128 rows, so a
 // block moves 64 · DH · 2 · 2 bytes of K and V per 128 · 64 · DH · 4 FLOPs of the forward (128 FLOPs a byte, 64 at
-// 64 rows; the dQ pass 192 against 96) — the same registers a thread and warps an SM. At DH = 256 the f32
+// 64 rows; the dQ pass 192 against 96) — the same registers a thread and warps an SM. The narrow dK/dV block
+// likewise takes 128 keys against each 64-query tile of Q and dO (256 FLOPs a byte against 128). At DH = 256 the f32
 // accumulator of 16 rows alone takes 128 registers a thread, so those fragments are read from shared memory each
 // key tile and the tiles narrow until the block's shared memory fits the 99 KiB of sm_86 / sm_89: forward Q [64]
 // + K, V [2][32] rows, dQ Q, dO [64] + K, V [2][16] rows (101376 bytes each), 4 warps.
@@ -35,6 +36,8 @@ struct MmaTiles {
   static constexpr int kDqKeys = kWide ? 16 : 64;       // keys per tile of the dQ pass
   static constexpr int kQueryRows = kWide ? 64 : 128;   // queries per forward / dQ block, 16 a warp
   static constexpr int kQueryThreads = kQueryRows * 2;  // a warp per 16 rows
+  static constexpr int kKeyRows = 128;                  // keys per narrow dK/dV block (DH ≤ 128), 16 a warp
+  static constexpr int kKeyThreads = kKeyRows * 2;
 };
 
 // Issues the copy of rows [row0, row0 + ROWS) of head h of a bf16 [B, T, H, DH] tensor into dst[ROWS, DH + 8]

@@ -15,7 +15,7 @@
 // heads write per-head partials that attention_kv_reduce_kernel sums in head order. Shared memory 72960 bytes,
 // within sm_86 / sm_89's 99 KiB; the query tile is single-buffered (a second one would not fit there).
 //
-// Head dim 128 runs here too on GPUs whose blocks cannot opt into the narrow kernel's 103 KiB (sm_86 / sm_89: 99
+// Head dim 128 runs here too on GPUs whose blocks cannot opt into the narrow kernel's 137 KiB (sm_86 / sm_89: 99
 // KiB): 40192 bytes, dims 64 (w / 2) .. + 64 per warp.
 #pragma once
 
