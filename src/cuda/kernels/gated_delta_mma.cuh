@@ -367,15 +367,17 @@ LT_HD_INLINE void delta_prepare_carve(Carve& sh, int dk, int dv, DeltaTileGates*
                                       float** KKE, float** A, bf16** Aw, bf16** Au) {
   *tg = sh.template take<DeltaTileGates>(1);
   *ks = sh.template take<bf16>(kDeltaTile * (dk + 8)), *vs = sh.template take<bf16>(kDeltaTile * (dv + 8));
-  *KKE = sh.template take<float>(kDeltaTile * (kDeltaTile + 1)), *A = sh.template take<float>(kDeltaTile * (kDeltaTile + 1));
-  *Aw = sh.template take<bf16>(kDeltaTile * kTileLd), *Au = sh.template take<bf16>(kDeltaTile * kTileLd);
+  // Aw and Au (bf16 [64, kTileLd] each) in KKE's place (f32 [64, kTileLd]), dead once A is made: 69.5 KiB at head
+  // dims 128, three blocks an SM where 85.8 KiB allowed two.
+  *KKE = sh.template take<float>(kDeltaTile * kTileLd), *A = sh.template take<float>(kDeltaTile * (kDeltaTile + 1));
+  *Aw = reinterpret_cast<bf16*>(*KKE), *Au = *Aw + kDeltaTile * kTileLd;
 }
 
 __global__ void __launch_bounds__(kDeltaMmaThreads)
     delta_prepare_kernel(bf16* W, bf16* U, unsigned char* gates, const bf16* k, const bf16* v, const float* beta,
                          const float* g, const int32_t* doc_ids, DeltaShape s) {
   const DeltaTileAt at = DeltaTileAt::of(blockIdx.x, s);
-  const int dk = int(s.dk), dv = int(s.dv), lk = dk + 8, lv = dv + 8, lm = kDeltaTile + 1;
+  const int dk = int(s.dk), dv = int(s.dv), lk = dk + 8, lv = dv + 8, lm = kTileLd, la = kDeltaTile + 1;
   SharedCarve sh{reinterpret_cast<uintptr_t>(LT_DYNAMIC_SHARED(unsigned char))};
   DeltaTileGates* tgp;
   bf16 *ks, *vs, *Aw, *Au;
@@ -388,8 +390,8 @@ __global__ void __launch_bounds__(kDeltaMmaThreads)
   load_tile_rows(vs, lv, v + at.n0 * s.ldv + at.vh * dv, s.ldv, kDeltaTile, dv, tg.C);
   __syncthreads();
   tile_key_products(KKE, lm, tg, ks, lk, dk);
-  tile_unit_lower_inverse(A, lm, KKE, lm, tg);
-  tile_wy_operands(Aw, Au, A, lm, tg);
+  tile_unit_lower_inverse(A, la, KKE, lm, tg);
+  tile_wy_operands(Aw, Au, A, la, tg);  // over KKE
   bf16* Wt = W + at.index() * kDeltaTile * dk;
   bf16* Ut = U + at.index() * kDeltaTile * dv;
   block_mma(
