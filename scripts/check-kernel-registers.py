@@ -17,7 +17,7 @@ import sys
 
 ALLOWED = re.compile(r"^(attention_forward_kernel|attention_backward_q_kernel|attention_backward_kv_kernel|"
                      r"gated_delta_forward_kernel|gated_delta_backward_kernel)(<\d+>)?$")
-ENTRY = re.compile(r"Compiling entry function '(\S+)' for '(sm_\d+)'")
+ENTRY = re.compile(r"Compiling entry function '(\S+)' for 'sm_\d+'")
 USAGE = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 REGISTERS = re.compile(r"Used (\d+) registers")
 
@@ -47,8 +47,7 @@ def report(nvcc, src, includes):
 def main():
     if len(sys.argv) < 3:
         sys.exit(__doc__)
-    kernels, name = [], None  # (name, mangled, registers, stack, spill stores, spill loads)
-    usage = None
+    kernels, name, usage = [], None, None  # kernels: (name, mangled, registers, stack, spill stores, spill loads)
     for line in report(sys.argv[1], sys.argv[2], sys.argv[3:]).splitlines():
         if m := ENTRY.search(line):
             name, usage = m.group(1), None

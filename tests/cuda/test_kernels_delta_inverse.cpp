@@ -18,13 +18,26 @@
 
 namespace lt::cuda::delta_inverse_test {
 
+// The kernel's shared memory: the gates (β), KKE [64, lm] and A [64, la]; a null base only counts.
+struct InverseShared {
+  DeltaTileGates* tg;
+  float *KKE, *A;
+  size_t bytes;
+  LT_HD_INLINE static InverseShared carve(uintptr_t base, int lm, int la) {
+    SharedCarve sh{base};
+    InverseShared s;
+    s.tg = sh.take<DeltaTileGates>(1), s.KKE = sh.take<float>(kDeltaTile * lm), s.A = sh.take<float>(kDeltaTile * la);
+    s.bytes = sh.used;
+    return s;
+  }
+};
+
 // One block: β and KKE [64, lm] into shared memory, A [64, la] poisoned with NaN, the inverse out to [64, 64].
 __global__ void __launch_bounds__(kDeltaMmaThreads)
     inverse_kernel(float* out, const float* kke, const float* beta, int lm, int la) {
-  SharedCarve sh{reinterpret_cast<uintptr_t>(LT_DYNAMIC_SHARED(unsigned char))};
-  DeltaTileGates& tg = *sh.take<DeltaTileGates>(1);
-  float* KKE = sh.take<float>(kDeltaTile * lm);
-  float* A = sh.take<float>(kDeltaTile * la);
+  const InverseShared sh = InverseShared::carve(reinterpret_cast<uintptr_t>(LT_DYNAMIC_SHARED(unsigned char)), lm, la);
+  DeltaTileGates& tg = *sh.tg;
+  float *KKE = sh.KKE, *A = sh.A;
   const int tid = int(threadIdx.x), nt = int(blockDim.x);
   for (int i = tid; i < kDeltaTile; i += nt) tg.beta[i] = beta[i];
   for (int x = tid; x < kDeltaTile * lm; x += nt) KKE[x] = kke[x];
@@ -86,10 +99,8 @@ Tile make_tile(uint64_t seed, int lm, float spread, float beta_lo, float beta_hi
 // The kernel's inverse, [64, 64].
 std::vector<float> inverse(const Tile& t, int la) {
   testing::Guarded<float> out(size_t(n * n));
-  SharedCarve count{0};
-  count.take<DeltaTileGates>(1), count.take<float>(n * t.lm), count.take<float>(n * la);
-  LT_LAUNCH(inverse_kernel, dim3(1), dim3(kDeltaMmaThreads), count.used, nullptr, out.data(), t.kke.data(),
-            t.beta.data(), t.lm, la);
+  LT_LAUNCH(inverse_kernel, dim3(1), dim3(kDeltaMmaThreads), InverseShared::carve(0, t.lm, la).bytes, nullptr,
+            out.data(), t.kke.data(), t.beta.data(), t.lm, la);
   EXPECT_TRUE(out.guards_intact());
   return out.values();
 }

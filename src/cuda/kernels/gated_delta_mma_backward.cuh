@@ -385,6 +385,18 @@ struct TrianglePair {
   }
 };
 
+// acc[u][v] += Σ_{m0 ≤ m < m1} a(m, u) b(m, v), m in order: 8 loads a step for 16 products.
+template <class ColumnA, class ColumnB>
+__device__ __forceinline__ void accumulate_outer_4x4(float (&acc)[4][4], int m0, int m1, const ColumnA& a,
+                                                     const ColumnB& b) {
+  for (int m = m0; m < m1; ++m) {
+    float x[4], y[4];
+    for (int u = 0; u < 4; ++u) x[u] = a(m, u), y[u] = b(m, u);
+    for (int u = 0; u < 4; ++u)
+      for (int v = 0; v < 4; ++v) acc[u][v] += x[u] * y[v];
+  }
+}
+
 // A = (I + M)⁻¹ backward: dM = −Aᵀ dA Aᵀ, strictly lower, into dA's place ([64, l] f32 each; dA and A zero on and
 // above the diagonal, but A's unit diagonal). Y = dA Aᵀ (Y_ij = Σ_{m < i, m ≤ j} dA_im A_jm; only j < i is read),
 // then dM_ij = −Σ_{m ≥ i} A_mi Y_mj. A thread takes a 4 × 4 tile of outputs over one m loop: 8 shared loads feed 16
@@ -401,12 +413,8 @@ __device__ void tile_inverse_gradient(float* dA, float* Y, const float* A, int l
     const TrianglePair p = TrianglePair::at(t);
     const int J = kTiles - 1 - p.k, I = J + p.r;
     float acc[4][4] = {};
-    for (int m = 0; m < 4 * J + 4; ++m) {
-      float a[4], b[4];
-      for (int u = 0; u < 4; ++u) a[u] = dA[(4 * I + u) * l + m], b[u] = A[(4 * J + u) * l + m];
-      for (int u = 0; u < 4; ++u)
-        for (int v = 0; v < 4; ++v) acc[u][v] += a[u] * b[v];
-    }
+    accumulate_outer_4x4(acc, 0, 4 * J + 4, [&](int m, int u) { return dA[(4 * I + u) * l + m]; },
+                         [&](int m, int v) { return A[(4 * J + v) * l + m]; });
     for (int u = 0; u < 4; ++u)
       for (int v = 0; v < 4; ++v) Y[(4 * I + u) * l + 4 * J + v] = acc[u][v];
   }
@@ -417,12 +425,8 @@ __device__ void tile_inverse_gradient(float* dA, float* Y, const float* A, int l
     const TrianglePair p = TrianglePair::at(t);
     const int I = p.k, J = p.r;
     float acc[4][4] = {};
-    for (int m = 4 * I; m < kDeltaTile; ++m) {
-      float a[4], b[4];
-      for (int u = 0; u < 4; ++u) a[u] = A[m * l + 4 * I + u], b[u] = Y[m * l + 4 * J + u];
-      for (int u = 0; u < 4; ++u)
-        for (int v = 0; v < 4; ++v) acc[u][v] += a[u] * b[v];
-    }
+    accumulate_outer_4x4(acc, 4 * I, kDeltaTile, [&](int m, int u) { return A[m * l + 4 * I + u]; },
+                         [&](int m, int v) { return Y[m * l + 4 * J + v]; });
     for (int u = 0; u < 4; ++u)
       for (int v = 0; v < 4; ++v) dA[(4 * I + u) * l + 4 * J + v] = -(4 * J + v < 4 * I + u ? acc[u][v] : 0.0f);
   }
