@@ -7,7 +7,8 @@
 //   peak_gemm_tflops  the wrapper's rate on an 8192^3 bf16 GEMM measured in the same run: the limit we compare
 //                     to (spec_bf16_tflops: the data-sheet dense bf16 figure of known GPUs, for reference)
 //   ratio             layer_tflops / peak_gemm_tflops (issue 17's target: >= 0.60)
-//   attention_*_tflops the layer's attention alone (head dim 128); attention_d256 the same at Qwen3.6-27B's full
+//   attention_*_tflops the layer's attention alone (head dim 128); attention_forward_warp_rows its forward at head
+//                     dims 64 and 128 by warps of 16 and of 32 query rows; attention_d256 the same at Qwen3.6-27B's full
 //                     attention (24 / 4 heads of 256, T = 4096); gated_delta the chunked gated delta rule at its
 //                     linear attention's shape (16 / 48 heads of 128) over 8192 tokens, in ms beside FLA's;
 //                     conv_l2norm its fused conv + q/k norms against the separate kernels, and in GB/s beside a copy
@@ -94,8 +95,9 @@ double attention_forward_flops(const AttentionShape& s) {
   return 2.0 * 2.0 * double(s.B) * double(s.Hq) * double(s.D) * double(s.T) * double(s.T + 1) / 2.0;
 }
 
-// Attention alone at a shape (bf16, causal, no documents): forward and backward milliseconds and TFLOPS.
-nlohmann::json time_attention(const AttentionShape& s) {
+// Attention alone at a shape (bf16, causal, no documents): forward and (with_backward) backward milliseconds and
+// TFLOPS.
+nlohmann::json time_attention(const AttentionShape& s, bool with_backward = true) {
   const int64_t nq = s.B * s.T * s.Hq * s.D, nkv = s.B * s.T * s.Hkv * s.D, nl = s.B * s.Hq * s.T;
   Buffer q(nq * 2), k(nkv * 2), v(nkv * 2), out(nq * 2), lse(nl * 4), dout(nq * 4), dq(nq * 4), dk(nkv * 4),
       dv(nkv * 4), ws(attention_backward_workspace_bytes(s));
@@ -105,17 +107,35 @@ nlohmann::json time_attention(const AttentionShape& s) {
     native::attention_forward(nullptr, out.as<bf16_t>(), lse.as<float>(), q.as<bf16_t>(), k.as<bf16_t>(),
                               v.as<bf16_t>(), nullptr, s);
   });
+  const double flops = attention_forward_flops(s);
+  nlohmann::json r = {{"shape", {{"T", s.T}, {"Hq", s.Hq}, {"Hkv", s.Hkv}, {"D", s.D}}},
+                      {"forward_ms", fwd},
+                      {"forward_tflops", flops / (fwd * 1e-3) / 1e12}};
+  if (!with_backward) return r;
   const double bwd = time_ms([&] {
     native::attention_backward(nullptr, dq.as<float>(), dk.as<float>(), dv.as<float>(), dout.as<float>(),
                                out.as<bf16_t>(), lse.as<float>(), q.as<bf16_t>(), k.as<bf16_t>(), v.as<bf16_t>(),
                                nullptr, s, ws.p);
   });
-  const double flops = attention_forward_flops(s);
-  return {{"shape", {{"T", s.T}, {"Hq", s.Hq}, {"Hkv", s.Hkv}, {"D", s.D}}},
-          {"forward_ms", fwd},
-          {"backward_ms", bwd},
-          {"forward_tflops", flops / (fwd * 1e-3) / 1e12},
-          {"backward_tflops", 2.5 * flops / (bwd * 1e-3) / 1e12}};
+  r["backward_ms"] = bwd;
+  r["backward_tflops"] = 2.5 * flops / (bwd * 1e-3) / 1e12;
+  return r;
+}
+
+// The tensor-core forward at head dims 64 and 128 (the 7B layer's 28 / 4 heads, T tokens) by warps of 16 query rows
+// and of 32 (AttentionForwardWarpRows: the same bits), TFLOPS each: the figure that says which the launcher should
+// take (kAttentionForwardWarpRows). On a GPU where the 32-row block does not fit (sm_86 / sm_89 at 128) both are
+// the 16-row kernel.
+nlohmann::json time_forward_warp_rows(int64_t T) {
+  nlohmann::json r;
+  for (const int64_t D : {64, 128}) {
+    nlohmann::json& by_rows = r[D == 64 ? "D64_tflops" : "D128_tflops"];
+    for (const int rows : {16, 32}) {
+      const AttentionForwardWarpRows setting(rows);
+      by_rows[rows == 16 ? "rows16" : "rows32"] = time_attention(AttentionShape{1, T, 28, 4, D}, false)["forward_tflops"];
+    }
+  }
+  return r;
 }
 
 // The chunked gated delta rule at the Qwen3.5 / 3.6-27B layer's shape (16 key heads, 48 value heads of 128) over
@@ -342,6 +362,7 @@ nlohmann::json run() {
           {"attention_forward_tflops", attn_fwd_flops / (attn_fwd_ms * 1e-3) / 1e12},
           {"attention_backward_tflops", 2.5 * attn_fwd_flops / (attn_bwd_ms * 1e-3) / 1e12},
           // Qwen3.6-27B's full attention (24 query / 4 kv heads of 256) and its Gated DeltaNet's core.
+          {"attention_forward_warp_rows", time_forward_warp_rows(T)},
           {"attention_d256", time_attention(AttentionShape{1, T, 24, 4, 256})},
           {"gated_delta", time_gated_delta(8192)},
           {"conv_l2norm", time_conv_l2norm()},

@@ -40,6 +40,11 @@ ScopedSetting<int64_t>& attention_partial_budget() {
   return budget;
 }
 
+ScopedSetting<int>& attention_forward_warp_rows_setting() {
+  static ScopedSetting<int> rows{kAttentionForwardWarpRows};
+  return rows;
+}
+
 int64_t attention_partial_rows(AttentionShape s) {
   const int64_t row_bytes = 2 * (s.Hq / s.Hkv) * s.T * s.Hkv * s.D * int64_t(sizeof(float));
   const int64_t rows = row_bytes > 0 ? attention_partial_bytes() / row_bytes : s.B;

@@ -68,6 +68,17 @@ inline int64_t attention_partial_bytes() { return attention_partial_budget().get
 struct AttentionPartialBudget : ScopedSetting<int64_t>::Override {
   explicit AttentionPartialBudget(int64_t bytes) : Override(attention_partial_budget(), bytes) {}
 };
+// Query rows a warp of the tensor-core forward takes at head dims 64 and 128 (cuda/kernels/attention_mma_tiles.cuh's
+// ForwardTiles): 16 (8 warps a block, Q's fragments in registers) or 32 (4 warps, each K and V fragment loaded from
+// shared memory serving two m-tiles, Q read from shared memory; where the block's 102 KiB fit). The same bits either
+// way. kAttentionForwardWarpRows unless an AttentionForwardWarpRows holds another for its lifetime (the tests compare
+// the two; bench_cuda_layer measures both).
+inline constexpr int kAttentionForwardWarpRows = 32;
+ScopedSetting<int>& attention_forward_warp_rows_setting();
+inline int attention_forward_warp_rows() { return attention_forward_warp_rows_setting().get(); }
+struct AttentionForwardWarpRows : ScopedSetting<int>::Override {
+  explicit AttentionForwardWarpRows(int rows) : Override(attention_forward_warp_rows_setting(), rows) {}
+};
 // lt::Error naming the op unless the shape is one the attention kernels take (B, T ≥ 0; Hq a multiple of
 // Hkv; grid limits), and for an unsupported head dimension (the kernels take 1 to 256).
 void check_attention_shape(const char* op, AttentionShape s);

@@ -178,26 +178,65 @@ TEST(CudaSimAttention, Bf16StorageIsTheCpuOpOnTheWidenedInputs) {
 }
 
 // The tensor-core kernels' double-buffered copies and their barriers: every thread order gives the forward
-// order's bits (a missing barrier reads a tile before its copy or overwrites one still read).
+// order's bits (a missing barrier reads a tile before its copy or overwrites one still read). The forward with
+// warps of 32 rows (Q copied into shared memory with the first key tile) and of 16 (Q in registers).
 // Head dim 256 adds the dK/dV pass's Pᵀ and dSᵀ through shared memory between two barriers.
 TEST(CudaSimAttention, TensorCoresAreTheSameInEveryThreadOrder) {
-  for (const AttentionShape s : {AttentionShape{1, 150, 4, 2, 64}, AttentionShape{1, 83, 2, 1, 256}}) {
-  SCOPED_TRACE(s.D);
-  ASSERT_TRUE(attention_on_tensor_cores(s.D));
-  const Inputs in = inputs_for(s, 5);
-  const auto qb = to_bf16(in.q), kb = to_bf16(in.k), vb = to_bf16(in.v);
-  std::vector<std::vector<float>> first;
-  for_each_order([&] {
-    std::vector<bf16_t> out(q_size(s));
-    std::vector<float> lse(lse_size(s)), dq(q_size(s)), dk(kv_size(s)), dv(kv_size(s));
-    std::vector<unsigned char> workspace(attention_backward_workspace_bytes(s));
-    sim::attention_forward(kStream, out.data(), lse.data(), qb.data(), kb.data(), vb.data(), nullptr, s);
-    sim::attention_backward(kStream, dq.data(), dk.data(), dv.data(), in.dout.data(), out.data(), lse.data(), qb.data(),
-                            kb.data(), vb.data(), nullptr, s, workspace.data());
-    const std::vector<std::vector<float>> now{to_f32(out), lse, dq, dk, dv};
-    if (first.empty()) first = now;
-    for (size_t i = 0; i < now.size(); ++i) EXPECT_BITWISE_EQ(now[i], first[i]);
-  });
+  struct OrderCase {
+    AttentionShape s;
+    int warp_rows;
+  };
+  for (const OrderCase& c : {OrderCase{{1, 150, 4, 2, 64}, 32}, OrderCase{{1, 150, 2, 1, 64}, 16},
+                             OrderCase{{1, 83, 2, 1, 256}, 16}}) {
+    const AttentionShape s = c.s;
+    SCOPED_TRACE("D=" + std::to_string(s.D) + " warp rows " + std::to_string(c.warp_rows));
+    ASSERT_TRUE(attention_on_tensor_cores(s.D));
+    const AttentionForwardWarpRows rows(c.warp_rows);
+    const Inputs in = inputs_for(s, 5);
+    const auto qb = to_bf16(in.q), kb = to_bf16(in.k), vb = to_bf16(in.v);
+    std::vector<std::vector<float>> first;
+    for_each_order([&] {
+      std::vector<bf16_t> out(q_size(s));
+      std::vector<float> lse(lse_size(s)), dq(q_size(s)), dk(kv_size(s)), dv(kv_size(s));
+      std::vector<unsigned char> workspace(attention_backward_workspace_bytes(s));
+      sim::attention_forward(kStream, out.data(), lse.data(), qb.data(), kb.data(), vb.data(), nullptr, s);
+      sim::attention_backward(kStream, dq.data(), dk.data(), dv.data(), in.dout.data(), out.data(), lse.data(),
+                              qb.data(), kb.data(), vb.data(), nullptr, s, workspace.data());
+      const std::vector<std::vector<float>> now{to_f32(out), lse, dq, dk, dv};
+      if (first.empty()) first = now;
+      for (size_t i = 0; i < now.size(); ++i) EXPECT_BITWISE_EQ(now[i], first[i]);
+    });
+  }
+}
+
+// The forward's warps of 32 query rows (two m-tiles sharing each K and V fragment, Q from shared memory) give the
+// bits of warps of 16 (Q's fragments in registers) on every case at head dims 64 and 128: each m-tile's rows see the
+// same products and softmax steps in the same order. With 99 KiB a block (sm_86 / sm_89) the 32-row block at head dim
+// 128 does not fit, and the launcher takes 16-row warps (cuda-sim refuses a launch over the limit).
+TEST(CudaSimAttention, ForwardWarpsOf32RowsGiveTheBitsOf16) {
+  for (const Case& c : kCases) {
+    if (c.s.D != 64 && c.s.D != 128) continue;
+    SCOPED_TRACE(name(c));
+    const AttentionShape s = c.s;
+    const Inputs in = inputs_for(s, uint64_t(3 * s.T + s.D));
+    const auto docs = doc_ids_for(c);
+    const int32_t* doc_ids = docs.empty() ? nullptr : docs.data();
+    const auto qb = to_bf16(in.q), kb = to_bf16(in.k), vb = to_bf16(in.v);
+    const auto sinks = sinks_for(c);
+    const float* sk = sinks.empty() ? nullptr : sinks.data();
+    auto forward = [&](int warp_rows) {
+      const AttentionForwardWarpRows rows(warp_rows);
+      Guarded<bf16_t> out(q_size(s));
+      Guarded<float> lse(lse_size(s));
+      sim::attention_forward(kStream, out.data(), lse.data(), qb.data(), kb.data(), vb.data(), doc_ids, s, sk);
+      EXPECT_TRUE(out.guards_intact() && lse.guards_intact());
+      return std::vector<std::vector<float>>{to_f32(out.values()), lse.values()};
+    };
+    const auto sixteen = forward(16), thirty_two = forward(32);
+    for (size_t i = 0; i < sixteen.size(); ++i) EXPECT_BITWISE_EQ(thirty_two[i], sixteen[i]);
+    const cuda_sim::SharedMemoryLimit sm89(kSm89BlockSharedBytes);
+    const auto on_sm89 = forward(32);
+    for (size_t i = 0; i < sixteen.size(); ++i) EXPECT_BITWISE_EQ(on_sm89[i], sixteen[i]);
   }
 }
 

@@ -294,6 +294,28 @@ TEST(CudaNative, AttentionIsDeterministicAndMatchesTheSimulation) {
   }
 }
 
+// The forward's 32-row warps (two m-tiles, Q from shared memory) against its 16-row ones, on the GPU: the same bits,
+// as under cuda-sim (CudaSimAttention.ForwardWarpsOf32RowsGiveTheBitsOf16).
+TEST(CudaNative, AttentionForwardWarpsOf32RowsGiveTheBitsOf16) {
+  SKIP_WITHOUT_GPU();
+  for (const int64_t D : {64, 128}) {
+    const AttentionShape s{2, 301, 8, 2, D};  // three 128-row blocks, the last one partial
+    SCOPED_TRACE("D=" + std::to_string(D));
+    const size_t nq = size_t(s.B * s.T * s.Hq * D), nk = size_t(s.B * s.T * s.Hkv * D), nl = size_t(s.B * s.Hq * s.T);
+    Dev<bf16_t> q(to_bf16(random_floats(nq, 21))), k(to_bf16(random_floats(nk, 22))), v(to_bf16(random_floats(nk, 23)));
+    auto forward = [&](int rows) {
+      const AttentionForwardWarpRows setting(rows);
+      Dev<bf16_t> out(nq);
+      Dev<float> lse(nl);
+      native::attention_forward(nullptr, out.p(), lse.p(), q.p(), k.p(), v.p(), nullptr, s);
+      sync("attention_forward");
+      return std::vector<std::vector<float>>{testing::to_f32(out.get()), lse.get()};
+    };
+    const auto sixteen = forward(16), thirty_two = forward(32);
+    for (size_t i = 0; i < sixteen.size(); ++i) EXPECT_BITWISE_EQ(thirty_two[i], sixteen[i]);
+  }
+}
+
 TEST(CudaNative, CublasLtMatchesItsEmulationIsDeterministicAndRowsDoNotDependOnM) {
   SKIP_WITHOUT_GPU();
   native::CublasLt lt;

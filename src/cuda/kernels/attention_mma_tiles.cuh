@@ -40,6 +40,21 @@ struct MmaTiles {
   static constexpr int kKeyThreads = kKeyRows * 2;
 };
 
+// The forward's block by m-tiles a warp (MT: 16 query rows each). MT = 1: Tiles' block, Q fragments in registers
+// (at DH ≤ 128). MT = 2 (DH ≤ 128, FlashAttention 2's shape): 4 warps of 32 rows, a block of 128; each K and V
+// fragment a warp loads from shared memory feeds both m-tiles' products, so per key tile a warp loads 80 fragments
+// (Q's 16, K's 32, V's 32) for 256 mma where two warps of 16 rows loaded 128: ~26 FLOPs a byte read from shared
+// memory where 16. Two m-tiles' accumulators (2 · DH / 2 registers) leave no room for Q's fragments, so Q waits in
+// shared memory, copied once with key tile 0 — Q [128] + K, V [2][64] rows of DH + 8: 104448 bytes at DH = 128,
+// over sm_86 / sm_89's 99 KiB (the launcher keeps MT = 1 there).
+template <int DH, int MT>
+struct ForwardTiles {
+  static_assert(MT == 1 || (MT == 2 && DH <= 128), "two m-tiles a warp at head dims 64 and 128 only");
+  static constexpr bool kQShared = MmaTiles<DH>::kWide || MT > 1;
+  static constexpr int kRows = MT == 1 ? MmaTiles<DH>::kQueryRows : 128;  // query rows a block
+  static constexpr int kThreads = kRows * 2 / MT;                          // a warp per 16 · MT rows
+};
+
 // Issues the copy of rows [row0, row0 + ROWS) of head h of a bf16 [B, T, H, DH] tensor into dst[ROWS, DH + 8]
 // (shared); rows past T become 0. Every thread of the block takes 16-byte pieces.
 template <int DH, int ROWS>
@@ -132,47 +147,77 @@ __device__ __forceinline__ auto c_fragments_as_a(const float (&p)[NT][4]) {
   };
 }
 
-// out[16, 8·NT] = A[16, DH] · tileᵀ, tile [8·NT, DH] rows of stride DH + 8 in shared: its rows are the product's
-// columns. One ldmatrix gives the B fragments of n-tiles j and j + 1 (matrices: rows 8j and 8j + 8 at columns
-// 16 kk and 16 kk + 8).
-template <int DH, int NT, class AFragment>
-__device__ __forceinline__ void mma_rows_by_tile(float (&out)[NT][4], AFragment a, const bf16* tile) {
+// out[mt][16, 8·NT] = A_mt[16, DH] · tileᵀ for the warp's MT m-tiles whose active[mt] (warp-uniform; the others
+// are left as they were), tile [8·NT, DH] rows of stride DH + 8 in shared: its rows are the product's columns. One
+// ldmatrix gives the B fragments of n-tiles j and j + 1 (matrices: rows 8j and 8j + 8 at columns 16 kk and
+// 16 kk + 8), for every m-tile: two m-tiles read each B fragment once for two products. a(mt, kk, frag) gives the A
+// fragment of m-tile mt's k-step kk. out points at MT arrays [NT][4].
+template <int DH, int NT, int MT, class AFragment>
+__device__ __forceinline__ void mma_m_tiles_by_tile(float (*out)[NT][4], const bool (&active)[MT], AFragment a,
+                                                    const bf16* tile) {
   static_assert(NT % 2 == 0, "n-tiles come in pairs, one ldmatrix each");
   constexpr int S = DH + 8;
   const int lane = int(threadIdx.x) & 31, m = lane >> 3;
-  for (int j = 0; j < NT; ++j)
-    for (int e = 0; e < 4; ++e) out[j][e] = 0.0f;
+  for (int mt = 0; mt < MT; ++mt)
+    if (active[mt])
+      for (int j = 0; j < NT; ++j)
+        for (int e = 0; e < 4; ++e) out[mt][j][e] = 0.0f;
   const bf16* lane_row = tile + (8 * (m >> 1) + (lane & 7)) * S + 8 * (m & 1);
   for (int kk = 0; kk < DH / 16; ++kk) {
-    uint32_t af[4];
-    a(kk, af);
+    uint32_t af[MT][4] = {};  // inactive m-tiles' stay unread
+    for (int mt = 0; mt < MT; ++mt)
+      if (active[mt]) a(mt, kk, af[mt]);
     for (int j = 0; j < NT; j += 2) {
       uint32_t bf[4];
       ldmatrix_x4<false>(bf, lane_row + j * 8 * S + kk * 16);
-      mma_bf16_16816(out[j], af, bf, out[j]);
-      mma_bf16_16816(out[j + 1], af, bf + 2, out[j + 1]);
+      for (int mt = 0; mt < MT; ++mt)
+        if (active[mt]) {
+          mma_bf16_16816(out[mt][j], af[mt], bf, out[mt][j]);
+          mma_bf16_16816(out[mt][j + 1], af[mt], bf + 2, out[mt][j + 1]);
+        }
     }
   }
 }
 
-// acc[16, 8·ND] += A[16, 16·KSTEPS] · tile[16·KSTEPS, 8·ND], tile row-major of stride STRIDE in shared (the
-// pointer at its first column). One transposed ldmatrix gives the B fragments of column tiles nd and nd + 1
-// (matrices: rows 16 kk and 16 kk + 8 at columns 8 nd, then at 8 nd + 8).
-template <int KSTEPS, int ND, int STRIDE, class AFragment>
-__device__ __forceinline__ void mma_accumulate_by_tile(float (&acc)[ND][4], AFragment a, const bf16* tile) {
+// One m-tile's: out[16, 8·NT] = A[16, DH] · tileᵀ, a(kk, frag) giving A's k-step kk.
+template <int DH, int NT, class AFragment>
+__device__ __forceinline__ void mma_rows_by_tile(float (&out)[NT][4], AFragment a, const bf16* tile) {
+  const bool all[1] = {true};
+  mma_m_tiles_by_tile<DH, NT, 1>(&out, all, [&a](int, int kk, uint32_t(&f)[4]) { a(kk, f); }, tile);
+}
+
+// acc[mt][16, 8·ND] += A_mt[16, 16·KSTEPS] · tile[16·KSTEPS, 8·ND] for the MT m-tiles whose active[mt]
+// (warp-uniform), tile row-major of stride STRIDE in shared (the pointer at its first column). One transposed
+// ldmatrix gives the B fragments of column tiles nd and nd + 1 (matrices: rows 16 kk and 16 kk + 8 at columns 8 nd,
+// then at 8 nd + 8), for every m-tile. a(mt, kk, frag) as above; acc points at MT arrays [ND][4].
+template <int KSTEPS, int ND, int STRIDE, int MT, class AFragment>
+__device__ __forceinline__ void mma_m_tiles_accumulate_by_tile(float (*acc)[ND][4], const bool (&active)[MT],
+                                                               AFragment a, const bf16* tile) {
   static_assert(ND % 2 == 0, "column tiles come in pairs, one ldmatrix each");
   const int lane = int(threadIdx.x) & 31, m = lane >> 3;
   const bf16* lane_row = tile + (8 * (m & 1) + (lane & 7)) * STRIDE + 8 * (m >> 1);
   for (int kk = 0; kk < KSTEPS; ++kk) {
-    uint32_t af[4];
-    a(kk, af);
+    uint32_t af[MT][4] = {};  // inactive m-tiles' stay unread
+    for (int mt = 0; mt < MT; ++mt)
+      if (active[mt]) a(mt, kk, af[mt]);
     for (int nd = 0; nd < ND; nd += 2) {
       uint32_t bf[4];
       ldmatrix_x4<true>(bf, lane_row + kk * 16 * STRIDE + nd * 8);
-      mma_bf16_16816(acc[nd], af, bf, acc[nd]);
-      mma_bf16_16816(acc[nd + 1], af, bf + 2, acc[nd + 1]);
+      for (int mt = 0; mt < MT; ++mt)
+        if (active[mt]) {
+          mma_bf16_16816(acc[mt][nd], af[mt], bf, acc[mt][nd]);
+          mma_bf16_16816(acc[mt][nd + 1], af[mt], bf + 2, acc[mt][nd + 1]);
+        }
     }
   }
+}
+
+// One m-tile's: acc[16, 8·ND] += A[16, 16·KSTEPS] · tile[16·KSTEPS, 8·ND], a(kk, frag) giving A's k-step kk.
+template <int KSTEPS, int ND, int STRIDE, class AFragment>
+__device__ __forceinline__ void mma_accumulate_by_tile(float (&acc)[ND][4], AFragment a, const bf16* tile) {
+  const bool all[1] = {true};
+  mma_m_tiles_accumulate_by_tile<KSTEPS, ND, STRIDE, 1>(&acc, all, [&a](int, int kk, uint32_t(&f)[4]) { a(kk, f); },
+                                                        tile);
 }
 
 // Sum over the quad of lanes sharing a fragment row (lanes 4g .. 4g + 3), in a fixed order.
@@ -192,6 +237,40 @@ __device__ __forceinline__ bool tile_unmasked(const int32_t* doc_ids, int64_t T,
                                               int64_t k0, int64_t keys) {
   return doc_ids == nullptr && k0 + keys - 1 <= r0 && r0 + 15 < T && (window <= 0 || k0 > r0 + 15 - window);
 }
+
+// The mask of a thread's fragment elements (attends(), every position past T masked) over a warp's 16 fragment rows
+// [r0, r0 + 16) — queries (ROWS_ARE_QUERIES: the forward, dQ) or keys (dK / dV) — against a tile's columns, the
+// other kind. Made once a warp: a row's columns that may attend are an interval [lo, hi] (causal, the window, T)
+// and share its document; each tile reads a column's document once (T < 2^31: positions fit an int). The per
+// element test it replaces read two document ids from global memory for every score of every tile with documents.
+template <bool ROWS_ARE_QUERIES>
+struct FragmentMask {
+  const int32_t* docs;  // the batch row's document ids, or null
+  int T, lo[2], hi[2], row_doc[2];
+
+  __device__ __forceinline__ FragmentMask(const int32_t* doc_ids, int64_t b, const AttentionShape& s, int64_t r0)
+      : docs(doc_ids ? doc_ids + b * s.T : nullptr), T(int(s.T)) {
+    const int g = (int(threadIdx.x) & 31) >> 2;
+    for (int r = 0; r < 2; ++r) {
+      const int64_t x = r0 + g + 8 * r;
+      if (ROWS_ARE_QUERIES) {  // keys (x − window, x]
+        lo[r] = s.window > 0 && s.window <= x ? int(x - s.window + 1) : 0;
+        hi[r] = int(x);
+      } else {  // queries [x, x + window)
+        lo[r] = int(x);
+        hi[r] = int(s.window > 0 && x + s.window <= s.T ? x + s.window - 1 : s.T - 1);
+      }
+      if (x >= s.T) lo[r] = 1, hi[r] = 0;  // a row past T attends nothing
+      row_doc[r] = docs && x < s.T ? docs[x] : 0;
+    }
+  }
+  // Column position c's document (0 past T or without documents).
+  __device__ __forceinline__ int column_doc(int c) const { return docs && c < T ? docs[c] : 0; }
+  // Whether fragment row r (g + 8r) and column c, of document c_doc, attend.
+  __device__ __forceinline__ bool valid(int r, int c, int c_doc) const {
+    return c >= lo[r] && c <= hi[r] && (!docs || c_doc == row_doc[r]);
+  }
+};
 
 // P and dS of one score: P = exp(scale·S − lse) where the pair attends, dS = P ∘ (dP − Di).
 __device__ __forceinline__ void probability_and_grad(float& s_then_p, float& dp_then_ds, bool valid, float scale,

@@ -64,6 +64,7 @@ __global__ void __launch_bounds__(kMmaThreads)
   for (int nd = 0; nd < ND; ++nd)
     for (int e = 0; e < 4; ++e) dka[nd][e] = 0.0f, dva[nd][e] = 0.0f;
   const int64_t tiles = (s.T - k0 + BQ - 1) / BQ;
+  const FragmentMask<false> mask(doc_ids, b, s, w0);
   for (int64_t it = 0; it < tiles; ++it) {
     const int64_t q0 = k0 + it * BQ;
     copy_rows_async<DH, BQ>(Qs, q, b, q0, h, s.T, s.Hq);
@@ -81,12 +82,12 @@ __global__ void __launch_bounds__(kMmaThreads)
       const bool unmasked =
           doc_ids == nullptr && i0 >= w0 + 15 && i0 + 15 < s.T && (s.window <= 0 || i0 + 15 - w0 < s.window);
       for (int j = 0; j < 2; ++j)
-        for (int e = 0; e < 4; ++e) {
-          const int64_t key = w0 + g + 8 * (e >> 1);
-          const int col = qc + j * 8 + 2 * t + (e & 1);
-          const int64_t i = q0 + col;
-          const bool valid = unmasked || (key < s.T && i < s.T && attends(doc_ids, b, s.T, i, key, s.window));
-          probability_and_grad(pt[j][e], dst[j][e], valid, scale, lse_s[col], Di_s[col]);
+        for (int c = 0; c < 2; ++c) {
+          const int col = qc + j * 8 + 2 * t + c, i = int(q0) + col;
+          const int i_doc = unmasked ? 0 : mask.column_doc(i);
+          for (int r = 0; r < 2; ++r)
+            probability_and_grad(pt[j][2 * r + c], dst[j][2 * r + c], unmasked || mask.valid(r, i, i_doc), scale,
+                                 lse_s[col], Di_s[col]);
         }
       for (int j = 0; j < 2; ++j)
         for (int r = 0; r < 2; ++r) {

@@ -17,6 +17,15 @@
 #include "cuda/kernels.h"
 #include "cuda_sim/cuda_sim.h"
 
+// Unrolls the loop that follows under nvcc. A loop whose counter indexes a register array must be unrolled, or the
+// array goes to local memory; nvcc leaves some such loops rolled when their bodies are large (a warp's m-tiles in
+// the attention forward: an 816-byte stack frame). The host compiler needs no such hint.
+#ifdef __CUDACC__
+#define LT_UNROLL _Pragma("unroll")
+#else
+#define LT_UNROLL
+#endif
+
 namespace lt::cuda::LT_KERNELS_NS {
 
 using bf16 = __nv_bfloat16;
