@@ -8,7 +8,8 @@
 //                     to (spec_bf16_tflops: the data-sheet dense bf16 figure of known GPUs, for reference)
 //   ratio             layer_tflops / peak_gemm_tflops (issue 17's target: >= 0.60)
 //   attention_*_tflops the layer's attention alone (head dim 128); attention_forward_warp_rows its forward at head
-//                     dims 64 and 128 by warps of 16 and of 32 query rows; attention_d256 the same at Qwen3.6-27B's full
+//                     dims 64 and 128 by warps of 16 and of 32 query rows; attention_packed over 4 packed documents
+//                     (TFLOPS of the pairs that attend); attention_d256 the same at Qwen3.6-27B's full
 //                     attention (24 / 4 heads of 256, T = 4096); gated_delta the chunked gated delta rule at its
 //                     linear attention's shape (16 / 48 heads of 128) over 8192 tokens, in ms beside FLA's;
 //                     conv_l2norm its fused conv + q/k norms against the separate kernels, and in GB/s beside a copy
@@ -95,27 +96,33 @@ double attention_forward_flops(const AttentionShape& s) {
   return 2.0 * 2.0 * double(s.B) * double(s.Hq) * double(s.D) * double(s.T) * double(s.T + 1) / 2.0;
 }
 
-// Attention alone at a shape (bf16, causal, no documents): forward and (with_backward) backward milliseconds and
-// TFLOPS.
-nlohmann::json time_attention(const AttentionShape& s, bool with_backward = true) {
+// Attention alone at a shape (bf16, causal; `documents` > 1: each row packs that many equal documents, and the FLOPs
+// count the pairs that attend): forward and (with_backward) backward milliseconds and TFLOPS.
+nlohmann::json time_attention(const AttentionShape& s, bool with_backward = true, int64_t documents = 1) {
   const int64_t nq = s.B * s.T * s.Hq * s.D, nkv = s.B * s.T * s.Hkv * s.D, nl = s.B * s.Hq * s.T;
   Buffer q(nq * 2), k(nkv * 2), v(nkv * 2), out(nq * 2), lse(nl * 4), dout(nq * 4), dq(nq * 4), dk(nkv * 4),
-      dv(nkv * 4), ws(attention_backward_workspace_bytes(s));
+      dv(nkv * 4), ws(attention_backward_workspace_bytes(s)), docs(size_t(s.B * s.T) * 4);
   fill_bf16(q, nq, 31, 1.0f), fill_bf16(k, nkv, 32, 1.0f), fill_bf16(v, nkv, 33, 1.0f);
   fill_f32(dout, nq, 34, -1.0f, 1.0f);
+  std::vector<int32_t> ids(size_t(s.B * s.T));
+  for (size_t n = 0; n < ids.size(); ++n) ids[n] = int32_t(int64_t(n) % s.T * documents / s.T);
+  LT_CUDA_CHECK(cudaMemcpy(docs.p, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice), "bench upload");
+  const int32_t* doc_ids = documents > 1 ? docs.as<int32_t>() : nullptr;
   const double fwd = time_ms([&] {
     native::attention_forward(nullptr, out.as<bf16_t>(), lse.as<float>(), q.as<bf16_t>(), k.as<bf16_t>(),
-                              v.as<bf16_t>(), nullptr, s);
+                              v.as<bf16_t>(), doc_ids, s);
   });
-  const double flops = attention_forward_flops(s);
-  nlohmann::json r = {{"shape", {{"T", s.T}, {"Hq", s.Hq}, {"Hkv", s.Hkv}, {"D", s.D}}},
+  AttentionShape one_document = s;  // the attended pairs: `documents` causal triangles of T / documents
+  one_document.T = s.T / documents;
+  const double flops = double(documents) * attention_forward_flops(one_document);
+  nlohmann::json r = {{"shape", {{"T", s.T}, {"Hq", s.Hq}, {"Hkv", s.Hkv}, {"D", s.D}, {"documents", documents}}},
                       {"forward_ms", fwd},
                       {"forward_tflops", flops / (fwd * 1e-3) / 1e12}};
   if (!with_backward) return r;
   const double bwd = time_ms([&] {
     native::attention_backward(nullptr, dq.as<float>(), dk.as<float>(), dv.as<float>(), dout.as<float>(),
                                out.as<bf16_t>(), lse.as<float>(), q.as<bf16_t>(), k.as<bf16_t>(), v.as<bf16_t>(),
-                               nullptr, s, ws.p);
+                               doc_ids, s, ws.p);
   });
   r["backward_ms"] = bwd;
   r["backward_tflops"] = 2.5 * flops / (bwd * 1e-3) / 1e12;
@@ -363,6 +370,9 @@ nlohmann::json run() {
           {"attention_backward_tflops", 2.5 * attn_fwd_flops / (attn_bwd_ms * 1e-3) / 1e12},
           // Qwen3.6-27B's full attention (24 query / 4 kv heads of 256) and its Gated DeltaNet's core.
           {"attention_forward_warp_rows", time_forward_warp_rows(T)},
+          // The same attention over 4 packed documents of 1024: the blocks skip the tiles outside their documents,
+          // so its TFLOPS (of the pairs that attend) should stay near the unpacked ones.
+          {"attention_packed", time_attention(AttentionShape{1, T, 28, 4, 128}, true, 4)},
           {"attention_d256", time_attention(AttentionShape{1, T, 24, 4, 256})},
           {"gated_delta", time_gated_delta(8192)},
           {"conv_l2norm", time_conv_l2norm()},

@@ -10,7 +10,7 @@
 //   warp collectives  __shfl_sync __shfl_up_sync __shfl_down_sync __shfl_xor_sync, __ballot_sync __any_sync
 //                     __all_sync, __activemask (32-lane warps over the linear thread index)
 //   atomics           atomicAdd Sub Max Min CAS Exch (std::atomic_ref, relaxed, as CUDA's)
-//   bf16, math       __nv_bfloat16 and its conversions, rsqrtf __expf __logf __fdividef __saturatef __ldg
+//   bf16, math       __nv_bfloat16 and its conversions, rsqrtf __expf __logf __fdividef __saturatef __ldg __popc
 //                    (cuda_sim/device_math.h; under nvcc <cuda_bf16.h> and CUDA's own)
 //   portable macros   LT_DYNAMIC_SHARED(T) (the launch's dynamic shared bytes as T*),
 //                     LT_LAUNCH(kernel, grid, block, shared_bytes, stream, args...)

@@ -5,7 +5,7 @@
 //   __float2bfloat16(_rn)    f32 -> bf16, round to nearest even (CUDA's rounding; NaN -> canonical 0x7fff)
 //   __bfloat162float         bf16 -> f32, exact
 //   __bfloat16_as_ushort, __ushort_as_bfloat16   the raw bits, both ways
-//   rsqrtf __expf __logf __fdividef __saturatef __ldg
+//   rsqrtf __expf __logf __fdividef __saturatef __ldg __popc
 //
 // The fast intrinsics (__expf, __logf, __fdividef, rsqrtf) are approximations on a GPU (a few ulp; see the
 // CUDA programming guide's tables); here they are the correctly rounded host functions. A kernel whose bits
@@ -13,6 +13,7 @@
 // --use_fast_math; expf itself is within 2 ulp on a GPU, so results that go through it match to tolerance.
 #pragma once
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -44,6 +45,7 @@ inline float __expf(float x) { return std::exp(x); }
 inline float __logf(float x) { return std::log(x); }
 inline float __fdividef(float a, float b) { return a / b; }
 inline float __saturatef(float x) { return x < 0.0f ? 0.0f : (x > 1.0f ? 1.0f : x); }  // NaN -> 0 as CUDA
+inline int __popc(unsigned x) { return std::popcount(x); }  // the set bits (a ballot's count)
 
 // Read-only cache loads are plain loads here.
 template <class T>

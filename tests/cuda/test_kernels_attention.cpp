@@ -31,19 +31,24 @@ struct Case {
   AttentionShape s;
   bool packed;         // two documents per row (doc_ids), else plain causal
   bool sinks = false;  // GPT-OSS's per-head sinks (the forward applies them as it stores)
+  int documents = 2;   // packed: documents a row (two: a third and two thirds; more: equal runs)
 };
 // The first eight span three tensor-core tiles of 64 with grouped heads (double-buffered loads, per-head dK/dV
 // partials summed in order), one with documents. Then GPT-OSS's sliding windows (shape.window) and sinks: a
 // window inside a tile and across tiles, on tensor cores (64, 128) and CUDA cores (40), with documents. The last
 // two span the head dim 256 kernels' tiles (32-key forward tiles, 16-key dQ tiles, 32 × 32 dK/dV tiles, two query
-// tiles of 64) with grouped heads and documents, then with a window and sinks.
+// tiles of 64) with grouped heads and documents, then with a window and sinks. The last three pack three documents
+// in 333 tokens, so blocks skip the tiles outside their documents: the forward and dQ blocks from row 128 start at
+// key tile 1 (row 256: tile 3), the dK/dV block of keys 0–127 stops after queries 192–255.
 const Case kCases[] = {{{2, 37, 4, 2, 64}, false},        {{1, 45, 3, 1, 128}, true},
                        {{1, 19, 2, 2, 256}, false},       {{1, 1, 2, 1, 64}, false},
                        {{2, 23, 6, 2, 40}, true},         {{1, 17, 2, 1, 96}, false},
                        {{1, 150, 4, 2, 64}, false},       {{1, 131, 3, 1, 128}, true},
                        {{2, 37, 4, 2, 64, 5}, false, true}, {{1, 150, 4, 2, 64, 70}, true, true},
                        {{1, 131, 3, 1, 128, 64}, false},  {{1, 45, 3, 1, 40, 9}, false, true},
-                       {{1, 75, 4, 2, 256}, true},        {{2, 70, 2, 1, 256, 40}, false, true}};
+                       {{1, 75, 4, 2, 256}, true},        {{2, 70, 2, 1, 256, 40}, false, true},
+                       {{1, 333, 2, 1, 64}, true, false, 3}, {{1, 333, 4, 2, 128}, true, false, 3},
+                       {{1, 333, 2, 1, 256}, true, false, 3}};
 
 std::string name(const Case& c) {
   return "B=" + std::to_string(c.s.B) + " T=" + std::to_string(c.s.T) + " Hq=" + std::to_string(c.s.Hq) +
@@ -60,7 +65,8 @@ std::vector<int32_t> doc_ids_for(const Case& c) {
   if (!c.packed) return {};
   std::vector<int32_t> ids(static_cast<size_t>(c.s.B * c.s.T));
   for (int64_t b = 0; b < c.s.B; ++b)
-    for (int64_t t = 0; t < c.s.T; ++t) ids[static_cast<size_t>(b * c.s.T + t)] = t < c.s.T / 3 ? 0 : 1;
+    for (int64_t t = 0; t < c.s.T; ++t)
+      ids[static_cast<size_t>(b * c.s.T + t)] = c.documents == 2 ? (t < c.s.T / 3 ? 0 : 1) : int32_t(t * c.documents / c.s.T);
   return ids;
 }
 
@@ -185,13 +191,16 @@ TEST(CudaSimAttention, TensorCoresAreTheSameInEveryThreadOrder) {
   struct OrderCase {
     AttentionShape s;
     int warp_rows;
+    int documents;  // 0: none; 3: the last block starts at key tile 1, so its first copy goes to the odd buffer
   };
-  for (const OrderCase& c : {OrderCase{{1, 150, 4, 2, 64}, 32}, OrderCase{{1, 150, 2, 1, 64}, 16},
-                             OrderCase{{1, 83, 2, 1, 256}, 16}}) {
+  for (const OrderCase& c : {OrderCase{{1, 150, 4, 2, 64}, 32, 0}, OrderCase{{1, 150, 2, 1, 64}, 16, 3},
+                             OrderCase{{1, 83, 2, 1, 256}, 16, 0}}) {
     const AttentionShape s = c.s;
     SCOPED_TRACE("D=" + std::to_string(s.D) + " warp rows " + std::to_string(c.warp_rows));
     ASSERT_TRUE(attention_on_tensor_cores(s.D));
     const AttentionForwardWarpRows rows(c.warp_rows);
+    const auto docs = c.documents ? doc_ids_for(Case{s, true, false, c.documents}) : std::vector<int32_t>{};
+    const int32_t* doc_ids = docs.empty() ? nullptr : docs.data();
     const Inputs in = inputs_for(s, 5);
     const auto qb = to_bf16(in.q), kb = to_bf16(in.k), vb = to_bf16(in.v);
     std::vector<std::vector<float>> first;
@@ -199,9 +208,9 @@ TEST(CudaSimAttention, TensorCoresAreTheSameInEveryThreadOrder) {
       std::vector<bf16_t> out(q_size(s));
       std::vector<float> lse(lse_size(s)), dq(q_size(s)), dk(kv_size(s)), dv(kv_size(s));
       std::vector<unsigned char> workspace(attention_backward_workspace_bytes(s));
-      sim::attention_forward(kStream, out.data(), lse.data(), qb.data(), kb.data(), vb.data(), nullptr, s);
+      sim::attention_forward(kStream, out.data(), lse.data(), qb.data(), kb.data(), vb.data(), doc_ids, s);
       sim::attention_backward(kStream, dq.data(), dk.data(), dv.data(), in.dout.data(), out.data(), lse.data(),
-                              qb.data(), kb.data(), vb.data(), nullptr, s, workspace.data());
+                              qb.data(), kb.data(), vb.data(), doc_ids, s, workspace.data());
       const std::vector<std::vector<float>> now{to_f32(out), lse, dq, dk, dv};
       if (first.empty()) first = now;
       for (size_t i = 0; i < now.size(); ++i) EXPECT_BITWISE_EQ(now[i], first[i]);

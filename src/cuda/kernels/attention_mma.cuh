@@ -95,8 +95,9 @@ __global__ void __launch_bounds__(ForwardTiles<DH, MT>::kThreads)
   const int64_t w0 = q0 + 16 * MT * warp;  // this warp's rows [w0, w0 + 16 MT): m-tile mt's from w0 + 16 mt
   const int64_t last_query = (q0 + QR < s.T ? q0 + QR : s.T) - 1;
   const int64_t tiles = last_query / BN + 1;
+  const int64_t first = doc_ids ? warp_document_first(doc_ids + b * s.T, q0) / BN : 0;  // before it no row attends
   auto copy_key_tile = [&](int64_t i) { copy_key_tile_async<DH, BN>(Ks, Vs, k, v, b, i, hk, s); };
-  copy_key_tile(0);
+  copy_key_tile(first);
   uint32_t qf[Block::kQShared ? 1 : DH / 16][4];
   if constexpr (Block::kQShared) copy_rows_async<DH, QR>(Qs, q, b, q0, h, s.T, s.Hq);  // with key tile 0
   else load_a_fragments<DH>(qf, q, b, w0, h, s.T, s.Hq);
@@ -108,7 +109,7 @@ __global__ void __launch_bounds__(ForwardTiles<DH, MT>::kThreads)
   float m[MT][2], l[MT][2];  // rows g and g + 8 of each m-tile
   for (int mt = 0; mt < MT; ++mt)
     for (int r = 0; r < 2; ++r) m[mt][r] = -INFINITY, l[mt][r] = 0.0f;
-  for (int64_t it = 0; it < tiles; ++it) {
+  for (int64_t it = first; it < tiles; ++it) {
     const int64_t k0 = it * BN;
     const bf16* Kt = Ks + (it & 1) * kTile;
     const bf16* Vt = Vs + (it & 1) * kTile;
@@ -212,13 +213,16 @@ __global__ void __launch_bounds__(MmaTiles<DH>::kKeyThreads)
   copy_rows_async<DH, KB>(Vs, v, b, k0, hk, s.T, s.Hkv);
   copy_query_tile(0);
   async_commit();
+  // The query tiles from the diagonal to the end of the last key's document (after it no query attends).
+  const int64_t last_key = (k0 + KB < s.T ? k0 + KB : s.T) - 1;
+  const int64_t end = doc_ids ? warp_document_end(doc_ids + b * s.T, last_key, s.T) : s.T;
+  const int tiles = int((end - k0 + kMmaTile - 1) / kMmaTile);
   float dka[DH / 8][4], dva[DH / 8][4];
   for (int nd = 0; nd < DH / 8; ++nd)
     for (int e = 0; e < 4; ++e) dka[nd][e] = 0.0f, dva[nd][e] = 0.0f;
-  const int64_t tiles = (s.T - k0 + kMmaTile - 1) / kMmaTile;
   const FragmentMask<false> mask(doc_ids, b, s, w0);
-  for (int64_t it = 0; it < tiles; ++it) {
-    const int64_t q0 = k0 + it * kMmaTile;
+  for (int it = 0; it < tiles; ++it) {
+    const int64_t q0 = k0 + int64_t(it) * kMmaTile;
     const int buf = int(it & 1);
     prefetch_next_and_wait(it, tiles, copy_query_tile);
     __syncthreads();
@@ -278,8 +282,9 @@ __global__ void __launch_bounds__(MmaTiles<DH>::kQueryThreads)
   const int64_t w0 = q0 + 16 * warp;
   const int64_t last_query = (q0 + QR < s.T ? q0 + QR : s.T) - 1;
   const int64_t tiles = last_query / BN + 1;
+  const int64_t first = doc_ids ? warp_document_first(doc_ids + b * s.T, q0) / BN : 0;  // before it no row attends
   auto copy_key_tile = [&](int64_t i) { copy_key_tile_async<DH, BN>(Ks, Vs, k, v, b, i, hk, s); };
-  copy_key_tile(0);
+  copy_key_tile(first);
   uint32_t qf[Tiles::kWide ? 1 : DH / 16][4], of[Tiles::kWide ? 1 : DH / 16][4];
   if constexpr (Tiles::kWide) {  // with key tile 0
     copy_rows_async<DH, QR>(Qs, q, b, q0, h, s.T, s.Hq);
@@ -299,7 +304,7 @@ __global__ void __launch_bounds__(MmaTiles<DH>::kQueryThreads)
   for (int nd = 0; nd < DH / 8; ++nd)
     for (int e = 0; e < 4; ++e) dqa[nd][e] = 0.0f;
   const FragmentMask<true> mask(doc_ids, b, s, w0);
-  for (int64_t it = 0; it < tiles; ++it) {
+  for (int64_t it = first; it < tiles; ++it) {
     const int64_t k0 = it * BN;
     const bf16* Kt = Ks + (it & 1) * kTile;
     const bf16* Vt = Vs + (it & 1) * kTile;

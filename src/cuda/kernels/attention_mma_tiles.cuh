@@ -238,6 +238,39 @@ __device__ __forceinline__ bool tile_unmasked(const int32_t* doc_ids, int64_t T,
   return doc_ids == nullptr && k0 + keys - 1 <= r0 && r0 + 15 < T && (window <= 0 || k0 > r0 + 15 - window);
 }
 
+// The first x of [lo, hi] where pred(x) holds, pred false and then true along [lo, hi] and taken to hold at hi (not
+// asked there): a warp's 32-way search, one load a lane a round (3 rounds over 32768 positions). Every lane of the
+// warp must call it; all get the answer.
+template <class Pred>
+__device__ __forceinline__ int64_t warp_first_position(int64_t lo, int64_t hi, Pred pred) {
+  const int lane = int(threadIdx.x) & 31;
+  while (lo < hi) {
+    const int64_t step = (hi - lo + 31) / 32, x = lo + lane * step;
+    const int before = __popc(__ballot_sync(0xffffffffu, x < hi && !pred(x)));  // the probes before the answer
+    if (before == 0) return lo;
+    const int64_t last_before = lo + (before - 1) * step;
+    hi = last_before + step < hi ? last_before + step : hi;
+    lo = last_before + 1;
+  }
+  return lo;
+}
+
+// Documents are runs of equal ids along a row, ids never decreasing (as every batch makes them — data_loader.cpp,
+// batch.cpp — and as the short convolution and the delta rule take them). So a block can skip the key (or query)
+// tiles wholly outside its rows' documents, which the mask would zero element by element: with packed documents of
+// length L in rows of T tokens, a causal pass otherwise multiplies about T / L times the tiles it needs. Skipped
+// tiles are ones whose every score is masked: a forward or dQ row's leading tiles leave its accumulators at their
+// +0 start, so the result is the same bits; a dK / dV pass's trailing tiles would add products of P = 0 and
+// dS = ±0, which can change only the sign of a sum that is exactly zero. docs: the row's ids; p < T.
+__device__ __forceinline__ int64_t warp_document_first(const int32_t* docs, int64_t p) {
+  const int32_t d = docs[p];
+  return warp_first_position(0, p, [docs, d](int64_t x) { return docs[x] >= d; });
+}
+__device__ __forceinline__ int64_t warp_document_end(const int32_t* docs, int64_t p, int64_t T) {  // past its last
+  const int32_t d = docs[p];
+  return warp_first_position(p + 1, T, [docs, d](int64_t x) { return docs[x] > d; });
+}
+
 // The mask of a thread's fragment elements (attends(), every position past T masked) over a warp's 16 fragment rows
 // [r0, r0 + 16) — queries (ROWS_ARE_QUERIES: the forward, dQ) or keys (dK / dV) — against a tile's columns, the
 // other kind. Made once a warp: a row's columns that may attend are an interval [lo, hi] (causal, the window, T)

@@ -63,7 +63,10 @@ __global__ void __launch_bounds__(kMmaThreads)
   float dka[ND][4], dva[ND][4];
   for (int nd = 0; nd < ND; ++nd)
     for (int e = 0; e < 4; ++e) dka[nd][e] = 0.0f, dva[nd][e] = 0.0f;
-  const int64_t tiles = (s.T - k0 + BQ - 1) / BQ;
+  // The query tiles from the diagonal to the end of the last key's document (after it no query attends).
+  const int64_t last_key = (k0 + BK < s.T ? k0 + BK : s.T) - 1;
+  const int64_t end = doc_ids ? warp_document_end(doc_ids + b * s.T, last_key, s.T) : s.T;
+  const int64_t tiles = (end - k0 + BQ - 1) / BQ;
   const FragmentMask<false> mask(doc_ids, b, s, w0);
   for (int64_t it = 0; it < tiles; ++it) {
     const int64_t q0 = k0 + it * BQ;
