@@ -101,13 +101,16 @@ double attention_forward_flops(const AttentionShape& s) {
 nlohmann::json time_attention(const AttentionShape& s, bool with_backward = true, int64_t documents = 1) {
   const int64_t nq = s.B * s.T * s.Hq * s.D, nkv = s.B * s.T * s.Hkv * s.D, nl = s.B * s.Hq * s.T;
   Buffer q(nq * 2), k(nkv * 2), v(nkv * 2), out(nq * 2), lse(nl * 4), dout(nq * 4), dq(nq * 4), dk(nkv * 4),
-      dv(nkv * 4), ws(attention_backward_workspace_bytes(s)), docs(size_t(s.B * s.T) * 4);
+      dv(nkv * 4), ws(attention_backward_workspace_bytes(s)), docs(documents > 1 ? size_t(s.B * s.T) * 4 : 1);
   fill_bf16(q, nq, 31, 1.0f), fill_bf16(k, nkv, 32, 1.0f), fill_bf16(v, nkv, 33, 1.0f);
   fill_f32(dout, nq, 34, -1.0f, 1.0f);
-  std::vector<int32_t> ids(size_t(s.B * s.T));
-  for (size_t n = 0; n < ids.size(); ++n) ids[n] = int32_t(int64_t(n) % s.T * documents / s.T);
-  LT_CUDA_CHECK(cudaMemcpy(docs.p, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice), "bench upload");
-  const int32_t* doc_ids = documents > 1 ? docs.as<int32_t>() : nullptr;
+  const int32_t* doc_ids = nullptr;
+  if (documents > 1) {  // row position t in document t · documents / T
+    std::vector<int32_t> ids(size_t(s.B * s.T));
+    for (size_t n = 0; n < ids.size(); ++n) ids[n] = int32_t(int64_t(n) % s.T * documents / s.T);
+    LT_CUDA_CHECK(cudaMemcpy(docs.p, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice), "bench upload");
+    doc_ids = docs.as<int32_t>();
+  }
   const double fwd = time_ms([&] {
     native::attention_forward(nullptr, out.as<bf16_t>(), lse.as<float>(), q.as<bf16_t>(), k.as<bf16_t>(),
                               v.as<bf16_t>(), doc_ids, s);

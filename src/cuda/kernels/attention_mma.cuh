@@ -99,7 +99,7 @@ __global__ void __launch_bounds__(ForwardTiles<DH, MT>::kThreads)
   auto copy_key_tile = [&](int64_t i) { copy_key_tile_async<DH, BN>(Ks, Vs, k, v, b, i, hk, s); };
   copy_key_tile(first);
   uint32_t qf[Block::kQShared ? 1 : DH / 16][4];
-  if constexpr (Block::kQShared) copy_rows_async<DH, QR>(Qs, q, b, q0, h, s.T, s.Hq);  // with key tile 0
+  if constexpr (Block::kQShared) copy_rows_async<DH, QR>(Qs, q, b, q0, h, s.T, s.Hq);  // with key tile `first`
   else load_a_fragments<DH>(qf, q, b, w0, h, s.T, s.Hq);
   async_commit();
   float o[MT][DH / 8][4];
@@ -286,7 +286,7 @@ __global__ void __launch_bounds__(MmaTiles<DH>::kQueryThreads)
   auto copy_key_tile = [&](int64_t i) { copy_key_tile_async<DH, BN>(Ks, Vs, k, v, b, i, hk, s); };
   copy_key_tile(first);
   uint32_t qf[Tiles::kWide ? 1 : DH / 16][4], of[Tiles::kWide ? 1 : DH / 16][4];
-  if constexpr (Tiles::kWide) {  // with key tile 0
+  if constexpr (Tiles::kWide) {  // with key tile `first`
     copy_rows_async<DH, QR>(Qs, q, b, q0, h, s.T, s.Hq);
     copy_rows_async<DH, QR>(dOs, dout, b, q0, h, s.T, s.Hq);
   } else {

@@ -45,7 +45,7 @@ struct MmaTiles {
 // fragment a warp loads from shared memory feeds both m-tiles' products, so per key tile a warp loads 80 fragments
 // (Q's 16, K's 32, V's 32) for 256 mma where two warps of 16 rows loaded 128: ~26 FLOPs a byte read from shared
 // memory where 16. Two m-tiles' accumulators (2 · DH / 2 registers) leave no room for Q's fragments, so Q waits in
-// shared memory, copied once with key tile 0 — Q [128] + K, V [2][64] rows of DH + 8: 104448 bytes at DH = 128,
+// shared memory, copied once with the block's first key tile — Q [128] + K, V [2][64] rows of DH + 8: 104448 bytes at DH = 128,
 // over sm_86 / sm_89's 99 KiB (the launcher keeps MT = 1 there).
 template <int DH, int MT>
 struct ForwardTiles {
